@@ -1,0 +1,61 @@
+"""Process identity on Linux: a pid plus its start time, so a reused pid is never signalled."""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    # the command name (field 2) may contain spaces and parentheses: split after the last ')'
+    fields = raw[raw.rfind(")") + 2:].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def state(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rfind(")") + 2:].split()[0]
+
+
+def is_alive(pid: int | None, started: str | None) -> bool:
+    """True if ``pid`` runs and is the same process that started at ``started`` (not a zombie)."""
+    if not pid:
+        return False
+    current = start_time(pid)
+    if current is None or (started is not None and current != started):
+        return False
+    return state(pid) not in ("Z", "X")
+
+
+def signal_if_same(pid: int | None, started: str | None, sig: int = signal.SIGTERM) -> bool:
+    """Send ``sig`` only if ``pid`` is still the process identified by ``started``."""
+    if started is None or not is_alive(pid, started):
+        return False
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def write_pidfile(path: Path, pid: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(f"{pid} {start_time(pid) or ''}\n")
+    os.replace(tmp, path)
+
+
+def read_pidfile(path: Path) -> tuple[int, str | None] | None:
+    try:
+        parts = path.read_text().split()
+        return int(parts[0]), (parts[1] if len(parts) > 1 else None)
+    except (OSError, ValueError, IndexError):
+        return None

@@ -1,0 +1,40 @@
+"""``org config check|show``: validate org.toml, or print the effective configuration."""
+from __future__ import annotations
+
+from scripts.cli.output import add_json, emit_json, home_of
+from state_db import config as config_mod
+
+NAME = "config"
+HELP = "check org.toml against its schema, or show the effective configuration"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("action", choices=["check", "show"], help="check: validate; show: print effective values")
+    add_json(p)
+
+
+def run(args) -> int:
+    home = home_of(args)
+    path = home.config_path
+    cfg = config_mod.load(path if path.exists() else None)
+    if args.action == "check":
+        if args.json:
+            emit_json({"ok": True, "path": str(path), "exists": path.exists(), "overridden": cfg.overridden})
+        else:
+            where = str(path) if path.exists() else f"{path} (absent: defaults apply)"
+            print(f"ok: {where}")
+            for key, var in cfg.overridden.items():
+                print(f"  {key} overridden by ${var}")
+        return 0
+    if args.json:
+        emit_json({"path": str(path), "config": cfg.data, "overridden": cfg.overridden})
+        return 0
+    for section, values in cfg.data.items():
+        if section == "prices":
+            for model, p in values.items():
+                print(f"prices.{model}: " + ", ".join(f"{k}={v}" for k, v in p.items()))
+            continue
+        for key, value in values.items():
+            note = f"   (from ${cfg.overridden[f'{section}.{key}']})" if f"{section}.{key}" in cfg.overridden else ""
+            print(f"{section}.{key} = {value!r}{note}")
+    return 0

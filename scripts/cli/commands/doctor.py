@@ -1,0 +1,110 @@
+"""``org doctor``: check the org home; exit 0 healthy, 1 warnings, 2 errors."""
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import time
+
+from roles.supervisor import procs
+from scripts.cli.output import add_json, emit_json, home_of
+from state_db import config as config_mod, queries
+from state_db.connection import connect
+from state_db.errors import StateError
+from state_db.migrations import check_version
+from state_db.schema import MIGRATIONS
+from state_db.snapshot import snapshot_event_id
+
+NAME = "doctor"
+HELP = "check integrity, schema, pid files, outbox, snapshot and sandbox; exit 0 ok / 1 warnings / 2 errors"
+STALE_OUTBOX_S = 30.0
+
+
+def add_arguments(p) -> None:
+    add_json(p)
+
+
+def run(args) -> int:
+    findings = diagnose(home_of(args))
+    worst = max((2 if f["level"] == "error" else 1 if f["level"] == "warning" else 0) for f in findings)
+    if args.json:
+        emit_json({"exit": worst, "findings": findings})
+    else:
+        for f in findings:
+            print(f"{f['level']:<7} {f['check']:<12} {f['detail']}")
+    return worst
+
+
+def diagnose(home, now: float | None = None) -> list[dict]:
+    now = now or time.time()
+    out: list[dict] = []
+
+    def add(level, check, detail):
+        out.append({"level": level, "check": check, "detail": detail})
+
+    try:
+        cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+        add("ok", "config", f"{home.config_path} valid")
+    except StateError as exc:
+        cfg = None
+        add("error", "config", f"[{exc.code}] {exc}")
+    if not home.exists():
+        add("error", "state.db", f"no state.db at {home.db_path} — start the org with scripts/start-org")
+        return out
+    try:
+        conn = connect(home.db_path, readonly=True)
+    except (StateError, sqlite3.Error) as exc:
+        add("error", "state.db", f"cannot open: {exc}")
+        return out
+    try:
+        result = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        add("ok" if result == "ok" else "error", "integrity", result)
+        try:
+            version = check_version(conn)
+            level = "ok" if version == len(MIGRATIONS) else "warning"
+            add(level, "schema", f"version {version} of {len(MIGRATIONS)}"
+                + ("" if level == "ok" else " — start the org to migrate"))
+        except StateError as exc:
+            add("error", "schema", f"[{exc.code}] {exc}")
+            return out
+        session = queries.session(conn)
+        running = bool(session and session["status"] in ("running", "suspending"))
+        last_event = queries.last_event_id(conn)
+        last_at = conn.execute("SELECT MAX(at) FROM events").fetchone()[0] or 0
+    finally:
+        conn.close()
+
+    stale = []
+    for pidfile in sorted(home.run_dir.glob("*.pid")) if home.run_dir.is_dir() else []:
+        info = procs.read_pidfile(pidfile)
+        if info is None or not procs.is_alive(*info):
+            stale.append(pidfile.name)
+    add("warning" if stale else "ok", "pid files",
+        f"stale: {', '.join(stale)} — 'org stop' or remove them" if stale else "no stale pid files")
+
+    stray = []
+    if home.outbox_dir.is_dir():
+        for folder in home.outbox_dir.iterdir():
+            if folder.is_dir() and not folder.name.startswith("."):
+                for f in folder.iterdir():
+                    if not running or now - f.stat().st_mtime > STALE_OUTBOX_S:
+                        stray.append(f"{folder.name}/{f.name}")
+    add("warning" if stray else "ok", "outbox",
+        f"{len(stray)} undelivered file(s), e.g. {stray[0]} — they are delivered when the recipient starts"
+        if stray else "no stray outbox files")
+
+    snap = home.snapshots_dir / "org-state.md"
+    seen = snapshot_event_id(snap)
+    if last_event and (seen is None or seen < last_event) and now - last_at > 5:
+        add("warning", "snapshot", f"snapshots/org-state.md is behind state.db (event {seen} < {last_event}); "
+            "it is re-rendered on the next change")
+    else:
+        add("ok", "snapshot", "up to date")
+
+    bwrap = shutil.which("bwrap")
+    if bwrap:
+        add("ok", "sandbox", f"bubblewrap at {bwrap}")
+    elif cfg is not None and cfg["sandbox.allow_unsandboxed"]:
+        add("warning", "sandbox", "bubblewrap missing; unsandboxed mode is allowed by org.toml")
+    else:
+        add("warning", "sandbox", "bubblewrap missing: agent commands will be refused — install the 'bubblewrap' package")
+    return out

@@ -1,0 +1,74 @@
+"""``org logs``: the roles' JSON-lines logs, merged by time; ``-f`` follows them."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import orjson
+
+from scripts.cli.output import add_json, home_of
+
+NAME = "logs"
+HELP = "show the roles' logs (merged by time); -f follows new lines"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    p.add_argument("--role", help="only this role or instance (e.g. loop-agent or loop-agent-1)")
+    p.add_argument("-n", "--lines", type=int, default=50, help="how many recent lines (default 50)")
+    add_json(p)
+
+
+def _files(logs_dir: Path, role: str | None) -> list[Path]:
+    files = sorted(logs_dir.glob("*.log"))
+    if role:
+        files = [f for f in files if f.stem == role or f.stem.startswith(role + "-") or f.stem.rsplit("-", 1)[0] == role]
+    return files
+
+
+def _parse(line: str) -> dict:
+    try:
+        value = orjson.loads(line)
+        return value if isinstance(value, dict) else {"event": line}
+    except orjson.JSONDecodeError:
+        return {"event": line.rstrip()}
+
+
+def _show(entry: dict, as_json: bool) -> None:
+    if as_json:
+        print(orjson.dumps(entry).decode())
+        return
+    rest = {k: v for k, v in entry.items() if k not in ("timestamp", "instance", "event", "level", "role")}
+    extra = " ".join(f"{k}={v}" for k, v in rest.items())
+    print(f"{entry.get('timestamp', '')} {entry.get('instance', '?'):<14} {entry.get('level', ''):<7} "
+          f"{entry.get('event', '')} {extra}".rstrip())
+
+
+def run(args) -> int:
+    home = home_of(args).require()
+    files = _files(home.logs_dir, args.role) if home.logs_dir.is_dir() else []
+    entries = []
+    for f in files:
+        for line in f.read_text(errors="replace").splitlines()[-max(args.lines, 0):]:
+            if line.strip():
+                entries.append(_parse(line))
+    entries.sort(key=lambda e: str(e.get("timestamp", "")))
+    for e in entries[-max(args.lines, 0):] if args.lines else []:
+        _show(e, args.json)
+    if not args.follow:
+        return 0
+    offsets = {f: f.stat().st_size for f in files}
+    while True:  # until Ctrl-C
+        for f in _files(home.logs_dir, args.role):
+            size = f.stat().st_size
+            start = offsets.get(f, 0)
+            if size < start:  # rotated
+                start = 0
+            if size > start:
+                with open(f, "rb") as fh:
+                    fh.seek(start)
+                    for line in fh.read().decode(errors="replace").splitlines():
+                        if line.strip():
+                            _show(_parse(line), args.json)
+                offsets[f] = size
+        time.sleep(0.3)

@@ -1,0 +1,67 @@
+"""``org status``: the org at a glance, read from state.db (works while the org is down)."""
+from __future__ import annotations
+
+import time
+
+from scripts.cli.output import add_json, emit_json, read_conn, table
+from state_db import queries
+
+NAME = "status"
+HELP = "show the session, roles, work items, usage, decisions and transport counters"
+
+
+def add_arguments(p) -> None:
+    add_json(p)
+
+
+def run(args) -> int:
+    conn = read_conn(args)
+    try:
+        st = queries.status(conn)
+    finally:
+        conn.close()
+    if args.json:
+        emit_json(st)
+        return 0
+    print(render(st))
+    return 0
+
+
+def render(st: dict, now: float | None = None) -> str:
+    now = now or time.time()
+    out = []
+    session = st["session"]
+    out.append(f"session: {session['status'] if session else 'never started'}")
+    if st["open_batches"]:
+        out.append(f"** {len(st['open_batches'])} skill-candidate batch(es) waiting for review: 'org candidates' **")
+    if st["pending_decisions"]:
+        out.append(f"** {len(st['pending_decisions'])} decision(s) waiting: 'org decisions' **")
+    failed = [r["instance"] for r in st["roles"] if r["status"] == "failed"]
+    if failed:
+        out.append(f"** failed role(s), not restarted: {', '.join(failed)} **")
+    if st["roles"]:
+        rows = [[r["instance"], r["status"], r["pid"], r["restarts"],
+                 _age(now, r["heartbeat_at"]), r["current_work"]] for r in st["roles"]]
+        out += ["", table(rows, ["ROLE", "STATUS", "PID", "RESTARTS", "HEARTBEAT", "WORK"])]
+    work = st["work"]["active"] + st["work"]["recent_ended"]
+    if work:
+        rows = [[w["id"], w["status"], w["iterations"], w["tokens"], f"${w['cost_usd']:.4f}",
+                 w["stop_reason"] or _waiting(w), w["goal"][:50]] for w in work]
+        out += ["", table(rows, ["WORK", "STATUS", "ITER", "TOKENS", "COST", "REASON", "GOAL"])]
+    else:
+        out += ["", "no work items"]
+    u = st["usage"]
+    out += ["", f"usage: {u['calls']} model calls, {u['tokens']} tokens, ${u['cost_usd']:.4f}"]
+    if st["transport"]:
+        names = sorted({n for c in st["transport"].values() for n in c})
+        rows = [[inst] + [c.get(n, 0) for n in names] for inst, c in st["transport"].items()]
+        out += ["", table(rows, ["INSTANCE"] + [n.upper() for n in names])]
+    return "\n".join(out)
+
+
+def _age(now: float, at: float | None) -> str:
+    return "" if at is None else f"{max(0.0, now - at):.1f}s ago"
+
+
+def _waiting(w: dict) -> str:
+    return f"waiting: {w['stop_detail']}" if w["status"] == "waiting" and w.get("stop_detail") else ""

@@ -1,0 +1,96 @@
+"""The ``org`` command line: thin commands over the library; expected failures are one line.
+
+Each command lives in ``scripts/cli/commands/<name>.py`` with ``NAME``, ``HELP``,
+``add_arguments(parser)`` and ``run(args) -> exit code``. An error that carries a ``code``
+prints ``error[code]: what happened — what to do`` and exits non-zero, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+
+EXIT_OK = 0
+EXIT_ERROR = 1         # an expected failure with a code
+EXIT_USAGE = 2         # bad command-line arguments
+EXIT_INTERNAL = 70     # a bug: the traceback goes to logs/cli.log
+
+COMMANDS = ["status", "config", "doctor", "logs"]
+
+
+class UsageError(Exception):
+    code = "bad_arguments"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as one coded line instead of usage + exit."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        raise UsageError(f"{message} — see '{self.prog} --help'")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="org", description="Run and inspect a loop-org organisation of agents.")
+    parser.add_argument("--home", help="org home (default: $ORG_HOME, else .org/ beside the project)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name in COMMANDS:
+        module = importlib.import_module(f"scripts.cli.commands.{name}")
+        p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def format_error(exc: BaseException) -> str:
+    code = getattr(exc, "code", None) or "error"
+    return f"error[{code}]: {exc}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code (``sys.exit`` happens in ``run``)."""
+    from state_db.home import require_linux
+
+    try:
+        require_linux()
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "_run", None):
+            parser.print_help()
+            return EXIT_USAGE
+        return int(args._run(args) or 0)
+    except UsageError as exc:
+        print(format_error(exc), file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("error[interrupted]: stopped by Ctrl-C", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:  # noqa: BLE001 - the one place that maps errors to exit codes
+        if isinstance(getattr(exc, "code", None), str):
+            print(format_error(exc), file=sys.stderr)
+            return EXIT_ERROR
+        _log_internal(exc)
+        print(f"error[internal]: {type(exc).__name__}: {exc} — this is a bug; details in logs/cli.log",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _log_internal(exc: BaseException) -> None:
+    try:
+        from state_db.home import resolve_home
+        home = resolve_home()
+        if home.logs_dir.is_dir():
+            with open(home.logs_dir / "cli.log", "a") as f:
+                f.write("".join(traceback.format_exception(exc)))
+    except Exception:
+        pass
+
+
+def run() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

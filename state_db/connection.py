@@ -1,0 +1,43 @@
+"""Opening state.db with the pragmas every connection needs."""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from state_db.errors import HomeNotFound, StateError
+
+BUSY_TIMEOUT_MS = 10_000
+
+
+def connect(db_path: str | Path, *, readonly: bool = False, create: bool = False) -> sqlite3.Connection:
+    """Open state.db: WAL, busy_timeout, foreign_keys=ON, synchronous=NORMAL.
+
+    Transactions are managed explicitly (``isolation_level=None``): writers issue
+    ``BEGIN IMMEDIATE`` so a read-then-write never fails with SQLITE_BUSY_SNAPSHOT.
+
+    Args:
+        db_path: the database file.
+        readonly: open with ``mode=ro`` (for queries; cannot create or write).
+        create: allow creating a missing file; otherwise a missing file raises HomeNotFound,
+            so no command ever leaves a stray empty database behind.
+    """
+    path = Path(db_path)
+    if not create and not path.is_file():
+        raise HomeNotFound(f"no state.db at {path}",
+                           hint="start the org with 'scripts/start-org' or point ORG_HOME at it")
+    mode = "ro" if readonly else ("rwc" if create else "rw")
+    conn = sqlite3.connect(f"file:{path}?mode={mode}", uri=True, isolation_level=None,
+                           timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    try:
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA schema_version").fetchone()  # fails fast on a file that is not SQLite
+        if not readonly:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise StateError(f"{path} is not a usable SQLite database: {exc}", code="db_unreadable",
+                         hint="restore it from backups/ in the org home, or move it aside") from exc
+    return conn

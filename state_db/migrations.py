@@ -1,0 +1,105 @@
+"""Named migrations: applied in order, one transaction each, after a backup of state.db.
+
+``PRAGMA user_version`` holds how many migrations are applied, and ``_migrations`` their names;
+a database that knows more migrations than this code is refused (SchemaTooNew) rather than
+written by code that does not understand it.
+"""
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from state_db.connection import connect
+from state_db.errors import MigrationFailed, SchemaTooNew
+from state_db.schema import MIGRATIONS
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+def check_version(conn: sqlite3.Connection, migrations=MIGRATIONS) -> int:
+    """Return the database's version; raise SchemaTooNew if this code is older than it."""
+    version = schema_version(conn)
+    if version > len(migrations):
+        raise SchemaTooNew(
+            f"state.db is at schema version {version}, this code knows only {len(migrations)}",
+            hint="upgrade loop-org to the version that wrote this database; nothing was changed")
+    return version
+
+
+def backup(conn: sqlite3.Connection, dest_dir: Path, version: int) -> Path:
+    """Copy the live database with SQLite's online backup API (consistent under WAL)."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / f"state.db.v{version}.{time.strftime('%Y%m%dT%H%M%S')}.{time.time_ns() % 10**6}.bak"
+    target = sqlite3.connect(dest)
+    try:
+        conn.backup(target)
+    finally:
+        target.close()
+    return dest
+
+
+def migrate(db_path: str | Path, *, backups_dir: Path | None = None, migrations=MIGRATIONS) -> dict:
+    """Bring state.db up to date, creating it if missing.
+
+    Returns ``{"from": v0, "to": v1, "applied": [names], "backup": path|None}``.
+
+    Raises:
+        SchemaTooNew: the database is newer than this code (nothing changed).
+        MigrationFailed: a migration failed (its transaction rolled back; the backup remains).
+    """
+    db_path = Path(db_path)
+    conn = connect(db_path, create=True)
+    try:
+        version = check_version(conn, migrations)
+        if version == len(migrations):
+            return {"from": version, "to": version, "applied": [], "backup": None}
+        backup_path = None
+        if version > 0:
+            backup_path = backup(conn, backups_dir or db_path.parent / "backups", version)
+        import sqlite_utils  # ~170 ms: only paid when a migration is actually due
+
+        db = sqlite_utils.Database(conn)
+        applied = []
+        for index in range(version, len(migrations)):
+            name, sql = migrations[index]
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                # re-check under the write lock: another process may have migrated meanwhile
+                if schema_version(conn) != index:
+                    conn.execute("ROLLBACK")
+                    return migrate(db_path, backups_dir=backups_dir, migrations=migrations)
+                if callable(sql):
+                    sql(db)
+                else:
+                    for statement in _split(sql):
+                        conn.execute(statement)
+                db["_migrations"].insert({"name": name, "applied_at": time.time()}, pk="name")
+                conn.execute(f"PRAGMA user_version={index + 1}")
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise MigrationFailed(f"migration {name} failed: {exc}",
+                                      hint=f"state.db is unchanged at this step; backup: {backup_path}") from exc
+            applied.append(name)
+        return {"from": version, "to": len(migrations), "applied": applied,
+                "backup": str(backup_path) if backup_path else None}
+    finally:
+        conn.close()
+
+
+def _split(script: str) -> list[str]:
+    """Split a migration script into statements (executescript would commit implicitly)."""
+    statements, buf = [], ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                statements.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        statements.append(buf.strip())
+    return statements

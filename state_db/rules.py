@@ -1,0 +1,126 @@
+"""What may change, and who may change it: the allow-lists StateWriter enforces.
+
+Transitions: ``TRANSITIONS[table][old] -> set of allowed new statuses``; a status absent as a key
+is terminal. Writers: ``WRITERS[(table, op)] -> actors`` for op in insert / update / status.
+Special rules that need the database (goal_met needs a passing eval-agent verdict on the latest
+committed iteration) live in ``writer.py`` next to the code that checks them.
+"""
+from __future__ import annotations
+
+from state_db.vocab import (Actor, CandidateStatus as C, DecisionStatus as D, NoteStatus as N,
+                            RoleStatus as R, SessionStatus as S, WorkStatus as W)
+
+TRANSITIONS: dict[str, dict[str, set[str]]] = {
+    "work_items": {
+        W.QUEUED: {W.DISPATCHED, W.WAITING, W.ENDED},
+        W.WAITING: {W.QUEUED, W.DISPATCHED, W.ENDED},
+        W.DISPATCHED: {W.RUNNING, W.QUEUED, W.ENDED},
+        W.RUNNING: {W.PAUSED, W.QUEUED, W.ENDED},
+        W.PAUSED: {W.RUNNING, W.QUEUED, W.ENDED},
+    },
+    "org_session": {
+        S.NEW: {S.RUNNING, S.STOPPED},
+        S.RUNNING: {S.SUSPENDING, S.SUSPENDED, S.STOPPED},
+        S.SUSPENDING: {S.SUSPENDED, S.STOPPED, S.RUNNING},
+        S.SUSPENDED: {S.RUNNING, S.STOPPED},
+        S.STOPPED: {S.RUNNING, S.SUSPENDED},
+    },
+    "role_instances": {
+        R.STARTING: {R.READY, R.CRASHED, R.STOPPING, R.STOPPED, R.FAILED},
+        R.READY: {R.STOPPING, R.STOPPED, R.CRASHED},
+        R.STOPPING: {R.STOPPED, R.CRASHED},
+        R.CRASHED: {R.STARTING, R.FAILED, R.STOPPED},
+        R.STOPPED: {R.STARTING},
+        R.FAILED: {R.STARTING},
+    },
+    "decisions": {
+        D.PENDING: {D.APPROVED, D.REJECTED, D.EDITED, D.RESPONDED},
+        D.APPROVED: {D.EXECUTING},
+        D.EDITED: {D.EXECUTING},
+        # a resume that finds the marker asks the human again instead of re-running
+        D.EXECUTING: {D.EXECUTED, D.PENDING},
+    },
+    "skill_candidates": {
+        C.PENDING: {C.DEFERRED, C.APPROVED, C.REJECTED, C.MERGED},
+        C.DEFERRED: {C.APPROVED, C.REJECTED, C.MERGED},
+    },
+    "candidate_batches": {"open": {"closed"}},
+    "raw_notes": {N.PENDING: {N.ARCHIVED}},
+    "skills": {"active": {"retired"}, "retired": {"active"}},
+}
+
+# Primary key column of each table that has a status.
+KEYS = {"work_items": "id", "org_session": "id", "role_instances": "instance", "decisions": "id",
+        "skill_candidates": "id", "candidate_batches": "id", "raw_notes": "id", "skills": "name",
+        "iterations": ("work_id", "n"), "verdicts": "id", "model_calls": "request_id",
+        "curated_notes": "id", "workspace_locks": "workspace", "attempts": ("work_id", "attempt")}
+
+H, SUP, CO, LA, EV, CU = (Actor.HUMAN, Actor.SUPERVISOR, Actor.COORDINATOR, Actor.LOOP_AGENT,
+                          Actor.EVAL_AGENT, Actor.CURATOR)
+
+WRITERS: dict[tuple[str, str], set[str]] = {
+    ("org_session", "insert"): {SUP, H},
+    ("org_session", "status"): {SUP, H},
+    ("org_session", "update"): {SUP, H},
+    ("role_instances", "insert"): {SUP},
+    ("role_instances", "status"): {SUP, CO, LA, EV, CU},
+    ("role_instances", "update"): {SUP, CO, LA, EV, CU},
+    ("work_items", "insert"): {H, CO},
+    ("work_items", "status"): {H, CO, LA, EV},
+    ("work_items", "update"): {H, CO, LA},
+    ("attempts", "insert"): {LA},
+    ("attempts", "update"): {LA, CO},
+    ("iterations", "insert"): {LA},
+    ("iterations", "update"): {LA},
+    ("model_calls", "insert"): {LA, CO, CU},
+    ("verdicts", "insert"): {EV},
+    ("decisions", "insert"): {LA},
+    ("decisions", "status"): {H, CO, LA},
+    ("decisions", "update"): {CO, LA},
+    ("raw_notes", "insert"): {CU},
+    ("raw_notes", "status"): {CU},
+    ("raw_notes", "update"): {CU},
+    ("curated_notes", "insert"): {CU},
+    ("curated_notes", "update"): {CU},
+    ("candidate_batches", "insert"): {CU},
+    ("candidate_batches", "status"): {CU, H},
+    ("candidate_batches", "update"): {CO, CU},
+    ("skill_candidates", "insert"): {CU},
+    ("skill_candidates", "status"): {H, CU},
+    ("skill_candidates", "update"): {H, CU},
+    ("skills", "insert"): {H, CU},
+    ("skills", "status"): {H, CU},
+    ("skills", "update"): {H, CU, LA},
+    ("workspace_locks", "insert"): {H, CO},
+    ("workspace_locks", "delete"): {H, CO, LA, EV},
+}
+
+# Status changes reserved to particular actors, whatever WRITERS says about the table.
+# (table, new status, column, value) -> actors
+RESERVED = {
+    ("work_items", "stop_reason", "goal_met"): {EV},
+    ("decisions", "status", D.APPROVED): {H, CO},
+    ("decisions", "status", D.EDITED): {H, CO},
+    ("decisions", "status", D.REJECTED): {H, CO},
+    ("decisions", "status", D.RESPONDED): {H, CO},
+    ("skill_candidates", "status", C.APPROVED): {H},
+    ("skill_candidates", "status", C.REJECTED): {H},
+    ("skill_candidates", "status", C.DEFERRED): {H},
+}
+
+# Tables that the raw ``execute`` path may write (bookkeeping with no domain meaning).
+RAW_WRITABLE = {"delivery_ledger", "transport_counters", "events"}
+
+
+def allowed_transition(table: str, old: str | None, new: str) -> bool:
+    table_rules = TRANSITIONS.get(table)
+    if table_rules is None:
+        return True
+    if old is None:
+        return True
+    return new in table_rules.get(old, set())
+
+
+def is_terminal(table: str, status: str) -> bool:
+    rules = TRANSITIONS.get(table, {})
+    return status not in rules

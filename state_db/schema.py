@@ -1,0 +1,191 @@
+"""The named migrations, in order. Each is applied in one transaction; never edit an applied one.
+
+Append a new ``(name, sql)`` pair to change the schema; ``PRAGMA user_version`` counts them.
+"""
+from __future__ import annotations
+
+INITIAL = """
+CREATE TABLE org_session (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    status TEXT NOT NULL,
+    started_at REAL, updated_at REAL NOT NULL,
+    supervisor_pid INTEGER, supervisor_start TEXT,
+    detail TEXT
+);
+CREATE TABLE role_instances (
+    instance TEXT PRIMARY KEY,
+    role TEXT NOT NULL,
+    status TEXT NOT NULL,
+    pid INTEGER, pid_start TEXT,
+    endpoint TEXT,
+    heartbeat_at REAL, started_at REAL, updated_at REAL NOT NULL,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    last_exit TEXT,
+    current_work TEXT
+);
+CREATE TABLE work_items (
+    id TEXT PRIMARY KEY,
+    goal TEXT NOT NULL,
+    workspace TEXT NOT NULL,
+    verify TEXT NOT NULL DEFAULT '[]',
+    protect TEXT NOT NULL DEFAULT '[]',
+    caps TEXT NOT NULL DEFAULT '{}',
+    backend TEXT NOT NULL,
+    status TEXT NOT NULL,
+    stop_reason TEXT, stop_detail TEXT,
+    assigned_to TEXT,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    worktree INTEGER NOT NULL DEFAULT 0, branch TEXT,
+    elapsed_s REAL NOT NULL DEFAULT 0,
+    created_by TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL,
+    ended_at REAL,
+    CHECK ((status = 'ended') = (stop_reason IS NOT NULL))
+);
+CREATE INDEX work_items_status ON work_items(status);
+CREATE TABLE attempts (
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    attempt INTEGER NOT NULL,
+    iteration INTEGER NOT NULL,
+    instance TEXT,
+    started_at REAL NOT NULL, ended_at REAL,
+    outcome TEXT,
+    PRIMARY KEY (work_id, attempt)
+);
+CREATE TABLE iterations (
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    n INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    act_status TEXT NOT NULL,
+    act_summary TEXT NOT NULL DEFAULT '',
+    tool_calls TEXT NOT NULL DEFAULT '[]',
+    input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0, cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+    cost_usd REAL NOT NULL DEFAULT 0,
+    elapsed_s REAL NOT NULL DEFAULT 0,
+    fingerprint TEXT, checkpoint TEXT,
+    verdict_id TEXT, feedback TEXT, lesson TEXT,
+    prompt TEXT NOT NULL DEFAULT '{}',
+    committed_at REAL NOT NULL,
+    PRIMARY KEY (work_id, n)
+);
+CREATE TABLE model_calls (
+    request_id TEXT PRIMARY KEY,
+    work_id TEXT, iteration INTEGER, attempt INTEGER, instance TEXT,
+    model TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0, cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+    cost_usd REAL NOT NULL DEFAULT 0,
+    at REAL NOT NULL
+);
+CREATE INDEX model_calls_work ON model_calls(work_id);
+CREATE TABLE verdicts (
+    id TEXT PRIMARY KEY,
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    iteration INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    checks TEXT NOT NULL DEFAULT '[]',
+    feedback TEXT NOT NULL DEFAULT '',
+    protected_changed TEXT NOT NULL DEFAULT '[]',
+    written_by TEXT NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX verdicts_work ON verdicts(work_id, iteration);
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    actor TEXT NOT NULL, instance TEXT, os_user TEXT,
+    kind TEXT NOT NULL,
+    subject TEXT,
+    data TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX events_kind ON events(kind);
+CREATE TABLE delivery_ledger (
+    msg_id TEXT PRIMARY KEY,
+    recipient TEXT NOT NULL,
+    sender TEXT, kind TEXT,
+    created_at REAL,
+    recorded_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX delivery_ledger_age ON delivery_ledger(recorded_at);
+CREATE TABLE transport_counters (
+    instance TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (instance, name)
+) WITHOUT ROWID;
+CREATE TABLE idempotency (
+    key TEXT PRIMARY KEY,
+    actor TEXT NOT NULL, os_user TEXT,
+    command TEXT NOT NULL,
+    result TEXT NOT NULL DEFAULT '{}',
+    at REAL NOT NULL
+);
+CREATE TABLE decisions (
+    id TEXT PRIMARY KEY,
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    iteration INTEGER,
+    kind TEXT NOT NULL,
+    action TEXT NOT NULL DEFAULT '{}',
+    question TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL,
+    answer TEXT,
+    decided_by TEXT, decided_at REAL,
+    created_at REAL NOT NULL, announced_at REAL
+);
+CREATE TABLE raw_notes (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    fact TEXT NOT NULL, judgment TEXT NOT NULL, rationale TEXT NOT NULL, applicability TEXT NOT NULL,
+    evidence TEXT NOT NULL DEFAULT '{}',
+    status TEXT NOT NULL,
+    curated_id TEXT,
+    created_at REAL NOT NULL
+);
+CREATE TABLE curated_notes (
+    id TEXT PRIMARY KEY,
+    topic TEXT NOT NULL,
+    body TEXT NOT NULL,
+    source_notes TEXT NOT NULL DEFAULT '[]',
+    contradicts TEXT NOT NULL DEFAULT '[]',
+    created_at REAL NOT NULL, updated_at REAL NOT NULL
+);
+CREATE TABLE candidate_batches (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL, announced_at REAL, closed_at REAL
+);
+CREATE TABLE skill_candidates (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    description TEXT NOT NULL DEFAULT '',
+    body TEXT NOT NULL DEFAULT '',
+    score INTEGER NOT NULL DEFAULT 0,
+    signals TEXT NOT NULL DEFAULT '{}',
+    source_notes TEXT NOT NULL DEFAULT '[]',
+    status TEXT NOT NULL,
+    merged_into TEXT,
+    batch_id TEXT REFERENCES candidate_batches(id),
+    decided_by TEXT, decided_at REAL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE skills (
+    name TEXT PRIMARY KEY,
+    path TEXT NOT NULL,
+    candidate_id TEXT,
+    origin TEXT NOT NULL DEFAULT '{}',
+    status TEXT NOT NULL,
+    use_count INTEGER NOT NULL DEFAULT 0,
+    last_used_at REAL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE workspace_locks (
+    workspace TEXT PRIMARY KEY,
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    acquired_at REAL NOT NULL
+);
+"""
+
+MIGRATIONS: list[tuple[str, str]] = [
+    ("0001_initial", INITIAL),
+]

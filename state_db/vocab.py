@@ -1,0 +1,94 @@
+"""Closed vocabularies shared by every layer: actors, statuses, stop reasons.
+
+Defined once here (the lowest layer that needs them) and imported everywhere else.
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Actor(StrEnum):
+    """Who writes to state.db. Role instances are named ``<actor>-<n>`` (e.g. ``loop-agent-2``)."""
+
+    HUMAN = "human"
+    SUPERVISOR = "supervisor"
+    COORDINATOR = "coordinator"
+    LOOP_AGENT = "loop-agent"
+    EVAL_AGENT = "eval-agent"
+    CURATOR = "curator"
+
+
+ROLE_ACTORS = (Actor.COORDINATOR, Actor.LOOP_AGENT, Actor.EVAL_AGENT, Actor.CURATOR)
+
+
+class StopReason(StrEnum):
+    """Why a run ended. Closed set: every ended run carries exactly one."""
+
+    GOAL_MET = "goal_met"
+    MAX_ITERATIONS = "max_iterations"
+    TOKEN_BUDGET = "token_budget"
+    COST_BUDGET = "cost_budget"
+    TIMEOUT = "timeout"
+    NO_PROGRESS = "no_progress"
+    REPEATED_FAILURE = "repeated_failure"
+    HUMAN_REJECTED = "human_rejected"
+    CANCELLED = "cancelled"
+    MODEL_ERROR = "model_error"
+    ORG_LIMIT = "org_limit"
+
+
+class WorkStatus(StrEnum):
+    """Lifecycle of a work item (one run of the loop)."""
+
+    QUEUED = "queued"          # submitted, not yet dispatched
+    WAITING = "waiting"        # its workspace is busy with another item
+    DISPATCHED = "dispatched"  # assigned to a loop-agent, not yet started
+    RUNNING = "running"
+    PAUSED = "paused"          # waiting for a human decision
+    ENDED = "ended"            # terminal: stop_reason says why
+
+
+class RoleStatus(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    CRASHED = "crashed"
+    FAILED = "failed"          # crashed too often in a short window; not restarted
+
+
+class SessionStatus(StrEnum):
+    NEW = "new"
+    RUNNING = "running"
+    SUSPENDING = "suspending"
+    SUSPENDED = "suspended"
+    STOPPED = "stopped"
+
+
+class DecisionStatus(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    EDITED = "edited"          # approved with a changed action
+    REJECTED = "rejected"
+    RESPONDED = "responded"    # answered with text for the next gather
+    EXECUTING = "executing"    # marker written before an approved action runs
+    EXECUTED = "executed"
+
+
+class CandidateStatus(StrEnum):
+    PENDING = "pending"
+    DEFERRED = "deferred"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    MERGED = "merged"
+
+
+class VerdictOutcome(StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+
+
+class NoteStatus(StrEnum):
+    PENDING = "pending"
+    ARCHIVED = "archived"

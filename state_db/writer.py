@@ -1,0 +1,325 @@
+"""StateWriter: the only write path into state.db.
+
+Every write runs inside ``StateWriter.transaction()`` (``BEGIN IMMEDIATE``) and goes through the
+checked helpers of ``Transaction``: status transitions against the allow-list (terminal states
+are final), writer-role checks, one journal event per domain change in the same transaction.
+After commit, post-commit hooks run (debounced snapshot rendering); a failing hook is logged and
+never rolls back. ``run_once`` makes a command idempotent under a client key.
+"""
+from __future__ import annotations
+
+import getpass
+import re
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import orjson
+
+from state_db.connection import connect
+from state_db.errors import Conflict, IllegalTransition, NotAllowed, NotFound, StateError
+from state_db.migrations import check_version
+from state_db.secrets import redact_text
+from state_db.rules import KEYS, RAW_WRITABLE, RESERVED, TRANSITIONS, WRITERS, allowed_transition
+from state_db.vocab import Actor, StopReason, VerdictOutcome, WorkStatus
+
+# Fields whose change alone is bookkeeping, not a domain change: no journal event.
+QUIET_FIELDS = {"heartbeat_at", "updated_at"}
+_RAW_WRITE = re.compile(r"^\s*(?:INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE(?:\s+OR\s+\w+)?|DELETE\s+FROM|REPLACE\s+INTO)\s+[\"`]?(\w+)",
+                        re.IGNORECASE)
+
+Hook = Callable[["StateWriter", list[dict]], None]
+
+
+def dumps(value: Any) -> str:
+    return redact_text(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode())
+
+
+class Transaction:
+    """One open ``BEGIN IMMEDIATE`` transaction; collects the domain changes it journals."""
+
+    def __init__(self, writer: "StateWriter", conn: sqlite3.Connection, now: float):
+        self._w = writer
+        self.conn = conn
+        self.now = now
+        self.changes: list[dict] = []
+
+    # -- raw access -------------------------------------------------------------------------
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        """Run SQL. Writes are allowed only to bookkeeping tables (ledger, counters, events);
+        domain tables change through insert/update/set_status so their rules always apply."""
+        match = _RAW_WRITE.match(sql)
+        if match and match.group(1).lower() not in RAW_WRITABLE:
+            raise NotAllowed(self._w.actor, f"write {match.group(1)} with raw SQL",
+                             "use Transaction.insert/update/set_status")
+        return self.conn.execute(sql, params)
+
+    def executemany(self, sql: str, seq) -> sqlite3.Cursor:
+        match = _RAW_WRITE.match(sql)
+        if not match or match.group(1).lower() not in RAW_WRITABLE:
+            raise NotAllowed(self._w.actor, "executemany outside bookkeeping tables")
+        return self.conn.executemany(sql, seq)
+
+    def one(self, sql: str, params: Any = ()) -> sqlite3.Row | None:
+        return self.conn.execute(sql, params).fetchone()
+
+    # -- journal ----------------------------------------------------------------------------
+    def journal(self, kind: str, subject: str | None = None, data: dict | None = None) -> None:
+        """Append an event to the journal, in this transaction."""
+        self.conn.execute(
+            "INSERT INTO events(at, actor, instance, os_user, kind, subject, data) VALUES (?,?,?,?,?,?,?)",
+            (self.now, self._w.actor, self._w.instance, self._w.os_user, kind, subject,
+             dumps(data or {})))
+        self.changes.append({"kind": kind, "subject": subject})
+
+    # -- checked domain writes --------------------------------------------------------------
+    def insert(self, table: str, row: dict, *, journal: bool = True) -> None:
+        """Insert a domain row after the writer check; journals ``<table>.created``."""
+        self._check_writer(table, "insert")
+        if "status" in row:
+            self._check_reserved(table, row)
+        self._special_insert(table, row)
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        try:
+            self.conn.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})",
+                              [_sql_value(v) for v in row.values()])
+        except sqlite3.IntegrityError as exc:
+            raise Conflict(f"{table}: {exc}", hint="the row exists already or breaks a constraint") from exc
+        if journal:
+            self.journal(f"{table}.created", _subject(table, row), _public(row))
+
+    def update(self, table: str, key: Any, **fields: Any) -> None:
+        """Change non-status fields of one row; journals ``<table>.updated`` unless the change
+        is bookkeeping only (heartbeats)."""
+        if "status" in fields:
+            raise StateError("status changes go through set_status", code="use_set_status")
+        self._check_writer(table, "update")
+        self._check_reserved(table, fields)
+        self._apply(table, key, fields)
+        if set(fields) - QUIET_FIELDS:
+            self.journal(f"{table}.updated", _key_text(key), _public(fields))
+
+    def set_status(self, table: str, key: Any, new: str, **fields: Any) -> str | None:
+        """Move a row to ``new`` status if the transition is allowed; returns the old status.
+
+        Raises IllegalTransition (nothing written) or NotAllowed.
+        """
+        self._check_writer(table, "status")
+        self._check_reserved(table, {"status": new, **fields})
+        row = self.get(table, key)
+        if row is None:
+            raise NotFound(f"{table} {_key_text(key)} does not exist")
+        old = row["status"]
+        if not allowed_transition(table, old, new):
+            raise IllegalTransition(table, _key_text(key), old, str(new))
+        self._special_status(table, key, row, new, fields)
+        self._apply(table, key, {"status": new, **fields})
+        self.journal(f"{table}.{new}", _key_text(key), {"from": old, "to": str(new), **_public(fields)})
+        return old
+
+    def delete(self, table: str, key: Any) -> None:
+        self._check_writer(table, "delete")
+        where, params = _where(table, key)
+        self.conn.execute(f"DELETE FROM {table} WHERE {where}", params)
+        self.journal(f"{table}.deleted", _key_text(key))
+
+    def get(self, table: str, key: Any) -> sqlite3.Row | None:
+        where, params = _where(table, key)
+        return self.conn.execute(f"SELECT * FROM {table} WHERE {where}", params).fetchone()
+
+    # -- checks -----------------------------------------------------------------------------
+    def _check_writer(self, table: str, op: str) -> None:
+        allowed = WRITERS.get((table, op))
+        if allowed is None or self._w.actor not in allowed:
+            raise NotAllowed(self._w.actor, f"{op} {table}")
+
+    def _check_reserved(self, table: str, fields: dict) -> None:
+        for column, value in fields.items():
+            allowed = RESERVED.get((table, column, str(value)))
+            if allowed is not None and self._w.actor not in allowed:
+                raise NotAllowed(self._w.actor, f"set {table}.{column} = {value}")
+
+    def _special_insert(self, table: str, row: dict) -> None:
+        actor, instance = self._w.actor, self._w.instance
+        if table == "org_session" and self.one("SELECT 1 FROM org_session") is not None:
+            raise Conflict("the org session exists already (it is a singleton)",
+                           hint="resume it instead of creating another")
+        if table == "verdicts" and row.get("written_by") != instance:
+            raise NotAllowed(actor, "write a verdict in another instance's name")
+        if table == "iterations":
+            work = self.get("work_items", row["work_id"])
+            if work is None:
+                raise NotFound(f"work item {row['work_id']} does not exist")
+            if work["assigned_to"] != instance:
+                raise NotAllowed(actor, f"commit an iteration of {row['work_id']}",
+                                 f"it is assigned to {work['assigned_to']}")
+            if work["status"] == WorkStatus.ENDED:
+                raise IllegalTransition("work_items", row["work_id"], work["status"], "iteration")
+            last = self.one("SELECT MAX(n) FROM iterations WHERE work_id=?", (row["work_id"],))[0] or 0
+            if row["n"] != last + 1:
+                raise Conflict(f"iteration {row['n']} of {row['work_id']} out of order (last committed {last})",
+                               hint="resume from the last committed iteration")
+
+    def _special_status(self, table: str, key: Any, row: sqlite3.Row, new: str, fields: dict) -> None:
+        if table != "work_items":
+            return
+        if new == WorkStatus.ENDED:
+            reason = fields.get("stop_reason")
+            if reason is None or reason not in StopReason._value2member_map_:
+                raise StateError(f"ending {key} needs a stop_reason from the closed set (got {reason!r})",
+                                 code="bad_stop_reason")
+            fields.setdefault("ended_at", self.now)
+            if reason == StopReason.GOAL_MET and not self._latest_passing(key):
+                raise NotAllowed(self._w.actor, f"mark {key} goal_met",
+                                 "its latest committed iteration has no passing eval-agent verdict")
+        fields.setdefault("updated_at", self.now)
+
+    def _latest_passing(self, work_id: str) -> bool:
+        found = self.one(
+            """SELECT 1 FROM iterations i JOIN verdicts v
+                 ON v.work_id = i.work_id AND v.iteration = i.n
+                WHERE i.work_id = ? AND i.n = (SELECT MAX(n) FROM iterations WHERE work_id = ?)
+                  AND v.outcome = ? AND v.written_by LIKE ?""",
+            (work_id, work_id, VerdictOutcome.PASS, f"{Actor.EVAL_AGENT}%"))
+        return found is not None
+
+    def _apply(self, table: str, key: Any, fields: dict) -> None:
+        where, params = _where(table, key)
+        sets = ", ".join(f"{c} = ?" for c in fields)
+        cur = self.conn.execute(f"UPDATE {table} SET {sets} WHERE {where}",
+                                [_sql_value(v) for v in fields.values()] + params)
+        if cur.rowcount == 0:
+            raise NotFound(f"{table} {_key_text(key)} does not exist")
+
+
+class StateWriter:
+    """Writes to state.db as one actor (and role instance).
+
+    Args:
+        db_path: path of an existing, migrated state.db (never created here).
+        actor: a ``vocab.Actor`` value; decides what this writer may change.
+        instance: role instance name (``loop-agent-2``); defaults to the actor.
+        clock: wall clock (injectable for tests).
+        hooks: post-commit hooks ``hook(writer, changes)``; failures are logged, never raised.
+    """
+
+    def __init__(self, db_path: str | Path, actor: str, instance: str | None = None, *,
+                 clock: Callable[[], float] = time.time, hooks: list[Hook] | None = None):
+        if actor not in Actor._value2member_map_:
+            raise StateError(f"unknown actor {actor!r}", code="unknown_actor")
+        self.db_path = Path(db_path)
+        self.actor = str(actor)
+        self.instance = instance or str(actor)
+        self.os_user = _os_user()
+        self.clock = clock
+        self.hooks: list[Hook] = list(hooks or [])
+        self._conn: sqlite3.Connection | None = None
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            conn = connect(self.db_path)
+            check_version(conn)
+            self._conn = conn
+        return self._conn
+
+    @contextmanager
+    def transaction(self, *, render: bool = True) -> Iterator[Transaction]:
+        """Open ``BEGIN IMMEDIATE``; commit on normal exit, roll back on any exception.
+
+        ``render=False`` skips post-commit hooks (ledger and heartbeat writes)."""
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        tx = Transaction(self, conn, self.clock())
+        try:
+            yield tx
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        if render and tx.changes:
+            self._after_commit(tx.changes)
+
+    def run_once(self, key: str, command: str, fn: Callable[[Transaction], dict]) -> tuple[dict, bool]:
+        """Run ``fn`` at most once for ``key``; returns (result, replayed).
+
+        The key and the result are stored in the same transaction as fn's writes, so a retry
+        after any failure either does everything once or finds the stored result."""
+        with self.transaction() as tx:
+            row = tx.one("SELECT command, result FROM idempotency WHERE key = ?", (key,))
+            if row is not None:
+                if row["command"] != command:
+                    raise Conflict(f"idempotency key {key} was used for {row['command']}",
+                                   hint="use a fresh key for a different command")
+                return orjson.loads(row["result"]), True
+            result = fn(tx)
+            tx.conn.execute("INSERT INTO idempotency(key, actor, os_user, command, result, at) VALUES (?,?,?,?,?,?)",
+                            (key, self.actor, self.os_user, command, dumps(result), tx.now))
+            return result, False
+
+    def _after_commit(self, changes: list[dict]) -> None:
+        for hook in self.hooks:
+            try:
+                hook(self, changes)
+            except Exception as exc:  # a hook never undoes a commit
+                import structlog
+                structlog.get_logger().warning("post_commit_hook_failed", hook=getattr(hook, "__name__", repr(hook)),
+                                               error=str(exc), actor=self.actor, instance=self.instance)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "unknown"
+
+
+def _where(table: str, key: Any) -> tuple[str, list]:
+    cols = KEYS.get(table, "id")
+    if isinstance(cols, tuple):
+        return " AND ".join(f"{c} = ?" for c in cols), list(key)
+    return f"{cols} = ?", [key]
+
+
+def _key_text(key: Any) -> str:
+    return "/".join(map(str, key)) if isinstance(key, (tuple, list)) else str(key)
+
+
+def _subject(table: str, row: dict) -> str | None:
+    cols = KEYS.get(table, "id")
+    if isinstance(cols, tuple):
+        return "/".join(str(row.get(c)) for c in cols)
+    value = row.get(cols)
+    return None if value is None else str(value)
+
+
+def _sql_value(value: Any) -> Any:
+    if isinstance(value, (dict, list, tuple)):
+        return dumps(value)
+    if isinstance(value, str):
+        return redact_text(value)
+    return value
+
+
+_BULKY = 400
+
+
+def _public(fields: dict) -> dict:
+    """What a journal event keeps of a row: scalars, with long text cut."""
+    out = {}
+    for k, v in fields.items():
+        if isinstance(v, str) and len(v) > _BULKY:
+            v = v[:_BULKY] + "…"
+        elif isinstance(v, (dict, list, tuple)):
+            text = dumps(v)
+            v = orjson.loads(text) if len(text) <= _BULKY else text[:_BULKY] + "…"
+        out[k] = v
+    return out

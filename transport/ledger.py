@@ -1,0 +1,221 @@
+"""The delivery ledger (at-most-once) and the transport counters, both in state.db.
+
+A receiver records each batch of received ids in ONE ``BEGIN IMMEDIATE`` transaction
+(``INSERT OR IGNORE``: a row that already exists is a duplicate) and then handles only the new
+ones. The same transaction journals the batch's rejections and flushes the counter deltas that
+accumulated in memory (the sender's too, when it shares the :class:`Counters`), so counting
+costs no transaction of its own. Ledger writes never trigger snapshot rendering.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from transport.envelope import DEFAULT_LIMITS, Envelope, Limits
+from transport.kinds import role_of
+
+PUSHED = "pushed"
+FELL_BACK = "fell_back"
+DELIVERED = "delivered"
+DUPLICATES = "duplicates"
+HANDLER_ERRORS = "handler_errors"
+REJECTED_PREFIX = "rejected:"
+
+_INSERT_ID = ("INSERT OR IGNORE INTO delivery_ledger"
+              "(msg_id, recipient, sender, kind, created_at, recorded_at) VALUES (?,?,?,?,?,?)")
+_ADD_COUNTER = ("INSERT INTO transport_counters(instance, name, value) VALUES (?,?,?) "
+                "ON CONFLICT(instance, name) DO UPDATE SET value = value + excluded.value")
+
+
+class Counters:
+    """In-memory counter deltas of one instance, flushed by :class:`Ledger` transactions.
+
+    Names: ``pushed``, ``fell_back``, ``delivered``, ``duplicates``, ``handler_errors``,
+    ``rejected:<code>``. Thread-safe.
+    """
+
+    def __init__(self, instance: str) -> None:
+        self.instance = instance
+        self._pending: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, name: str, n: int = 1) -> None:
+        if n:
+            with self._lock:
+                self._pending[name] = self._pending.get(name, 0) + n
+
+    def take(self) -> dict[str, int]:
+        """Return the pending deltas and reset them."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        return pending
+
+    def restore(self, deltas: dict[str, int]) -> None:
+        """Put back deltas whose flush failed."""
+        for name, n in deltas.items():
+            self.add(name, n)
+
+    def peek(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._pending)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A received message that was not handled, as journaled (``message_rejected``).
+
+    Attributes:
+        code: a rejection code (:data:`transport.errors.REJECTION_CODES`).
+        source: ``"socket"`` or ``"file"``.
+        sender, msg_id, kind: what the message claimed, if readable (unauthenticated).
+        detail: the error message.
+    """
+
+    code: str
+    source: str
+    sender: str | None = None
+    msg_id: str | None = None
+    kind: str | None = None
+    detail: str = ""
+
+    def encode(self) -> dict:
+        return {"code": self.code, "source": self.source, "sender": self.sender,
+                "kind": self.kind, "detail": self.detail[:300]}
+
+
+class Ledger:
+    """Delivery ledger and counters of one receiving instance.
+
+    Args:
+        db_path: a migrated state.db.
+        instance: the receiving instance (its role is the writer's actor).
+        counters: deltas to flush; shared with a Sender of the same instance. Default: new.
+        limits: message limits; ``limits.ledger_keep_s`` is how long :meth:`prune` keeps ids.
+        writer: an existing ``StateWriter`` to use instead of opening one.
+        clock: wall clock, for pruning.
+        journal_per_minute: at most this many ``message_rejected`` events per minute (a flood
+            of bad messages must not flood the journal); the rest are counted and summarised
+            in one ``message_rejected_suppressed`` event.
+    """
+
+    def __init__(self, db_path: Path | str, instance: str, *, counters: Counters | None = None,
+                 limits: Limits = DEFAULT_LIMITS, writer=None,
+                 clock: Callable[[], float] = time.time, journal_per_minute: int = 120) -> None:
+        if writer is None:
+            from state_db.writer import StateWriter
+
+            writer = StateWriter(db_path, actor=str(role_of(instance)), instance=instance,
+                                 clock=clock)
+        self.writer = writer
+        self.instance = instance
+        self.counters = counters or Counters(instance)
+        self.limits = limits
+        self.clock = clock
+        self._journal_cap = journal_per_minute
+        self._window_start = 0.0
+        self._journaled = 0
+        self._suppressed = 0
+
+    def record(self, accepted: Sequence[Envelope], rejected: Sequence[Rejection] = ()) -> list[Envelope]:
+        """Record a batch in one transaction and return the envelopes seen for the first time.
+
+        A second copy of an id (earlier batch, or twice in this batch) is dropped and counted
+        as a duplicate. Rejections are journaled and counted. Pending counter deltas are flushed.
+
+        Raises:
+            sqlite3.Error / StateError: the transaction failed; nothing was recorded and the
+                counter deltas are kept for the next flush. Handle none of the batch.
+        """
+        deltas = self.counters.take()
+        try:
+            with self.writer.transaction(render=False) as tx:
+                new: list[Envelope] = []
+                now = tx.now
+                for env in accepted:
+                    cur = tx.execute(_INSERT_ID, (env.id, self.instance, env.sender, env.kind,
+                                                  env.created_at, now))
+                    if cur.rowcount == 1:
+                        new.append(env)
+                _bump(deltas, DELIVERED, len(new))
+                _bump(deltas, DUPLICATES, len(accepted) - len(new))
+                for r in rejected:
+                    _bump(deltas, REJECTED_PREFIX + r.code, 1)
+                self._journal(tx, rejected, now)
+                self._flush_into(tx, deltas)
+        except BaseException:
+            self.counters.restore(deltas)
+            raise
+        return new
+
+    def flush(self) -> None:
+        """Write pending counter deltas now (one transaction; none if nothing is pending)."""
+        if not self.counters.peek():
+            return
+        self.record(())
+
+    def prune(self, keep_s: float | None = None) -> int:
+        """Delete this instance's ledger ids recorded more than ``keep_s`` ago.
+
+        Args:
+            keep_s: default ``limits.ledger_keep_s`` (max age + twice the skew): any copy of
+                an older id would be rejected as expired anyway, so forgetting it is safe.
+
+        Returns:
+            The number of ids deleted.
+        """
+        keep = self.limits.ledger_keep_s if keep_s is None else keep_s
+        keep = max(keep, self.limits.ledger_keep_s)  # never forget an id a copy could still use
+        with self.writer.transaction(render=False) as tx:
+            cur = tx.execute("DELETE FROM delivery_ledger WHERE recipient = ? AND recorded_at < ?",
+                             (self.instance, self.clock() - keep))
+            return cur.rowcount
+
+    def close(self) -> None:
+        """Flush pending counters and close the writer's connection."""
+        try:
+            self.flush()
+        finally:
+            self.writer.close()
+
+    def _journal(self, tx, rejected: Iterable[Rejection], now: float) -> None:
+        if now - self._window_start >= 60.0:
+            if self._suppressed:
+                tx.journal("message_rejected_suppressed", None,
+                           {"recipient": self.instance, "count": self._suppressed,
+                            "since": self._window_start})
+            self._window_start, self._journaled, self._suppressed = now, 0, 0
+        for r in rejected:
+            if self._journaled >= self._journal_cap:
+                self._suppressed += 1
+                continue
+            self._journaled += 1
+            tx.journal("message_rejected", r.msg_id, {"recipient": self.instance, **r.encode()})
+
+    def _flush_into(self, tx, deltas: dict[str, int]) -> None:
+        if deltas:
+            tx.executemany(_ADD_COUNTER, [(self.instance, k, v) for k, v in deltas.items() if v])
+
+
+def _bump(deltas: dict[str, int], name: str, n: int) -> None:
+    if n:
+        deltas[name] = deltas.get(name, 0) + n
+
+
+def read_counters(db_path: Path | str, instance: str | None = None) -> dict[str, dict[str, int]]:
+    """Stored counters by instance (for ``org status``): ``{instance: {name: value}}``."""
+    from state_db.connection import connect
+
+    conn = connect(db_path, readonly=True)
+    try:
+        sql = "SELECT instance, name, value FROM transport_counters"
+        rows = conn.execute(sql + (" WHERE instance = ?" if instance else "") + " ORDER BY 1, 2",
+                            (instance,) if instance else ()).fetchall()
+    finally:
+        conn.close()
+    out: dict[str, dict[str, int]] = {}
+    for inst, name, value in rows:
+        out.setdefault(inst, {})[name] = value
+    return out
