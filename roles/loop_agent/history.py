@@ -19,41 +19,23 @@ Refs: ``refs/loop-org/baseline``, ``refs/iterations/<n>`` per committed iteratio
 """
 from __future__ import annotations
 
+import hashlib
 import os
-import re
 import shutil
-import statistics
 import subprocess
-import time
 import uuid
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import structlog
+
+from roles.loop_agent.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
 
 log = structlog.get_logger("loop_agent.history")
 
 BASELINE_REF = "refs/loop-org/baseline"
 HEAD_REF = "refs/heads/checkpoints"
 _ZERO = "0" * 40
-
-# Files present at the baseline that match these are "protected": the eval-agent verifies with
-# them restored from the baseline. Conservative on purpose: restoring a file the goal legitimately
-# asks to change would make the goal unreachable.
-DEFAULT_PROTECTED_PATTERNS: tuple[str, ...] = (
-    "**/tests/**",
-    "**/test/**",
-    "**/__tests__/**",
-    "**/test_*.py",
-    "**/*_test.py",
-    "**/conftest.py",
-    "**/*_test.go",
-    "**/*.test.{js,jsx,ts,tsx,mjs,cjs}",
-    "**/*.spec.{js,jsx,ts,tsx,mjs,cjs}",
-    "**/*_spec.rb",
-    "**/*Test.java",
-    "**/*Test.kt",
-)
 
 # Repository settings that keep a checkpoint proportional to what changed, and keep user or
 # system configuration (hooks, autocrlf, fsmonitor daemons, excludes) out of the picture.
@@ -68,6 +50,8 @@ _REPO_CONFIG = (
     ("core.logAllRefUpdates", "always"),
     ("gc.auto", "0"),
     ("index.version", "4"),
+    # Writing a fresh snapshot is I/O bound: parallel workers help even on 2 cores.
+    ("checkout.workers", "4"),
     ("advice.addEmbeddedRepo", "false"),
     ("commit.gpgSign", "false"),
 )
@@ -119,49 +103,6 @@ def iteration_ref(iteration: int) -> str:
     return f"refs/iterations/{iteration}"
 
 
-def _glob_regex(pattern: str) -> str:
-    """Translate a path glob (``**`` spans directories, ``{a,b}`` alternatives) to a regex."""
-    out, i, n = [], 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif c == "*":
-            out.append("[^/]*")
-            i += 1
-        elif c == "?":
-            out.append("[^/]")
-            i += 1
-        elif c == "{" and "}" in pattern[i:]:
-            end = pattern.index("}", i)
-            alts = pattern[i + 1 : end].split(",")
-            out.append("(?:" + "|".join(re.escape(a) for a in alts) + ")")
-            i = end + 1
-        elif c == "[" and "]" in pattern[i + 1 :]:
-            end = pattern.index("]", i + 1)
-            body = pattern[i + 1 : end]
-            if body.startswith("!"):
-                body = "^" + body[1:]
-            out.append("[" + body.replace("\\", "\\\\") + "]")
-            i = end + 1
-        else:
-            out.append(re.escape(c))
-            i += 1
-    return "".join(out)
-
-
-def match_paths(paths: Iterable[str], patterns: Sequence[str]) -> list[str]:
-    """Return the paths (workspace-relative, ``/``-separated) matching any glob, sorted."""
-    if not patterns:
-        return []
-    rx = re.compile("|".join(f"(?:{_glob_regex(p)})" for p in patterns))
-    return sorted(p for p in paths if rx.fullmatch(p))
-
-
 class WorkspaceHistory:
     """Baseline, checkpoints, reset, diff and snapshots of one workspace.
 
@@ -209,8 +150,9 @@ class WorkspaceHistory:
         input: bytes | None = None,
         env: dict[str, str] | None = None,
         ok: tuple[int, ...] = (0,),
+        git_dir: Path | None = None,
     ) -> subprocess.CompletedProcess[bytes]:
-        cmd = [self._git_exe, f"--git-dir={self.git_dir}"]
+        cmd = [self._git_exe, f"--git-dir={git_dir or self.git_dir}"]
         if work_tree is not None:
             cmd.append(f"--work-tree={work_tree}")
         try:
@@ -219,7 +161,7 @@ class WorkspaceHistory:
                 input=input,
                 capture_output=True,
                 env=env or self._env,
-                cwd=work_tree or self.git_dir.parent,
+                cwd=work_tree or "/",
             )
         except FileNotFoundError as exc:
             if work_tree is not None and not work_tree.is_dir():
@@ -249,11 +191,10 @@ class WorkspaceHistory:
         self.git_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.git_dir.with_name(f".{self.git_dir.name}.init-{uuid.uuid4().hex[:8]}")
         try:
-            self._run(["init", "--quiet", "--bare", str(tmp)])
-            git = [self._git_exe, f"--git-dir={tmp}"]
+            self._run(["init", "--quiet", "--bare"], git_dir=tmp)
             for key, value in _REPO_CONFIG:
-                subprocess.run(git + ["config", key, value], env=self._env, check=True)
-            subprocess.run(git + ["symbolic-ref", "HEAD", HEAD_REF], env=self._env, check=True)
+                self._run(["config", key, value], git_dir=tmp)
+            self._run(["symbolic-ref", "HEAD", HEAD_REF], git_dir=tmp)
             try:
                 os.rename(tmp, self.git_dir)
             except OSError:
@@ -264,7 +205,9 @@ class WorkspaceHistory:
         self._ready = True
 
     def _resolve(self, rev: str) -> str | None:
-        self._ensure_repo()
+        if not self._ready and not (self.git_dir / "HEAD").exists():
+            return None  # reading never creates a history
+        self._ready = True
         proc = self._run(["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], ok=(0, 1))
         return proc.stdout.decode().strip() or None
 
@@ -305,6 +248,7 @@ class WorkspaceHistory:
         existing = self.baseline_commit()
         if existing:
             return existing
+        self._ensure_repo()
         tree = self._stage_tree()
         commit = self._out(["commit-tree", tree, "-m", "loop-org baseline"])
         self._run(
@@ -333,22 +277,22 @@ class WorkspaceHistory:
             raise HistoryError(f"iteration must be an int >= 1, got {iteration!r}",
                                code="bad_iteration")
         ref = iteration_ref(iteration)
-        self._ensure_repo()
+        if self._resolve(HEAD_REF) is None:
+            raise NoBaseline("no baseline recorded; call baseline() before checkpoint()")
         heads = self._out(
             ["for-each-ref", "--format=%(refname) %(objectname) %(tree)",
              ref, HEAD_REF, BASELINE_REF]
         )
-        known = {name: (oid, tree) for name, oid, tree in (l.split() for l in heads.splitlines())}
-        if BASELINE_REF not in known:
-            raise NoBaseline("no baseline recorded; call baseline() before checkpoint()")
+        known = {name: (oid, tree) for name, oid, tree in map(str.split, heads.splitlines())}
         tree = self._stage_tree()
         old, old_tree = known.get(ref, (None, None))
+        parent = known[HEAD_REF][0]
         if old_tree == tree:
+            if parent != old:  # same step again after a reset: continue from it
+                self._run(["update-ref", HEAD_REF, old])
             return old
-        parent = known.get(HEAD_REF, known[BASELINE_REF])[0]
-        commit = self._out(
-            ["commit-tree", tree, "-p", parent, "-m", f"loop-org checkpoint\n\niteration: {iteration}"]
-        )
+        message = f"loop-org checkpoint\n\niteration: {iteration}"
+        commit = self._out(["commit-tree", tree, "-p", parent, "-m", message])
         updates = [f"update {ref} {commit} {old or _ZERO}", f"update {HEAD_REF} {commit}"]
         if old:
             updates.append(f"create refs/discarded/{iteration}/{old} {old}")
@@ -431,6 +375,24 @@ class WorkspaceHistory:
         """Files present at ``baseline`` (default: the recorded one) matching ``patterns``."""
         return match_paths(self._ls_tree(self._commit_of(baseline or BASELINE_REF)), patterns)
 
+    def _snapshot_index(self, dest: Path) -> Path:
+        key = hashlib.sha1(os.path.realpath(dest).encode("utf-8", "surrogateescape")).hexdigest()
+        return self.git_dir / "snapshots" / f"{key[:20]}.index"
+
+    def _restored_tree(self, target: str, source_entries: dict[str, bytes],
+                       paths: Sequence[str]) -> str:
+        """Tree of ``target`` with ``paths`` taken from ``source_entries`` (a private index)."""
+        index = self.git_dir / f"restore-{os.getpid()}-{uuid.uuid4().hex[:8]}.index"
+        env = dict(self._env, GIT_INDEX_FILE=str(index))
+        try:
+            self._run(["read-tree", target], env=env)
+            # --replace drops entries in the way (a file where a directory was, or back).
+            self._run(["update-index", "-z", "--replace", "--index-info"], env=env,
+                      input=b"".join(source_entries[p] + b"\0" for p in paths))
+            return self._out(["write-tree"], env=env)
+        finally:
+            index.unlink(missing_ok=True)
+
     def materialize(
         self,
         commit: str,
@@ -439,92 +401,59 @@ class WorkspaceHistory:
         restore_from: str | None = None,
         paths: Sequence[str] | None = None,
     ) -> list[str]:
-        """Write ``commit`` into the empty or absent ``dest_dir`` with ``paths`` restored from
-        ``restore_from``.
+        """Write ``commit`` into ``dest_dir`` with ``paths`` restored from ``restore_from``.
+
+        ``dest_dir`` must be absent, empty, or a snapshot this history wrote before: then only
+        what differs is rewritten and anything else found there (build output, files the
+        verify commands wrote) is removed, so re-verifying the next checkpoint costs what
+        changed, not the workspace size. Tampering is caught by git's stat check (ctime
+        included), never trusted to mtimes alone.
 
         Args:
             commit: what to write (typically a checkpoint).
-            dest_dir: the snapshot directory; created if absent, must be empty.
+            dest_dir: the snapshot directory.
             restore_from: where protected content comes from (default: the baseline).
             paths: protected paths (default: ``protected_paths(restore_from)``); those absent
                 from ``restore_from`` are ignored.
         Returns: the protected paths that differ between ``restore_from`` and ``commit``
-            (modified, deleted or mode-changed), sorted; they are restored in the snapshot.
-        Raises: UnknownCommit, HistoryError(code="dest_not_empty"), GitFailed.
+            (modified, deleted or mode-changed), sorted; the snapshot has them restored.
+        Raises: UnknownCommit, GitFailed, HistoryError with code ``dest_not_empty`` or
+            ``dest_inside_workspace``.
         """
         target = self._commit_of(commit)
         source = self._commit_of(restore_from or BASELINE_REF)
         dest = Path(dest_dir).absolute()
-        if dest.exists() and any(dest.iterdir()):
-            raise HistoryError(f"snapshot directory {dest} is not empty; pass a fresh one",
-                               code="dest_not_empty")
+        real, ws = os.path.realpath(dest), os.path.realpath(self.workspace)
+        if real == ws or real.startswith(ws.rstrip(os.sep) + os.sep):
+            raise HistoryError(f"snapshot directory {dest} is inside the workspace; "
+                               "write snapshots elsewhere", code="dest_inside_workspace")
+        index = self._snapshot_index(dest)
+        fresh = not dest.exists() or not any(dest.iterdir())
+        if not fresh and not index.exists():
+            raise HistoryError(f"snapshot directory {dest} is not empty and was not written "
+                               "by this history; pass a fresh one", code="dest_not_empty")
+        if fresh:
+            index.unlink(missing_ok=True)
         dest.mkdir(parents=True, exist_ok=True)
+        index.parent.mkdir(exist_ok=True)
         source_entries = self._ls_tree(source)
         wanted = set(match_paths(source_entries, DEFAULT_PROTECTED_PATTERNS)
                      if paths is None else paths) & source_entries.keys()
         differing = sorted(wanted & set(self.changed_paths(source, target)))
-        index = self.git_dir / f"snapshot-{os.getpid()}-{uuid.uuid4().hex[:8]}.index"
+        tree = self._restored_tree(target, source_entries, differing) if differing else target
         env = dict(self._env, GIT_INDEX_FILE=str(index))
-        try:
-            self._run(["read-tree", target], env=env)
-            if differing:
-                # --replace drops entries in the way (a file where a directory was, or back).
-                self._run(["update-index", "-z", "--replace", "--index-info"], env=env,
-                          input=b"".join(source_entries[p] + b"\0" for p in differing))
-            self._run(["checkout-index", "--all", "--force", "--quiet"], work_tree=dest, env=env)
-        finally:
-            index.unlink(missing_ok=True)
+        self._run(["read-tree", "--reset", "-u", tree], work_tree=dest, env=env)
+        if not fresh:
+            self._run(["clean", "-ffdxq"], work_tree=dest, env=env)
         return differing
+
+    def discard_snapshot(self, dest_dir: Path) -> None:
+        """Remove a snapshot directory written by ``materialize`` and its private index."""
+        dest = Path(dest_dir).absolute()
+        self._snapshot_index(dest).unlink(missing_ok=True)
+        shutil.rmtree(dest, ignore_errors=True)
 
     def delete(self) -> None:
         """Remove the whole shadow history (the workspace is untouched)."""
         shutil.rmtree(self.git_dir, ignore_errors=True)
         self._ready = False
-
-
-def bench_checkpoint(tmpdir: Path, files: int = 10_000, repeats: int = 7) -> dict[str, float]:
-    """Time the history on a ``files``-file workspace; one file changed per measured step.
-
-    Returns milliseconds (medians over ``repeats``): ``checkpoint_ms_10k_files``,
-    ``fingerprint_ms_10k_files``, ``reset_ms_10k_files``, ``materialize_ms_10k_files``, and
-    the one-off ``baseline_ms_10k_files`` (the keys say 10k whatever ``files`` is).
-    """
-    root = Path(tmpdir)
-    ws = root / "workspace"
-    per_dir = 100
-    for i in range(files):
-        d = ws / f"pkg{i // per_dir:03d}"
-        if i % per_dir == 0:
-            d.mkdir(parents=True)
-        name = f"test_m{i}.py" if i % 50 == 0 else f"m{i}.py"
-        (d / name).write_text(f"VALUE_{i} = {i}\n")
-    hist = WorkspaceHistory(root / "history" / "bench.git", ws)
-    t = time.perf_counter()
-    hist.baseline()
-    baseline_ms = (time.perf_counter() - t) * 1000
-    target = ws / "pkg000" / "m1.py"
-
-    def timed(fn) -> float:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1000
-
-    checkpoint, fingerprint, reset, materialize = [], [], [], []
-    for n in range(1, repeats + 1):
-        target.write_text(f"VALUE_1 = {n}\n")
-        fingerprint.append(timed(hist.fingerprint_of_workspace))
-        target.write_text(f"VALUE_1 = {n} # again\n")
-        checkpoint.append(timed(lambda: hist.checkpoint(n)))
-    for n in range(min(repeats, 3)):
-        target.write_text("changed after the checkpoint\n")
-        reset.append(timed(lambda: hist.reset_to(hist.iteration_commit(repeats))))
-        dest = root / f"snapshot{n}"
-        materialize.append(timed(lambda: hist.materialize(hist.iteration_commit(repeats), dest)))
-    return {
-        "checkpoint_ms_10k_files": round(statistics.median(checkpoint), 1),
-        "fingerprint_ms_10k_files": round(statistics.median(fingerprint), 1),
-        "reset_ms_10k_files": round(statistics.median(reset), 1),
-        "materialize_ms_10k_files": round(statistics.median(materialize), 1),
-        "baseline_ms_10k_files": round(baseline_ms, 1),
-        "files": files,
-    }

@@ -16,7 +16,7 @@ EXIT_ERROR = 1         # an expected failure with a code
 EXIT_USAGE = 2         # bad command-line arguments
 EXIT_INTERNAL = 70     # a bug: the traceback goes to logs/cli.log
 
-COMMANDS = ["status", "config", "doctor", "logs"]
+COMMANDS = ["status", "config", "doctor", "logs", "stop", "suspend", "resume", "ping"]
 
 
 class UsageError(Exception):
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         require_linux()
         parser = build_parser()
         args = parser.parse_args(argv)
+        _quiet_logs(getattr(args, "home", None))
         if not getattr(args, "_run", None):
             parser.print_help()
             return EXIT_USAGE
@@ -75,6 +76,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error[internal]: {type(exc).__name__}: {exc} — this is a bug; details in logs/cli.log",
               file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _quiet_logs(home_arg) -> None:
+    """Library logs of CLI commands go to logs/cli.log (or nowhere), never onto the terminal."""
+    import logging
+
+    from state_db.home import resolve_home
+    from state_db.logsetup import configure
+    home = resolve_home(home_arg)
+    if home.logs_dir.is_dir():
+        configure(home.logs_dir, "human", "cli")
+    else:
+        configure(None, "human", "cli")
+        logging.getLogger().setLevel(logging.CRITICAL)
 
 
 def _log_internal(exc: BaseException) -> None:

@@ -244,14 +244,14 @@ class Retrier:
                 last = classify(exc)
             if not last.retryable or attempt == p.max_attempts:
                 log.warning("model call failed, giving up", code=last.code, status=last.status,
-                            attempt=attempt, retryable=last.retryable, error=last.message, **fields)
+                            call_try=attempt, retryable=last.retryable, error=last.message, **fields)
                 return Attempted(failure=last, attempts=attempt, waited_s=waited)
             delay = self.delay_for(attempt, last)
             if waited + delay > p.max_total_wait_s:
                 log.warning("model call failed, retry wait bound reached", code=last.code,
-                            attempt=attempt, waited_s=round(waited, 3), next_delay_s=round(delay, 3), **fields)
+                            call_try=attempt, waited_s=round(waited, 3), next_delay_s=round(delay, 3), **fields)
                 return Attempted(failure=last, attempts=attempt, waited_s=waited)
-            log.info("model call failed, retrying", code=last.code, status=last.status, attempt=attempt,
+            log.info("model call failed, retrying", code=last.code, status=last.status, call_try=attempt,
                      delay_s=round(delay, 3), shared=last.code in GATE_CODES, **fields)
             if last.code in GATE_CODES:
                 # the shared gate does the waiting, for this caller and every other one

@@ -1,0 +1,1 @@
+"""The curator: retros and curated knowledge (the knowledge pipeline comes with its own issue)."""

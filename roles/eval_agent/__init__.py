@@ -1,0 +1,1 @@
+"""The eval-agent: alone decides whether a goal is met (verification comes with the org issue)."""

@@ -1,0 +1,1 @@
+"""Act backends: how a loop-agent's act reaches a model (``anthropic``) or an agent CLI (``command``)."""

@@ -1,0 +1,257 @@
+"""The ``anthropic`` act backend: the official SDK, Messages API with workspace tools.
+
+One act is a tool-use conversation: the stable prefix goes in a cached system block
+(``cache_control: ephemeral``), the variable prompt is the first user message, and every
+``tool_use`` the model asks for is run by ``WorkspaceTools`` and answered with a ``tool_result``
+(``is_error`` when the tool refused). Each response's usage — input, output, cache write, cache
+read, and cost from the price table — goes to ``on_usage`` before any tool runs.
+
+The SDK's own retries are off (``max_retries=0``); ``Retrier`` retries instead, with a
+``RateGate`` shared by every loop-agent of the org. Status mapping (see ``backends.base``):
+``end_turn``/``stop_sequence`` → ``ok``; ``max_tokens``, ``model_context_window_exceeded``,
+too many turns → ``failed``; ``refusal``, exhausted retries and non-retryable API errors →
+``model_error``.
+
+The API key comes only from ``ANTHROPIC_API_KEY`` in the environment, is read when the client is
+built, and is never logged or kept in any record. ``base_url`` comes from the configuration or
+``ANTHROPIC_BASE_URL``; a loopback server (local model, scripted server) needs no key.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+from urllib.parse import urlparse
+
+import structlog
+
+from roles.loop_agent.backends.base import ActContext, ActOutcome, BackendConfigError, Usage
+from roles.loop_agent.backends.retry import Failure, MemoryRateGate, RateGate, Retrier, RetryPolicy, parse_retry_after
+from roles.loop_agent.pricing import PriceTable
+from roles.loop_agent.tools import CommandRunner, ToolLimits, WorkspaceTools, summarize_call
+
+log = structlog.get_logger("loop_agent.anthropic")
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+_NO_KEY = "no-key-for-loopback"  # loopback servers ignore it; the SDK insists on some credential
+_SUMMARY_CAP = 2000
+
+# HTTP status → (failure code, retryable); anything else 5xx is server_error, other 4xx api_error
+_STATUS = {
+    400: ("bad_request", False), 401: ("auth", False), 402: ("payment_required", False),
+    403: ("permission", False), 404: ("not_found", False), 408: ("timeout", True),
+    409: ("conflict", True), 413: ("request_too_large", False), 429: ("rate_limited", True),
+    529: ("overloaded", True),
+}
+_OK_STOPS = frozenset({"end_turn", "stop_sequence"})
+_FAILED_STOPS = {"max_tokens": "max_tokens", "model_context_window_exceeded": "context_window"}
+
+
+@dataclass(frozen=True)
+class AnthropicConfig:
+    """Backend settings. ``timeout_s`` bounds each HTTP call; ``stream`` uses the SSE API."""
+
+    model: str
+    max_tokens: int = 8192
+    base_url: str | None = None
+    timeout_s: float = 120.0
+    stream: bool = False
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    tool_limits: ToolLimits = field(default_factory=ToolLimits)
+
+
+class AnthropicBackend:
+    """Act backend over the Messages API.
+
+    Params: ``config``; ``prices`` (a ``PriceTable`` or its raw mapping); ``gate`` the org's shared
+    rate gate (default: in-memory); ``runner`` executes ``run_command``; ``environ`` is read for
+    ``ANTHROPIC_API_KEY`` / ``ANTHROPIC_BASE_URL``; ``clock``/``sleep``/``rng`` drive retries.
+    Errors: ``BackendConfigError`` (codes ``unknown_model``, ``bad_price_table``,
+    ``missing_api_key``, ``bad_config``) at construction.
+    """
+
+    name = "anthropic"
+
+    def __init__(self, config: AnthropicConfig, prices: PriceTable | Mapping[str, Mapping[str, float]], *,
+                 gate: RateGate | None = None, runner: CommandRunner | None = None,
+                 environ: Mapping[str, str] | None = None, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep, rng: Callable[[], float] = random.random) -> None:
+        if not config.model or config.max_tokens < 1 or config.timeout_s <= 0:
+            raise BackendConfigError("anthropic backend needs a model, max_tokens >= 1 and timeout_s > 0",
+                                     code="bad_config")
+        self.config = config
+        self.prices = prices if isinstance(prices, PriceTable) else PriceTable(prices)
+        self._price = self.prices.price(config.model)  # unknown model: configuration error now, not mid-run
+        self._environ = os.environ if environ is None else environ
+        self.base_url = config.base_url or self._environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
+        if not self._environ.get("ANTHROPIC_API_KEY") and not _is_loopback(self.base_url):
+            raise BackendConfigError(
+                f"ANTHROPIC_API_KEY is not set; export it to reach {self.base_url} "
+                "(keys are read from the environment only)", code="missing_api_key")
+        self._runner = runner
+        self._retrier = Retrier(config.retry, gate if gate is not None else MemoryRateGate(),
+                                clock=clock, sleep=sleep, rng=rng)
+        self._client: Any = None
+
+    def __repr__(self) -> str:
+        return f"AnthropicBackend(model={self.config.model!r}, base_url={self.base_url!r})"
+
+    def act(self, ctx: ActContext, *, on_usage: Callable[[Usage], None],
+            budget_left: Callable[[], str | None]) -> ActOutcome:
+        """Run one act; see ``backends.base.Backend.act``. Never raises for model, API or tool
+        problems; exceptions from ``on_usage`` propagate."""
+        fields = {"work_id": ctx.work_id, "iteration": ctx.iteration, "attempt": ctx.attempt}
+        run = _Act(ctx, WorkspaceTools(ctx.workspace, self._runner, self.config.tool_limits))
+        try:
+            client = self._client_or_new()
+        except Exception as exc:  # noqa: BLE001 — a client that cannot be built is a coded outcome
+            return run.end("model_error", None, "client_error", f"cannot build the SDK client: {type(exc).__name__}")
+        schemas = run.tools.schemas()
+        while run.turns < ctx.max_turns:
+            got = self._retrier.call(lambda: self._create(client, ctx.system_prefix, run.messages, schemas),
+                                     classify_error, before_attempt=budget_left, log_fields=fields)
+            if got.stopped is not None:
+                return run.end("budget_exhausted", run.stop_reason, got.stopped,
+                               f"budget reached before model call {run.turns + 1}: {got.stopped}")
+            if got.failure is not None:
+                return run.end("model_error", run.stop_reason, got.failure.code, got.failure.message)
+            message, request_id = got.value
+            run.turns += 1
+            usage = self._usage(message, request_id)
+            on_usage(usage)
+            log.info("model turn", turn=run.turns, request_id=request_id, stop_reason=message.stop_reason,
+                     input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                     cache_read=usage.cache_read_input_tokens, **fields)
+            ended = run.take(message)
+            if ended is not None:
+                log.info("act ended", status=ended.status, error_code=ended.error_code, turns=run.turns, **fields)
+                return ended
+        return run.end("failed", run.stop_reason, "max_turns",
+                       f"the model was still calling tools after {ctx.max_turns} turns")
+
+    # -- SDK calls ---------------------------------------------------------------------------
+
+    def _client_or_new(self) -> Any:
+        if self._client is None:
+            import anthropic  # lazy: the SDK import costs ~2 s
+
+            self._client = anthropic.Anthropic(
+                api_key=self._environ.get("ANTHROPIC_API_KEY") or _NO_KEY, base_url=self.base_url,
+                max_retries=0, timeout=self.config.timeout_s)
+        return self._client
+
+    def _create(self, client: Any, system_prefix: str, messages: list, tools: list) -> tuple[Any, str]:
+        kwargs: dict[str, Any] = {"model": self.config.model, "max_tokens": self.config.max_tokens,
+                                  "messages": messages, "tools": tools}
+        if system_prefix:
+            kwargs["system"] = [{"type": "text", "text": system_prefix, "cache_control": {"type": "ephemeral"}}]
+        if self.config.stream:
+            with client.messages.stream(**kwargs) as stream:
+                message = stream.get_final_message()
+                request_id = stream.request_id
+        else:
+            message = client.messages.create(**kwargs)
+            request_id = message._request_id
+        # exactly-once accounting needs a key even from servers that send no request-id
+        return message, request_id or f"local-{uuid.uuid4().hex}"
+
+    def _usage(self, message: Any, request_id: str) -> Usage:
+        u = message.usage
+        counts = {"input_tokens": u.input_tokens or 0, "output_tokens": u.output_tokens or 0,
+                  "cache_creation_input_tokens": u.cache_creation_input_tokens or 0,
+                  "cache_read_input_tokens": u.cache_read_input_tokens or 0}
+        return Usage(request_id=request_id, model=message.model or self.config.model,
+                     cost_usd=self._price.cost(**counts), **counts)
+
+
+class _Act:
+    """State of one act's conversation."""
+
+    def __init__(self, ctx: ActContext, tools: WorkspaceTools) -> None:
+        self.tools = tools
+        self.messages: list[dict[str, Any]] = [{"role": "user", "content": ctx.variable_prompt}]
+        self.calls: list[dict] = []
+        self.turns = 0
+        self.text = ""
+        self.stop_reason: str | None = None
+
+    def end(self, status: str, stop_reason: str | None, code: str | None, error: str | None) -> ActOutcome:
+        summary = self.text[:_SUMMARY_CAP] or f"{len(self.calls)} tool call(s), no closing text"
+        return ActOutcome(status=status, summary=summary, tool_calls=tuple(self.calls), stop_reason=stop_reason,
+                          error_code=code, error=error, turns=self.turns)
+
+    def take(self, message: Any) -> ActOutcome | None:
+        """Record one response; run its tools. Returns the outcome when the act is over."""
+        self.stop_reason = stop = message.stop_reason
+        blocks = list(message.content or [])
+        text = "".join(getattr(b, "text", "") or "" for b in blocks if getattr(b, "type", None) == "text")
+        self.text = text or self.text
+        self.messages.append({"role": "assistant", "content": [_echo(b) for b in blocks]})
+        if stop == "tool_use":
+            uses = [b for b in blocks if getattr(b, "type", None) == "tool_use"]
+            if not uses or not all(isinstance(getattr(b, "id", None), str) for b in uses):
+                return self.end("model_error", stop, "bad_response", "tool_use stop without well-formed tool_use blocks")
+            self.messages.append({"role": "user", "content": [self._run_tool(b) for b in uses]})
+            return None
+        if stop == "pause_turn":  # the service paused a long turn; sending the conversation resumes it
+            return None
+        if stop in _OK_STOPS:
+            return self.end("ok", stop, None, None)
+        if stop == "refusal":
+            return self.end("model_error", stop, "refusal", "the model declined the request")
+        code = _FAILED_STOPS.get(stop, f"stop_{stop}")
+        return self.end("failed", stop, code, f"the model stopped with {stop!r}")
+
+    def _run_tool(self, block: Any) -> dict[str, Any]:
+        name, tool_input = getattr(block, "name", None), getattr(block, "input", None)
+        result = self.tools.call(name, tool_input)
+        self.calls.append(summarize_call(str(name), tool_input, result))
+        return {"type": "tool_result", "tool_use_id": block.id, "content": result.content,
+                "is_error": result.is_error}
+
+
+def _echo(block: Any) -> dict[str, Any]:
+    """A response content block as a request content block for the next turn."""
+    kind = getattr(block, "type", None)
+    if kind == "text":
+        return {"type": "text", "text": block.text or ""}
+    if kind == "tool_use":
+        tool_input = getattr(block, "input", None)
+        # the API rejects a non-object input in the history; the model already got the tool error
+        return {"type": "tool_use", "id": block.id, "name": getattr(block, "name", None) or "unknown",
+                "input": tool_input if isinstance(tool_input, dict) else {}}
+    return block.to_dict()
+
+
+def classify_error(exc: BaseException) -> Failure:
+    """Map an exception from an SDK call to a ``Failure`` (code, retryable, retry-after)."""
+    import anthropic  # lazy, see _client_or_new
+    import httpx2
+
+    if isinstance(exc, anthropic.APITimeoutError) or isinstance(exc, httpx2.TimeoutException):
+        return Failure("timeout", True, "the model call timed out")
+    if isinstance(exc, anthropic.APIConnectionError) or isinstance(exc, httpx2.TransportError):
+        return Failure("connection", True, f"connection to the model service failed: {type(exc).__name__}")
+    if isinstance(exc, anthropic.APIStatusError):
+        status = exc.status_code
+        code, retryable = _STATUS.get(status, ("server_error", True) if status >= 500 else ("api_error", False))
+        hint = exc.response.headers.get("x-should-retry")
+        retryable = {"true": True, "false": False}.get(hint, retryable)
+        detail = exc.api_message or (exc.body if isinstance(exc.body, str) else "") or ""
+        return Failure(code, retryable, f"HTTP {status} {code}: {str(detail)[:300]}".rstrip(": "),
+                       parse_retry_after(exc.response.headers), status)
+    if isinstance(exc, (anthropic.APIResponseValidationError, json.JSONDecodeError)):
+        return Failure("bad_response", True, f"the model service sent an unreadable response: {type(exc).__name__}")
+    if isinstance(exc, ValueError) and "tool parameter JSON" in str(exc):  # the SDK's stream accumulator
+        return Failure("bad_response", True, "the model service streamed invalid tool input JSON")
+    log.error("model call raised an unexpected error", error_type=type(exc).__name__, exc_info=exc)
+    return Failure("client_error", False, f"unexpected error in the model client: {type(exc).__name__}")
+
+
+def _is_loopback(base_url: str) -> bool:
+    return (urlparse(base_url).hostname or "") in _LOOPBACK

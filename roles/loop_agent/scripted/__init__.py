@@ -1,0 +1,1 @@
+"""The scripted model: a local Anthropic-compatible server replaying a script file."""

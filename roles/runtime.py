@@ -1,0 +1,136 @@
+"""The life of a role process: start, heartbeat, reconcile on a tick, answer ping, stop cleanly.
+
+A role subclasses ``RoleProcess`` and overrides ``reconcile`` (read state.db, act on what it finds)
+and ``handle`` (a wake-up message arrived). Messages are only wake-ups: every fact is read from
+state.db, so a lost message delays and never loses work.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from state_db import config as config_mod
+from state_db.home import OrgHome
+from state_db.logsetup import configure
+from state_db.vocab import RoleStatus
+from state_db.writer import StateWriter
+from transport.envelope import Envelope, Limits
+from transport.kinds import Kind, role_of
+
+
+STOP_LATENCY_MS = 100
+
+
+class RoleProcess:
+    """Base of every role process.
+
+    Args:
+        home: the org home.
+        instance: this process's instance name (``loop-agent-2``).
+        tick_s: seconds between reconcile ticks.
+    """
+
+    tick_s = 1.0
+
+    def __init__(self, home: OrgHome, instance: str):
+        self.home = home
+        self.instance = instance
+        self.role = str(role_of(instance))
+        self.cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+        self.log = configure(home.logs_dir, self.role, instance, max_bytes=self.cfg["logs.max_bytes"],
+                             backups=self.cfg["logs.backups"])
+        self.writer = StateWriter(home.db_path, self.role, instance)
+        self.heartbeat_s = self.cfg["supervisor.heartbeat_s"]
+        self.stopping = False
+        self.stop_reason = ""
+        self._transport = None
+
+    # -- hooks for roles ----------------------------------------------------------------
+    def reconcile(self) -> None:
+        """Look at state.db and act on it. Called at start and on every tick."""
+
+    def handle(self, env: Envelope) -> None:
+        """A message other than ping/stop arrived; by default it just triggers a reconcile."""
+        self.reconcile()
+
+    # -- machinery ----------------------------------------------------------------------
+    @property
+    def transport(self):
+        if self._transport is None:
+            from roles.transport_link import TransportLink
+            self._transport = TransportLink(self.home, self.instance, self.cfg, self._on_message)
+        return self._transport
+
+    def _on_message(self, env: Envelope) -> None:
+        if env.kind == Kind.PING:
+            reply_to = (env.payload or {}).get("reply_to") or env.sender
+            self.transport.send(reply_to, Kind.PONG, {"ping": env.id, "instance": self.instance,
+                                                      "pid": os.getpid()})
+        elif env.kind in (Kind.STOP, Kind.SUSPEND):
+            self.request_stop(f"{env.kind} from {env.sender}")
+        else:
+            self.handle(env)
+
+    def request_stop(self, why: str) -> None:
+        self.stopping = True
+        self.stop_reason = why
+
+    def heartbeat(self, status: str | None = None) -> None:
+        now = time.time()
+        with self.writer.transaction(render=status is not None) as tx:
+            if status is not None:
+                tx.set_status("role_instances", self.instance, status, heartbeat_at=now, updated_at=now,
+                              pid=os.getpid())
+            else:
+                tx.update("role_instances", self.instance, heartbeat_at=now, updated_at=now)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
+        signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))
+        link = self.transport
+        link.start()
+        self.heartbeat(RoleStatus.READY)
+        self.log.info("role_ready", pid=os.getpid(), endpoint=link.endpoint, next="reconcile, then serve")
+        next_beat = next_tick = time.monotonic()
+        try:
+            while not self.stopping:
+                now = time.monotonic()
+                if now >= next_tick:
+                    self.reconcile()
+                    next_tick = now + self.tick_s
+                if now >= next_beat:
+                    self.heartbeat()
+                    next_beat = now + self.heartbeat_s
+                wait = max(0.0, min(next_tick, next_beat) - time.monotonic())
+                # bounded so a stop signal (which cannot interrupt the poll) is seen quickly
+                link.poll(min(int(wait * 1000) + 1, STOP_LATENCY_MS))
+        finally:
+            self.log.info("role_stopping", why=self.stop_reason or "loop ended")
+            link.close()
+            try:
+                self.heartbeat(RoleStatus.STOPPED)
+            except Exception as exc:  # the supervisor records the exit either way
+                self.log.warning("stop_not_recorded", error=str(exc))
+            self.writer.close()
+        return 0
+
+
+def main(role_cls: type[RoleProcess], argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m roles.<role> --home H --instance I``."""
+    parser = argparse.ArgumentParser(prog=f"python -m {role_cls.__module__}")
+    parser.add_argument("--home", required=True, help="org home")
+    parser.add_argument("--instance", required=True, help="instance name")
+    args = parser.parse_args(argv)
+    try:
+        proc = role_cls(OrgHome(Path(args.home)), args.instance)
+        return proc.run()
+    except Exception as exc:  # a coded failure: one line; the supervisor restarts us with backoff
+        code = getattr(exc, "code", None)
+        if code is None:
+            raise
+        print(f"error[{code}]: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,131 @@
+"""Controlling a running org from the CLI: start in the background, stop, suspend, wait for ready.
+
+The intent (stop / suspend, forced or not) is written to state.db first as actor ``human``; the
+signal to the supervisor only makes it act now. If the supervisor is gone, the role processes it
+left are stopped directly, by pid and start time.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+
+from roles.supervisor import procs
+from state_db.connection import connect
+from state_db.errors import StateError
+from state_db.home import OrgHome
+from state_db.vocab import Actor, RoleStatus, SessionStatus
+from state_db.writer import StateWriter
+
+
+class ControlError(StateError):
+    code = "control_failed"
+
+
+def supervisor_alive(home: OrgHome) -> tuple[int, str] | None:
+    info = procs.read_pidfile(home.run_dir / "supervisor.pid")
+    if info and procs.is_alive(*info):
+        return info
+    return None
+
+
+def start_background(home: OrgHome, *, timeout_s: float = 20.0) -> dict:
+    """Start a supervisor detached from this terminal; wait until every role is ready.
+
+    Returns {"pid", "ready_ms", "roles"}. Raises ControlError on timeout (with what was seen).
+    """
+    t0 = time.monotonic()
+    log = open(home.logs_dir / "supervisor.out", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "roles.supervisor.main", "--home", str(home.root)],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                            close_fds=True)
+    log.close()
+    roles = wait_ready(home, timeout_s=timeout_s, proc=proc)
+    return {"pid": proc.pid, "ready_ms": round((time.monotonic() - t0) * 1000, 1), "roles": roles}
+
+
+def wait_ready(home: OrgHome, *, timeout_s: float, proc: subprocess.Popen | None = None) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    seen: list[dict] = []
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = (home.logs_dir / "supervisor.out").read_text(errors="replace").strip().splitlines()[-1:]
+            raise ControlError(f"the supervisor exited with {proc.returncode}: {' '.join(tail)}",
+                               hint="see 'org logs --role supervisor' and logs/supervisor.out")
+        if home.db_path.exists():
+            conn = connect(home.db_path, readonly=True)
+            try:
+                session = conn.execute("SELECT status, supervisor_pid FROM org_session").fetchone()
+                seen = [dict(r) for r in conn.execute("SELECT instance, status FROM role_instances")]
+            finally:
+                conn.close()
+            settled = {r["instance"] for r in seen if r["status"] in (RoleStatus.READY, RoleStatus.FAILED)}
+            if session and session["status"] == SessionStatus.RUNNING and session["supervisor_pid"] \
+                    and _wanted(home) <= settled:
+                return seen
+        time.sleep(0.05)
+    raise ControlError(f"the org did not become ready in {timeout_s:.0f}s; roles: "
+                       + ", ".join(f"{r['instance']}={r['status']}" for r in seen),
+                       hint="see 'org logs' and 'org doctor'")
+
+
+def _wanted(home: OrgHome) -> set[str]:
+    """The instances the configuration asks for (a lowered loop_agents leaves old rows behind)."""
+    from roles.instances import org_instances
+    from state_db import config as config_mod
+    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    return {s.instance for s in org_instances(cfg["org.loop_agents"])}
+
+
+def request(home: OrgHome, intent: str, *, force: bool = False, timeout_s: float = 30.0) -> dict:
+    """Stop or suspend the org: record the intent durably, signal the supervisor, wait.
+
+    Returns {"status", "stopped_ms", "supervisor": "signalled"|"absent"}.
+    """
+    t0 = time.monotonic()
+    writer = StateWriter(home.db_path, Actor.HUMAN)
+    try:
+        with writer.transaction() as tx:
+            row = tx.get("org_session", 1)
+            if row is None:
+                raise ControlError("this org was never started", hint="start it with scripts/start-org")
+            detail = {"intent": intent, "force": force, "requested_at": time.time()}
+            tx.update("org_session", 1, detail=orjson.dumps(detail).decode(), updated_at=time.time())
+        sup = supervisor_alive(home)
+        if sup:
+            procs.signal_if_same(sup[0], sup[1], signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while procs.is_alive(*sup) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if procs.is_alive(*sup):
+                raise ControlError(f"the supervisor (pid {sup[0]}) did not stop within {timeout_s:.0f}s",
+                                   hint="retry with --force")
+        else:
+            _stop_orphans(home, writer)
+            target = SessionStatus.SUSPENDED if intent == "suspend" else SessionStatus.STOPPED
+            with writer.transaction() as tx:
+                status = tx.get("org_session", 1)["status"]
+                if status != target:
+                    if status == SessionStatus.RUNNING and target == SessionStatus.SUSPENDED:
+                        tx.set_status("org_session", 1, SessionStatus.SUSPENDING, updated_at=time.time())
+                    tx.set_status("org_session", 1, target, updated_at=time.time(), supervisor_pid=None)
+        conn = writer.conn
+        status = conn.execute("SELECT status FROM org_session").fetchone()[0]
+        return {"status": status, "stopped_ms": round((time.monotonic() - t0) * 1000, 1),
+                "supervisor": "signalled" if sup else "absent"}
+    finally:
+        writer.close()
+
+
+def _stop_orphans(home: OrgHome, writer: StateWriter) -> None:
+    rows = writer.conn.execute("SELECT instance, pid, pid_start FROM role_instances").fetchall()
+    for r in rows:
+        procs.signal_if_same(r["pid"], r["pid_start"], signal.SIGKILL)
+    for pidfile in home.run_dir.glob("*.pid"):
+        info = procs.read_pidfile(pidfile)
+        if info is None or not procs.is_alive(*info):
+            pidfile.unlink(missing_ok=True)

@@ -1,0 +1,32 @@
+"""``python -m roles.supervisor.main --home H``: the supervisor process itself."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m roles.supervisor.main")
+    parser.add_argument("--home", required=True, help="org home")
+    args = parser.parse_args(argv)
+    from roles.supervisor.supervisor import Supervisor
+    from state_db.bootstrap import init_home
+    from state_db.home import OrgHome
+    from state_db.logsetup import configure
+
+    home = OrgHome(Path(args.home))
+    try:
+        cfg, _ = init_home(home)
+        configure(home.logs_dir, "supervisor", "supervisor", max_bytes=cfg["logs.max_bytes"],
+                  backups=cfg["logs.backups"])
+        return Supervisor(home, cfg).run()
+    except Exception as exc:
+        if getattr(exc, "code", None) is None:
+            raise
+        print(f"error[{exc.code}]: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""``scripts/start-org``: prepare the org home, start the org in the background, report.
+
+Usage: ``scripts/start-org [--demo] [--foreground] [--home DIR] [--timeout S]``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="scripts/start-org",
+                                description="Set up (once) and start the org in the background.")
+    p.add_argument("--home", help="org home (default: $ORG_HOME, else .org/ beside the project)")
+    p.add_argument("--demo", action="store_true", help="run the bundled offline demo end to end")
+    p.add_argument("--foreground", action="store_true", help="run the supervisor in this terminal")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for every role to be ready")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    from roles.supervisor import control
+    from state_db.bootstrap import init_home
+    from state_db.home import resolve_home
+
+    try:
+        home = resolve_home(args.home)
+        cfg, migration = init_home(home)
+        if migration["applied"]:
+            print(f"state.db ready at {home.db_path} (schema {migration['to']}"
+                  + (f"; backup {migration['backup']}" if migration["backup"] else "") + ")")
+        if args.foreground:
+            from roles.supervisor.supervisor import Supervisor
+            from state_db.logsetup import configure
+            configure(home.logs_dir, "supervisor", "supervisor", stderr=True)
+            return Supervisor(home, cfg).run()
+        running = control.supervisor_alive(home)
+        if running:
+            print(f"the org is already running (supervisor pid {running[0]}) in {home.root}")
+        else:
+            info = control.start_background(home, timeout_s=args.timeout)
+            print(f"org started in {info['ready_ms'] / 1000:.2f}s: " + ", ".join(
+                f"{r['instance']} {r['status']}" for r in sorted(info["roles"], key=lambda r: r["instance"])))
+        if args.demo:
+            from roles.supervisor.demo import run_demo
+            return run_demo(home, cfg)
+        print("next: 'scripts/org status' to look, 'scripts/org logs -f' to follow, 'scripts/org stop' to stop")
+        return 0
+    except Exception as exc:
+        code = getattr(exc, "code", None)
+        if code is None:
+            raise
+        print(f"error[{code}]: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

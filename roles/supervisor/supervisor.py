@@ -1,0 +1,298 @@
+"""The supervisor: spawns every role instance, restarts crashed ones, stops them all.
+
+It decides nothing about work. It records pids (with start times, so a reused pid is never
+signalled), notices crashes and stale heartbeats, restarts with backoff and marks a role
+``failed`` after too many crashes in a short window. Children get PR_SET_PDEATHSIG so they
+never outlive it; a new supervisor first clears what an earlier one left behind.
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from roles.instances import InstanceSpec, org_instances
+from roles.supervisor import procs
+from state_db.config import Config
+from state_db.errors import StateError
+from state_db.home import OrgHome
+from state_db.vocab import Actor, RoleStatus, SessionStatus
+from state_db.writer import StateWriter
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class AlreadyRunning(StateError):
+    code = "already_running"
+
+
+@dataclass
+class Child:
+    spec: InstanceSpec
+    proc: subprocess.Popen | None = None
+    started: str | None = None
+    spawned_at: float = 0.0
+    crashes: deque = field(default_factory=deque)
+    restart_at: float | None = None
+    failed: bool = False
+    stopping: bool = False
+
+
+class Supervisor:
+    """Runs one org.
+
+    Args:
+        home: the (initialised) org home.
+        cfg: validated configuration.
+        python: interpreter for role processes.
+        clock: monotonic clock (injectable).
+    """
+
+    def __init__(self, home: OrgHome, cfg: Config, *, python: str = sys.executable,
+                 clock=time.monotonic):
+        self.home = home
+        self.cfg = cfg
+        self.python = python
+        self.clock = clock
+        self.log = structlog.get_logger()
+        self.writer = StateWriter(home.db_path, Actor.SUPERVISOR)
+        self.children = {s.instance: Child(s) for s in org_instances(cfg["org.loop_agents"])}
+        self._stop_requested: str | None = None
+        self._lock_fd: int | None = None
+
+    # -- start ----------------------------------------------------------------------------
+    def acquire_lock(self) -> None:
+        """One supervisor per org home (flock held for the process lifetime)."""
+        fd = os.open(self.home.run_dir / "supervisor.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise AlreadyRunning(f"an org is already running in {self.home.root}",
+                                 hint="see 'org status'; stop it with 'org stop'") from None
+        self._lock_fd = fd
+
+    def issue_keys(self) -> None:
+        """One key per instance (and for the human CLI and the supervisor); kept across restarts
+        so messages waiting in outboxes stay verifiable."""
+        from transport.keys import Keyring
+
+        ring = Keyring.create(keyring_path(self.home))
+        for name in [*self.children, "supervisor", "human"]:
+            if ring.key_for(name) is None:
+                ring.issue(name)
+            if self.cfg["transport.endpoint"] != "ipc" and ring.curve_keypair(name) is None:
+                ring.issue_curve(name)
+
+    def clear_leftovers(self) -> None:
+        """Stop role processes an earlier (killed) supervisor left behind, by pid and start time."""
+        conn = self.writer.conn
+        rows = conn.execute("SELECT instance, pid, pid_start FROM role_instances").fetchall()
+        victims = [(r["instance"], r["pid"], r["pid_start"]) for r in rows if procs.is_alive(r["pid"], r["pid_start"])]
+        for _, pid, started in victims:
+            procs.signal_if_same(pid, started, signal.SIGTERM)
+        deadline = time.monotonic() + 3
+        while victims and time.monotonic() < deadline:
+            victims = [v for v in victims if procs.is_alive(v[1], v[2])]
+            time.sleep(0.05)
+        for instance, pid, started in victims:
+            procs.signal_if_same(pid, started, signal.SIGKILL)
+            self.log.warning("leftover_killed", instance=instance, pid=pid)
+
+    def open_session(self) -> None:
+        me = os.getpid()
+        now = time.time()
+        with self.writer.transaction() as tx:
+            row = tx.get("org_session", 1)
+            fields = {"supervisor_pid": me, "supervisor_start": procs.start_time(me), "updated_at": now,
+                      "started_at": now}
+            if row is None:
+                tx.insert("org_session", {"id": 1, "status": SessionStatus.RUNNING, "detail": "{}", **fields})
+            elif row["status"] == SessionStatus.RUNNING:
+                tx.update("org_session", 1, **fields)
+            else:
+                tx.set_status("org_session", 1, SessionStatus.RUNNING, detail="{}", **fields)
+            for name, child in self.children.items():
+                existing = tx.get("role_instances", name)
+                if existing is None:
+                    tx.insert("role_instances", {"instance": name, "role": child.spec.role,
+                                                 "status": RoleStatus.STOPPED, "updated_at": now})
+            # instances beyond the configured count (loop_agents lowered) are simply left stopped
+        procs.write_pidfile(self.home.run_dir / "supervisor.pid", me)
+
+    # -- children -------------------------------------------------------------------------
+    def spawn(self, child: Child) -> None:
+        name = child.spec.instance
+        now = time.time()
+        with self.writer.transaction() as tx:
+            current = tx.get("role_instances", name)["status"]
+            if current in (RoleStatus.READY, RoleStatus.STOPPING):
+                tx.set_status("role_instances", name, RoleStatus.CRASHED, updated_at=now,
+                              last_exit="lost with an earlier supervisor")
+            if current != RoleStatus.STARTING:
+                tx.set_status("role_instances", name, RoleStatus.STARTING, updated_at=now)
+        out = open(self.home.logs_dir / f"{name}.out", "ab")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORG_KEY")}
+        child.proc = subprocess.Popen(
+            [self.python, "-m", child.spec.module, "--home", str(self.home.root), "--instance", name],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, close_fds=True,
+            preexec_fn=_die_with_parent)
+        out.close()
+        child.started = procs.start_time(child.proc.pid)
+        child.spawned_at = self.clock()
+        child.restart_at = None
+        child.stopping = False
+        with self.writer.transaction(render=False) as tx:
+            tx.update("role_instances", name, pid=child.proc.pid, pid_start=child.started,
+                      started_at=now, heartbeat_at=None, updated_at=now)
+        procs.write_pidfile(self.home.run_dir / f"{name}.pid", child.proc.pid)
+        self.log.info("role_spawned", instance=name, pid=child.proc.pid)
+
+    def _on_exit(self, child: Child, code: int) -> None:
+        name = child.spec.instance
+        now_m = self.clock()
+        (self.home.run_dir / f"{name}.pid").unlink(missing_ok=True)
+        if child.stopping or self._stop_requested:
+            self._record_exit(name, RoleStatus.STOPPED, f"exit {code}")
+            return
+        child.crashes.append(now_m)
+        window = self.cfg["supervisor.restart_window_s"]
+        while child.crashes and now_m - child.crashes[0] > window:
+            child.crashes.popleft()
+        if len(child.crashes) >= self.cfg["supervisor.restart_max"]:
+            child.failed = True
+            self._record_exit(name, RoleStatus.FAILED, f"exit {code}; {len(child.crashes)} crashes in {window:.0f}s")
+            self.log.error("role_failed", instance=name, crashes=len(child.crashes), next="not restarted")
+            self._notify_failed(name)
+            return
+        backoff = min(5.0, 0.2 * 2 ** (len(child.crashes) - 1))
+        child.restart_at = now_m + backoff
+        self._record_exit(name, RoleStatus.CRASHED, f"exit {code}", restarts=True)
+        self.log.warning("role_crashed", instance=name, exit=code, restart_in_s=backoff)
+
+    def _record_exit(self, name: str, status: str, detail: str, restarts: bool = False) -> None:
+        now = time.time()
+        with self.writer.transaction() as tx:
+            row = tx.get("role_instances", name)
+            extra = {"restarts": row["restarts"] + 1} if restarts else {}
+            current = row["status"]
+            if current == status or current == RoleStatus.FAILED:
+                return
+            if status == RoleStatus.FAILED and current != RoleStatus.CRASHED and _can(current, RoleStatus.CRASHED):
+                tx.set_status("role_instances", name, RoleStatus.CRASHED, updated_at=now)
+                current = RoleStatus.CRASHED
+            if _can(current, status):
+                tx.set_status("role_instances", name, status, last_exit=detail, updated_at=now, **extra)
+
+    def _notify_failed(self, name: str) -> None:
+        try:
+            from roles.transport_link import send_once
+            send_once(self.home, "supervisor", "coordinator", "role_failed", {"instance": name}, self.cfg)
+        except Exception as exc:  # the failure is in state.db; the message is only a wake-up
+            self.log.warning("role_failed_not_sent", error=str(exc))
+
+    def check_heartbeats(self) -> None:
+        """Kill (then restart) a role whose heartbeat is stale: hung, not just slow to start."""
+        limit = self.cfg["supervisor.heartbeat_timeout_s"]
+        now = time.time()
+        rows = {r["instance"]: r for r in self.writer.conn.execute(
+            "SELECT instance, status, heartbeat_at FROM role_instances")}
+        for name, child in self.children.items():
+            row = rows.get(name)
+            if child.proc is None or child.proc.poll() is not None or row is None:
+                continue
+            last = row["heartbeat_at"]
+            started_long_ago = self.clock() - child.spawned_at > limit
+            if started_long_ago and (last is None or now - last > limit):
+                self.log.warning("heartbeat_stale", instance=name, pid=child.proc.pid, next="kill and restart")
+                procs.signal_if_same(child.proc.pid, child.started, signal.SIGKILL)
+
+    # -- main loop ------------------------------------------------------------------------
+    def request_stop(self, why: str) -> None:
+        self._stop_requested = why
+
+    def run(self, *, on_ready=None) -> int:
+        self.acquire_lock()
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
+        signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))
+        self.issue_keys()
+        self.clear_leftovers()
+        self.open_session()
+        for child in self.children.values():
+            self.spawn(child)
+        if on_ready:
+            on_ready()
+        last_hb_check = self.clock()
+        while not self._stop_requested:
+            for child in self.children.values():
+                if child.proc is not None and (code := child.proc.poll()) is not None:
+                    child.proc = None
+                    self._on_exit(child, code)
+                if (child.proc is None and not child.failed and child.restart_at is not None
+                        and self.clock() >= child.restart_at):
+                    self.spawn(child)
+            if self.clock() - last_hb_check > 1.0:
+                self.check_heartbeats()
+                last_hb_check = self.clock()
+            time.sleep(0.05)
+        return self.shutdown()
+
+    def shutdown(self) -> int:
+        """Stop every child: SIGTERM, wait stop_timeout_s, then SIGKILL (at once with force)."""
+        intent = _session_intent(self.writer)
+        force = bool(intent.get("force"))
+        target = SessionStatus.SUSPENDED if intent.get("intent") == "suspend" else SessionStatus.STOPPED
+        self.log.info("org_stopping", why=self._stop_requested, force=force, next=str(target))
+        live = [c for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
+        for c in live:
+            c.stopping = True
+            procs.signal_if_same(c.proc.pid, c.started, signal.SIGKILL if force else signal.SIGTERM)
+        deadline = self.clock() + (0 if force else self.cfg["supervisor.stop_timeout_s"])
+        while any(c.proc.poll() is None for c in live) and self.clock() < deadline:
+            time.sleep(0.02)
+        for c in live:
+            if c.proc.poll() is None:
+                self.log.warning("role_killed_after_timeout", instance=c.spec.instance)
+                procs.signal_if_same(c.proc.pid, c.started, signal.SIGKILL)
+            c.proc.wait(timeout=10)
+            self._on_exit(c, c.proc.returncode)
+        with self.writer.transaction() as tx:
+            row = tx.get("org_session", 1)
+            if row["status"] != target:
+                if row["status"] == SessionStatus.RUNNING and target == SessionStatus.SUSPENDED:
+                    tx.set_status("org_session", 1, SessionStatus.SUSPENDING, updated_at=time.time())
+                tx.set_status("org_session", 1, target, updated_at=time.time(), supervisor_pid=None)
+        (self.home.run_dir / "supervisor.pid").unlink(missing_ok=True)
+        self.writer.close()
+        return 0
+
+
+def keyring_path(home: OrgHome) -> Path:
+    return home.run_dir / "keys" / "keyring.json"
+
+
+def _session_intent(writer: StateWriter) -> dict:
+    import orjson
+    row = writer.conn.execute("SELECT detail FROM org_session WHERE id = 1").fetchone()
+    try:
+        return orjson.loads(row["detail"] or "{}") if row else {}
+    except orjson.JSONDecodeError:
+        return {}
+
+
+def _can(old: str, new: str) -> bool:
+    from state_db.rules import allowed_transition
+    return allowed_transition("role_instances", old, new)

@@ -1,0 +1,77 @@
+"""Running a real org in tests: a short org home (ipc paths must stay under ~100 bytes),
+waits on observable state with timeouts that report what was seen, and certain cleanup."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+
+from roles.supervisor import procs
+
+
+def short_home_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="lo-"))
+
+
+def query(home, sql, params=()):
+    conn = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=10)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, params)]
+    finally:
+        conn.close()
+
+
+def wait_for(predicate, timeout=15.0, interval=0.05, what="condition"):
+    """Poll ``predicate`` until it returns a truthy value; fail with the last value seen."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+def roles(home) -> dict[str, dict]:
+    return {r["instance"]: r for r in query(home, "SELECT * FROM role_instances")}
+
+
+def kill_everything(home) -> None:
+    """Kill the supervisor and every role process recorded for this home (by pid + start time)."""
+    if not home.db_path.exists():
+        return
+    sup = procs.read_pidfile(home.run_dir / "supervisor.pid")
+    if sup:
+        procs.signal_if_same(sup[0], sup[1], signal.SIGKILL)
+    try:
+        rows = query(home, "SELECT pid, pid_start FROM role_instances")
+    except sqlite3.Error:
+        rows = []
+    for r in rows:
+        procs.signal_if_same(r["pid"], r["pid_start"], signal.SIGKILL)
+    for pidfile in home.run_dir.glob("*.pid"):
+        info = procs.read_pidfile(pidfile)
+        if info:
+            procs.signal_if_same(info[0], info[1], signal.SIGKILL)
+
+
+def write_config(home, text: str) -> None:
+    home.root.mkdir(parents=True, exist_ok=True)
+    home.config_path.write_text(text)
+
+
+def cleanup(home) -> None:
+    kill_everything(home)
+    shutil.rmtree(home.root, ignore_errors=True)
+
+
+def env_for(home) -> dict:
+    env = dict(os.environ)
+    env["ORG_HOME"] = str(home.root)
+    return env
