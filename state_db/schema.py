@@ -64,6 +64,7 @@ CREATE TABLE iterations (
     cost_usd REAL NOT NULL DEFAULT 0,
     elapsed_s REAL NOT NULL DEFAULT 0,
     fingerprint TEXT, checkpoint TEXT,
+    changed_paths TEXT NOT NULL DEFAULT '[]',
     verdict_id TEXT, feedback TEXT, lesson TEXT,
     prompt TEXT NOT NULL DEFAULT '{}',
     committed_at REAL NOT NULL,

@@ -226,8 +226,8 @@ def test_tcp_with_curve_delivers_and_a_client_without_the_key_is_refused(home, k
                               key=keyring.key_for("coordinator"), now=time.time())
         # A client with the server's public key but an unknown keypair, and one without CURVE.
         assert plain_push(server.endpoint, [env.encode()], curve=server_public,
-                          wait_ms=1500) == 0
-        assert plain_push(server.endpoint, [env.encode()], wait_ms=500) == 0
+                          wait_ms=800) == 0
+        assert plain_push(server.endpoint, [env.encode()], wait_ms=300) == 0
 
         resolver = Endpoints(home / "run", overrides={"loop-agent-1": server.endpoint})
         with Sender("coordinator", keyring, resolver, home / "outbox") as s:

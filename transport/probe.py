@@ -47,11 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     counters = Counters(args.instance)
     out = sys.stdout.buffer
     handled = 0
+    first_ns = last_ns = None
     replies: Sender | None = None
 
     def handle(env) -> None:
-        nonlocal handled, replies
-        now_ns = time.perf_counter_ns()
+        nonlocal handled, replies, first_ns, last_ns
+        now_ns = last_ns = time.perf_counter_ns()
+        if first_ns is None:
+            first_ns = now_ns
         handled += 1
         if not args.quiet:
             out.write(orjson.dumps({"event": "handled", "id": env.id, "kind": env.kind,
@@ -81,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         if replies is not None:
             replies.close()
         receiver.close()
-        out.write(orjson.dumps({"event": "stopped", "handled": handled}) + b"\n")
+        out.write(orjson.dumps({"event": "stopped", "handled": handled, "first_ns": first_ns,
+                                "last_ns": last_ns}) + b"\n")
         out.flush()
     return 0
 

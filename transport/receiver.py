@@ -31,6 +31,7 @@ from transport.ledger import HANDLER_ERRORS, Ledger, Rejection
 from transport.outbox import OutboxReader, OutboxWatch
 
 Handler = Callable[[Envelope], None]
+_ZAP_DOMAIN = "loop-org"
 
 
 class Receiver:
@@ -319,10 +320,11 @@ class Receiver:
 
         self._auth = ThreadAuthenticator(self.context)
         self._auth.start()
-        self._auth.configure_curve_callback("*", credentials_provider=_KnownClients())
+        # The provider is looked up by the socket's exact ZAP domain ("*" only matches none).
+        self._auth.configure_curve_callback(_ZAP_DOMAIN, credentials_provider=_KnownClients())
         sock.curve_server = True
         sock.curve_publickey, sock.curve_secretkey = pair
-        sock.zap_domain = b"loop-org"
+        sock.zap_domain = _ZAP_DOMAIN.encode()
 
     def _stop_auth(self) -> None:
         if self._auth is not None:

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from roles.loop_agent.lessons import Lesson, LessonBook, clip
 
-SUMMARY_LINE_CHARS = 120
+SUMMARY_LINE_CHARS = 100
 
 
 @dataclass(frozen=True)
@@ -45,16 +45,17 @@ class IterationDigest:
     changed_paths: tuple[str, ...] = ()
 
     def one_line(self, max_chars: int = SUMMARY_LINE_CHARS) -> str:
-        """``#N outcome · summary · changed`` on one line of at most ``max_chars``."""
-        parts = [f"#{self.iteration}", clip(self.outcome, 60) or "no verdict"]
-        parts.append(clip(self.summary, 60))
+        """``#N | outcome | changed paths | summary`` on one line of at most ``max_chars``."""
+        parts = [f"#{self.iteration}", clip(self.outcome, 50) or "no verdict"]
         if self.changed_paths:
-            parts.append("changed " + ", ".join(self.changed_paths[:3])
-                         + ("…" if len(self.changed_paths) > 3 else ""))
-        return clip(" · ".join(p for p in parts if p), max_chars)
+            parts.append(", ".join(self.changed_paths[:2])
+                         + (f" +{len(self.changed_paths) - 2}" if len(self.changed_paths) > 2 else ""))
+        if self.summary.strip():
+            parts.append(self.summary)
+        return clip(" | ".join(parts), max_chars)
 
     def detail(self) -> str:
-        lines = [f"### Iteration {self.iteration}" + (f" — {self.outcome}" if self.outcome else "")]
+        lines = [f"### Iteration {self.iteration}" + (f": {self.outcome}" if self.outcome else "")]
         if self.summary.strip():
             lines.append(self.summary.strip())
         if self.tool_calls:
@@ -89,7 +90,7 @@ def clip_block(text: str, max_chars: int) -> str:
     text = text.strip()
     if len(text) <= max_chars:
         return text
-    marker = f"\n…[{len(text) - max_chars} characters cut]…\n"
+    marker = f"\n[... {len(text) - max_chars} characters cut ...]\n"
     room = max_chars - len(marker)
     if room < 20:
         return clip(text, max_chars)
@@ -122,7 +123,7 @@ def rolling_summary(older: Sequence[IterationDigest], cap: int) -> tuple[str, in
     dropped = 0
 
     def marker() -> str:
-        return f"(… {dropped} earlier iterations left out)"
+        return f"(... {dropped} earlier iterations left out)"
 
     while lines and total + (len(marker()) + 1 if dropped else 0) > cap:
         total -= len(lines.pop(0)) + (1 if lines else 0)
@@ -148,11 +149,11 @@ def assemble(
     k_recent: int = 3,
     summary_cap_chars: int = 2000,
     *,
-    history_cap_chars: int = 4000,
+    history_cap_chars: int = 3000,
     detail_cap_chars: int = 1500,
     feedback_cap_chars: int = 4000,
     knowledge_cap_chars: int = 4000,
-    lessons_cap_chars: int = 1600,
+    lessons_cap_chars: int = 900,
     goal_cap_chars: int = 8000,
 ) -> Prompt:
     """Assemble the prompt of iteration ``iteration_no``.
@@ -174,7 +175,8 @@ def assemble(
         goal_cap_chars: caps of the other sections.
     Returns: a ``Prompt``; ``manifest`` keys: ``iteration``, ``prefix_bytes``,
         ``variable_bytes``, ``skills``, ``knowledge``, ``lessons`` (ids included),
-        ``recent_iterations``, ``summarized_iterations``, ``omitted_iterations``, ``sha256``.
+        ``recent_iterations``, ``summarized_iterations``, ``omitted_iterations``,
+        ``section_bytes`` (per section of the variable part), ``sha256``.
     """
     prefix_parts = [instructions.strip()]
     prefix_parts += [f"## Skill: {sid}\n{text.strip()}" for sid, text in skills]
@@ -184,10 +186,16 @@ def assemble(
     recent = past[-k_recent:] if k_recent > 0 else []
     older = past[: len(past) - len(recent)]
 
-    details, recent_ids = _fit([(str(d.iteration), clip_block(d.detail(), detail_cap_chars))
-                                for d in reversed(recent)], history_cap_chars)
-    room = min(summary_cap_chars, history_cap_chars - len(details))
-    summary, dropped = rolling_summary(older, room) if older and room > 0 else ("", len(older))
+    # Recent details and the summary share one history budget: the summary gets what the
+    # details leave (at least a quarter of the budget), the details the rest, newest first.
+    blocks = [(str(d.iteration), clip_block(d.detail(), detail_cap_chars))
+              for d in reversed(recent)]
+    summary, dropped = "", len(older)
+    if older:
+        wanted = sum(len(text) + 2 for _, text in blocks)
+        room = min(summary_cap_chars, max(history_cap_chars // 4, history_cap_chars - wanted))
+        summary, dropped = rolling_summary(older, room)
+    details, recent_ids = _fit(blocks, history_cap_chars - len(summary))
     knowledge_text, knowledge_ids = _fit(
         [(kid, f"[{kid}] {text.strip()}") for kid, text in knowledge], knowledge_cap_chars)
     lesson_items = _lessons(lessons)
@@ -195,18 +203,20 @@ def assemble(
         [(l.id, f"- {l.text}") for l in lesson_items],
         lessons_cap_chars, sep="\n")
 
-    sections = [f"Iteration: {iteration_no}", "## Goal\n" + clip_block(goal, goal_cap_chars)]
+    sections = {"header": f"Iteration: {iteration_no}",
+                "goal": "## Goal\n" + clip_block(goal, goal_cap_chars)}
     if knowledge_text:
-        sections.append("## Knowledge\n" + knowledge_text)
+        sections["knowledge"] = "## Knowledge\n" + knowledge_text
     if summary:
-        sections.append("## Earlier iterations (one line each)\n" + summary)
+        sections["summary"] = "## Earlier iterations (one line each)\n" + summary
     if details:
-        sections.append("## Recent iterations (latest first)\n" + details)
+        sections["recent"] = "## Recent iterations (latest first)\n" + details
     if feedback.strip():
-        sections.append("## Latest verdict feedback\n" + clip_block(feedback, feedback_cap_chars))
+        sections["feedback"] = ("## Latest verdict feedback\n"
+                                + clip_block(feedback, feedback_cap_chars))
     if lesson_text:
-        sections.append("## Lessons from failed iterations (latest first)\n" + lesson_text)
-    variable = "\n\n".join(sections) + "\n"
+        sections["lessons"] = "## Lessons from failed iterations (latest first)\n" + lesson_text
+    variable = "\n\n".join(sections.values()) + "\n"
 
     digest = hashlib.sha256(system_prefix.encode() + b"\0" + variable.encode()).hexdigest()
     manifest = {
@@ -219,6 +229,7 @@ def assemble(
         "recent_iterations": [int(i) for i in recent_ids],
         "summarized_iterations": len(older) - dropped,
         "omitted_iterations": dropped,
+        "section_bytes": {name: len(text.encode()) for name, text in sections.items()},
         "sha256": digest,
     }
     return Prompt(system_prefix, variable, manifest)

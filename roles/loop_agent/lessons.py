@@ -28,7 +28,7 @@ def normalize(text: str) -> str:
 def clip(text: str, max_chars: int) -> str:
     """``text`` on one line, cut to ``max_chars`` with an ellipsis when longer."""
     flat = " ".join(text.split())
-    return flat if len(flat) <= max_chars else flat[: max_chars - 1].rstrip() + "…"
+    return flat if len(flat) <= max_chars else flat[: max(0, max_chars - 3)].rstrip() + "..."
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,7 @@ def derive_lesson(
         shown = "; ".join(f"{check} ({sig})" if sig else check for check, sig in failing[:3])
         more = f" and {len(failing) - 3} more" if len(failing) > 3 else ""
         head = f"Failed: {shown}{more}."
-        advice = ("Fix that cause directly; the same check failing the same way again ends the "
-                  "run, so do not repeat the previous approach.")
+        advice = "Fix this cause directly; do not repeat the approach that led here."
     else:
         head = "Verification failed without a named check."
         advice = "Read the feedback and change approach."
@@ -78,7 +77,7 @@ def derive_lesson(
     # Keep the advice whole: cut the quoted feedback first, then the head.
     budget = max_chars - len(advice) - 1
     body = clip(head + hint, budget) if budget >= 40 else clip(head, max_chars)
-    return clip(f"{body} {advice}", max_chars)
+    return clip(f"{body} {advice}", max_chars)[:max_chars]
 
 
 @dataclass(frozen=True)

@@ -152,8 +152,11 @@ class AnthropicBackend:
             kwargs["system"] = [{"type": "text", "text": system_prefix, "cache_control": {"type": "ephemeral"}}]
         if self.config.stream:
             with client.messages.stream(**kwargs) as stream:
-                message = stream.get_final_message()
+                stream.until_done()
+                message = stream.current_message_snapshot if _stream_started(stream) else None
                 request_id = stream.request_id
+            if message is None or message.stop_reason is None:
+                raise IncompleteStream("the response stream ended before message_stop")
         else:
             message = client.messages.create(**kwargs)
             request_id = message._request_id
@@ -167,6 +170,18 @@ class AnthropicBackend:
                   "cache_read_input_tokens": u.cache_read_input_tokens or 0}
         return Usage(request_id=request_id, model=message.model or self.config.model,
                      cost_usd=self._price.cost(**counts), **counts)
+
+
+class IncompleteStream(Exception):
+    """A streamed response ended early (connection closed mid-stream); retried as bad_response."""
+
+
+def _stream_started(stream: Any) -> bool:
+    try:
+        stream.current_message_snapshot  # the SDK asserts when no message_start arrived
+    except AssertionError:
+        return False
+    return True
 
 
 class _Act:
@@ -204,7 +219,7 @@ class _Act:
             return self.end("ok", stop, None, None)
         if stop == "refusal":
             return self.end("model_error", stop, "refusal", "the model declined the request")
-        code = _FAILED_STOPS.get(stop, f"stop_{stop}")
+        code = _FAILED_STOPS.get(stop, f"stop_{stop}" if stop else "no_stop_reason")
         return self.end("failed", stop, code, f"the model stopped with {stop!r}")
 
     def _run_tool(self, block: Any) -> dict[str, Any]:
@@ -245,7 +260,7 @@ def classify_error(exc: BaseException) -> Failure:
         detail = exc.api_message or (exc.body if isinstance(exc.body, str) else "") or ""
         return Failure(code, retryable, f"HTTP {status} {code}: {str(detail)[:300]}".rstrip(": "),
                        parse_retry_after(exc.response.headers), status)
-    if isinstance(exc, (anthropic.APIResponseValidationError, json.JSONDecodeError)):
+    if isinstance(exc, (anthropic.APIResponseValidationError, json.JSONDecodeError, IncompleteStream)):
         return Failure("bad_response", True, f"the model service sent an unreadable response: {type(exc).__name__}")
     if isinstance(exc, ValueError) and "tool parameter JSON" in str(exc):  # the SDK's stream accumulator
         return Failure("bad_response", True, "the model service streamed invalid tool input JSON")

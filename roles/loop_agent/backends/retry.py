@@ -174,8 +174,9 @@ def parse_retry_after(headers: Mapping[str, str] | None, *, now: float | None = 
         return max(0.0, float(value))
     except ValueError:
         pass
-    parsed = email.utils.parsedate_to_datetime(value) if value else None
-    if parsed is None:
+    try:
+        parsed = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
         return None
     wall = time.time() if now is None else now
     return max(0.0, parsed.timestamp() - wall)

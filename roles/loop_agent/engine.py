@@ -1,0 +1,290 @@
+"""The loop: gather → act → commit iteration (+ checkpoint) → verify → reflect, until the
+machine says stop.
+
+Exactly-once, precisely:
+- each model call's usage is committed the moment it arrives, keyed by request id, so tokens and
+  cost count once whatever happens later;
+- an iteration number is committed once (primary key, and StateWriter refuses gaps);
+- an attempt cut by a crash, a forced suspend or a cancel is discarded: the next attempt starts by
+  resetting the workspace to the last committed checkpoint. Attempts are numbered and recorded.
+
+The engine never decides ``goal_met``: a passing verdict by the eval-agent on the latest committed
+iteration ends the run, written by the eval-agent itself. The verify seam is a callable
+``verify(work_id, n)`` that returns once an eval-agent verdict for iteration n is in state.db.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import orjson
+import structlog
+
+from roles.loop_agent import progress as prog
+from roles.loop_agent.backends.base import ActContext, ActOutcome, Backend, Usage
+from roles.loop_agent.context import assemble
+from roles.loop_agent.lessons import derive_lesson
+from roles.loop_agent.stop import StopDecision, StopPolicy, fingerprint, policy_from_caps
+from state_db.errors import Conflict
+from state_db.vocab import StopReason, WorkStatus
+from state_db.writer import StateWriter
+
+INSTRUCTIONS = """You are a loop-agent of loop-org. You change files in the workspace, with the
+tools you are given, so that the goal below is met. You do not decide when the work is done:
+after each of your turns an independent eval-agent runs the verify commands on a snapshot of the
+workspace, with the protected files (tests) restored from the start, and its feedback comes back
+to you. Editing tests to make them pass never counts. Keep each iteration focused: read what
+you need, make the change, and end your turn with a one-paragraph summary of what you did and why.
+"""
+
+INTERRUPTED = "interrupted"
+
+
+@dataclass
+class LoopSettings:
+    recent_iterations: int = 3
+    summary_cap_chars: int = 2000
+    lessons_max: int = 5
+    no_progress: tuple[int, int] = (3, 5)
+    max_turns: int = 20
+    org_spend_cap_usd: float | None = None
+    instructions: str = INSTRUCTIONS
+    skills: list = field(default_factory=list)
+    knowledge: list = field(default_factory=list)
+
+    @classmethod
+    def from_config(cls, cfg) -> "LoopSettings":
+        return cls(recent_iterations=cfg["loop.recent_iterations"], summary_cap_chars=cfg["loop.summary_cap_chars"],
+                   lessons_max=cfg["loop.lessons_max"],
+                   no_progress=(cfg["loop.no_progress_repeat"], cfg["loop.no_progress_window"]),
+                   org_spend_cap_usd=cfg["limits.total_spend_usd"])
+
+
+def policy_for(work: dict, settings: LoopSettings) -> StopPolicy:
+    caps = orjson.loads(work["caps"]) if isinstance(work["caps"], str) else work["caps"]
+    return policy_from_caps(max_iterations=caps.get("max_iterations"), budget_tokens=caps.get("budget_tokens"),
+                            budget_usd=caps.get("budget_usd"), timeout_s=caps.get("timeout_s"),
+                            no_progress=settings.no_progress)
+
+
+class LoopEngine:
+    """Runs one work item's loop for one loop-agent.
+
+    Args:
+        writer: StateWriter as this loop-agent (the work item must be assigned to it).
+        work_id: the work item.
+        backend: the act backend.
+        verify: the verify seam, ``verify(work_id, n)``; returns when the verdict is in state.db.
+        history: the workspace's shadow history.
+        settings: loop settings (context bounds, no_progress, org spend cap).
+        interrupt: set it to cut the current act (suspend --force, shutdown); the attempt is
+            discarded and ``run`` returns None.
+        clock: monotonic clock.
+    """
+
+    def __init__(self, writer: StateWriter, work_id: str, backend: Backend, verify: Callable[[str, int], object],
+                 history, settings: LoopSettings | None = None, *, interrupt: threading.Event | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.w = writer
+        self.work_id = work_id
+        self.backend = backend
+        self.verify = verify
+        self.history = history
+        self.settings = settings or LoopSettings()
+        self.interrupt = interrupt or threading.Event()
+        self.clock = clock
+        self.log = structlog.get_logger("loop").bind(work_id=work_id, instance=writer.instance)
+
+    # -- reading ------------------------------------------------------------------------------
+    def work(self) -> dict:
+        return dict(self.w.conn.execute("SELECT * FROM work_items WHERE id = ?", (self.work_id,)).fetchone())
+
+    def _org_spend_over(self) -> bool:
+        cap = self.settings.org_spend_cap_usd
+        if cap is None:
+            return False
+        return self.w.conn.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM model_calls").fetchone()[0] >= cap
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> StopDecision | None:
+        """Run until a stop condition fires (returns it) or ``interrupt`` is set (returns None)."""
+        work = self.work()
+        if work["status"] == WorkStatus.ENDED:
+            return StopDecision(StopReason(work["stop_reason"]), work["stop_detail"] or "")
+        policy = policy_for(work, self.settings)
+        self._start(work)
+        while True:
+            work = self.work()
+            if work["status"] == WorkStatus.ENDED:
+                return StopDecision(StopReason(work["stop_reason"]), work["stop_detail"] or "")
+            progress, its, verdicts = prog.load(self.w.conn, work, org_limit=self._org_spend_over())
+            if its and its[-1]["n"] not in verdicts:
+                self._verify_and_reflect(its[-1])          # resumed between commit and verdict
+                continue
+            if its and its[-1]["verdict_id"] is None and its[-1]["n"] in verdicts:
+                self._reflect(its[-1], verdicts[its[-1]["n"]])
+                continue
+            decision = policy.evaluate(progress)
+            if decision is not None:
+                if decision.reason == StopReason.GOAL_MET:
+                    continue                                # the eval-agent ends the run; re-read
+                return self._end(decision)
+            if self.interrupt.is_set():
+                return None
+            committed = self._attempt(work, progress, its, verdicts, policy)
+            if committed is None:
+                return None if self.interrupt.is_set() else self._end_from_act()
+
+    def _start(self, work: dict) -> None:
+        self.history.baseline()
+        with self.w.transaction() as tx:
+            if work["status"] in (WorkStatus.DISPATCHED, WorkStatus.PAUSED):
+                tx.set_status("work_items", self.work_id, WorkStatus.RUNNING)
+            # an attempt left open by a crash is discarded (its workspace changes are reset below)
+            for row in tx.conn.execute("SELECT attempt FROM attempts WHERE work_id = ? AND ended_at IS NULL",
+                                       (self.work_id,)).fetchall():
+                tx.update("attempts", (self.work_id, row["attempt"]), ended_at=tx.now, outcome="discarded")
+
+    def _attempt(self, work, progress, its, verdicts, policy) -> bool | None:
+        n = progress.iterations + 1
+        attempt = work["attempt"] + 1
+        with self.w.transaction() as tx:
+            tx.update("work_items", self.work_id, attempt=attempt, updated_at=tx.now)
+            tx.insert("attempts", {"work_id": self.work_id, "attempt": attempt, "iteration": n,
+                                   "instance": self.w.instance, "started_at": tx.now})
+        last = its[-1]["checkpoint"] if its else self.history.baseline()
+        self.history.reset_to(last)
+        prompt = assemble(
+            work["goal"] + _verify_note(work), self.settings.instructions, self.settings.skills,
+            self.settings.knowledge, prog.digests(its, verdicts), prog.lessons(its, self.settings.lessons_max),
+            (verdicts[its[-1]["n"]]["feedback"] if its and its[-1]["n"] in verdicts else ""), n,
+            k_recent=self.settings.recent_iterations, summary_cap_chars=self.settings.summary_cap_chars)
+        ctx = ActContext(self.work_id, n, attempt, Path(work["workspace"]), prompt.system_prefix, prompt.variable,
+                         max_turns=self.settings.max_turns)
+        t0 = self.clock()
+        spent = {"tokens": progress.tokens, "cost": progress.cost_usd}
+
+        def on_usage(u: Usage) -> None:
+            self._commit_usage(u, n, attempt)
+            spent["tokens"] += u.total_tokens
+            spent["cost"] += u.cost_usd
+
+        def budget_left() -> str | None:
+            if self.interrupt.is_set():
+                return INTERRUPTED
+            now = self.work()
+            live = progress.__class__(**{**progress.__dict__, "tokens": spent["tokens"], "cost_usd": spent["cost"],
+                                         "elapsed_s": progress.elapsed_s + self.clock() - t0,
+                                         "cancelled": bool(now["cancel_requested"]),
+                                         "org_limit": self._org_spend_over()})
+            reason = policy.budget_check(live)
+            if reason is None and live.cancelled:
+                reason = StopReason.CANCELLED
+            if reason is None and live.org_limit:
+                reason = StopReason.ORG_LIMIT
+            return None if reason is None else str(reason)
+
+        self.log.info("act_started", iteration=n, attempt=attempt, prompt_bytes=prompt.manifest.get("variable_bytes"))
+        outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
+        elapsed = self.clock() - t0
+        if outcome.status == "budget_exhausted" and outcome.error_code in (INTERRUPTED, StopReason.CANCELLED,
+                                                                             StopReason.ORG_LIMIT):
+            self._close_attempt(attempt, outcome.error_code)
+            self.history.reset_to(last)
+            if outcome.error_code == StopReason.CANCELLED:
+                self._end(StopDecision(StopReason.CANCELLED, "cancelled during an act; the act was discarded"))
+            elif outcome.error_code == StopReason.ORG_LIMIT:
+                self._end(StopDecision(StopReason.ORG_LIMIT, "the org-wide spend cap was reached"))
+            return None
+        if outcome.status == "model_error":
+            self._close_attempt(attempt, f"model_error:{outcome.error_code}")
+            self.history.reset_to(last)
+            self._pending_end = StopDecision(StopReason.MODEL_ERROR, f"{outcome.error_code}: {outcome.error}")
+            return None
+        self._commit(work, n, attempt, outcome, prompt.manifest, elapsed, last)
+        return True
+
+    def _commit_usage(self, u: Usage, n: int, attempt: int) -> None:
+        try:
+            with self.w.transaction(render=False) as tx:
+                tx.insert("model_calls", {"request_id": u.request_id, "work_id": self.work_id, "iteration": n,
+                                          "attempt": attempt, "instance": self.w.instance, "model": u.model,
+                                          "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+                                          "cache_write_tokens": u.cache_creation_input_tokens,
+                                          "cache_read_tokens": u.cache_read_input_tokens, "cost_usd": u.cost_usd,
+                                          "at": tx.now}, journal=False)
+        except Conflict:
+            self.log.warning("usage_already_counted", request_id=u.request_id)
+
+    def _commit(self, work, n, attempt, outcome: ActOutcome, manifest, elapsed, last_commit) -> None:
+        checkpoint = self.history.checkpoint(n)
+        changed = self.history.changed_paths(last_commit, checkpoint)
+        fp = fingerprint(self.history.tree_id(checkpoint), "")
+        with self.w.transaction() as tx:
+            u = tx.one("""SELECT COALESCE(SUM(input_tokens),0), COALESCE(SUM(output_tokens),0),
+                                 COALESCE(SUM(cache_write_tokens),0), COALESCE(SUM(cache_read_tokens),0),
+                                 COALESCE(SUM(cost_usd),0)
+                            FROM model_calls WHERE work_id = ? AND iteration = ? AND attempt = ?""",
+                       (self.work_id, n, attempt))
+            tx.insert("iterations", {
+                "work_id": self.work_id, "n": n, "attempt": attempt, "act_status": outcome.status,
+                "act_summary": outcome.summary[:4000], "tool_calls": [dict(c) for c in outcome.tool_calls][:200],
+                "input_tokens": u[0], "output_tokens": u[1], "cache_write_tokens": u[2], "cache_read_tokens": u[3],
+                "cost_usd": u[4], "elapsed_s": round(elapsed, 4), "fingerprint": fp, "checkpoint": checkpoint,
+                "changed_paths": changed[:500], "prompt": manifest, "committed_at": tx.now})
+            tx.update("work_items", self.work_id, elapsed_s=work["elapsed_s"] + elapsed, updated_at=tx.now)
+            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome="committed")
+        self.log.info("iteration_committed", iteration=n, attempt=attempt, act=outcome.status,
+                      changed=len(changed), next="verify by the eval-agent")
+        row = dict(self.w.conn.execute("SELECT * FROM iterations WHERE work_id=? AND n=?", (self.work_id, n)).fetchone())
+        self._verify_and_reflect(row)
+
+    def _verify_and_reflect(self, it: dict) -> None:
+        self.verify(self.work_id, it["n"])
+        verdict = prog.verdicts_by_iteration(self.w.conn, self.work_id).get(it["n"])
+        if verdict is None:
+            raise Conflict(f"no eval-agent verdict for iteration {it['n']} of {self.work_id}",
+                           hint="the eval-agent must verify every committed iteration")
+        self._reflect(it, verdict)
+
+    def _reflect(self, it: dict, verdict: dict) -> None:
+        summary = prog.summary_of(verdict)
+        lesson = None if summary.passed else derive_lesson(summary.failing, verdict["feedback"])
+        outcome = "pass" if summary.passed else ";".join(f"{c}:{s}" for c, s in summary.failing)
+        fp = fingerprint(self.history.tree_id(it["checkpoint"]), outcome)
+        with self.w.transaction() as tx:
+            tx.update("iterations", (self.work_id, it["n"]), verdict_id=verdict["id"], feedback=verdict["feedback"][:4000],
+                      lesson=lesson, fingerprint=fp)
+        self.log.info("reflected", iteration=it["n"], verdict=verdict["outcome"], lesson=bool(lesson))
+
+    def _close_attempt(self, attempt: int, outcome: str) -> None:
+        with self.w.transaction() as tx:
+            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=outcome)
+
+    _pending_end: StopDecision | None = None
+
+    def _end_from_act(self) -> StopDecision | None:
+        work = self.work()
+        if work["status"] == WorkStatus.ENDED:
+            return StopDecision(StopReason(work["stop_reason"]), work["stop_detail"] or "")
+        if self._pending_end is not None:
+            return self._end(self._pending_end)
+        return None
+
+    def _end(self, decision: StopDecision) -> StopDecision:
+        with self.w.transaction() as tx:
+            work = tx.get("work_items", self.work_id)
+            if work["status"] == WorkStatus.ENDED:
+                return StopDecision(StopReason(work["stop_reason"]), work["stop_detail"] or "")
+            tx.set_status("work_items", self.work_id, WorkStatus.ENDED, stop_reason=decision.reason,
+                          stop_detail=decision.detail[:1000])
+        self.log.info("run_ended", reason=str(decision.reason), detail=decision.detail)
+        return decision
+
+
+def _verify_note(work: dict) -> str:
+    cmds = orjson.loads(work["verify"]) if isinstance(work["verify"], str) else work["verify"]
+    return "\n\nThe eval-agent verifies with: " + "; ".join(f"`{c}`" for c in cmds) if cmds else ""
