@@ -85,12 +85,17 @@ def bench_raw(home: Path, n: int, gap_s: float) -> list[float]:
     return [x / 1000 for x in lat[50:]]  # the first ones warm the connection up
 
 
-def latencies(probe: ProbeProcess, ids: set[str]) -> list[float]:
-    events = probe.wait_for(lambda e: e.get("id") in ids, count=len(ids), timeout=60)
-    return [(e["handled_ns"] - e["payload"]["t"]) / 1000 for e in events]
+def wait_recorded(home: Path, target: int, timeout: float = 60.0) -> None:
+    """Wait until the receiver's ledger holds ``target`` ids (polling state.db, so nothing in
+    this process competes with the measurement while it runs)."""
+    deadline = time.monotonic() + timeout
+    while _ledger_count(home) < target:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"ledger has {_ledger_count(home)} ids, expected {target}")
+        time.sleep(0.02)
 
 
-def bench_seam(sender: Sender, probe: ProbeProcess, n: int, gap_s: float, via: str):
+def send_paced(sender: Sender, n: int, gap_s: float, via: str) -> tuple[set[str], dict]:
     ids, paths = set(), {}
     for i in range(n):
         t = time.perf_counter_ns()
@@ -99,7 +104,11 @@ def bench_seam(sender: Sender, probe: ProbeProcess, n: int, gap_s: float, via: s
         paths[path] = paths.get(path, 0) + 1
         ids.add(env.id)
         pace(gap_s)
-    return latencies(probe, ids), paths
+    return ids, paths
+
+
+def latencies_of(events: list[dict], ids: set[str]) -> list[float]:
+    return [(e["handled_ns"] - e["payload"]["t"]) / 1000 for e in events if e["id"] in ids]
 
 
 def bench_throughput(home: Path, keyring: Keyring, m: int) -> dict:
@@ -141,21 +150,18 @@ def run(args: argparse.Namespace) -> dict:
         keyring = Keyring.load(home / "run" / "keys.json")
         raw = bench_raw(home, args.n, args.gap_ms / 1000)
 
-        probe = ProbeProcess(home, "loop-agent-1").start()
+        probe = ProbeProcess(home, "loop-agent-1", "--record").start()
         try:
             with Sender("coordinator", keyring, Endpoints(home / "run"), home / "outbox") as s:
-                bench_seam(s, probe, 50, args.gap_ms / 1000, "push")  # warm-up
-                push, push_paths = bench_seam(s, probe, args.n, args.gap_ms / 1000, "push")
-                fallback, _ = bench_seam(s, probe, args.n_fallback, args.fallback_gap_ms / 1000,
-                                         "outbox")
-                before = len(probe.handled())
-                both_ids = set()
-                for i in range(args.n_dup):
-                    env = s.envelope("loop-agent-1", "wake", {"t": 0, "i": i})
-                    s.send_envelope(env, via="both")
-                    both_ids.add(env.id)
-                probe.wait_for(lambda e: e.get("id") in both_ids, count=len(both_ids),
-                               timeout=60)
+                gap, fgap = args.gap_ms / 1000, args.fallback_gap_ms / 1000
+                warm, _ = send_paced(s, 50, gap, "push")
+                wait_recorded(home, 50)
+                push_ids, push_paths = send_paced(s, args.n, gap, "push")
+                wait_recorded(home, 50 + args.n)
+                fallback_ids, _ = send_paced(s, args.n_fallback, fgap, "outbox")
+                wait_recorded(home, 50 + args.n + args.n_fallback)
+                both_ids, _ = send_paced(s, args.n_dup, 0, "both")
+                wait_recorded(home, 50 + args.n + args.n_fallback + args.n_dup)
                 outbox = home / "outbox" / "loop-agent-1"
                 deadline = time.monotonic() + 30
                 while any(outbox.iterdir()) and time.monotonic() < deadline:
@@ -163,9 +169,13 @@ def run(args: argparse.Namespace) -> dict:
             stopped = probe.stop()
         finally:
             probe.kill()
-        dup_handled = [e for e in probe.handled()[before:] if e["id"] in both_ids]
-        duplicates_handled = len(dup_handled) - len({e["id"] for e in dup_handled})
-        assert stopped["handled"] == len(probe.handled())
+        events = probe.handled()
+        assert stopped["handled"] == len(events)
+        push = latencies_of(events, push_ids)
+        fallback = latencies_of(events, fallback_ids)
+        both = [e["id"] for e in events if e["id"] in both_ids]
+        duplicates_handled = len(both) - len(set(both))
+        assert len(set(both)) == len(both_ids), "a message sent both ways was never handled"
 
         tput = bench_throughput(home, keyring, args.m)
     finally:

@@ -57,6 +57,9 @@ class RoleProcess:
         """A message other than ping/stop arrived; by default it just triggers a reconcile."""
         self.reconcile()
 
+    def on_stop(self) -> None:
+        """Called once when the role is asked to stop, before its transport closes."""
+
     # -- machinery ----------------------------------------------------------------------
     @property
     def transport(self):
@@ -110,7 +113,10 @@ class RoleProcess:
                 link.poll(min(int(wait * 1000) + 1, STOP_LATENCY_MS))
         finally:
             self.log.info("role_stopping", why=self.stop_reason or "loop ended")
-            link.close()
+            try:
+                self.on_stop()
+            finally:
+                link.close()
             try:
                 self.heartbeat(RoleStatus.STOPPED)
             except Exception as exc:  # the supervisor records the exit either way

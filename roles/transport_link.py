@@ -60,6 +60,30 @@ class TransportLink:
         self.sender.close()
         self.receiver.close()
 
+    def thread_sender(self) -> "ThreadSender":
+        """A sender for another thread (zmq sockets must not be shared between threads)."""
+        return ThreadSender(self)
+
+
+class ThreadSender:
+    """A second sender of the same instance, owned by one worker thread; its counters are
+    flushed into state.db when it closes."""
+
+    def __init__(self, link: TransportLink):
+        self._link = link
+        self.counters = Counters(link.sender.instance)
+        self.sender = Sender(link.sender.instance, link.keyring, link.sender.pusher.resolver,
+                             link.sender.outbox_root, counters=self.counters, limits=link.sender.limits)
+
+    def send(self, recipient: str, kind: str, payload: dict | None = None) -> str:
+        return self.sender.send(recipient, kind, payload)
+
+    def close(self) -> None:
+        self.sender.close()
+        ledger = Ledger(self._link.ledger.writer.db_path, self.sender.instance, counters=self.counters)
+        ledger.flush()
+        ledger.close()
+
 
 def send_once(home: OrgHome, sender: str, recipient: str, kind: str, payload: dict | None,
               cfg: Config) -> str:

@@ -12,6 +12,7 @@ import json
 import threading
 import uuid
 from collections import deque
+from itertools import islice
 from typing import Any, Callable
 
 from roles.loop_agent.scripted.server import Exchange, MessagesServer, error_body, message_body, sse_events
@@ -110,6 +111,15 @@ def hang(seconds: float) -> Behaviour:
 def drop() -> Behaviour:
     """Close the connection without answering."""
     return lambda ex, fake: ex.drop()
+
+
+def cut_stream(events: int = 3) -> Behaviour:
+    """Start a streamed reply, then close the connection after ``events`` SSE events."""
+    def behave(ex: Exchange, fake: FakeMessagesAPI) -> None:
+        body = message_body(model="fake", content=[{"type": "text", "text": "never finished " * 10}],
+                            stop_reason="end_turn", usage=DEFAULT_USAGE)
+        ex.sse(islice(sse_events(body), events), {"request-id": f"req_cut_{uuid.uuid4().hex[:8]}"})
+    return behave
 
 
 def truncated_json() -> Behaviour:

@@ -14,7 +14,7 @@ from roles.loop_agent.backends.base import ActContext, ActOutcome, BackendConfig
 from roles.loop_agent.backends.retry import (FileRateGate, Failure, MemoryRateGate, Retrier, RetryPolicy,
                                              parse_retry_after)
 from roles.loop_agent.pricing import PriceTable, PricingError
-from tests.fake_messages_api import (FakeMessagesAPI, drop, hang, overloaded, rate_limited, reply,
+from tests.fake_messages_api import (FakeMessagesAPI, cut_stream, drop, hang, overloaded, rate_limited, reply,
                                      server_error, status, text_turn, tool_use_turn, truncated_json)
 
 FAKE_KEY = "sk-ant-FAKE-KEY-0123456789abcdef"
@@ -176,6 +176,25 @@ def test_exhausted_retries_end_the_act_with_model_error(fake, workspace, code):
     outcome, usages = run_act(backend, workspace)
     assert (outcome.status, outcome.error_code) == ("model_error", code)
     assert len(fake.requests) == 2 and fake.pending == 1 and usages == []
+
+
+def test_stream_cut_before_message_stop_is_retried_as_bad_response(fake, workspace):
+    fake.enqueue(cut_stream(), text_turn("whole"))
+    backend, clock = make_backend(fake, stream=True)
+    with structlog.testing.capture_logs() as logs:
+        outcome, usages = run_act(backend, workspace)
+    assert (outcome.status, outcome.summary, len(usages)) == ("ok", "whole", 1)
+    assert [e["code"] for e in logs if e["event"] == "model call failed, retrying"] == ["bad_response"]
+
+
+def test_response_without_usage_is_retried_as_bad_response(fake, workspace):
+    no_usage = {"id": "msg_1", "type": "message", "role": "assistant", "model": MODEL,
+                "content": [{"type": "text", "text": "?"}], "stop_reason": "end_turn"}
+    fake.enqueue(lambda ex, _: ex.json(200, no_usage, {"request-id": "req_nousage"}), text_turn("whole"))
+    backend, _ = make_backend(fake)
+    outcome, usages = run_act(backend, workspace)
+    assert (outcome.status, outcome.summary) == ("ok", "whole")
+    assert [u.request_id for u in usages] != ["req_nousage"] and len(usages) == 1
 
 
 def test_non_retryable_status_ends_at_once(fake, workspace):

@@ -132,6 +132,8 @@ def test_a_policy_without_a_hard_cap_is_a_configuration_error():
 
 @pytest.mark.parametrize("build", [lambda: MaxIterations(0), lambda: TokenBudget(-1),
                                    lambda: CostBudget(0), lambda: Timeout(True),
+                                   lambda: CostBudget(float("nan")),
+                                   lambda: Timeout(float("inf")),
                                    lambda: MaxIterations(2.5), lambda: NoProgress(1, 5),
                                    lambda: NoProgress(4, 3), lambda: AnyOf()])
 def test_bad_parameters_are_coded_configuration_errors(build):

@@ -15,6 +15,7 @@ import hmac
 import os
 import threading
 import time
+from itertools import count
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -77,10 +78,22 @@ class KeySource(Protocol):
 
 _id_lock = threading.Lock()
 _last_id_ns = 0
+_id_tail = count()
+_id_process = ""
+
+
+def _reseed_ids() -> None:
+    # A random part per process (re-drawn in a forked child), then a counter: no syscall per id.
+    global _id_process, _id_tail
+    _id_process, _id_tail = os.urandom(4).hex(), count()
+
+
+_reseed_ids()
+os.register_at_fork(after_in_child=_reseed_ids)
 
 
 def new_id() -> str:
-    """Return a new message id: 32 lowercase hex digits, time-ordered (ns) then random.
+    """Return a new message id: 32 lowercase hex digits — ns time, process random, counter.
 
     Ids from one process are strictly increasing; ids from different processes sort by creation
     time to within clock resolution.
@@ -91,11 +104,32 @@ def new_id() -> str:
         if t <= _last_id_ns:
             t = _last_id_ns + 1
         _last_id_ns = t
-    return f"{t:016x}{os.urandom(8).hex()}"
+    return f"{t:016x}{_id_process}{next(_id_tail) & 0xFFFFFFFF:08x}"
+
+
+try:  # OpenSSL's HMAC object: copy() reuses the keyed state instead of re-keying per message
+    from _hashlib import hmac_new as _hmac_new
+except ImportError:  # pragma: no cover - interpreters without OpenSSL's _hashlib
+    def _hmac_new(key: bytes, digestmod: str):  # type: ignore[misc]
+        return hmac.new(key, digestmod=digestmod)
+
+_keyed: dict[bytes, object] = {}
 
 
 def _tag(key: bytes, signing_bytes: bytes) -> str:
-    return hmac.digest(key, signing_bytes, "sha256").hex()
+    base = _keyed.get(key)
+    if base is None:
+        if len(_keyed) >= 256:  # keys come from the keyring, but stay bounded anyway
+            _keyed.clear()
+        base = _keyed[key] = _hmac_new(key, digestmod="sha256")
+    h = base.copy()
+    h.update(signing_bytes)
+    return h.hexdigest()
+
+
+def _signing_bytes(v, msg_id, kind, sender, recipient, created_at, payload) -> bytes:
+    return _DOMAIN + orjson.dumps([v, msg_id, kind, sender, recipient, created_at, payload],
+                                  option=orjson.OPT_SORT_KEYS)
 
 
 @dataclass(frozen=True)
@@ -137,22 +171,19 @@ class Envelope:
         Raises:
             Rejected(bad_envelope): a field has the wrong type or the payload is not JSON.
         """
-        env = cls(VERSION, msg_id or new_id(), str(kind), sender, recipient, float(now),
-                  {} if payload is None else payload)
+        msg_id = msg_id or new_id()
+        kind, now = str(kind), float(now)
+        payload = {} if payload is None else payload
         try:
-            sig = env.signing_bytes()
+            sig = _signing_bytes(VERSION, msg_id, kind, sender, recipient, now, payload)
         except TypeError as e:
             raise Rejected(Code.BAD_ENVELOPE, f"payload is not JSON-serialisable: {e}") from e
-        return cls(env.v, env.id, env.kind, env.sender, env.recipient, env.created_at,
-                   env.payload, _tag(key, sig))
+        return cls(VERSION, msg_id, kind, sender, recipient, now, payload, _tag(key, sig))
 
     def signing_bytes(self) -> bytes:
         """Canonical bytes of every field but ``tag`` (payload keys sorted)."""
-        return _DOMAIN + orjson.dumps(
-            [self.v, self.id, self.kind, self.sender, self.recipient, self.created_at,
-             self.payload],
-            option=orjson.OPT_SORT_KEYS,
-        )
+        return _signing_bytes(self.v, self.id, self.kind, self.sender, self.recipient,
+                              self.created_at, self.payload)
 
     def verify(self, key: bytes) -> bool:
         """True if ``tag`` was made with ``key`` over this envelope's other fields."""
@@ -241,10 +272,10 @@ def _decode(data, keyring, now, max_age_s, skew_s, max_bytes, max_depth, recipie
         raise Rejected(Code.BAD_ENVELOPE, f"not JSON/UTF-8: {e}") from None
     if not isinstance(obj, dict):
         raise Rejected(Code.BAD_ENVELOPE, "not a JSON object")
-    sender, msg_id, kind = _claimed(obj, "sender"), _claimed(obj, "id"), _claimed(obj, "kind")
 
     def reject(code: Code, message: str) -> Rejected:
-        return Rejected(code, message, sender=sender, msg_id=msg_id, kind=kind)
+        return Rejected(code, message, sender=_claimed(obj, "sender"), msg_id=_claimed(obj, "id"),
+                        kind=_claimed(obj, "kind"))
 
     v = obj.get("v")
     if type(v) is not int:
@@ -267,7 +298,7 @@ def _decode(data, keyring, now, max_age_s, skew_s, max_bytes, max_depth, recipie
     if data.count(b"{") + data.count(b"[") > max_depth and _too_deep(payload, max_depth):
         raise reject(Code.BAD_ENVELOPE, f"payload nested deeper than {max_depth}")
     if not isinstance(obj["kind"], str) or obj["kind"] not in _KINDS:
-        raise reject(Code.UNKNOWN_KIND, f"kind {kind!r} is not in transport.kinds.Kind")
+        raise reject(Code.UNKNOWN_KIND, f"kind {_claimed(obj, 'kind')!r} is not a known kind")
     if not is_instance(obj["sender"]) or not is_instance(obj["recipient"]):
         raise reject(Code.BAD_ENVELOPE, "sender and recipient must be instance names")
     env = Envelope(v, obj["id"], obj["kind"], obj["sender"], obj["recipient"], created_at,
@@ -282,7 +313,7 @@ def _decode(data, keyring, now, max_age_s, skew_s, max_bytes, max_depth, recipie
                          "signed with another instance's key)")
     if recipient is not None and env.recipient != recipient:
         raise reject(Code.WRONG_RECIPIENT, f"addressed to {env.recipient!r}, not {recipient!r}")
-    if role_of(env.sender) not in CAPABILITIES[Kind(env.kind)]:
+    if role_of(env.sender) not in CAPABILITIES[env.kind]:  # StrEnum keys match plain str
         raise reject(Code.NOT_AUTHORIZED,
                      f"role {role_of(env.sender)} may not send {env.kind!r}")
     age = now - created_at

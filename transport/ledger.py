@@ -86,6 +86,48 @@ class Rejection:
                 "kind": self.kind, "detail": self.detail[:300]}
 
 
+class _Checkpointer:
+    """Runs WAL checkpoints on its own connection, in its own thread.
+
+    A checkpoint fsyncs; done inside a commit (SQLite's auto-checkpoint) it adds milliseconds
+    to whichever message happens to cross the threshold. Here it runs beside the receiver: the
+    sqlite3 module releases the GIL while SQLite works, and PASSIVE never blocks writers.
+    """
+
+    def __init__(self, db_path: Path | str, every_s: float) -> None:
+        self.db_path = db_path
+        self.every_s = every_s
+        self._due = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="wal-checkpoint", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        self._due.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._due.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        from state_db.connection import connect
+
+        conn = connect(self.db_path)
+        try:
+            while True:
+                self._due.wait(self.every_s)
+                self._due.clear()
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except Exception:  # noqa: BLE001 - busy or locked: the next round retries
+                    pass
+                if self._closed:
+                    return
+        finally:
+            conn.close()
+
+
 class Ledger:
     """Delivery ledger and counters of one receiving instance.
 
@@ -99,11 +141,18 @@ class Ledger:
         journal_per_minute: at most this many ``message_rejected`` events per minute (a flood
             of bad messages must not flood the journal); the rest are counted and summarised
             in one ``message_rejected_suppressed`` event.
+        background_checkpoint: turn SQLite's auto-checkpoint off on this writer's connection
+            and checkpoint from a background thread instead (every ``checkpoint_every``
+            transactions or second), so no message waits for a checkpoint's fsync.
     """
+
+    checkpoint_every = 64
+    counters_every_s = 1.0
 
     def __init__(self, db_path: Path | str, instance: str, *, counters: Counters | None = None,
                  limits: Limits = DEFAULT_LIMITS, writer=None,
-                 clock: Callable[[], float] = time.time, journal_per_minute: int = 120) -> None:
+                 clock: Callable[[], float] = time.time, journal_per_minute: int = 120,
+                 background_checkpoint: bool = True) -> None:
         if writer is None:
             from state_db.writer import StateWriter
 
@@ -118,18 +167,34 @@ class Ledger:
         self._window_start = 0.0
         self._journaled = 0
         self._suppressed = 0
+        self._commits = 0
+        self._flushed_at = -1e9
+        self._checkpointer: _Checkpointer | None = None
+        if background_checkpoint:
+            self.writer.conn.execute("PRAGMA wal_autocheckpoint=0")
+            self._checkpointer = _Checkpointer(self.writer.db_path, every_s=1.0)
 
-    def record(self, accepted: Sequence[Envelope], rejected: Sequence[Rejection] = ()) -> list[Envelope]:
+    def record(self, accepted: Sequence[Envelope], rejected: Sequence[Rejection] = (), *,
+               flush_counters: bool | None = None) -> list[Envelope]:
         """Record a batch in one transaction and return the envelopes seen for the first time.
 
         A second copy of an id (earlier batch, or twice in this batch) is dropped and counted
-        as a duplicate. Rejections are journaled and counted. Pending counter deltas are flushed.
+        as a duplicate. Rejections are journaled and counted.
+
+        Args:
+            flush_counters: write the pending counter deltas in this transaction. Default: when
+                ``counters_every_s`` has passed since the last flush (an extra row per commit
+                is a page write; once a second is enough for ``org status``).
 
         Raises:
-            sqlite3.Error / StateError: the transaction failed; nothing was recorded and the
-                counter deltas are kept for the next flush. Handle none of the batch.
+            sqlite3.Error / StateError: the transaction failed; nothing was recorded and no
+                counter was lost. Handle none of the batch.
         """
-        deltas = self.counters.take()
+        mono = time.monotonic()
+        flush = (mono - self._flushed_at >= self.counters_every_s if flush_counters is None
+                 else flush_counters)
+        deltas = self.counters.take() if flush else {}
+        batch: dict[str, int] = {}
         try:
             with self.writer.transaction(render=False) as tx:
                 new: list[Envelope] = []
@@ -139,22 +204,33 @@ class Ledger:
                                                   env.created_at, now))
                     if cur.rowcount == 1:
                         new.append(env)
-                _bump(deltas, DELIVERED, len(new))
-                _bump(deltas, DUPLICATES, len(accepted) - len(new))
+                _bump(batch, DELIVERED, len(new))
+                _bump(batch, DUPLICATES, len(accepted) - len(new))
                 for r in rejected:
-                    _bump(deltas, REJECTED_PREFIX + r.code, 1)
-                self._journal(tx, rejected, now)
-                self._flush_into(tx, deltas)
+                    _bump(batch, REJECTED_PREFIX + r.code, 1)
+                if rejected:
+                    self._journal(tx, rejected, now)
+                if flush:
+                    for name, n in batch.items():
+                        _bump(deltas, name, n)
+                    self._flush_into(tx, deltas)
         except BaseException:
             self.counters.restore(deltas)
             raise
+        if flush:
+            self._flushed_at = mono
+        else:
+            for name, n in batch.items():
+                self.counters.add(name, n)
+        self._commits += 1
+        if self._checkpointer is not None and self._commits % self.checkpoint_every == 0:
+            self._checkpointer.poke()
         return new
 
     def flush(self) -> None:
         """Write pending counter deltas now (one transaction; none if nothing is pending)."""
-        if not self.counters.peek():
-            return
-        self.record(())
+        if self.counters.peek():
+            self.record((), flush_counters=True)
 
     def prune(self, keep_s: float | None = None) -> int:
         """Delete this instance's ledger ids recorded more than ``keep_s`` ago.
@@ -178,6 +254,9 @@ class Ledger:
         try:
             self.flush()
         finally:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
             self.writer.close()
 
     def _journal(self, tx, rejected: Iterable[Rejection], now: float) -> None:

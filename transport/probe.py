@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=256, help="most frames/files per round")
     parser.add_argument("--quiet", action="store_true", help="print only the ready line and a "
                         "final count (benches)")
+    parser.add_argument("--record", action="store_true", help="keep handled events in memory "
+                        "and print them at stop, so no output competes with a measurement")
     parser.add_argument("--stdin-stop", action="store_true", help="stop when stdin closes")
     args = parser.parse_args(argv)
 
@@ -46,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     keyring = Keyring.load(home / "run" / "keys.json")
     counters = Counters(args.instance)
     out = sys.stdout.buffer
+    recorded: list[bytes] = []
     handled = 0
     first_ns = last_ns = None
     replies: Sender | None = None
@@ -57,10 +60,14 @@ def main(argv: list[str] | None = None) -> int:
             first_ns = now_ns
         handled += 1
         if not args.quiet:
-            out.write(orjson.dumps({"event": "handled", "id": env.id, "kind": env.kind,
-                                    "sender": env.sender, "payload": env.payload,
-                                    "handled_ns": now_ns}) + b"\n")
-            out.flush()
+            line = orjson.dumps({"event": "handled", "id": env.id, "kind": env.kind,
+                                 "sender": env.sender, "payload": env.payload,
+                                 "handled_ns": now_ns}) + b"\n"
+            if args.record:
+                recorded.append(line)
+            else:
+                out.write(line)
+                out.flush()
         if env.kind == "ping" and env.payload.get("reply_to"):
             if replies is None:
                 replies = Sender(args.instance, keyring, Endpoints(home / "run"),
@@ -84,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         if replies is not None:
             replies.close()
         receiver.close()
+        out.write(b"".join(recorded))
         out.write(orjson.dumps({"event": "stopped", "handled": handled, "first_ns": first_ns,
                                 "last_ns": last_ns}) + b"\n")
         out.flush()

@@ -1,14 +1,24 @@
-"""Coordinator process: reconciles from state.db on every tick."""
+"""Coordinator process: reconciles (locks, dispatch, recovery, spend cap) and announces."""
 from __future__ import annotations
 
+from roles.coordinator import announce, dispatch
 from roles.runtime import RoleProcess
-from state_db import queries
+from transport.kinds import Kind
 
 
 class CoordinatorProcess(RoleProcess):
     tick_s = 0.5
 
     def reconcile(self) -> None:
-        # Dispatch arrives with the org issue; today the coordinator only observes state.
-        conn = self.writer.conn
-        self.queued = len(queries.work_items(conn, queries.WAITING))
+        changed = dispatch.reconcile(self.writer, heartbeat_timeout_s=self.cfg["supervisor.heartbeat_timeout_s"],
+                                     spend_cap_usd=self.cfg["limits.total_spend_usd"])
+        for work_id, agent in changed["dispatched"]:
+            self.log.info("dispatched", work_id=work_id, to=agent, next="the loop-agent starts its loop")
+            self.transport.send(agent, Kind.DISPATCH, {"work_id": work_id})
+        for work_id in changed["requeued"]:
+            self.log.warning("requeued", work_id=work_id, why="its loop-agent is gone", next="dispatch to a live one")
+        for text in announce.announce(self.writer, self.cfg["gate.reannounce_after_s"]):
+            self.log.info("announce", text=text)
+
+    def handle(self, env) -> None:
+        self.reconcile()

@@ -86,7 +86,13 @@ class Verifier:
         snapshot = self.home.root / "eval" / work_id
         patterns = orjson.loads(work["protect"]) or None
         paths = history.protected_paths(patterns=patterns) if patterns else None
-        protected = history.materialize(it["checkpoint"], snapshot, paths=paths)
+        try:
+            protected = history.materialize(it["checkpoint"], snapshot, paths=paths)
+        except Exception as exc:
+            if getattr(exc, "code", None) != "dest_not_empty":
+                raise
+            history.discard_snapshot(snapshot)     # left half-written by a killed eval-agent
+            protected = history.materialize(it["checkpoint"], snapshot, paths=paths)
         checks = [run_check(cmd, snapshot, timeout_s=self.timeout_s) for cmd in orjson.loads(work["verify"])]
         if protected:
             checks.append(CheckResult(name=PROTECTED_CHECK, command="(compare with baseline)", passed=False,

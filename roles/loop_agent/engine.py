@@ -27,6 +27,7 @@ from roles.loop_agent import progress as prog
 from roles.loop_agent.backends.base import ActContext, ActOutcome, Backend, Usage
 from roles.loop_agent.context import assemble
 from roles.loop_agent.lessons import derive_lesson
+from roles.loop_agent.remote_verify import VerifyInterrupted
 from roles.loop_agent.stop import StopDecision, StopPolicy, fingerprint, policy_from_caps
 from state_db.errors import Conflict
 from state_db.vocab import StopReason, WorkStatus
@@ -82,12 +83,13 @@ class LoopEngine:
         settings: loop settings (context bounds, no_progress, org spend cap).
         interrupt: set it to cut the current act (suspend --force, shutdown); the attempt is
             discarded and ``run`` returns None.
+        pause: set it to stop at the next safe boundary (after an iteration is verified).
         clock: monotonic clock.
     """
 
     def __init__(self, writer: StateWriter, work_id: str, backend: Backend, verify: Callable[[str, int], object],
                  history, settings: LoopSettings | None = None, *, interrupt: threading.Event | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 pause: threading.Event | None = None, clock: Callable[[], float] = time.monotonic):
         self.w = writer
         self.work_id = work_id
         self.backend = backend
@@ -95,6 +97,7 @@ class LoopEngine:
         self.history = history
         self.settings = settings or LoopSettings()
         self.interrupt = interrupt or threading.Event()
+        self.pause = pause or threading.Event()
         self.clock = clock
         self.log = structlog.get_logger("loop").bind(work_id=work_id, instance=writer.instance)
 
@@ -110,7 +113,14 @@ class LoopEngine:
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> StopDecision | None:
-        """Run until a stop condition fires (returns it) or ``interrupt`` is set (returns None)."""
+        """Run until a stop condition fires (returns it), or until ``pause`` (at the next safe
+        boundary) or ``interrupt`` (at once, discarding the act) is set: then returns None."""
+        try:
+            return self._run()
+        except VerifyInterrupted:
+            return None
+
+    def _run(self) -> StopDecision | None:
         work = self.work()
         if work["status"] == WorkStatus.ENDED:
             return StopDecision(StopReason(work["stop_reason"]), work["stop_detail"] or "")
@@ -132,7 +142,7 @@ class LoopEngine:
                 if decision.reason == StopReason.GOAL_MET:
                     continue                                # the eval-agent ends the run; re-read
                 return self._end(decision)
-            if self.interrupt.is_set():
+            if self.interrupt.is_set() or self.pause.is_set():
                 return None
             committed = self._attempt(work, progress, its, verdicts, policy)
             if committed is None:

@@ -30,6 +30,7 @@ from typing import Sequence
 import structlog
 
 from roles.loop_agent.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
+from state_db.errors import StateError
 
 log = structlog.get_logger("loop_agent.history")
 
@@ -57,15 +58,10 @@ _REPO_CONFIG = (
 )
 
 
-class HistoryError(Exception):
+class HistoryError(StateError):
     """Base error of the workspace history; ``code`` is machine-readable."""
 
     code = "history_error"
-
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        if code is not None:
-            self.code = code
 
 
 class GitMissing(HistoryError):
@@ -103,6 +99,12 @@ def iteration_ref(iteration: int) -> str:
     return f"refs/iterations/{iteration}"
 
 
+def _inside(path: Path, root: Path) -> bool:
+    """True if ``path`` is ``root`` or below it (symlinks resolved)."""
+    p, r = os.path.realpath(path), os.path.realpath(root)
+    return p == r or p.startswith(r.rstrip(os.sep) + os.sep)
+
+
 class WorkspaceHistory:
     """Baseline, checkpoints, reset, diff and snapshots of one workspace.
 
@@ -120,8 +122,7 @@ class WorkspaceHistory:
         self.git_dir = Path(git_dir).absolute()
         self.workspace = Path(workspace).absolute()
         self._git_exe = git
-        ws, gd = os.path.realpath(self.workspace), os.path.realpath(self.git_dir)
-        if gd == ws or gd.startswith(ws.rstrip(os.sep) + os.sep):
+        if _inside(self.git_dir, self.workspace):
             raise HistoryError(
                 f"history {self.git_dir} is inside workspace {self.workspace}; "
                 "keep it in the org home",
@@ -277,13 +278,13 @@ class WorkspaceHistory:
             raise HistoryError(f"iteration must be an int >= 1, got {iteration!r}",
                                code="bad_iteration")
         ref = iteration_ref(iteration)
-        if self._resolve(HEAD_REF) is None:
+        known = {}
+        if self._ready or (self.git_dir / "HEAD").exists():
+            heads = self._out(["for-each-ref", "--format=%(refname) %(objectname) %(tree)",
+                               ref, HEAD_REF])
+            known = {name: (oid, tree) for name, oid, tree in map(str.split, heads.splitlines())}
+        if HEAD_REF not in known:
             raise NoBaseline("no baseline recorded; call baseline() before checkpoint()")
-        heads = self._out(
-            ["for-each-ref", "--format=%(refname) %(objectname) %(tree)",
-             ref, HEAD_REF, BASELINE_REF]
-        )
-        known = {name: (oid, tree) for name, oid, tree in map(str.split, heads.splitlines())}
         tree = self._stage_tree()
         old, old_tree = known.get(ref, (None, None))
         parent = known[HEAD_REF][0]
@@ -423,8 +424,7 @@ class WorkspaceHistory:
         target = self._commit_of(commit)
         source = self._commit_of(restore_from or BASELINE_REF)
         dest = Path(dest_dir).absolute()
-        real, ws = os.path.realpath(dest), os.path.realpath(self.workspace)
-        if real == ws or real.startswith(ws.rstrip(os.sep) + os.sep):
+        if _inside(dest, self.workspace):
             raise HistoryError(f"snapshot directory {dest} is inside the workspace; "
                                "write snapshots elsewhere", code="dest_inside_workspace")
         index = self._snapshot_index(dest)

@@ -16,6 +16,8 @@ def bench_checkpoint(tmpdir: Path, files: int = 10_000, repeats: int = 7) -> dic
     ``materialize_reused_ms_10k_files`` (into the previous snapshot: only changes rewritten)
     and the one-off ``baseline_ms_10k_files``; the keys say 10k whatever ``files`` is.
     """
+    if repeats < 2:
+        raise ValueError("repeats must be >= 2 (the reused snapshot needs a previous one)")
     root = Path(tmpdir)
     ws = root / "workspace"
     per_dir = 100

@@ -28,7 +28,9 @@ def normalize(text: str) -> str:
 def clip(text: str, max_chars: int) -> str:
     """``text`` on one line, cut to ``max_chars`` with an ellipsis when longer."""
     flat = " ".join(text.split())
-    return flat if len(flat) <= max_chars else flat[: max(0, max_chars - 3)].rstrip() + "..."
+    if len(flat) <= max_chars:
+        return flat
+    return flat[:max_chars] if max_chars < 8 else flat[: max_chars - 3].rstrip() + "..."
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class LessonBook:
     def __post_init__(self) -> None:
         if self.max_lessons < 1 or self.max_chars < 20:
             raise ValueError("a lesson book keeps at least 1 lesson of at least 20 characters")
-        object.__setattr__(self, "_keys", frozenset(normalize(l.text) for l in self.lessons))
+        object.__setattr__(self, "_keys", frozenset(normalize(x.text) for x in self.lessons))
 
     def add(self, text: str, iteration: int, *, source: str = "derived") -> LessonBook:
         """A new book with ``text`` first (clipped to ``max_chars``).
@@ -104,7 +106,7 @@ class LessonBook:
         key = normalize(text)
         if not key:
             return self
-        kept = tuple(l for l in self.lessons if normalize(l.text) != key)
+        kept = tuple(x for x in self.lessons if normalize(x.text) != key)
         new = (Lesson(text, iteration, source),) + kept
         return replace(self, lessons=new[: self.max_lessons])
 
@@ -115,15 +117,15 @@ class LessonBook:
         return len(self.lessons)
 
     def texts(self) -> list[str]:
-        return [l.text for l in self.lessons]
+        return [x.text for x in self.lessons]
 
     def ids(self) -> list[str]:
-        return [l.id for l in self.lessons]
+        return [x.id for x in self.lessons]
 
     def encode(self) -> str:
         """JSON text (stored by the engine with each iteration)."""
         return json.dumps({"max_lessons": self.max_lessons, "max_chars": self.max_chars,
-                           "lessons": [l.encode() for l in self.lessons]},
+                           "lessons": [x.encode() for x in self.lessons]},
                           ensure_ascii=False, separators=(",", ":"))
 
     @classmethod

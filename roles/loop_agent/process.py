@@ -1,8 +1,114 @@
-"""Loop-agent process: starts, heartbeats, reconciles, answers ping (runs loops once dispatched)."""
+"""Loop-agent process: runs the loop of the work item dispatched to it, in a worker thread.
+
+The main thread keeps heartbeating and handling messages. On stop or suspend the loop is asked
+to pause at its next safe boundary (after an iteration is verified); if that takes too long the
+current act is cut and discarded, exactly as after a crash.
+"""
 from __future__ import annotations
 
+import threading
+import time
+from pathlib import Path
+
+from roles.loop_agent.engine import LoopEngine, LoopSettings
+from roles.loop_agent.remote_verify import RemoteVerify
 from roles.runtime import RoleProcess
+from state_db.connection import connect
+from state_db.vocab import WorkStatus
+from transport.kinds import Kind
+
+_MINE = f"""SELECT id, backend FROM work_items WHERE assigned_to = ? AND status IN
+            ('{WorkStatus.DISPATCHED}', '{WorkStatus.RUNNING}') ORDER BY created_at LIMIT 1"""
 
 
 class LoopAgentProcess(RoleProcess):
-    pass
+    tick_s = 0.5
+
+    def __init__(self, home, instance):
+        super().__init__(home, instance)
+        self.worker: threading.Thread | None = None
+        self.pause = threading.Event()
+        self.interrupt = threading.Event()
+        self.verifier: RemoteVerify | None = None
+        self.current: str | None = None
+
+    def reconcile(self) -> None:
+        if self.stopping or (self.worker is not None and self.worker.is_alive()):
+            return
+        row = self.writer.conn.execute(_MINE, (self.instance,)).fetchone()
+        if row is None:
+            if self.current is not None:
+                self._set_current(None)
+            return
+        self._set_current(row["id"])
+        self.worker = threading.Thread(target=self._run_loop, args=(row["id"], row["backend"]),
+                                       name=f"loop-{row['id']}", daemon=True)
+        self.worker.start()
+
+    def handle(self, env) -> None:
+        if env.kind == Kind.VERDICT_READY and self.verifier is not None:
+            self.verifier.arrived.set()
+        elif env.kind in (Kind.DISPATCH, Kind.WAKE):
+            self.reconcile()
+
+    def _set_current(self, work_id: str | None) -> None:
+        self.current = work_id
+        with self.writer.transaction(render=False) as tx:
+            tx.update("role_instances", self.instance, current_work=work_id, updated_at=time.time())
+
+    def _run_loop(self, work_id: str, backend_spec: str) -> None:
+        """Worker thread: one engine run with its own connections (sqlite objects are per thread)."""
+        from roles.loop_agent.backends.factory import build
+        from roles.workspace.history import WorkspaceHistory
+        from state_db.writer import StateWriter
+
+        log = self.log.bind(work_id=work_id)
+        writer = StateWriter(self.home.db_path, self.role, self.instance)
+        sender = self.transport.thread_sender()
+        built = None
+        try:
+            workspace = Path(writer.conn.execute("SELECT workspace FROM work_items WHERE id=?", (work_id,)).fetchone()[0])
+            built = build(backend_spec, self.cfg, self.home, self.instance)
+            log.info("loop_starting", backend=built.label)
+            self.verifier = RemoteVerify(connect(self.home.db_path, readonly=True), sender.send,
+                                         (self.interrupt, self.pause))
+            history = WorkspaceHistory(self.home.history_dir / f"{work_id}.git", workspace)
+            engine = LoopEngine(writer, work_id, built.backend, self.verifier, history,
+                                LoopSettings.from_config(self.cfg), interrupt=self.interrupt, pause=self.pause)
+            decision = engine.run()
+            if decision is not None:
+                log.info("loop_finished", reason=str(decision.reason), next="tell the coordinator")
+                sender.send("coordinator", Kind.RUN_ENDED, {"work_id": work_id, "reason": str(decision.reason)})
+            else:
+                log.info("loop_paused", next="continues from its last committed iteration on resume")
+        except Exception as exc:  # noqa: BLE001 - the run stays in state.db; a later tick retries it
+            log.error("loop_failed", error=str(exc), code=getattr(exc, "code", None), exc_info=True,
+                      next="retry on a later tick")
+            self._end_if_unbuildable(writer, work_id, exc)
+            time.sleep(1.0)
+        finally:
+            if built is not None:
+                built.close()
+            sender.close()
+            writer.close()
+
+    def _end_if_unbuildable(self, writer, work_id: str, exc: Exception) -> None:
+        """A backend that cannot be built (no key, unknown model) will not fix itself: end the run."""
+        from roles.loop_agent.backends.base import BackendConfigError
+        from state_db.vocab import StopReason
+        if isinstance(exc, BackendConfigError):
+            with writer.transaction() as tx:
+                if tx.get("work_items", work_id)["status"] != WorkStatus.ENDED:
+                    tx.set_status("work_items", work_id, WorkStatus.ENDED, stop_reason=StopReason.MODEL_ERROR,
+                                  stop_detail=f"{exc.code}: {exc}")
+
+    def on_stop(self) -> None:
+        if self.worker is None or not self.worker.is_alive():
+            return
+        self.pause.set()
+        grace = max(0.5, self.cfg["supervisor.stop_timeout_s"] - 2.0)
+        self.worker.join(grace)
+        if self.worker.is_alive():
+            self.log.warning("cutting_act", why="no safe boundary within the stop timeout")
+            self.interrupt.set()
+            self.worker.join(2.0)

@@ -13,23 +13,20 @@ decision at its own position; its reason is chosen among its members by the same
 from __future__ import annotations
 
 import hashlib
+import math
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Sequence
 
+from state_db.errors import StateError
 from state_db.vocab import StopReason
 
 
-class StopConfigError(Exception):
+class StopConfigError(StateError):
     """A stop policy that cannot be used as configured; ``code`` is machine-readable."""
 
     code = "stop_config"
-
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        if code is not None:
-            self.code = code
 
 
 @dataclass(frozen=True)
@@ -208,7 +205,8 @@ class AllOf(_Composite):
 
 def _positive(name: str, value: float, *, integer: bool = False) -> None:
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or value <= 0:
+    # NaN and infinity would be accepted as caps that can never fire.
+    if isinstance(value, bool) or not ok or not math.isfinite(value) or value <= 0:
         kind = "a positive integer" if integer else "a positive number"
         raise StopConfigError(f"{name} must be {kind}, got {value!r}", code="bad_cap")
 
@@ -226,75 +224,66 @@ class GoalMet(StopCondition):
         return None
 
 
-class MaxIterations(StopCondition):
+class _Cap(StopCondition):
+    """Fires when a counter of the run reaches ``limit``."""
+
     hard_cap = True
+    field: ClassVar[str]        # the RunProgress attribute compared
+    reason: ClassVar[StopReason]
+    integer: ClassVar[bool] = False
+    says: ClassVar[str]         # detail, formatted with ``value`` and ``limit``
+
+    def __init__(self, limit: float) -> None:
+        _positive(self.kind, limit, integer=self.integer)
+        self.limit = limit
+
+    def params(self) -> dict[str, Any]:
+        return {"limit": self.limit}
+
+    def check(self, p: RunProgress) -> StopDecision | None:
+        value = getattr(p, self.field)
+        if value >= self.limit:
+            return StopDecision(self.reason, self.says.format(value=value, limit=self.limit))
+        return None
+
+
+class MaxIterations(_Cap):
     kind = "max_iterations"
+    field, reason, integer = "iterations", StopReason.MAX_ITERATIONS, True
+    says = "{value} iterations committed, cap {limit}"
 
     def __init__(self, n: int) -> None:
-        _positive("max_iterations", n, integer=True)
-        self.n = n
-
-    def params(self) -> dict[str, Any]:
-        return {"n": self.n}
-
-    def check(self, p: RunProgress) -> StopDecision | None:
-        if p.iterations >= self.n:
-            return StopDecision(StopReason.MAX_ITERATIONS,
-                                f"{p.iterations} iterations committed, cap {self.n}")
-        return None
+        super().__init__(n)
 
 
-class TokenBudget(StopCondition):
-    hard_cap = budget = True
+class TokenBudget(_Cap):
+    budget = True
     kind = "token_budget"
+    field, reason, integer = "tokens", StopReason.TOKEN_BUDGET, True
+    says = "{value} tokens used, budget {limit}"
 
     def __init__(self, n: int) -> None:
-        _positive("token budget", n, integer=True)
-        self.n = n
-
-    def params(self) -> dict[str, Any]:
-        return {"n": self.n}
-
-    def check(self, p: RunProgress) -> StopDecision | None:
-        if p.tokens >= self.n:
-            return StopDecision(StopReason.TOKEN_BUDGET, f"{p.tokens} tokens used, budget {self.n}")
-        return None
+        super().__init__(n)
 
 
-class CostBudget(StopCondition):
-    hard_cap = budget = True
+class CostBudget(_Cap):
+    budget = True
     kind = "cost_budget"
+    field, reason = "cost_usd", StopReason.COST_BUDGET
+    says = "${value:.4f} spent, budget ${limit:.4f}"
 
     def __init__(self, usd: float) -> None:
-        _positive("cost budget", usd)
-        self.usd = usd
-
-    def params(self) -> dict[str, Any]:
-        return {"usd": self.usd}
-
-    def check(self, p: RunProgress) -> StopDecision | None:
-        if p.cost_usd >= self.usd:
-            return StopDecision(StopReason.COST_BUDGET,
-                                f"${p.cost_usd:.4f} spent, budget ${self.usd:.4f}")
-        return None
+        super().__init__(usd)
 
 
-class Timeout(StopCondition):
-    hard_cap = budget = True
+class Timeout(_Cap):
+    budget = True
     kind = "timeout"
+    field, reason = "elapsed_s", StopReason.TIMEOUT
+    says = "{value:.1f} s elapsed, limit {limit} s"
 
     def __init__(self, seconds: float) -> None:
-        _positive("timeout", seconds)
-        self.seconds = seconds
-
-    def params(self) -> dict[str, Any]:
-        return {"seconds": self.seconds}
-
-    def check(self, p: RunProgress) -> StopDecision | None:
-        if p.elapsed_s >= self.seconds:
-            return StopDecision(StopReason.TIMEOUT,
-                                f"{p.elapsed_s:.1f} s elapsed, limit {self.seconds} s")
-        return None
+        super().__init__(seconds)
 
 
 class NoProgress(StopCondition):
@@ -395,8 +384,11 @@ def decode_condition(data: dict[str, Any]) -> StopCondition:
         raise StopConfigError(f"unknown stop condition {kind!r}; known: {sorted(_LEAVES)}",
                               code="unknown_condition")
     try:
-        return _LEAVES[kind](**(arg or {}))
-    except TypeError as exc:
+        cls = _LEAVES[kind]
+        if issubclass(cls, _Cap):
+            return cls(arg["limit"])
+        return cls(**(arg or {}))
+    except (TypeError, KeyError) as exc:
         raise StopConfigError(f"bad parameters for {kind!r}: {arg!r} ({exc})",
                               code="bad_cap") from exc
 

@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         home = resolve_home(args.home)
         cfg, migration = init_home(home)
+        if not args.foreground:
+            from state_db.logsetup import configure
+            configure(home.logs_dir, "human", "cli")
         if migration["applied"]:
             print(f"state.db ready at {home.db_path} (schema {migration['to']}"
                   + (f"; backup {migration['backup']}" if migration["backup"] else "") + ")")

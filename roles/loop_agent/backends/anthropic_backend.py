@@ -156,10 +156,12 @@ class AnthropicBackend:
                 message = stream.current_message_snapshot if _stream_started(stream) else None
                 request_id = stream.request_id
             if message is None or message.stop_reason is None:
-                raise IncompleteStream("the response stream ended before message_stop")
+                raise BadResponse("the response stream ended before message_stop")
         else:
             message = client.messages.create(**kwargs)
             request_id = message._request_id
+        if getattr(message, "usage", None) is None or not isinstance(getattr(message, "content", None), list):
+            raise BadResponse("the response lacks usage or content")
         # exactly-once accounting needs a key even from servers that send no request-id
         return message, request_id or f"local-{uuid.uuid4().hex}"
 
@@ -168,12 +170,12 @@ class AnthropicBackend:
         counts = {"input_tokens": u.input_tokens or 0, "output_tokens": u.output_tokens or 0,
                   "cache_creation_input_tokens": u.cache_creation_input_tokens or 0,
                   "cache_read_input_tokens": u.cache_read_input_tokens or 0}
-        return Usage(request_id=request_id, model=message.model or self.config.model,
+        return Usage(request_id=request_id, model=getattr(message, "model", None) or self.config.model,
                      cost_usd=self._price.cost(**counts), **counts)
 
 
-class IncompleteStream(Exception):
-    """A streamed response ended early (connection closed mid-stream); retried as bad_response."""
+class BadResponse(Exception):
+    """A response that cannot be used (a stream cut before its end, no usage); retried as bad_response."""
 
 
 def _stream_started(stream: Any) -> bool:
@@ -260,7 +262,7 @@ def classify_error(exc: BaseException) -> Failure:
         detail = exc.api_message or (exc.body if isinstance(exc.body, str) else "") or ""
         return Failure(code, retryable, f"HTTP {status} {code}: {str(detail)[:300]}".rstrip(": "),
                        parse_retry_after(exc.response.headers), status)
-    if isinstance(exc, (anthropic.APIResponseValidationError, json.JSONDecodeError, IncompleteStream)):
+    if isinstance(exc, (anthropic.APIResponseValidationError, json.JSONDecodeError, BadResponse)):
         return Failure("bad_response", True, f"the model service sent an unreadable response: {type(exc).__name__}")
     if isinstance(exc, ValueError) and "tool parameter JSON" in str(exc):  # the SDK's stream accumulator
         return Failure("bad_response", True, "the model service streamed invalid tool input JSON")

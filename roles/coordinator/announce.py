@@ -1,0 +1,67 @@
+"""Announcements: what the human must see, derived from the journal and journaled themselves.
+
+Each ``announce`` event records the journal id it covers up to, so a restarted coordinator
+continues where it left off: nothing is dropped and nothing is announced twice. An unanswered
+decision is announced again after ``gate.reannounce_after_s``.
+"""
+from __future__ import annotations
+
+import orjson
+
+from state_db import queries
+from state_db.vocab import DecisionStatus
+from state_db.writer import StateWriter
+
+WATCHED = ("work_items.ended", "decisions.created", "role_instances.failed", "candidate_batches.created")
+
+
+def cursor(conn) -> int:
+    row = conn.execute("SELECT MAX(CAST(json_extract(data, '$.upto') AS INTEGER)) FROM events WHERE kind = 'announce'").fetchone()
+    return row[0] or 0
+
+
+def text_for(conn, event: dict) -> str | None:
+    kind, subject = event["kind"], event["subject"]
+    if kind == "work_items.ended":
+        item = queries.work_item(conn, subject)
+        if item is None:
+            return None
+        return (f"run {subject} ended: {item['stop_reason']} — {item['stop_detail'] or ''} "
+                f"({item['iterations']} iterations, {item['tokens']} tokens, ${item['cost_usd']:.4f})").replace(" —  (", " (")
+    if kind == "decisions.created":
+        d = conn.execute("SELECT * FROM decisions WHERE id = ?", (subject,)).fetchone()
+        return None if d is None else (f"decision {subject} waiting for {d['work_id']}: {d['question']} — "
+                                       f"'org decide {subject} approve|reject|edit|respond'")
+    if kind == "role_instances.failed":
+        data = orjson.loads(event["data"])
+        return f"role {subject} failed and is not restarted ({data.get('last_exit', '')}) — see 'org logs --role {subject}'"
+    if kind == "candidate_batches.created":
+        return f"skill-candidate batch {subject} is open for review — 'org candidates'"
+    return None
+
+
+def announce(writer: StateWriter, reannounce_after_s: float) -> list[str]:
+    """Journal announcements for new events and stale decisions; returns their texts."""
+    conn = writer.conn
+    after = cursor(conn)
+    new = conn.execute(f"SELECT * FROM events WHERE id > ? AND kind IN ({','.join('?' * len(WATCHED))}) ORDER BY id",
+                       (after, *WATCHED)).fetchall()
+    upto = conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+    texts = []
+    with writer.transaction(render=False) as tx:
+        for ev in new:
+            text = text_for(conn, dict(ev))
+            if text:
+                tx.journal("announce", ev["subject"], {"text": text, "source": ev["kind"], "upto": ev["id"]})
+                texts.append(text)
+        stale = tx.conn.execute("""SELECT id, work_id, question FROM decisions WHERE status = ?
+                                     AND COALESCE(announced_at, created_at) < ?""",
+                                (DecisionStatus.PENDING, tx.now - reannounce_after_s)).fetchall()
+        for d in stale:
+            text = f"still waiting: decision {d['id']} for {d['work_id']}: {d['question']}"
+            tx.update("decisions", d["id"], announced_at=tx.now)
+            tx.journal("announce", d["id"], {"text": text, "source": "reannounce", "upto": upto})
+            texts.append(text)
+        if not new and not stale and upto > after:
+            pass  # nothing to say; the cursor only moves with announcements
+    return texts

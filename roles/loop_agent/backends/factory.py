@@ -1,0 +1,54 @@
+"""Build the act backend a work item asks for.
+
+``scripted:FILE`` starts the scripted Messages API server on 127.0.0.1 and reaches it through the
+anthropic backend (the real SDK over HTTP); nothing else in the loop knows it is scripted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from roles.loop_agent.backends.base import Backend, BackendConfigError
+from state_db.config import Config
+from state_db.home import OrgHome
+
+SCRIPTED_MODEL = "scripted"
+
+
+@dataclass
+class BuiltBackend:
+    backend: Backend
+    label: str                      # shown to the user: "anthropic claude-…", "scripted (…)"
+    close: Callable[[], None]
+
+
+def build(spec: str, cfg: Config, home: OrgHome, instance: str, *, runner=None) -> BuiltBackend:
+    """Return the backend for ``spec`` (``anthropic`` | ``scripted:FILE`` | ``command``).
+
+    Raises BackendConfigError (unknown model price, missing key, unknown backend).
+    """
+    from roles.loop_agent.backends.anthropic_backend import AnthropicBackend, AnthropicConfig
+    from roles.loop_agent.backends.retry import FileRateGate, RetryPolicy
+
+    gate = FileRateGate(home.run_dir)
+    retry = RetryPolicy(max_attempts=cfg["model.max_retries"] + 1)
+    if spec.startswith("scripted:"):
+        from roles.loop_agent.scripted.server import ScriptedServer
+        server = ScriptedServer(Path(spec.split(":", 1)[1]), home.logs_dir / f"scripted-{instance}.jsonl")
+        url = server.start()
+        conf = AnthropicConfig(model=SCRIPTED_MODEL, max_tokens=cfg["model.max_tokens"], base_url=url,
+                               timeout_s=30.0, retry=RetryPolicy(max_attempts=2, base_delay_s=0.05))
+        backend = AnthropicBackend(conf, cfg.prices, gate=gate, runner=runner)
+        return BuiltBackend(backend, f"scripted model ({Path(spec.split(':', 1)[1]).name}, served at {url})",
+                            server.stop)
+    if spec == "anthropic":
+        conf = AnthropicConfig(model=cfg["model.name"], max_tokens=cfg["model.max_tokens"],
+                               base_url=cfg["model.base_url"] or None, timeout_s=cfg["model.request_timeout_s"],
+                               retry=retry)
+        backend = AnthropicBackend(conf, cfg.prices, gate=gate, runner=runner)
+        return BuiltBackend(backend, f"anthropic {cfg['model.name']} at {backend.base_url}", lambda: None)
+    if spec == "command":
+        raise BackendConfigError("the command backend (an agent CLI such as Claude Code in the sandbox) "
+                                 "is not available in this version", code="backend_unavailable")
+    raise BackendConfigError(f"unknown backend {spec!r}", code="unknown_backend")

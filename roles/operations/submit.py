@@ -1,0 +1,132 @@
+"""Submitting a work item: validate, record the workspace baseline, write it, wake the coordinator."""
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from state_db.config import Config
+from state_db.errors import StateError
+from state_db.home import OrgHome
+from state_db.vocab import Actor, WorkStatus
+from state_db.writer import StateWriter
+
+BACKENDS = ("anthropic", "command")
+
+
+class SubmitError(StateError):
+    code = "bad_submit"
+
+
+@dataclass
+class SubmitRequest:
+    goal: str
+    workspace: str
+    verify: list[str]
+    protect: list[str] = field(default_factory=list)
+    max_iterations: int | None = None
+    budget_tokens: int | None = None
+    budget_usd: float | None = None
+    timeout_s: float | None = None
+    backend: str | None = None
+    worktree: bool = False
+    idempotency_key: str | None = None
+
+
+def new_work_id() -> str:
+    return "w-" + time.strftime("%m%d") + "-" + uuid.uuid4().hex[:6]
+
+
+def _caps(req: SubmitRequest, cfg: Config) -> tuple[dict, bool]:
+    given = {"max_iterations": req.max_iterations, "budget_tokens": req.budget_tokens,
+             "budget_usd": req.budget_usd, "timeout_s": req.timeout_s}
+    given = {k: v for k, v in given.items() if v is not None}
+    for k, v in given.items():
+        if v <= 0:
+            raise SubmitError(f"--{k.replace('_', '-')} must be positive (got {v})")
+    if given:
+        return given, False
+    return cfg.default_caps(), True
+
+
+def _backend(req: SubmitRequest, cfg: Config) -> str:
+    backend = req.backend or cfg["model.backend"]
+    if backend.startswith("scripted:"):
+        script = Path(backend.split(":", 1)[1]).expanduser().resolve()
+        if not script.is_file():
+            raise SubmitError(f"script file {script} does not exist", hint="pass --backend scripted:PATH to a script")
+        from roles.loop_agent.scripted.script import load_script
+        load_script(script)  # a bad script is refused now, with its line, not mid-run
+        return f"scripted:{script}"
+    if backend not in BACKENDS:
+        raise SubmitError(f"unknown backend {backend!r}", hint="use anthropic, command or scripted:FILE")
+    return backend
+
+
+def _worktree(home: OrgHome, ws: Path, work_id: str) -> tuple[Path, str]:
+    top = subprocess.run(["git", "-C", str(ws), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if top.returncode != 0:
+        raise SubmitError(f"--worktree needs a git repository, and {ws} is not one",
+                          hint="drop --worktree, or run 'git init' there")
+    branch = f"loop-org/{work_id}"
+    dest = home.root / "worktrees" / work_id
+    dest.parent.mkdir(exist_ok=True)
+    made = subprocess.run(["git", "-C", str(ws), "worktree", "add", "-q", "-b", branch, str(dest)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        raise SubmitError(f"git worktree add failed: {made.stderr.strip()}")
+    return dest, branch
+
+
+def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
+    """Create a work item (or return the one this idempotency key created).
+
+    Returns {"id", "status", "caps", "defaults_applied", "workspace", "waiting_for", "replayed"}.
+    Raises SubmitError (bad goal, workspace, caps, backend) or StateError.
+    """
+    if not req.goal.strip():
+        raise SubmitError("the goal is empty", hint='say what "done" means, e.g. org submit "make tests pass" ...')
+    if not req.verify:
+        raise SubmitError("no --verify command: nobody could tell whether the goal is met",
+                          hint="add --verify \"CMD\" (it must exit 0 when the goal is met)")
+    ws = Path(req.workspace).expanduser().resolve()
+    if not ws.is_dir():
+        raise SubmitError(f"workspace {ws} is not a directory", code="workspace_missing",
+                          hint="create it or pass an existing --workspace")
+    if home.root.resolve().is_relative_to(ws):
+        raise SubmitError(f"the org home {home.root} is inside the workspace {ws}; the agent must not reach it",
+                          code="workspace_contains_org_home", hint="set ORG_HOME to a folder outside the workspace")
+    caps, defaults_applied = _caps(req, cfg)
+    backend = _backend(req, cfg)
+    key = req.idempotency_key or uuid.uuid4().hex
+    writer = StateWriter(home.db_path, Actor.HUMAN)
+    try:
+        work_id = new_work_id()
+
+        def do(tx):
+            workspace, branch = (ws, None)
+            if req.worktree:
+                workspace, branch = _worktree(home, ws, work_id)
+            from roles.workspace.history import WorkspaceHistory  # baseline at submit, outside the workspace
+            WorkspaceHistory(home.history_dir / f"{work_id}.git", workspace).baseline()
+            busy = tx.one("SELECT work_id FROM workspace_locks WHERE workspace = ?", (str(workspace),))
+            status = WorkStatus.WAITING if busy else WorkStatus.QUEUED
+            tx.insert("work_items", {
+                "id": work_id, "goal": req.goal, "workspace": str(workspace), "verify": req.verify,
+                "protect": req.protect, "caps": caps, "backend": backend, "status": status,
+                "stop_detail": f"workspace busy with {busy[0]}" if busy else None,
+                "worktree": int(req.worktree), "branch": branch, "created_by": writer.os_user,
+                "created_at": tx.now, "updated_at": tx.now})
+            if not busy:
+                tx.insert("workspace_locks", {"workspace": str(workspace), "work_id": work_id, "acquired_at": tx.now})
+            return {"id": work_id, "status": str(status), "caps": caps, "defaults_applied": defaults_applied,
+                    "workspace": str(workspace), "branch": branch, "waiting_for": busy[0] if busy else None}
+
+        result, replayed = writer.run_once(key, "submit", do)
+    finally:
+        writer.close()
+    from roles.operations.wake import wake_coordinator
+    result["wake"] = wake_coordinator(home, cfg, {"work_id": result["id"]})
+    return {**result, "replayed": replayed, "idempotency_key": key}

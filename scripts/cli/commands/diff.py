@@ -1,0 +1,43 @@
+"""``org diff ID [--iteration N]``: what a run changed, from its shadow history."""
+from __future__ import annotations
+
+import sys
+
+from scripts.cli.output import read_conn, home_of
+from state_db.errors import NotFound
+
+NAME = "diff"
+HELP = "show the changes of a work item since its baseline (or of one iteration with --iteration)"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("id", help="work item id")
+    p.add_argument("--iteration", type=int, help="only what this iteration changed")
+
+
+def patch_of(args) -> bytes:
+    from roles.workspace.history import WorkspaceHistory
+
+    conn = read_conn(args)
+    try:
+        item = conn.execute("SELECT workspace FROM work_items WHERE id = ?", (args.id,)).fetchone()
+        if item is None:
+            raise NotFound(f"no work item {args.id}", hint="list them with 'org status'")
+        its = {r["n"]: r["checkpoint"] for r in conn.execute(
+            "SELECT n, checkpoint FROM iterations WHERE work_id = ? ORDER BY n", (args.id,))}
+    finally:
+        conn.close()
+    history = WorkspaceHistory(home_of(args).history_dir / f"{args.id}.git", __import__("pathlib").Path(item[0]))
+    n = getattr(args, "iteration", None)
+    if n is not None:
+        if n not in its:
+            raise NotFound(f"{args.id} has no committed iteration {n}", hint=f"committed: {sorted(its) or 'none'}")
+        return history.diff_bytes(its.get(n - 1) or history.baseline_commit(), its[n])
+    if not its:
+        return b""
+    return history.diff_bytes(history.baseline_commit(), its[max(its)])
+
+
+def run(args) -> int:
+    sys.stdout.buffer.write(patch_of(args))
+    return 0

@@ -1,0 +1,30 @@
+"""``org export ID --patch``: the run's result as a patch file (or to stdout)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from scripts.cli.commands.diff import patch_of
+from scripts.cli.main import UsageError
+
+NAME = "export"
+HELP = "export what a work item changed since its baseline as a patch"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("id", help="work item id")
+    p.add_argument("--patch", action="store_true", help="write a unified patch (git apply-able)")
+    p.add_argument("-o", "--output", help="file to write (default: stdout)")
+
+
+def run(args) -> int:
+    if not args.patch:
+        raise UsageError("say what to export: --patch")
+    args.iteration = None
+    data = patch_of(args)
+    if args.output:
+        Path(args.output).write_bytes(data)
+        print(f"wrote {len(data)} bytes to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.buffer.write(data)
+    return 0

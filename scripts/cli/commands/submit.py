@@ -1,0 +1,48 @@
+"""``org submit``: give the org a goal, a workspace and the commands that verify it."""
+from __future__ import annotations
+
+from scripts.cli.output import add_json, emit_json, home_of
+
+NAME = "submit"
+HELP = "submit a work item: a goal, a workspace, and verify commands that exit 0 when it is met"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("goal", help="what must be true when the work is done")
+    p.add_argument("--workspace", required=True, help="the directory the agent works in")
+    p.add_argument("--verify", action="append", default=[], metavar="CMD",
+                   help="a command that exits 0 when the goal is met (repeatable); run by the eval-agent")
+    p.add_argument("--protect", action="append", default=[], metavar="GLOB",
+                   help="files the agent may not change to pass (default: the usual test files)")
+    p.add_argument("--max-iterations", type=int, help="hard cap on iterations")
+    p.add_argument("--budget-tokens", type=int, help="hard cap on tokens")
+    p.add_argument("--budget-usd", type=float, help="hard cap on cost in USD")
+    p.add_argument("--timeout", type=float, help="hard cap on working time in seconds")
+    p.add_argument("--backend", help="anthropic | command | scripted:FILE (default from org.toml)")
+    p.add_argument("--worktree", action="store_true", help="work in a new git worktree and branch of the workspace")
+    p.add_argument("--idempotency-key", help="the same key twice submits once (default: a fresh key)")
+    add_json(p)
+
+
+def run(args) -> int:
+    from roles.operations.submit import SubmitRequest, submit
+    from state_db import config as config_mod
+
+    home = home_of(args).require()
+    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    result = submit(home, cfg, SubmitRequest(
+        goal=args.goal, workspace=args.workspace, verify=args.verify, protect=args.protect,
+        max_iterations=args.max_iterations, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
+        timeout_s=args.timeout, backend=args.backend, worktree=args.worktree, idempotency_key=args.idempotency_key))
+    if args.json:
+        emit_json(result)
+        return 0
+    caps = ", ".join(f"{k}={v}" for k, v in result["caps"].items())
+    print(f"{'already submitted' if result['replayed'] else 'submitted'} {result['id']} ({result['status']})")
+    print(f"  caps: {caps}" + ("  (defaults from org.toml)" if result["defaults_applied"] else ""))
+    if result["waiting_for"]:
+        print(f"  waiting: the workspace is busy with {result['waiting_for']} (use --worktree to work in parallel)")
+    if result["wake"] not in ("push", "outbox"):
+        print(f"  the coordinator was not reached ({result['wake']}); it picks the item up when the org runs")
+    print(f"  follow it: org show {result['id']}")
+    return 0
