@@ -304,3 +304,30 @@ def test_checkpoint_timing_on_10k_files_is_measured(tmp_path):
     print("history bench:", figures)
     assert figures["files"] == 10_000
     assert all(v > 0 for k, v in figures.items() if k.endswith("_ms_10k_files"))
+
+
+def test_locks_left_by_a_killed_writer_are_cleared_when_the_run_restarts(hist, ws, tmp_path):
+    base = hist.baseline()
+    c1 = hist.checkpoint(1)
+    for lock in ("index.lock", "refs/heads/checkpoints.lock", "refs/iterations/2.lock"):
+        (hist.git_dir / lock).write_text("")
+    (ws / "README.md").write_text("after the crash\n")
+    with pytest.raises(HistoryError):
+        hist.checkpoint(2)
+    assert hist.baseline() == base
+    hist.reset_to(c1)
+    (ws / "README.md").write_text("after the restart\n")
+    assert hist.checkpoint(2) == hist.iteration_commit(2)
+
+
+def test_a_snapshot_torn_by_a_killed_eval_agent_is_rewritten_whole(hist, ws, tmp_path):
+    hist.baseline()
+    c1 = hist.checkpoint(1)
+    snap = tmp_path / "snap"
+    hist.materialize(c1, snap)
+    index = next((hist.git_dir / "snapshots").glob("*.index"))
+    index.with_name(index.name + ".lock").write_text("")
+    (snap / "src" / "calc.py").unlink()
+    (snap / "half-written").write_text("")
+    assert hist.materialize(c1, snap) == []
+    assert tree_of(snap) == tree_of(ws)

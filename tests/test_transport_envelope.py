@@ -215,7 +215,7 @@ def test_mutated_valid_envelopes_only_raise_coded_rejections(data):
         assert env == decode(VALID, keyring=RING, now=NOW)
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=150)
 @given(st.dictionaries(st.sampled_from(["v", "id", "kind", "sender", "recipient",
                                         "created_at", "payload", "tag", "x"]), json_values))
 def test_random_json_objects_only_raise_coded_rejections(obj):

@@ -48,6 +48,7 @@ def test_new_ids_are_returned_and_duplicates_dropped_even_within_a_batch(db):
     a, b = env(1), env(2)
     assert ledger.record([a, b, a]) == [a, b]
     assert ledger.record([b, env(3)])[0].payload == {"n": 3}
+    ledger.flush()
     assert read_counters(db)["loop-agent-1"] == {"delivered": 3, "duplicates": 2}
     assert rows(db, "SELECT COUNT(*) FROM delivery_ledger")[0][0] == 3
 
@@ -80,10 +81,10 @@ def test_rejections_are_journaled_with_code_sender_and_source(db):
 def test_a_flood_of_rejections_is_capped_in_the_journal_but_fully_counted(db):
     clock = Clock(10_000.0)
     ledger = Ledger(db, "loop-agent-1", clock=clock, journal_per_minute=5)
-    ledger.writer.clock = clock
     ledger.record([], [Rejection("bad_envelope", "socket")] * 20)
     clock.now += 61
     ledger.record([], [Rejection("bad_envelope", "socket")])
+    ledger.flush()
     kinds = [k for (k,) in rows(db, "SELECT kind FROM events ORDER BY id")]
     assert kinds == ["message_rejected"] * 5 + ["message_rejected_suppressed",
                                                 "message_rejected"]
@@ -119,7 +120,6 @@ def test_prune_keeps_ids_for_at_least_max_age_plus_skew(db):
     clock = Clock(100_000.0)
     limits = Limits(max_age_s=600, skew_s=30)
     ledger = Ledger(db, "loop-agent-1", limits=limits, clock=clock)
-    ledger.writer.clock = clock
     ledger.record([env(1)])
     clock.now += limits.max_age_s + limits.skew_s  # a copy could still be accepted
     assert ledger.prune(keep_s=1) == 0  # asking for less is raised to the safe minimum

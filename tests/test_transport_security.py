@@ -155,8 +155,8 @@ def test_kind_sent_by_a_role_without_the_capability_is_not_authorized(home, keyr
     found = wait_rejections(home, 2)
     assert sorted((r["code"], r["sender"], r["source"]) for r in found) == [
         (Code.NOT_AUTHORIZED, "human", "file"), (Code.NOT_AUTHORIZED, "loop-agent-2", "socket")]
-    assert (home / "outbox" / ".quarantine" / "loop-agent-1" /
-            f"{also.id}.msg.not_authorized").exists()
+    copy = home / "outbox" / ".quarantine" / "loop-agent-1" / f"{also.id}.msg.not_authorized"
+    wait_until(copy.exists, timeout=10, what="quarantined copy")  # copied after the commit
     with pytest.raises(Exception) as info:  # the sender refuses it before anything is sent
         with Sender("loop-agent-2", keyring, Endpoints(home / "run"), home / "outbox") as s:
             s.send("loop-agent-1", "dispatch", {})

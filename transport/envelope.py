@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from transport.errors import Code, Rejected
-from transport.kinds import CAPABILITIES, Kind, is_instance, role_of
+from transport.errors import BadInstance, Code, Rejected
+from transport.kinds import CAPABILITIES, Kind, role_of
 
 VERSION = 1
 _DOMAIN = b"loop-org/envelope/1\n"  # domain separation: this key signs nothing else like this
@@ -299,8 +299,11 @@ def _decode(data, keyring, now, max_age_s, skew_s, max_bytes, max_depth, recipie
         raise reject(Code.BAD_ENVELOPE, f"payload nested deeper than {max_depth}")
     if not isinstance(obj["kind"], str) or obj["kind"] not in _KINDS:
         raise reject(Code.UNKNOWN_KIND, f"kind {_claimed(obj, 'kind')!r} is not a known kind")
-    if not is_instance(obj["sender"]) or not is_instance(obj["recipient"]):
-        raise reject(Code.BAD_ENVELOPE, "sender and recipient must be instance names")
+    try:
+        role = role_of(obj["sender"])
+        role_of(obj["recipient"])
+    except BadInstance:
+        raise reject(Code.BAD_ENVELOPE, "sender and recipient must be instance names") from None
     env = Envelope(v, obj["id"], obj["kind"], obj["sender"], obj["recipient"], created_at,
                    payload, obj["tag"])
     key = keyring.key_for(env.sender)
@@ -313,9 +316,8 @@ def _decode(data, keyring, now, max_age_s, skew_s, max_bytes, max_depth, recipie
                          "signed with another instance's key)")
     if recipient is not None and env.recipient != recipient:
         raise reject(Code.WRONG_RECIPIENT, f"addressed to {env.recipient!r}, not {recipient!r}")
-    if role_of(env.sender) not in CAPABILITIES[env.kind]:  # StrEnum keys match plain str
-        raise reject(Code.NOT_AUTHORIZED,
-                     f"role {role_of(env.sender)} may not send {env.kind!r}")
+    if role not in CAPABILITIES[env.kind]:  # StrEnum keys match plain str
+        raise reject(Code.NOT_AUTHORIZED, f"role {role} may not send {env.kind!r}")
     age = now - created_at
     if age > max_age_s + skew_s:
         raise reject(Code.EXPIRED, f"created {age:.1f} s ago, over the {max_age_s} s maximum age")

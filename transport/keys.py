@@ -22,6 +22,12 @@ from transport.errors import Code, KeyringError
 from transport.kinds import role_of
 
 _FORMAT = 1
+KEYRING_NAME = "keys.json"
+
+
+def keyring_path(run_dir: Path | str) -> Path:
+    """Where the keyring lives: ``<org home>/run/keys.json``."""
+    return Path(run_dir) / KEYRING_NAME
 
 
 def ensure_private_dir(path: Path) -> Path:

@@ -29,7 +29,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instance", required=True, help="instance to receive as")
     parser.add_argument("--endpoint", help="bind here instead of the default ipc path")
     parser.add_argument("--sweep-s", type=float, default=5.0, help="outbox sweep period")
-    parser.add_argument("--batch", type=int, default=256, help="most frames/files per round")
     parser.add_argument("--quiet", action="store_true", help="print only the ready line and a "
                         "final count (benches)")
     parser.add_argument("--record", action="store_true", help="keep handled events in memory "
@@ -38,23 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    from transport.endpoints import Endpoints
-    from transport.keys import Keyring
-    from transport.ledger import Counters, Ledger
-    from transport.receiver import Receiver
-    from transport.sender import Sender
+    from transport.node import open_node
 
-    home = Path(args.home)
-    keyring = Keyring.load(home / "run" / "keys.json")
-    counters = Counters(args.instance)
     out = sys.stdout.buffer
     recorded: list[bytes] = []
     handled = 0
     first_ns = last_ns = None
-    replies: Sender | None = None
 
     def handle(env) -> None:
-        nonlocal handled, replies, first_ns, last_ns
+        nonlocal handled, first_ns, last_ns
         now_ns = last_ns = time.perf_counter_ns()
         if first_ns is None:
             first_ns = now_ns
@@ -69,28 +60,22 @@ def main(argv: list[str] | None = None) -> int:
                 out.write(line)
                 out.flush()
         if env.kind == "ping" and env.payload.get("reply_to"):
-            if replies is None:
-                replies = Sender(args.instance, keyring, Endpoints(home / "run"),
-                                 home / "outbox", counters=counters)
-            replies.send(env.payload["reply_to"], "pong", {"ping": env.id})
+            node.sender.send(env.payload["reply_to"], "pong", {"ping": env.id})
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     if args.stdin_stop:
         threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-    ledger = Ledger(home / "state.db", args.instance, counters=counters)
-    receiver = Receiver(args.instance, run_dir=home / "run", outbox_root=home / "outbox",
-                        keyring=keyring, handler=handle, ledger=ledger, endpoint=args.endpoint,
-                        sweep_s=args.sweep_s, batch=args.batch).start()
+    node = open_node(args.home, args.instance, handle, endpoint=args.endpoint,
+                     transport={"sweep_s": args.sweep_s})
+    receiver = node.receiver
     out.write(orjson.dumps({"event": "ready", "endpoint": receiver.endpoint}) + b"\n")
     out.flush()
     try:
         receiver.serve(stop)
     finally:
-        if replies is not None:
-            replies.close()
-        receiver.close()
+        node.close()
         out.write(b"".join(recorded))
         out.write(orjson.dumps({"event": "stopped", "handled": handled, "first_ns": first_ns,
                                 "last_ns": last_ns}) + b"\n")
@@ -118,12 +103,12 @@ def prepare_home(root: Path | str, instances: list[str]) -> Path:
     """Make a minimal org home for probes: a migrated state.db and a keyring with a key per
     instance (what the supervisor does at start). Returns the keyring path."""
     from state_db.migrations import migrate
-    from transport.keys import Keyring
+    from transport.keys import Keyring, keyring_path
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     migrate(root / "state.db")
-    keyring = Keyring.create(root / "run" / "keys.json")
+    keyring = Keyring.create(keyring_path(root / "run"))
     for instance in instances:
         keyring.issue(instance)
     return keyring.path

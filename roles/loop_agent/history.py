@@ -209,6 +209,8 @@ class WorkspaceHistory:
         if not self._ready and not (self.git_dir / "HEAD").exists():
             return None  # reading never creates a history
         self._ready = True
+        if not rev or rev.startswith("-"):
+            return None  # never let a caller's value reach git as an option
         proc = self._run(["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], ok=(0, 1))
         return proc.stdout.decode().strip() or None
 
@@ -223,6 +225,22 @@ class WorkspaceHistory:
         ws = self._ws()
         self._run(["add", "--all", "--force"], work_tree=ws)
         return self._out(["write-tree"], work_tree=ws)
+
+    def _clear_stale_locks(self) -> None:
+        """Remove lock files a killed writer left (``index.lock``, ``refs/**.lock``, ...).
+
+        Only the loop-agent running the work item writes the index and refs, one process at a
+        time; it calls this when it (re)starts a run or an attempt (``baseline``, ``reset_to``),
+        so a lock found then belongs to a process that died. Snapshot indexes are separate.
+        """
+        if not self.git_dir.is_dir():
+            return
+        stale = [self.git_dir / n for n in ("index.lock", "HEAD.lock", "packed-refs.lock")]
+        stale += list((self.git_dir / "refs").rglob("*.lock"))
+        for lock in stale:
+            if lock.exists():
+                log.warning("history_stale_lock_removed", lock=str(lock))
+                lock.unlink(missing_ok=True)
 
     def _ls_tree(self, commit: str) -> dict[str, bytes]:
         """Map path -> raw ``ls-tree`` entry (``mode type oid\\tpath``) for every file."""
@@ -246,6 +264,7 @@ class WorkspaceHistory:
         Returns: the baseline commit id (the existing one if already recorded).
         Raises: WorkspaceMissing, GitMissing, GitFailed.
         """
+        self._clear_stale_locks()
         existing = self.baseline_commit()
         if existing:
             return existing
@@ -320,6 +339,7 @@ class WorkspaceHistory:
 
         Raises: UnknownCommit, WorkspaceMissing, GitFailed.
         """
+        self._clear_stale_locks()
         target = self._commit_of(commit)
         ws = self._ws()
         self._run(["read-tree", "--reset", "-u", target], work_tree=ws)
@@ -404,7 +424,8 @@ class WorkspaceHistory:
     ) -> list[str]:
         """Write ``commit`` into ``dest_dir`` with ``paths`` restored from ``restore_from``.
 
-        ``dest_dir`` must be absent, empty, or a snapshot this history wrote before: then only
+        ``dest_dir`` must be absent, empty, or a snapshot this history wrote before (one
+        writer per snapshot directory; a torn one is rewritten whole): then only
         what differs is rewritten and anything else found there (build output, files the
         verify commands wrote) is removed, so re-verifying the next checkpoint costs what
         changed, not the workspace size. Tampering is caught by git's stat check (ctime
@@ -428,6 +449,11 @@ class WorkspaceHistory:
             raise HistoryError(f"snapshot directory {dest} is inside the workspace; "
                                "write snapshots elsewhere", code="dest_inside_workspace")
         index = self._snapshot_index(dest)
+        lock = index.with_name(index.name + ".lock")
+        if lock.exists():
+            # One writer per snapshot directory: a lock means the last one was killed midway.
+            log.warning("snapshot_torn", snapshot=str(dest))
+            self.discard_snapshot(dest)
         fresh = not dest.exists() or not any(dest.iterdir())
         if not fresh and not index.exists():
             raise HistoryError(f"snapshot directory {dest} is not empty and was not written "
@@ -450,8 +476,10 @@ class WorkspaceHistory:
     def discard_snapshot(self, dest_dir: Path) -> None:
         """Remove a snapshot directory written by ``materialize`` and its private index."""
         dest = Path(dest_dir).absolute()
-        self._snapshot_index(dest).unlink(missing_ok=True)
+        index = self._snapshot_index(dest)
         shutil.rmtree(dest, ignore_errors=True)
+        index.unlink(missing_ok=True)
+        index.with_name(index.name + ".lock").unlink(missing_ok=True)
 
     def delete(self) -> None:
         """Remove the whole shadow history (the workspace is untouched)."""

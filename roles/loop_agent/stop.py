@@ -9,6 +9,11 @@ first *declared* one. Declaration order is the depth-first, left-to-right order 
 written: ``StopPolicy([A, AnyOf(B, C), D])`` orders A, B, C, D. A fired ``AllOf`` counts as one
 decision at its own position; its reason is chosen among its members by the same rule (so
 ``AllOf(MaxIterations(9), Timeout(60))`` reports ``max_iterations``) and its detail lists all.
+
+A tree bounds a run if a hard cap can end it alone: an any-of needs one member that bounds the
+run, an all-of needs every member to (``AllOf(MaxIterations(5), GoalMet())`` may never fire).
+``StopPolicy.budget_check`` evaluates the same tree over the budget caps only (tokens, cost,
+time), between model calls inside an act.
 """
 from __future__ import annotations
 

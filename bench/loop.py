@@ -1,0 +1,155 @@
+"""Loop engine benchmark: per-iteration overhead, prompt growth, checkpoint cost.
+
+Usage: ``bench/loop.py --json [--iterations N]`` (default run ≤ 45 s).
+
+- ``overhead_ms_per_iteration``: in-process engine with the scripted Messages API server reached
+  through the anthropic SDK, real state.db, shadow-git checkpoints and the eval-agent's verifier
+  (snapshot + verdict); the time inside the act (model calls and tools) and inside the verify
+  command is measured and subtracted. Median over iterations 2..N.
+- ``variable_prompt_growth_ratio``: bytes of the prompt outside the stable prefix at iteration
+  30 ÷ at iteration 3, for a run that never meets its goal.
+- ``checkpoint_ms_10k_files``: one file changed in a 10,000-file workspace.
+Targets: overhead ≤ 5 ms, ratio ≤ 1.3, checkpoint ≤ 100 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TARGETS = {"overhead_ms_per_iteration": 5.0, "variable_prompt_growth_ratio": 1.3, "checkpoint_ms_10k_files": 100.0}
+
+
+def make_script(path: Path, iterations: int) -> None:
+    acts = []
+    for i in range(1, iterations + 1):
+        acts.append([
+            {"text": f"Attempt {i}: write the counter.",
+             "tool_uses": [{"name": "write_file", "input": {"path": "n.txt", "content": f"{i}\n"}}],
+             "usage": {"input_tokens": 1200, "output_tokens": 60, "cache_creation_input_tokens": 0,
+                       "cache_read_input_tokens": 900}},
+            {"text": f"Iteration {i}: I wrote the counter file with {i}; the check should now see it. "
+                     "This summary is as long as a real model's closing paragraph usually is, "
+                     "so that the prompt's history sections are exercised realistically.",
+             "usage": {"input_tokens": 1300, "output_tokens": 80, "cache_creation_input_tokens": 0,
+                       "cache_read_input_tokens": 900}},
+        ])
+    path.write_text(json.dumps({"version": 1, "acts": acts}))
+
+
+def bench_loop(root: Path, iterations: int) -> dict:
+    from roles.eval_agent import checks as eval_checks
+    from roles.eval_agent.verifier import Verifier
+    from roles.loop_agent.backends.factory import build
+    from roles.loop_agent.engine import LoopEngine, LoopSettings
+    from roles.workspace.history import WorkspaceHistory
+    from state_db import config as config_mod
+    from state_db.bootstrap import init_home
+    from state_db.home import OrgHome
+    from state_db.writer import StateWriter
+
+    home = OrgHome(root / "org")
+    (home.root).mkdir(parents=True)
+    home.config_path.write_text("[loop]\nno_progress_window = 5\n")
+    cfg, _ = init_home(home)
+    ws = root / "ws"
+    ws.mkdir()
+    (ws / "n.txt").write_text("0\n")
+    script = root / "script.json"
+    make_script(script, iterations)
+    human = StateWriter(home.db_path, "human")
+    with human.transaction() as tx:
+        tx.insert("work_items", {"id": "b1", "goal": "count", "workspace": str(ws), "verify": ["cat n.txt; exit 1"],
+                                 "caps": {"max_iterations": iterations}, "backend": f"scripted:{script}",
+                                 "status": "dispatched", "assigned_to": "loop-agent-1", "created_by": "bench",
+                                 "created_at": time.time(), "updated_at": time.time()})
+    built = build(f"scripted:{script}", cfg, home, "loop-agent-1")
+    act_times: dict[int, float] = {}
+    check_times: dict[int, float] = {}
+    marks: dict[int, float] = {}
+
+    class TimedBackend:
+        name = built.backend.name
+
+        def act(self, ctx, **kw):
+            t0 = time.perf_counter()
+            try:
+                return built.backend.act(ctx, **kw)
+            finally:
+                act_times[ctx.iteration] = act_times.get(ctx.iteration, 0) + time.perf_counter() - t0
+
+    real_run_check = eval_checks.run_check
+
+    def timed_check(command, cwd, **kw):
+        result = real_run_check(command, cwd, **kw)
+        n = len(check_times) + 1
+        check_times[n] = result.duration_ms / 1000
+        return result
+
+    import roles.eval_agent.verifier as verifier_mod
+    verifier_mod.run_check = timed_check
+    verifier = Verifier(home, StateWriter(home.db_path, "eval-agent", "eval-agent"), timeout_s=30)
+
+    def verify(work_id, n):
+        verifier.verify(work_id, n)
+        marks[n] = time.perf_counter()
+
+    writer = StateWriter(home.db_path, "loop-agent", "loop-agent-1")
+    history = WorkspaceHistory(home.history_dir / "b1.git", ws)
+    engine = LoopEngine(writer, "b1", TimedBackend(), verify, history,
+                        LoopSettings(no_progress=(iterations + 1, iterations + 1)))
+    t_start = time.perf_counter()
+    decision = engine.run()
+    built.close()
+    verifier_mod.run_check = real_run_check
+    overheads = []
+    prev = t_start
+    for n in sorted(marks):
+        wall = marks[n] - prev
+        prev = marks[n]
+        if n >= 2:
+            overheads.append((wall - act_times.get(n, 0) - check_times.get(n, 0)) * 1000)
+    rows = writer.conn.execute("SELECT n, prompt FROM iterations WHERE work_id='b1' ORDER BY n").fetchall()
+    sizes = {r["n"]: json.loads(r["prompt"])["variable_bytes"] for r in rows}
+    return {
+        "overhead_ms_per_iteration": round(statistics.median(overheads), 3),
+        "overhead_ms_p90": round(sorted(overheads)[int(len(overheads) * 0.9) - 1], 3),
+        "act_ms_median": round(statistics.median(act_times.values()) * 1000, 3),
+        "verify_command_ms_median": round(statistics.median(check_times.values()) * 1000, 3),
+        "iterations": len(rows),
+        "stop_reason": str(decision.reason) if decision else None,
+        "variable_prompt_bytes_it3": sizes.get(3),
+        "variable_prompt_bytes_it30": sizes.get(30),
+        "variable_prompt_growth_ratio": round(sizes[30] / sizes[3], 3) if 30 in sizes and 3 in sizes else None,
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--iterations", type=int, default=30, help="iterations of the overhead run (≥ 30 for the ratio)")
+    p.add_argument("--files", type=int, default=10_000, help="workspace size for the checkpoint figure")
+    args = p.parse_args(argv)
+    from state_db.logsetup import configure
+    configure(None, "bench", "bench")
+    import logging
+    logging.getLogger().setLevel(logging.WARNING)
+    from roles.loop_agent.history_bench import bench_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="lo-bench-") as tmp:
+        figures = bench_loop(Path(tmp) / "loop", args.iterations)
+        figures.update(bench_checkpoint(Path(tmp) / "ckpt", files=args.files))
+    figures["targets"] = TARGETS
+    figures["pass"] = {k: figures.get(k) is not None and figures[k] <= v for k, v in TARGETS.items()}
+    print(json.dumps(figures, indent=None if args.json else 2))
+    return 0 if all(figures["pass"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

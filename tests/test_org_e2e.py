@@ -1,0 +1,183 @@
+"""The org at work, end to end with real processes (issue 6 proof)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from roles.supervisor import control, procs
+from state_db.bootstrap import init_home
+from state_db.home import OrgHome
+from tests.support.org import cleanup, query, roles, short_home_dir, wait_for, write_config
+
+DEMO = Path(__file__).resolve().parents[1] / "scripts" / "demo"
+CONFIG = """
+[org]
+loop_agents = 2
+[supervisor]
+heartbeat_s = 0.2
+heartbeat_timeout_s = 4.0
+stop_timeout_s = 6.0
+"""
+
+
+@pytest.fixture
+def org(monkeypatch):
+    root = short_home_dir()
+    home = OrgHome(root / "org")
+    write_config(home, CONFIG)
+    init_home(home)
+    monkeypatch.setenv("ORG_HOME", str(home.root))
+    control.start_background(home, timeout_s=20)
+    yield home
+    cleanup(home)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def cli(home, *argv, check=True):
+    proc = subprocess.run([sys.executable, "-m", "scripts.cli.main", *argv], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "ORG_HOME": str(home.root)})
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def demo_workspace(home, name="ws") -> Path:
+    ws = home.root.parent / name
+    shutil.copytree(DEMO / "project", ws)
+    return ws
+
+
+def submit(home, ws, *extra, script=DEMO / "script.json"):
+    out = cli(home, "submit", "make word_count right", "--workspace", str(ws), "--verify", "python3 -m unittest -q",
+              "--backend", f"scripted:{script}", "--max-iterations", "5", "--json", *extra)
+    return json.loads(out.stdout)
+
+
+def ended(home, wid, timeout=40):
+    return wait_for(lambda: (r := query(home, "SELECT * FROM work_items WHERE id=?", (wid,))[0])["status"] == "ended" and r,
+                    timeout=timeout, what=f"{wid} to end")
+
+
+def test_demo_flow_fail_then_pass_goal_met_by_the_eval_agent(org):
+    ws = demo_workspace(org)
+    item = submit(org, ws)
+    done = ended(org, item["id"])
+    assert done["stop_reason"] == "goal_met"
+    its = query(org, "SELECT n, lesson FROM iterations WHERE work_id=? ORDER BY n", (item["id"],))
+    assert [i["n"] for i in its] == [1, 2] and its[0]["lesson"]
+    v = query(org, "SELECT iteration, outcome, written_by FROM verdicts WHERE work_id=? ORDER BY iteration", (item["id"],))
+    assert [(x["outcome"], x["written_by"]) for x in v] == [("fail", "eval-agent"), ("pass", "eval-agent")]
+    assert "text.split()" in (ws / "textstats.py").read_text()
+    diff = cli(org, "diff", item["id"]).stdout
+    assert "-    return text.count(\" \") + 1" in diff and "+    return len(text.split())" in diff
+    shown = json.loads(cli(org, "show", item["id"], "--json").stdout)
+    assert shown["tokens"] > 0 and shown["stop_reason"] == "goal_met"
+    ann = query(org, "SELECT data FROM events WHERE kind='announce'")
+    assert any(item["id"] in json.loads(a["data"])["text"] and "goal_met" in json.loads(a["data"])["text"] for a in ann)
+
+
+def test_same_submit_twice_with_one_idempotency_key_is_one_work_item(org):
+    ws = demo_workspace(org)
+    a = submit(org, ws, "--idempotency-key", "k-123")
+    b = submit(org, ws, "--idempotency-key", "k-123")
+    assert a["id"] == b["id"] and b["replayed"] is True
+    assert query(org, "SELECT COUNT(*) AS c FROM work_items")[0]["c"] == 1
+
+
+def test_a_second_item_on_a_busy_workspace_waits_then_runs(org):
+    ws = demo_workspace(org)
+    first = submit(org, ws)
+    second = submit(org, ws)
+    assert second["status"] == "waiting" and second["waiting_for"] == first["id"]
+    assert ended(org, first["id"])["stop_reason"] == "goal_met"
+    # the second starts on the finished workspace: its goal is already met at iteration 1
+    assert ended(org, second["id"])["status"] == "ended"
+    order = query(org, "SELECT subject FROM events WHERE kind='work_items.dispatched' ORDER BY id")
+    assert [o["subject"] for o in order] == [first["id"], second["id"]]
+
+
+def test_kill_9_of_a_loop_agent_mid_run_completes_without_an_iteration_twice(org, tmp_path):
+    slow = tmp_path / "slow.json"
+    script = json.loads((DEMO / "script.json").read_text())
+    # a long act in iteration 2: many read turns, so the kill lands mid-act
+    reads = [{"tool_uses": [{"name": "read_file", "input": {"path": "textstats.py"}}]} for _ in range(15)]
+    script["acts"][1] = reads + script["acts"][1]
+    slow.write_text(json.dumps(script))
+    ws = demo_workspace(org)
+    item = submit(org, ws, script=slow)
+    wid = item["id"]
+    wait_for(lambda: query(org, "SELECT COUNT(*) AS c FROM model_calls WHERE work_id=? AND iteration=2", (wid,))[0]["c"] >= 3,
+             what="iteration 2's act to be under way")
+    agent = query(org, "SELECT assigned_to FROM work_items WHERE id=?", (wid,))[0]["assigned_to"]
+    victim = roles(org)[agent]
+    os.kill(victim["pid"], signal.SIGKILL)
+    done = ended(org, wid, timeout=60)
+    assert done["stop_reason"] == "goal_met"
+    its = query(org, "SELECT n FROM iterations WHERE work_id=? ORDER BY n", (wid,))
+    assert [i["n"] for i in its] == [1, 2]
+    calls = query(org, "SELECT request_id FROM model_calls WHERE work_id=?", (wid,))
+    assert len(calls) == len({c["request_id"] for c in calls})
+    attempts = query(org, "SELECT outcome FROM attempts WHERE work_id=? ORDER BY attempt", (wid,))
+    assert [a["outcome"] for a in attempts].count("committed") == 2 and "discarded" in [a["outcome"] for a in attempts]
+
+
+def test_kill_9_of_coordinator_and_eval_agent_is_recovered(org):
+    for name in ("coordinator", "eval-agent"):
+        os.kill(roles(org)[name]["pid"], signal.SIGKILL)
+    ws = demo_workspace(org)
+    item = submit(org, ws)
+    assert ended(org, item["id"], timeout=60)["stop_reason"] == "goal_met"
+    assert {n: r["restarts"] for n, r in roles(org).items() if n in ("coordinator", "eval-agent")} == \
+        {"coordinator": 1, "eval-agent": 1}
+
+
+def test_suspend_mid_run_then_resume_continues_the_numbering(org, tmp_path):
+    slow = tmp_path / "slow.json"
+    script = json.loads((DEMO / "script.json").read_text())
+    script["acts"][1] = [{"tool_uses": [{"name": "read_file", "input": {"path": "textstats.py"}}]}
+                         for _ in range(10)] + script["acts"][1]
+    slow.write_text(json.dumps(script))
+    ws = demo_workspace(org)
+    wid = submit(org, ws, script=slow)["id"]
+    wait_for(lambda: query(org, "SELECT COUNT(*) AS c FROM iterations WHERE work_id=?", (wid,))[0]["c"] >= 1,
+             what="iteration 1 committed")
+    out = cli(org, "suspend", "--json")
+    assert json.loads(out.stdout)["status"] == "suspended"
+    assert not any(procs.is_alive(r["pid"], r["pid_start"]) for r in roles(org).values())
+    before = query(org, "SELECT n FROM iterations WHERE work_id=? ORDER BY n", (wid,))
+    cli(org, "resume")
+    assert ended(org, wid, timeout=60)["stop_reason"] == "goal_met"
+    after = [i["n"] for i in query(org, "SELECT n FROM iterations WHERE work_id=? ORDER BY n", (wid,))]
+    assert after == list(range(1, len(after) + 1)) and after[:len(before)] == [b["n"] for b in before]
+
+
+def test_a_run_whose_agent_edits_a_protected_test_is_not_goal_met(org, tmp_path):
+    cheat = tmp_path / "cheat.json"
+    cheat.write_text(json.dumps({"version": 1, "acts": [[
+        {"tool_uses": [{"name": "write_file", "input": {"path": "test_textstats.py",
+                                                          "content": "import unittest\n"}}]},
+        {"text": "Removed the failing tests."}]], "repeat_last": True}))
+    ws = demo_workspace(org)
+    item = submit(org, ws, script=cheat)
+    done = ended(org, item["id"])
+    assert done["stop_reason"] != "goal_met"
+    v = query(org, "SELECT protected_changed FROM verdicts WHERE work_id=?", (item["id"],))
+    assert "test_textstats.py" in v[0]["protected_changed"]
+
+
+def test_cancel_of_a_queued_item_and_bad_submits_are_coded(org):
+    ws = demo_workspace(org)
+    bad = cli(org, "submit", "x", "--workspace", str(ws / "missing"), "--verify", "true", check=False)
+    assert bad.returncode == 1 and bad.stderr.startswith("error[workspace_missing]")
+    none = cli(org, "submit", "x", "--workspace", str(ws), check=False)
+    assert none.returncode == 1 and "error[bad_submit]" in none.stderr
+    unknown = cli(org, "show", "w-nope", check=False)
+    assert unknown.returncode == 1 and unknown.stderr.startswith("error[not_found]")
