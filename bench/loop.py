@@ -26,6 +26,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 TARGETS = {"overhead_ms_per_iteration": 5.0, "variable_prompt_growth_ratio": 1.3, "checkpoint_ms_10k_files": 100.0}
 
 
+# A realistic goal and a realistic failing check: its output (≈1.3 kB, like a short pytest
+# failure) names the current counter, so every iteration fails differently and the run never
+# stops early on repeated_failure or no_progress.
+GOAL = ("The function parse_duration in timeparse.py must accept strings such as '1h30m', '45s' and "
+        "'2d 4h', return the total number of seconds as an int, and raise ValueError with a message "
+        "naming the bad token for anything else. Keep the public API unchanged and do not add "
+        "dependencies; the existing tests in tests/test_timeparse.py describe the expected behaviour.")
+FAILING_CHECK = ("n=$(cat n.txt); printf '%s\\n' "
+                 "'============================= FAILURES =============================' "
+                 "'___________________ test_parse_duration_mixed_units ___________________' "
+                 "'    def test_parse_duration_mixed_units():' "
+                 "'>       assert parse_duration(\"2d 4h\") == 187200' "
+                 "\"E       AssertionError: assert $n == 187200\" "
+                 "'E        +  where result = parse_duration(\"2d 4h\")' "
+                 "'tests/test_timeparse.py:31: AssertionError' "
+                 "'___________________ test_parse_duration_rejects_garbage ___________________' "
+                 "'    def test_parse_duration_rejects_garbage():' "
+                 "'        with pytest.raises(ValueError, match=\"bad token\"):' "
+                 "'>           parse_duration(\"3x\")' "
+                 "'E       Failed: DID NOT RAISE <class ValueError>' "
+                 "'tests/test_timeparse.py:40: Failed' "
+                 "'=========================== short test summary info ===========================' "
+                 "'FAILED tests/test_timeparse.py::test_parse_duration_mixed_units - AssertionError' "
+                 "'FAILED tests/test_timeparse.py::test_parse_duration_rejects_garbage - Failed: DID NOT RAISE' "
+                 "\"2 failed, 9 passed in 0.${n}4s\"; exit 1")
+
+
 def make_script(path: Path, iterations: int) -> None:
     acts = []
     for i in range(1, iterations + 1):
@@ -65,7 +92,7 @@ def bench_loop(root: Path, iterations: int) -> dict:
     make_script(script, iterations)
     human = StateWriter(home.db_path, "human")
     with human.transaction() as tx:
-        tx.insert("work_items", {"id": "b1", "goal": "count", "workspace": str(ws), "verify": ["cat n.txt; exit 1"],
+        tx.insert("work_items", {"id": "b1", "goal": GOAL, "workspace": str(ws), "verify": [FAILING_CHECK],
                                  "caps": {"max_iterations": iterations}, "backend": f"scripted:{script}",
                                  "status": "dispatched", "assigned_to": "loop-agent-1", "created_by": "bench",
                                  "created_at": time.time(), "updated_at": time.time()})
@@ -140,7 +167,7 @@ def main(argv=None) -> int:
     configure(None, "bench", "bench")
     import logging
     logging.getLogger().setLevel(logging.WARNING)
-    from roles.loop_agent.history_bench import bench_checkpoint
+    from roles.workspace.history_bench import bench_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="lo-bench-") as tmp:
         figures = bench_loop(Path(tmp) / "loop", args.iterations)

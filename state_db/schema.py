@@ -131,6 +131,8 @@ CREATE TABLE decisions (
     question TEXT NOT NULL DEFAULT '',
     status TEXT NOT NULL,
     answer TEXT,
+    stop_run INTEGER NOT NULL DEFAULT 0,
+    result TEXT,
     decided_by TEXT, decided_at REAL,
     created_at REAL NOT NULL, announced_at REAL
 );

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from roles.loop_agent.history import (
+from roles.workspace.history import (
     GitMissing, HistoryError, NoBaseline, UnknownCommit, WorkspaceHistory, WorkspaceMissing,
 )
-from roles.loop_agent.history_bench import bench_checkpoint
-from roles.loop_agent.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
+from roles.workspace.history_bench import bench_checkpoint
+from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
 
 GIT_ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},
            "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",

@@ -161,3 +161,28 @@ def test_handler_failure_is_counted_and_the_receiver_goes_on(make_receiver, home
     receiver.close()
     counters = read_counters(home / "state.db")["loop-agent-1"]
     assert counters["handler_errors"] == 1 and counters["delivered"] == 2
+
+
+def test_serve_interleaves_a_tick_with_message_handling_until_stopped(make_receiver, home,
+                                                                      keyring):
+    import threading
+
+    stop = threading.Event()
+    ticks: list[float] = []
+    receiver, got = make_receiver(sweep_s=3600)
+
+    def tick():
+        ticks.append(time.monotonic())
+        if len(ticks) == 2:
+            env = envelope(keyring, during="tick")
+            write_message(home / "outbox", "loop-agent-1", env.id, env.encode())
+        if got and len(ticks) >= 4:
+            stop.set()
+
+    thread = threading.Thread(target=receiver.serve, args=(stop,),
+                              kwargs={"tick": tick, "tick_s": 0.05})
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), f"serve did not stop; ticks={len(ticks)} got={got}"
+    assert [e.payload for e in got] == [{"during": "tick"}]
+    assert all(b - a >= 0.045 for a, b in zip(ticks, ticks[1:]))

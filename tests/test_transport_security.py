@@ -10,7 +10,6 @@ from collections import Counter
 
 import orjson
 import pytest
-import zmq
 
 from state_db.connection import connect
 from transport.endpoints import Endpoints, ipc_path

@@ -1,12 +1,18 @@
-"""A stand-alone receiver that prints what it handles: for diagnosing the seam, tests and benches.
+"""A stand-alone receiver that reports what it handles: for diagnosing the seam, tests, benches.
 
     python -m transport.probe --home ORG_HOME --instance loop-agent-1 [--endpoint tcp://127.0.0.1:*]
 
-Prints one JSON line ``{"event": "ready", "endpoint": ...}`` once bound, then one line per
-handled envelope (``{"event": "handled", "id", "kind", "sender", "payload", "handled_ns"}``,
-``handled_ns`` from ``time.perf_counter_ns()``, i.e. CLOCK_MONOTONIC, comparable across
-processes). A ``pong`` is sent back for each ``ping`` whose payload names ``reply_to``. Stops on
-SIGTERM/SIGINT or when stdin closes (if ``--stdin-stop``). Logs go to stderr.
+It opens the instance's node (:func:`transport.node.open_node`: the real receiver, ledger and
+sender) and prints JSON lines on stdout: ``{"event": "ready", "endpoint"}`` once bound; one
+``{"event": "handled", "id", "kind", "sender", "payload", "handled_ns"}`` per handled envelope
+(``handled_ns`` is ``time.perf_counter_ns()``, i.e. CLOCK_MONOTONIC, comparable across
+processes) — at once, or all at stop with ``--record``, or never with ``--quiet``; and
+``{"event": "stopped", "handled", "first_ns", "last_ns"}`` at the end. It answers a ``ping``
+whose payload names ``reply_to`` with a ``pong``. Stops on SIGTERM/SIGINT (or when stdin
+closes, with ``--stdin-stop``). Logs go to stderr.
+
+:class:`ProbeProcess` runs one as a child process and collects its lines; :func:`prepare_home`
+makes the smallest org home it needs.
 """
 from __future__ import annotations
 

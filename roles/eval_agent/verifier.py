@@ -61,7 +61,7 @@ class Verifier:
 
     def __init__(self, home: OrgHome, writer: StateWriter, *, timeout_s: float = 300.0, history_factory=None):
         if history_factory is None:
-            from roles.loop_agent.history import WorkspaceHistory as history_factory  # reads the shadow history only
+            from roles.workspace.history import WorkspaceHistory as history_factory
         self.home = home
         self.writer = writer
         self.timeout_s = timeout_s

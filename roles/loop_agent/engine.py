@@ -23,7 +23,7 @@ from typing import Callable
 import orjson
 import structlog
 
-from roles.loop_agent import progress as prog
+from roles.loop_agent import gate, progress as prog
 from roles.loop_agent.backends.base import ActContext, ActOutcome, Backend, Usage
 from roles.loop_agent.context import assemble
 from roles.loop_agent.lessons import derive_lesson
@@ -55,6 +55,7 @@ class LoopSettings:
     instructions: str = INSTRUCTIONS
     skills: list = field(default_factory=list)
     knowledge: list = field(default_factory=list)
+    gate_runner: Callable = gate.refuse_runner
 
     @classmethod
     def from_config(cls, cfg) -> "LoopSettings":
@@ -130,7 +131,8 @@ class LoopEngine:
             work = self.work()
             if work["status"] == WorkStatus.ENDED:
                 return StopDecision(StopReason(work["stop_reason"]), work["stop_detail"] or "")
-            progress, its, verdicts = prog.load(self.w.conn, work, org_limit=self._org_spend_over())
+            progress, its, verdicts = prog.load(self.w.conn, work, org_limit=self._org_spend_over(),
+                                                human_rejected=gate.rejected_with_stop(self.w.conn, self.work_id))
             if its and its[-1]["n"] not in verdicts:
                 self._verify_and_reflect(its[-1])          # resumed between commit and verdict
                 continue
@@ -138,6 +140,11 @@ class LoopEngine:
                 self._reflect(its[-1], verdicts[its[-1]["n"]])
                 continue
             decision = policy.evaluate(progress)
+            if decision is None and not gate.settle(self.w, self.work_id, work["workspace"], self.settings.gate_runner,
+                                                    wait=self._wait_for_human):
+                return None
+            if decision is None and gate.rejected_with_stop(self.w.conn, self.work_id):
+                continue                                    # re-evaluate: human_rejected fires
             if decision is not None:
                 if decision.reason == StopReason.GOAL_MET:
                     continue                                # the eval-agent ends the run; re-read
@@ -148,10 +155,17 @@ class LoopEngine:
             if committed is None:
                 return None if self.interrupt.is_set() else self._end_from_act()
 
+    def _wait_for_human(self) -> bool:
+        """Wait a little for a decision; False if the loop must give up (pause/interrupt)."""
+        if self.interrupt.wait(0.2) or self.pause.is_set():
+            return False
+        return True
+
     def _start(self, work: dict) -> None:
         self.history.baseline()
+        gate.ask_again_if_interrupted(self.w, self.work_id)
         with self.w.transaction() as tx:
-            if work["status"] in (WorkStatus.DISPATCHED, WorkStatus.PAUSED):
+            if work["status"] == WorkStatus.DISPATCHED:
                 tx.set_status("work_items", self.work_id, WorkStatus.RUNNING)
             # an attempt left open by a crash is discarded (its workspace changes are reset below)
             for row in tx.conn.execute("SELECT attempt FROM attempts WHERE work_id = ? AND ended_at IS NULL",
@@ -170,7 +184,7 @@ class LoopEngine:
         prompt = assemble(
             work["goal"] + _verify_note(work), self.settings.instructions, self.settings.skills,
             self.settings.knowledge, prog.digests(its, verdicts), prog.lessons(its, self.settings.lessons_max),
-            (verdicts[its[-1]["n"]]["feedback"] if its and its[-1]["n"] in verdicts else ""), n,
+            _feedback(self.w.conn, self.work_id, its, verdicts), n,
             k_recent=self.settings.recent_iterations, summary_cap_chars=self.settings.summary_cap_chars)
         ctx = ActContext(self.work_id, n, attempt, Path(work["workspace"]), prompt.system_prefix, prompt.variable,
                          max_turns=self.settings.max_turns)
@@ -247,6 +261,7 @@ class LoopEngine:
                 "changed_paths": changed[:500], "prompt": manifest, "committed_at": tx.now})
             tx.update("work_items", self.work_id, elapsed_s=work["elapsed_s"] + elapsed, updated_at=tx.now)
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome="committed")
+            gate.record_requests(tx, self.work_id, n, outcome.requests)
         self.log.info("iteration_committed", iteration=n, attempt=attempt, act=outcome.status,
                       changed=len(changed), next="verify by the eval-agent")
         row = dict(self.w.conn.execute("SELECT * FROM iterations WHERE work_id=? AND n=?", (self.work_id, n)).fetchone())
@@ -293,6 +308,15 @@ class LoopEngine:
                           stop_detail=decision.detail[:1000])
         self.log.info("run_ended", reason=str(decision.reason), detail=decision.detail)
         return decision
+
+
+def _feedback(conn, work_id: str, its: list, verdicts: dict) -> str:
+    if not its:
+        return ""
+    last = its[-1]["n"]
+    text = verdicts[last]["feedback"] if last in verdicts else ""
+    human = gate.feedback_for(conn, work_id, last)
+    return f"{text}\n\n{human}".strip() if human else text
 
 
 def _verify_note(work: dict) -> str:

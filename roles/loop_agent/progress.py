@@ -45,7 +45,7 @@ def outcome_line(verdict: dict | None) -> str:
 
 
 def load(conn: sqlite3.Connection, work: sqlite3.Row | dict, *, running_s: float = 0.0,
-         org_limit: bool = False, model_error: bool = False) -> tuple[RunProgress, list[dict], dict[int, dict]]:
+         org_limit: bool = False, model_error: bool = False, human_rejected: bool = False) -> tuple[RunProgress, list[dict], dict[int, dict]]:
     """Return (progress, iteration rows, verdicts by iteration) for ``work``.
 
     ``running_s`` is time spent in the current, uncommitted attempt (counts toward timeout).
@@ -61,6 +61,7 @@ def load(conn: sqlite3.Connection, work: sqlite3.Row | dict, *, running_s: float
         fingerprints=tuple(r["fingerprint"] or "" for r in its),
         verdicts=tuple(summary_of(verdicts.get(r["n"])) for r in its),
         cancelled=bool(work["cancel_requested"]), org_limit=org_limit, model_error=model_error,
+        human_rejected=human_rejected,
     )
     return progress, its, verdicts
 

@@ -80,7 +80,15 @@ TOOL_SCHEMAS: tuple[dict[str, Any], ...] = (
     _tool("run_command", "Run a shell command in the workspace root; time- and output-bounded.",
           {"command": ("string", "shell command line"),
            "timeout_s": ("number", "seconds before the command is killed (capped by the org)")}, ("command",)),
+    _tool("request_action", "Ask a human to lift a block for one command: commands run in a sandbox with "
+          "no network and no access outside the workspace. The request is recorded as a decision; a human "
+          "approves, edits, rejects or answers it, and you see the outcome in the next iteration. End your "
+          "turn after asking.",
+          {"kind": ("string", "network | outside_workspace | other"),
+           "command": ("string", "the exact shell command to run once approved"),
+           "reason": ("string", "why the goal needs it")}, ("kind", "command", "reason")),
 )
+GATE_KINDS = ("network", "outside_workspace", "other")
 _SCHEMA_BY_NAME = {s["name"]: s["input_schema"] for s in TOOL_SCHEMAS}
 _TYPES: dict[str, Callable[[object], bool]] = {
     "string": lambda v: isinstance(v, str),
@@ -194,7 +202,9 @@ class WorkspaceTools:
         self._handlers: dict[str, Callable[..., str]] = {
             "list_files": self._list, "read_file": self._read, "write_file": self._write,
             "edit_file": self._edit, "search_files": self._search, "run_command": self._run,
+            "request_action": self._request,
         }
+        self.requests: list[dict[str, str]] = []
 
     def schemas(self) -> list[dict[str, Any]]:
         """Tool definitions for the Messages API ``tools`` parameter."""
@@ -251,6 +261,15 @@ class WorkspaceTools:
             raise ToolError("not_text", f"{self._rel(path)} is not UTF-8 text") from None
 
     # -- tools -----------------------------------------------------------------------------
+
+    def _request(self, kind: str, command: str, reason: str) -> str:
+        if kind not in GATE_KINDS:
+            raise ToolError("bad_tool_input", f"kind must be one of {', '.join(GATE_KINDS)}")
+        if not command.strip():
+            raise ToolError("bad_tool_input", "command is empty")
+        self.requests.append({"kind": kind, "command": command[:2000], "reason": reason[:1000]})
+        return ("Recorded for a human decision. Nothing ran. End your turn now; the decision (and the "
+                "command's output if approved) comes back in the next iteration.")
 
     def _list(self, path: str = ".", recursive: bool = False) -> str:
         base = self.resolve(path)

@@ -11,7 +11,7 @@ from pathlib import Path
 from roles.eval_agent.verifier import Verifier
 from roles.loop_agent.backends.base import ActOutcome, Usage
 from roles.loop_agent.engine import LoopEngine, LoopSettings
-from roles.loop_agent.history import WorkspaceHistory
+from roles.workspace.history import WorkspaceHistory
 from state_db.vocab import Actor, WorkStatus
 from state_db.writer import StateWriter
 

@@ -200,7 +200,7 @@ class _Act:
     def end(self, status: str, stop_reason: str | None, code: str | None, error: str | None) -> ActOutcome:
         summary = self.text[:_SUMMARY_CAP] or f"{len(self.calls)} tool call(s), no closing text"
         return ActOutcome(status=status, summary=summary, tool_calls=tuple(self.calls), stop_reason=stop_reason,
-                          error_code=code, error=error, turns=self.turns)
+                          error_code=code, error=error, turns=self.turns, requests=tuple(self.tools.requests))
 
     def take(self, message: Any) -> ActOutcome | None:
         """Record one response; run its tools. Returns the outcome when the act is over."""

@@ -111,6 +111,7 @@ class ActOutcome:
     error_code: str | None = None
     error: str | None = None
     turns: int = 0
+    requests: tuple[dict, ...] = ()   # gated actions the model asked a human for (request_action)
 
     def __post_init__(self) -> None:
         if self.status not in ACT_STATUSES:
@@ -119,6 +120,7 @@ class ActOutcome:
     def encode(self) -> dict[str, Any]:
         data = asdict(self)
         data["tool_calls"] = [dict(c) for c in self.tool_calls]
+        data["requests"] = [dict(r) for r in self.requests]
         return data
 
     @classmethod
@@ -131,6 +133,7 @@ class ActOutcome:
             error_code=data.get("error_code"),
             error=data.get("error"),
             turns=int(data.get("turns", 0)),
+            requests=tuple(dict(r) for r in data.get("requests", ())),
         )
 
 

@@ -5,7 +5,7 @@ import statistics
 import time
 from pathlib import Path
 
-from roles.loop_agent.history import WorkspaceHistory
+from roles.workspace.history import WorkspaceHistory
 
 
 def bench_checkpoint(tmpdir: Path, files: int = 10_000, repeats: int = 7) -> dict[str, float]:
