@@ -62,27 +62,36 @@ def pace(gap_s: float) -> None:
     time.sleep(gap_s)
 
 
-def bench_raw(home: Path, n: int, gap_s: float) -> list[float]:
-    (home / "run" / "s").mkdir(mode=0o700, exist_ok=True)
-    endpoint = f"ipc://{home}/run/s/raw"
-    child = subprocess.Popen([sys.executable, "-c", RAW_CHILD, endpoint, str(n + 50)],
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.PUSH)
-        sock.connect(endpoint)
-        sock.poll(5000, zmq.POLLOUT)
-        for _ in range(n + 50):
-            sock.send(b"%020d" % time.perf_counter_ns() + b"x" * 200)  # ~an envelope's size
+class RawPair:
+    """Plain pyzmq PUSH (here) → PULL (a child process that records one-way latencies)."""
+
+    def __init__(self, home: Path, total: int) -> None:
+        (home / "run" / "s").mkdir(mode=0o700, exist_ok=True)
+        endpoint = f"ipc://{home}/run/s/raw"
+        self.child = subprocess.Popen([sys.executable, "-c", RAW_CHILD, endpoint, str(total)],
+                                      stdout=subprocess.PIPE, text=True)
+        assert self.child.stdout.readline().strip() == "ready"
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.PUSH)
+        self.sock.connect(endpoint)
+        self.sock.poll(5000, zmq.POLLOUT)
+
+    def send_paced(self, n: int, gap_s: float) -> None:
+        for _ in range(n):
+            self.sock.send(b"%020d" % time.perf_counter_ns() + b"x" * 200)  # an envelope's size
             pace(gap_s)
-        lat = orjson.loads(child.stdout.readline())
-        sock.close(linger=1000)
-        ctx.term()
-    finally:
-        child.kill()
-        child.wait()
-    return [x / 1000 for x in lat[50:]]  # the first ones warm the connection up
+
+    def latencies(self) -> list[float]:
+        lat = orjson.loads(self.child.stdout.readline())
+        self.sock.close(linger=1000)
+        self.ctx.term()
+        self.child.wait()
+        return [x / 1000 for x in lat]
+
+    def kill(self) -> None:
+        if self.child.poll() is None:
+            self.child.kill()
+            self.child.wait()
 
 
 def wait_recorded(home: Path, target: int, timeout: float = 60.0) -> None:
@@ -148,20 +157,31 @@ def run(args: argparse.Namespace) -> dict:
     try:
         prepare_home(home, ["coordinator", "loop-agent-1"])
         keyring = Keyring.load(home / "run" / "keys.json")
-        raw = bench_raw(home, args.n, args.gap_ms / 1000)
-
+        rounds, warm = 10, 50
+        per_round = max(1, args.n // rounds)
+        raw_pair = RawPair(home, warm + rounds * per_round)
         probe = ProbeProcess(home, "loop-agent-1", "--record").start()
         try:
             with Sender("coordinator", keyring, Endpoints(home / "run"), home / "outbox") as s:
                 gap, fgap = args.gap_ms / 1000, args.fallback_gap_ms / 1000
-                warm, _ = send_paced(s, 50, gap, "push")
-                wait_recorded(home, 50)
-                push_ids, push_paths = send_paced(s, args.n, gap, "push")
-                wait_recorded(home, 50 + args.n)
+                raw_pair.send_paced(warm, gap)
+                send_paced(s, warm, gap, "push")
+                wait_recorded(home, warm)
+                # Raw and seam alternate in rounds, so both see the same machine conditions.
+                push_ids, push_paths = set(), {}
+                for r in range(rounds):
+                    raw_pair.send_paced(per_round, gap)
+                    ids, paths = send_paced(s, per_round, gap, "push")
+                    push_ids |= ids
+                    for k, v in paths.items():
+                        push_paths[k] = push_paths.get(k, 0) + v
+                    wait_recorded(home, warm + (r + 1) * per_round)
+                raw = raw_pair.latencies()[warm:]
                 fallback_ids, _ = send_paced(s, args.n_fallback, fgap, "outbox")
-                wait_recorded(home, 50 + args.n + args.n_fallback)
+                base = warm + rounds * per_round
+                wait_recorded(home, base + args.n_fallback)
                 both_ids, _ = send_paced(s, args.n_dup, 0, "both")
-                wait_recorded(home, 50 + args.n + args.n_fallback + args.n_dup)
+                wait_recorded(home, base + args.n_fallback + args.n_dup)
                 outbox = home / "outbox" / "loop-agent-1"
                 deadline = time.monotonic() + 30
                 while any(outbox.iterdir()) and time.monotonic() < deadline:
@@ -169,6 +189,7 @@ def run(args: argparse.Namespace) -> dict:
             stopped = probe.stop()
         finally:
             probe.kill()
+            raw_pair.kill()
         events = probe.handled()
         assert stopped["handled"] == len(events)
         push = latencies_of(events, push_ids)

@@ -181,3 +181,45 @@ def test_cancel_of_a_queued_item_and_bad_submits_are_coded(org):
     assert none.returncode == 1 and "error[bad_submit]" in none.stderr
     unknown = cli(org, "show", "w-nope", check=False)
     assert unknown.returncode == 1 and unknown.stderr.startswith("error[not_found]")
+
+
+def test_a_gated_action_waits_for_org_decide_and_runs_once_when_approved(org, tmp_path):
+    script = tmp_path / "gate.json"
+    demo = json.loads((DEMO / "script.json").read_text())
+    script.write_text(json.dumps({"version": 1, "acts": [
+        [{"tool_uses": [{"name": "request_action", "input": {
+            "kind": "network", "command": "echo fetched >> fetched.txt", "reason": "needs the upstream file"}}]},
+         {"text": "Asked a human for network access."}],
+        demo["acts"][1]]}))
+    ws = demo_workspace(org)
+    wid = submit(org, ws, script=script)["id"]
+    pending = wait_for(lambda: json.loads(cli(org, "decisions", "--json").stdout), what="a pending decision")
+    assert pending[0]["work_id"] == wid and "echo fetched" in pending[0]["question"]
+    wait_for(lambda: query(org, "SELECT status FROM work_items WHERE id=?", (wid,))[0]["status"] == "paused",
+             what="the run to pause for the human")
+    assert not (ws / "fetched.txt").exists()
+    cli(org, "decide", pending[0]["id"], "approve")
+    done = ended(org, wid)
+    assert (ws / "fetched.txt").read_text() == "fetched\n"            # ran exactly once
+    d = query(org, "SELECT status, result, decided_by FROM decisions WHERE id=?", (pending[0]["id"],))[0]
+    assert d["status"] == "executed" and d["result"].startswith("exit 0") and d["decided_by"]
+    prompt2 = query(org, "SELECT prompt FROM iterations WHERE work_id=? AND n=2", (wid,))
+    assert prompt2, "iteration 2 never ran"
+    assert done["stop_reason"] in ("goal_met", "max_iterations", "repeated_failure", "no_progress")
+    ann = [json.loads(a["data"])["text"] for a in query(org, "SELECT data FROM events WHERE kind='announce'")]
+    assert any(pending[0]["id"] in t and "waiting" in t for t in ann)
+
+
+def test_reject_with_stop_ends_the_run_human_rejected(org, tmp_path):
+    script = tmp_path / "gate.json"
+    script.write_text(json.dumps({"version": 1, "acts": [[
+        {"tool_uses": [{"name": "request_action", "input": {
+            "kind": "network", "command": "curl http://example.invalid", "reason": "download"}}]},
+        {"text": "asked"}]], "repeat_last": True}))
+    ws = demo_workspace(org)
+    wid = submit(org, ws, script=script)["id"]
+    pending = wait_for(lambda: json.loads(cli(org, "decisions", "--json").stdout), what="a pending decision")
+    cli(org, "decide", pending[0]["id"], "reject", "no downloads here", "--stop")
+    assert ended(org, wid)["stop_reason"] == "human_rejected"
+    again = cli(org, "decide", pending[0]["id"], "approve", check=False)
+    assert again.returncode == 1 and "illegal_transition" in again.stderr

@@ -99,6 +99,7 @@ class LoopEngine:
         self.settings = settings or LoopSettings()
         self.interrupt = interrupt or threading.Event()
         self.pause = pause or threading.Event()
+        self._needs_reset = True          # the first attempt of every engine (a new process) resets
         self.clock = clock
         self.log = structlog.get_logger("loop").bind(work_id=work_id, instance=writer.instance)
 
@@ -180,7 +181,12 @@ class LoopEngine:
             tx.insert("attempts", {"work_id": self.work_id, "attempt": attempt, "iteration": n,
                                    "instance": self.w.instance, "started_at": tx.now})
         last = its[-1]["checkpoint"] if its else self.history.baseline()
-        self.history.reset_to(last)
+        if self._needs_reset:
+            # a cut or crashed attempt may have left changes: back to the last committed state.
+            # In the normal flow the workspace already is that state (plus what an approved
+            # gated action changed since, which must survive).
+            self.history.reset_to(last)
+            self._needs_reset = False
         prompt = assemble(
             work["goal"] + _verify_note(work), self.settings.instructions, self.settings.skills,
             self.settings.knowledge, prog.digests(its, verdicts), prog.lessons(its, self.settings.lessons_max),
@@ -218,6 +224,7 @@ class LoopEngine:
                                                                              StopReason.ORG_LIMIT):
             self._close_attempt(attempt, outcome.error_code)
             self.history.reset_to(last)
+            self._needs_reset = False
             if outcome.error_code == StopReason.CANCELLED:
                 self._end(StopDecision(StopReason.CANCELLED, "cancelled during an act; the act was discarded"))
             elif outcome.error_code == StopReason.ORG_LIMIT:
@@ -226,6 +233,7 @@ class LoopEngine:
         if outcome.status == "model_error":
             self._close_attempt(attempt, f"model_error:{outcome.error_code}")
             self.history.reset_to(last)
+            self._needs_reset = False
             self._pending_end = StopDecision(StopReason.MODEL_ERROR, f"{outcome.error_code}: {outcome.error}")
             return None
         self._commit(work, n, attempt, outcome, prompt.manifest, elapsed, last)

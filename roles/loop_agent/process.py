@@ -21,6 +21,19 @@ _MINE = f"""SELECT id, backend FROM work_items WHERE assigned_to = ? AND status 
             ('{WorkStatus.DISPATCHED}', '{WorkStatus.RUNNING}') ORDER BY created_at LIMIT 1"""
 
 
+def gate_runner(cfg, home):
+    """Runs an action a human approved, once, in the workspace, with the block it asked to lift."""
+    from roles.loop_agent.tools import SubprocessRunner
+
+    runner = SubprocessRunner()
+
+    def run(command: str, kind: str, workspace: str):
+        result = runner.run(command, Path(workspace), float(cfg["sandbox.cpu_seconds"]), cfg["sandbox.output_bytes"])
+        return (None if result.timed_out else result.exit_code), result.output
+
+    return run
+
+
 class LoopAgentProcess(RoleProcess):
     tick_s = 0.5
 
@@ -73,8 +86,10 @@ class LoopAgentProcess(RoleProcess):
             self.verifier = RemoteVerify(connect(self.home.db_path, readonly=True), sender.send,
                                          (self.interrupt, self.pause))
             history = WorkspaceHistory(self.home.history_dir / f"{work_id}.git", workspace)
-            engine = LoopEngine(writer, work_id, built.backend, self.verifier, history,
-                                LoopSettings.from_config(self.cfg), interrupt=self.interrupt, pause=self.pause)
+            settings = LoopSettings.from_config(self.cfg)
+            settings.gate_runner = gate_runner(self.cfg, self.home)
+            engine = LoopEngine(writer, work_id, built.backend, self.verifier, history, settings,
+                                interrupt=self.interrupt, pause=self.pause)
             decision = engine.run()
             if decision is not None:
                 log.info("loop_finished", reason=str(decision.reason), next="tell the coordinator")

@@ -16,7 +16,8 @@ EXIT_ERROR = 1         # an expected failure with a code
 EXIT_USAGE = 2         # bad command-line arguments
 EXIT_INTERNAL = 70     # a bug: the traceback goes to logs/cli.log
 
-COMMANDS = ["status", "submit", "show", "cancel", "diff", "export", "logs", "ping", "suspend", "resume", "stop", "doctor", "config"]
+COMMANDS = ["status", "submit", "show", "cancel", "decisions", "decide", "diff", "export", "logs", "ping",
+            "suspend", "resume", "stop", "doctor", "config"]
 
 
 class UsageError(Exception):

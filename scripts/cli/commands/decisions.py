@@ -1,0 +1,31 @@
+"""``org decisions``: gated actions waiting for a human (and recent ones with --all)."""
+from __future__ import annotations
+
+from scripts.cli.output import add_json, emit_json, read_conn, table
+from state_db import queries
+
+NAME = "decisions"
+HELP = "list decisions waiting for a human (approve / edit / reject / respond with 'org decide')"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--all", action="store_true", help="include decided ones")
+    add_json(p)
+
+
+def run(args) -> int:
+    conn = read_conn(args)
+    try:
+        rows = (queries.rows(conn, "SELECT * FROM decisions ORDER BY created_at DESC LIMIT 100") if args.all
+                else queries.pending_decisions(conn))
+    finally:
+        conn.close()
+    if args.json:
+        emit_json(rows)
+    elif not rows:
+        print("no decisions waiting")
+    else:
+        print(table([[d["id"], d["work_id"], d["status"], d["question"][:90]] for d in rows],
+                    ["DECISION", "WORK", "STATUS", "QUESTION"]))
+        print("answer with: org decide ID approve | reject [--stop] [REASON] | edit NEW_COMMAND | respond TEXT")
+    return 0
