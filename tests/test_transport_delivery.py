@@ -143,3 +143,14 @@ def test_keys_are_not_in_the_probe_environment(home, probes):
     for instance in INSTANCES:
         assert keyring.key_for(instance).hex().encode() not in environ
     assert os.stat(home / "run" / "keys.json").st_mode & 0o777 == 0o600
+
+
+def test_cli_sender_as_human_wakes_the_coordinator(home, probes):
+    from transport.node import open_sender
+
+    coordinator = probes(home, "coordinator")
+    with open_sender(home, "human", transport={"endpoint": "ipc"}) as human:
+        assert human.send("coordinator", "wake", {"why": "submitted"}) == "push"
+        assert human.send("coordinator", "cancel", {"work": "w1"}) == "push"
+    got = coordinator.wait_for(lambda e: e["event"] == "handled", count=2, timeout=10)
+    assert [(e["sender"], e["kind"]) for e in got] == [("human", "wake"), ("human", "cancel")]

@@ -162,7 +162,11 @@ class Receiver:
 
     @property
     def wake_fd(self) -> int:
-        """A file descriptor that becomes readable when the outbox has news (for own pollers)."""
+        """A file descriptor that becomes readable when the outbox has news.
+
+        For a role that runs its own poller: register :attr:`socket` and this fd, and call
+        :meth:`process_ready` when either is readable (it drains this fd itself).
+        """
         return self._wake_r
 
     def poll(self, timeout_ms: int = 0) -> int:
@@ -219,6 +223,7 @@ class Receiver:
     # -- internals -------------------------------------------------------------------------------
 
     def _take_files(self, mono: float) -> list[tuple[bytes, str, Path | None]]:
+        self._drain_wake()  # this scan covers every wake-up so far (also for external pollers)
         if mono >= self._next_sweep:
             self._sweep(mono)
         paths = self.reader.pending(self.batch)

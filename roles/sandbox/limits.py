@@ -1,0 +1,254 @@
+"""Resource limits of a sandboxed command: CPU time, address space, process count.
+
+CPU time and address space are rlimits set on the process that execs bubblewrap (``prlimit`` as
+a wrapper, so no ``preexec_fn`` runs in a threaded parent); every process in the sandbox inherits
+them. CPU time counts per process: a tree of busy processes is bounded by the wall-clock timeout.
+
+The process count is the hard one. ``RLIMIT_NPROC`` is counted per user *inside* the sandbox's
+user namespace, which is what we want — but the kernel never enforces it for processes whose
+host uid is 0, and running as root the sandbox's uid 65534 maps to host uid 0. So:
+
+- ``cgroup``: a pids cgroup per run (``pids.max``), when a writable pids hierarchy exists (v1,
+  or v2 where the controller can be delegated). Exact, covers threads, also used to kill the tree.
+- ``prlimit``: ``prlimit --nproc`` *inside* the sandbox (not on bubblewrap: a limit on the
+  namespace's creator also caps the host user's whole process count). Enforced when not root.
+- ``none``: neither is possible (root without a writable pids cgroup); the wall-clock timeout
+  and the pid namespace still end a fork bomb, and ``describe()`` says so.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger("sandbox.limits")
+
+CGROUP_DIR = "loop-org-sandbox"
+_BWRAP_OWN_PROCS = 2  # bubblewrap's monitor and the namespace's init count against pids.max
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-command limits; None switches one off. ``max_output`` bytes are kept (head and tail)."""
+
+    cpu_s: int | None = 300
+    memory_mb: int | None = 2048
+    max_procs: int | None = 256
+    max_output: int = 1_000_000
+
+    @classmethod
+    def from_config(cls, cfg) -> Limits:
+        return cls(cpu_s=int(cfg["sandbox.cpu_seconds"]), memory_mb=int(cfg["sandbox.memory_mb"]),
+                   max_procs=int(cfg["sandbox.max_processes"]), max_output=int(cfg["sandbox.output_bytes"]))
+
+
+def prlimit_binary() -> str | None:
+    return shutil.which("prlimit")
+
+
+def outer_prefix(limits: Limits) -> list[str]:
+    """argv prefix applying CPU and address-space limits to bubblewrap and all it starts.
+    Empty when no such limit is set; falls back to ``preexec_rlimits`` when prlimit is missing."""
+    opts = _outer_opts(limits)
+    binary = prlimit_binary()
+    if not opts or binary is None:
+        return []
+    return [binary, *opts, "--"]
+
+
+def _outer_opts(limits: Limits) -> list[str]:
+    opts = ["--core=0:0"]
+    if limits.cpu_s is not None:
+        # soft limit: SIGXCPU (catchable); one second later the hard limit's SIGKILL
+        opts.append(f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}")
+    if limits.memory_mb is not None:
+        size = limits.memory_mb * 1024 * 1024
+        opts.append(f"--as={size}:{size}")
+    return opts
+
+
+def preexec_rlimits(limits: Limits):
+    """The same limits as a ``preexec_fn``, for systems without the prlimit tool (util-linux)."""
+    if prlimit_binary() is not None or (limits.cpu_s is None and limits.memory_mb is None):
+        return None
+    import resource
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if limits.cpu_s is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
+        if limits.memory_mb is not None:
+            size = limits.memory_mb * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (size, size))
+    return apply
+
+
+# -- process count --------------------------------------------------------------------------
+
+
+def process_limit_kind() -> str:
+    """``cgroup``, ``prlimit`` or ``none``: how ``max_procs`` is enforced on this machine."""
+    if _pids_base() is not None:
+        return "cgroup"
+    if os.geteuid() != 0 and prlimit_binary() is not None:
+        return "prlimit"
+    return "none"
+
+
+def inner_prefix(limits: Limits) -> list[str]:
+    """argv prefix run inside the sandbox: ``prlimit --nproc`` when that is the enforcing kind."""
+    if limits.max_procs is None or process_limit_kind() != "prlimit":
+        return []
+    return [prlimit_binary() or "prlimit", f"--nproc={limits.max_procs}:{limits.max_procs}", "--"]
+
+
+class PidsCgroup:
+    """One run's pids cgroup. ``join_prefix()`` moves the spawned process in before it execs
+    bubblewrap; ``close()`` kills what is left and removes the group."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, limits: Limits) -> PidsCgroup | None:
+        """A fresh group limited to ``limits.max_procs`` (+ bubblewrap's own two), or None when
+        no writable pids hierarchy exists or no limit is asked for."""
+        base = _pids_base()
+        if base is None or limits.max_procs is None:
+            return None
+        _sweep(base)
+        path = base / f"run-{uuid.uuid4().hex[:12]}"
+        try:
+            path.mkdir()
+            (path / "pids.max").write_text(str(limits.max_procs + _BWRAP_OWN_PROCS))
+        except OSError as exc:
+            log.warning("pids cgroup not created; the process limit is not enforced for this command",
+                        path=str(path), error=str(exc))
+            _rmdir(path)
+            return None
+        return cls(path)
+
+    def join_prefix(self) -> list[str]:
+        # `sh` writes its own pid, then execs the rest: the whole tree starts inside the group
+        return ["/bin/sh", "-c", 'echo $$ > "$0" || exit 126; exec "$@"', str(self.path / "cgroup.procs")]
+
+    def kill_all(self) -> None:
+        kill = self.path / "cgroup.kill"
+        if kill.exists():  # cgroup v2: atomic, catches processes forked while we iterate
+            try:
+                kill.write_text("1")
+                return
+            except OSError:
+                pass
+        for _ in range(3):
+            pids = self.members()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def members(self) -> list[int]:
+        try:
+            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def close(self) -> None:
+        self.kill_all()
+        deadline = time.monotonic() + 1.0
+        while not _rmdir(self.path) and time.monotonic() < deadline:
+            time.sleep(0.01)  # killed members are still being reaped
+
+
+def _rmdir(path: Path) -> bool:
+    try:
+        path.rmdir()
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def _sweep(base: Path) -> None:
+    """Remove empty run groups left by a crashed parent (rmdir refuses a populated group)."""
+    try:
+        stale = [p for p in base.iterdir() if p.name.startswith("run-")]
+    except OSError:
+        return
+    for p in stale[:50]:
+        _rmdir(p)
+
+
+@lru_cache(maxsize=1)
+def _pids_base() -> Path | None:
+    """The folder under which per-run pids groups are created, or None."""
+    try:
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+        own = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in mounts:
+        left, _, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if len(fields) < 5 or len(rest) < 3:
+            continue
+        mountpoint, fstype, options = Path(fields[4]), rest[0], rest[2].split(",")
+        if fstype == "cgroup" and "pids" in options:
+            rel = _own_path(own, lambda ctrls: "pids" in ctrls.split(","))
+            base = _prepare_v1(mountpoint, rel)
+        elif fstype == "cgroup2":
+            rel = _own_path(own, lambda ctrls: ctrls == "")
+            base = _prepare_v2(mountpoint, rel)
+        else:
+            continue
+        if base is not None:
+            return base
+    return None
+
+
+def _own_path(lines: list[str], match) -> str | None:
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and match(parts[1]):
+            return parts[2]
+    return None
+
+
+def _prepare_v1(mountpoint: Path, rel: str | None) -> Path | None:
+    if rel is None:
+        return None
+    base = mountpoint / rel.lstrip("/") / CGROUP_DIR
+    try:
+        base.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return base if (base / "pids.max").exists() and os.access(base, os.W_OK) else None
+
+
+def _prepare_v2(mountpoint: Path, rel: str | None) -> Path | None:
+    if rel is None:
+        return None
+    parent = mountpoint / rel.lstrip("/")
+    try:
+        if "pids" not in (parent / "cgroup.controllers").read_text().split():
+            return None
+        base = parent / CGROUP_DIR
+        base.mkdir(exist_ok=True)
+        if not (base / "pids.max").exists():
+            # fails (EBUSY) when our own group holds processes and is not the root: give up
+            (parent / "cgroup.subtree_control").write_text("+pids")
+        (base / "cgroup.subtree_control").write_text("+pids")
+    except OSError:
+        return None
+    return base if (base / "pids.max").exists() else None

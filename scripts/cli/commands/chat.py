@@ -1,0 +1,86 @@
+"""``org chat``: talk with the coordinator; announcements appear as they happen."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from scripts.cli.output import home_of
+
+NAME = "chat"
+HELP = "an interactive session with the coordinator: slash commands always work, free text goes to its model"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--no-announcements", action="store_true", help="do not print announcements as they happen")
+
+
+def _model(cfg, home: str | None):
+    """The chat model when one is configured and reachable in principle; else None."""
+    from roles.coordinator.chat import ChatModel
+
+    base_url = cfg["model.base_url"] or os.environ.get("ANTHROPIC_BASE_URL")
+    if not (os.environ.get("ANTHROPIC_API_KEY") or base_url):
+        return None
+    if cfg["model.name"] not in cfg.prices:
+        return None
+
+    def client():
+        import anthropic  # lazily: only when the human actually talks to the model
+        return anthropic.Anthropic(api_key=os.environ.get("ANTHROPIC_API_KEY") or "local", base_url=base_url or None,
+                                   max_retries=2, timeout=cfg["model.request_timeout_s"])
+
+    return ChatModel(client, cfg["model.name"], home)
+
+
+def _announcements(db_path, last: int, stop: threading.Event, out) -> None:
+    import orjson
+
+    from state_db.connection import connect
+    conn = connect(db_path, readonly=True)
+    while not stop.wait(0.3):
+        for ev in conn.execute("SELECT id, data FROM events WHERE id > ? AND kind = 'announce' ORDER BY id", (last,)):
+            last = ev["id"]
+            out(f"\n[coordinator] {orjson.loads(ev['data']).get('text')}")
+    conn.close()
+
+
+def run(args) -> int:
+    from roles.coordinator.chat import handle_slash
+    from state_db import config as config_mod
+
+    home = home_of(args).require()
+    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    model = _model(cfg, args.home)
+    stop = threading.Event()
+    say = lambda text: print(text, flush=True)  # noqa: E731
+    if not args.no_announcements:
+        from state_db.connection import connect
+        conn = connect(home.db_path, readonly=True)
+        since = conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]  # before the banner
+        conn.close()
+        threading.Thread(target=_announcements, args=(home.db_path, since, stop, say), daemon=True).start()
+    say("loop-org chat — /help for commands" + ("" if model else "; no model configured, so slash commands only"))
+    try:
+        for line in sys.stdin:
+            line = line.strip()
+            if not line:
+                continue
+            if line in ("/quit", "/exit"):
+                break
+            if line.startswith("/"):
+                say(handle_slash(line, args.home))
+            elif model is None:
+                say("no chat model is configured (set ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL) — /help lists the commands")
+            else:
+                try:
+                    reply, done = model.ask(line)
+                except Exception as exc:  # noqa: BLE001 - the model failing must not end the session
+                    say(f"error[model_error]: the chat model failed ({type(exc).__name__}) — slash commands still work")
+                    continue
+                for d in done:
+                    say(f"  did: {d}")
+                say(reply)
+    finally:
+        stop.set()
+    return 0
