@@ -60,6 +60,9 @@ class RoleProcess:
     def on_stop(self) -> None:
         """Called once when the role is asked to stop, before its transport closes."""
 
+    def warm_up(self) -> None:
+        """Called once after the role is ready (slow imports it will need go here)."""
+
     # -- machinery ----------------------------------------------------------------------
     @property
     def transport(self):
@@ -98,6 +101,7 @@ class RoleProcess:
         link.start()
         self.heartbeat(RoleStatus.READY)
         self.log.info("role_ready", pid=os.getpid(), endpoint=link.endpoint, next="reconcile, then serve")
+        self.warm_up()
         next_beat = next_tick = time.monotonic()
         try:
             while not self.stopping:

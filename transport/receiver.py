@@ -89,6 +89,7 @@ class Receiver:
         self.endpoint: str | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._poller = zmq.Poller()
+        self._closed = False
         self._outbox_due = True   # drain at start-up
         self._next_sweep = 0.0
         self._next_prune = 0.0
@@ -130,7 +131,10 @@ class Receiver:
         return self
 
     def close(self) -> None:
-        """Stop watching, close the socket, flush counters and close the ledger."""
+        """Stop watching, close the socket, flush counters and close the ledger. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None

@@ -45,6 +45,19 @@ class LoopAgentProcess(RoleProcess):
         self.verifier: RemoteVerify | None = None
         self.current: str | None = None
 
+    def warm_up(self) -> None:
+        """Import the model SDK in the background once ready, so the first act does not pay ~2 s."""
+        def load():
+            try:
+                import anthropic  # noqa: F401
+                import roles.loop_agent.backends.factory  # noqa: F401
+                import roles.loop_agent.backends.anthropic_backend  # noqa: F401
+                import roles.loop_agent.scripted.server  # noqa: F401
+                import roles.workspace.history  # noqa: F401
+            except Exception:  # noqa: BLE001 - the act reports a missing SDK properly
+                pass
+        threading.Thread(target=load, name="warm-up", daemon=True).start()
+
     def reconcile(self) -> None:
         if self.stopping or (self.worker is not None and self.worker.is_alive()):
             return

@@ -1,0 +1,147 @@
+"""Whole-org benchmark: dispatch latency, per-iteration overhead, eval snapshot, start-up, resume.
+
+Usage: ``bench/org.py --json [--iterations N]`` (default run ≤ 45 s). A real org (supervisor and
+role processes on ipc://) runs one scripted work item that never meets its goal.
+
+- ``dispatch_to_first_act_ms_p50``: from the work item's commit (submit) to its first act starting,
+  over ``--items`` submits (each on its own workspace).
+- ``iteration_overhead_ms_p50``: per iteration, the time between one attempt's start and the next
+  minus the act (model and tools) and minus the verify command: commit, checkpoint, the
+  eval-agent round trip with its snapshot and verdict, reflection and the next gather.
+- ``eval_snapshot_ms_10k_files``: the eval-agent's snapshot of a checkpoint with one file changed,
+  10,000-file workspace (reused snapshot directory).
+- ``startup_ms``: start-org to every role ready (already installed). ``resume_ms``: suspend, then
+  ``org resume`` to every role ready.
+Targets: ≤ 50, ≤ 25, ≤ 100, ≤ 2,000, ≤ 2,000 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TARGETS = {"dispatch_to_first_act_ms_p50": 50.0, "iteration_overhead_ms_p50": 25.0,
+           "eval_snapshot_ms_10k_files": 100.0, "startup_ms": 2000.0, "resume_ms": 2000.0}
+
+
+def _q(home, sql, params=()):
+    import sqlite3
+    conn = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=10)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, params)]
+    finally:
+        conn.close()
+
+
+def _wait(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise SystemExit(f"bench/org.py: timed out waiting for {what}")
+
+
+def bench_org(root: Path, iterations: int, items: int) -> dict:
+    from bench.loop import make_script
+    from roles.operations.submit import SubmitRequest, submit
+    from roles.supervisor import control
+    from state_db.bootstrap import init_home
+    from state_db.home import OrgHome
+
+    home = OrgHome(root / "org")
+    home.root.mkdir(parents=True)
+    home.config_path.write_text("[org]\nloop_agents = 2\n[supervisor]\nheartbeat_s = 0.5\n")
+    cfg, _ = init_home(home)
+    figures = {}
+    t0 = time.monotonic()
+    control.start_background(home, timeout_s=30)
+    figures["startup_ms"] = round((time.monotonic() - t0) * 1000, 1)
+    script = root / "script.json"
+    make_script(script, iterations)
+    time.sleep(2.5)  # let the loop-agents finish importing the model SDK (they warm up after ready)
+    try:
+        # dispatch latency: short items, one at a time, on fresh workspaces
+        dispatch = []
+        for i in range(items):
+            ws = root / f"d{i}"
+            ws.mkdir()
+            (ws / "n.txt").write_text("0\n")
+            r = submit(home, cfg, SubmitRequest(goal="count", workspace=str(ws), verify=["true"], max_iterations=1,
+                                                backend=f"scripted:{script}"))
+            wid = r["id"]
+            _wait(lambda: _q(home, "SELECT 1 FROM work_items WHERE id=? AND status='ended'", (wid,)), 30, "dispatch item")
+            created = _q(home, "SELECT at FROM events WHERE kind='work_items.created' AND subject=?", (wid,))[0]["at"]
+            first = _q(home, "SELECT MIN(started_at) AS t FROM attempts WHERE work_id=?", (wid,))[0]["t"]
+            dispatch.append((first - created) * 1000)
+        # iteration overhead: one long run
+        ws = root / "long"
+        ws.mkdir()
+        (ws / "n.txt").write_text("0\n")
+        r = submit(home, cfg, SubmitRequest(goal="count", workspace=str(ws), verify=["cat n.txt; exit 1"],
+                                            max_iterations=iterations, backend=f"scripted:{script}"))
+        wid = r["id"]
+        _wait(lambda: _q(home, "SELECT 1 FROM work_items WHERE id=? AND status='ended'", (wid,)), 120, "the long run")
+        attempts = _q(home, "SELECT attempt, iteration, started_at FROM attempts WHERE work_id=? AND outcome='committed' "
+                            "ORDER BY attempt", (wid,))
+        its = {r["n"]: r for r in _q(home, "SELECT n, elapsed_s FROM iterations WHERE work_id=?", (wid,))}
+        verdicts = {r["iteration"]: r for r in _q(home, "SELECT iteration, checks FROM verdicts WHERE work_id=?", (wid,))}
+        overheads = []
+        for a, b in zip(attempts, attempts[1:]):
+            n = a["iteration"]
+            check_ms = sum(c["duration_ms"] for c in json.loads(verdicts[n]["checks"]))
+            overheads.append((b["started_at"] - a["started_at"]) * 1000 - its[n]["elapsed_s"] * 1000 - check_ms)
+        stop = _q(home, "SELECT stop_reason FROM work_items WHERE id=?", (wid,))[0]["stop_reason"]
+        # resume
+        control.request(home, "suspend", timeout_s=30)
+        t1 = time.monotonic()
+        control.start_background(home, timeout_s=30)
+        figures["resume_ms"] = round((time.monotonic() - t1) * 1000, 1)
+    finally:
+        control.request(home, "stop", force=True, timeout_s=30)
+    figures.update({
+        "dispatch_to_first_act_ms_p50": round(statistics.median(dispatch), 2),
+        "dispatch_to_first_act_ms_max": round(max(dispatch), 2),
+        "iteration_overhead_ms_p50": round(statistics.median(overheads), 2),
+        "iteration_overhead_ms_p90": round(sorted(overheads)[int(0.9 * len(overheads)) - 1], 2),
+        "iterations": len(attempts), "long_run_stop_reason": stop,
+    })
+    return figures
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--iterations", type=int, default=15, help="iterations of the overhead run")
+    p.add_argument("--items", type=int, default=5, help="submits for the dispatch latency")
+    p.add_argument("--files", type=int, default=10_000, help="workspace size for the eval snapshot figure")
+    args = p.parse_args(argv)
+    from roles.workspace.history_bench import bench_checkpoint
+    from state_db.logsetup import configure
+    configure(None, "bench", "bench")
+    import logging
+    logging.getLogger().setLevel(logging.WARNING)
+    tmp = Path(tempfile.mkdtemp(prefix="lo-"))
+    try:
+        figures = bench_org(tmp / "o", args.iterations, args.items)
+        snap = bench_checkpoint(tmp / "ck", files=args.files)
+        figures["eval_snapshot_ms_10k_files"] = snap["materialize_reused_ms_10k_files"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    figures["targets"] = TARGETS
+    figures["pass"] = {k: figures.get(k) is not None and figures[k] <= v for k, v in TARGETS.items()}
+    print(json.dumps(figures, indent=None if args.json else 2))
+    return 0 if all(figures["pass"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

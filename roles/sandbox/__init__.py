@@ -1,0 +1,24 @@
+"""The trust boundary: every agent command runs here (DESIGN.md, "Trust boundary").
+
+``runner_from_config`` picks the runner org.toml asks for; ``run_sandboxed`` runs one command in a
+sandbox built for it; ``describe_mode`` is the one line start-up and ``org doctor`` print.
+``ModelEndpoint`` gives a sandboxed agent CLI exactly one way out: the model API.
+"""
+from __future__ import annotations
+
+from roles.sandbox.bwrap import SANDBOX_GID, SANDBOX_UID, BwrapRunner, bubblewrap, probe, run_sandboxed
+from roles.sandbox.capture import Captured
+from roles.sandbox.environment import clean_env
+from roles.sandbox.errors import SandboxConfigError, SandboxError, SandboxFailed, SandboxUnavailable
+from roles.sandbox.limits import Limits, process_limit_kind
+from roles.sandbox.mode import (RefusingRunner, UnsandboxedRunner, default_hidden, default_visible, describe_mode,
+                                runner_from_config, unsandboxed_allowed)
+
+SandboxResult = Captured
+
+__all__ = [
+    "SANDBOX_GID", "SANDBOX_UID", "BwrapRunner", "Captured", "Limits", "RefusingRunner", "SandboxConfigError",
+    "SandboxError", "SandboxFailed", "SandboxResult", "SandboxUnavailable", "UnsandboxedRunner", "bubblewrap",
+    "clean_env", "default_hidden", "default_visible", "describe_mode", "probe", "process_limit_kind",
+    "run_sandboxed", "runner_from_config", "unsandboxed_allowed",
+]

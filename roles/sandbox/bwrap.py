@@ -1,0 +1,223 @@
+"""Agent commands under bubblewrap.
+
+The sandbox: a new user namespace with uid/gid 65534 and no capabilities; new pid, ipc, uts,
+cgroup and (unless lifted) network namespaces; the host file system read-only (``--ro-bind / /``);
+``/proc`` of the sandbox only, a minimal ``/dev``, a private ``/tmp``; hidden paths (the org home,
+the real home, ``/run``) covered by empty read-only tmpfs; the workspace — and any other writable
+path the caller names — bound back writable, even inside a hidden path; a clean environment;
+rlimits and a process limit (``limits``); killed with its parent (``--die-with-parent``) and,
+on timeout, as a whole (killing bubblewrap tears down the pid namespace).
+
+Running as root, uid 65534 inside still maps to host uid 0: files owned by root look owned by the
+sandbox, so what keeps them safe is that they are read-only or hidden, not their mode bits. That
+is why the real home and ``/run`` (root-owned sockets) are hidden by default in ``mode``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import structlog
+
+from roles.sandbox.capture import Captured, run_bounded
+from roles.sandbox.environment import SANDBOX_HOME, clean_env
+from roles.sandbox.errors import SandboxConfigError, SandboxFailed, SandboxUnavailable
+from roles.sandbox.limits import Limits, PidsCgroup, inner_prefix, outer_prefix, preexec_rlimits, process_limit_kind
+
+log = structlog.get_logger("sandbox")
+
+SANDBOX_UID = 65534
+SANDBOX_GID = 65534
+_UNHIDEABLE = frozenset({"/", "/proc", "/dev", "/tmp"})
+_FIX = ("check that unprivileged user namespaces are enabled (sysctl user.max_user_namespaces > 0; "
+        "kernel.unprivileged_userns_clone = 1 on Debian kernels; on Ubuntu 24.04 AppArmor's "
+        "kernel.apparmor_restrict_unprivileged_userns = 0 or a bwrap profile), or — at your own risk — "
+        "set sandbox.mode = \"unsandboxed\" with sandbox.allow_unsandboxed = true in org.toml")
+_probed: dict[str, str | None] = {}
+
+
+def bubblewrap() -> str | None:
+    """Path of the bwrap executable, or None."""
+    return shutil.which("bwrap")
+
+
+def namespace_args(*, network: bool, uid: int = SANDBOX_UID, gid: int = SANDBOX_GID) -> list[str]:
+    args = ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try"]
+    if not network:
+        args.append("--unshare-net")
+    return args + ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+
+
+def mount_args(workspace: Path, *, writable: Sequence[Path] = (), readonly: Sequence[Path] = (),
+               hide: Sequence[Path] = (), home: str = SANDBOX_HOME) -> list[str]:
+    """bwrap arguments building the file-system view.
+
+    Parents are mounted before children (sorted by depth), so a workspace inside a hidden org
+    home, or an org home inside a read-only project, both come out right.
+    Errors: ``SandboxConfigError`` for a relative or missing workspace/bind source.
+    """
+    entries: dict[str, int] = {}  # path -> 0 hide, 1 read-only bind, 2 writable bind
+    for p in hide:
+        real = os.path.realpath(p)
+        if real in _UNHIDEABLE:
+            raise SandboxConfigError(f"{real} cannot be hidden; hide a folder below it")
+        if os.path.exists(real):
+            entries.setdefault(real, 0)
+    for kind, paths in ((1, readonly), (2, [workspace, *writable])):
+        for p in paths:
+            if not os.path.isabs(p):
+                raise SandboxConfigError(f"sandbox path {str(p)!r} must be absolute")
+            real = os.path.realpath(p)
+            if not os.path.exists(real):
+                raise SandboxConfigError(f"sandbox path {real} does not exist; create it or drop it from the binds")
+            entries[real] = max(entries.get(real, 0), kind)
+    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", home]
+    for path, kind in sorted(entries.items(), key=lambda e: (len(Path(e[0]).parts), e[1], e[0])):
+        args += (["--tmpfs", path], ["--ro-bind", path, path], ["--bind", path, path])[kind]
+    # empty *and* read-only: writes to a hidden place must fail, not vanish into a tmpfs
+    for path, kind in entries.items():
+        if kind == 0:
+            args += ["--remount-ro", path]
+    return args
+
+
+def probe(bwrap: str) -> str | None:
+    """None when bubblewrap can build a sandbox here, else its error message. Cached."""
+    if bwrap not in _probed:
+        argv = [bwrap, *namespace_args(network=False), "--ro-bind", "/", "/", "--proc", "/proc",
+                "--dev", "/dev", "true"]
+        try:
+            got = run_bounded(argv, cwd="/", env=clean_env(), timeout_s=10.0, max_output=4000)
+            ok = got.exit_code == 0
+            _probed[bwrap] = None if ok else (got.output.strip() or f"bwrap exited with {got.exit_code}")
+        except OSError as exc:
+            _probed[bwrap] = f"cannot execute {bwrap}: {exc.strerror or exc}"
+    return _probed[bwrap]
+
+
+class BwrapRunner:
+    """Runs commands in one workspace's sandbox; implements the loop-agent's ``CommandRunner``.
+
+    Params: ``workspace`` (writable); ``writable`` more writable paths; ``readonly_binds`` paths
+    shown read-only even inside a hidden path; ``hide`` paths covered by an empty read-only
+    tmpfs; ``limits``; ``network`` lifts the network block; ``env`` extra variables on top of
+    the clean environment; ``bwrap`` the executable (default: found on PATH).
+    Errors (from ``run``/``execute``): ``SandboxUnavailable`` (no bwrap), ``SandboxFailed``
+    (bwrap cannot build the sandbox), ``SandboxConfigError`` (bad paths).
+    """
+
+    kind = "bubblewrap"
+
+    def __init__(self, workspace: Path, *, writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
+                 hide: Sequence[Path] = (), limits: Limits | None = None, network: bool = False,
+                 env: Mapping[str, str] | None = None, bwrap: str | None = None) -> None:
+        self.workspace = Path(workspace)
+        self.writable = tuple(Path(p) for p in writable)
+        self.readonly_binds = tuple(Path(p) for p in readonly_binds)
+        self.hide = tuple(Path(p) for p in hide)
+        self.limits = limits or Limits()
+        self.network = network
+        self.env = dict(env or {})
+        self.bwrap = bwrap
+
+    def describe(self) -> str:
+        return (f"bubblewrap at {self.bwrap or bubblewrap()} (uid {SANDBOX_UID}, "
+                f"{'network allowed' if self.network else 'no network'}, process limit: {process_limit_kind()})")
+
+    def run(self, command: Sequence[str] | str, cwd: Path, timeout_s: float, max_output_bytes: int) -> Captured:
+        """``CommandRunner.run``: stdout and stderr combined, head and tail kept."""
+        return self.execute(command, cwd=cwd, timeout_s=timeout_s, max_output=max_output_bytes)
+
+    def execute(self, command: Sequence[str] | str, *, timeout_s: float, cwd: Path | None = None,
+                max_output: int | None = None, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
+                writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
+                separate_stderr: bool = False) -> Captured:
+        """Run ``command`` (argv, or a shell line when a str) in the sandbox.
+
+        Params: ``cwd`` (default: the workspace) must be visible inside; ``env`` adds variables
+        for this call; ``writable``/``readonly_binds`` add binds for this call.
+        Returns: ``Captured`` (exit code 128+N when the command died of signal N; 127 with
+        bubblewrap's message when the command cannot be executed).
+        """
+        bwrap = self.bwrap or bubblewrap()
+        if bwrap is None:
+            raise SandboxUnavailable("bubblewrap (bwrap) is not installed, so agent commands are refused; "
+                                     "install the 'bubblewrap' package")
+        problem = probe(bwrap)
+        if problem is not None:
+            raise SandboxFailed(f"bubblewrap cannot build a sandbox here: {problem}; {_FIX}")
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        workdir = os.path.realpath(cwd or self.workspace)
+        mounts = mount_args(self.workspace, writable=[*self.writable, *writable],
+                            readonly=[*self.readonly_binds, *readonly_binds], hide=self.hide)
+        cgroup = PidsCgroup.create(self.limits)
+        status_r, status_w = os.pipe()
+        try:
+            full = [*(cgroup.join_prefix() if cgroup else []), *outer_prefix(self.limits), bwrap,
+                    *namespace_args(network=self.network), *mounts, "--chdir", workdir,
+                    "--json-status-fd", str(status_w), "--", *inner_prefix(self.limits), *argv]
+            got = run_bounded(full, cwd="/", env=clean_env({**self.env, **(env or {})}), timeout_s=timeout_s,
+                              max_output=max_output or self.limits.max_output, stdin=stdin,
+                              separate_stderr=separate_stderr, pass_fds=(status_w,),
+                              preexec=preexec_rlimits(self.limits),
+                              on_timeout=cgroup.kill_all if cgroup else None)
+            os.close(status_w)
+            status_w = -1
+            started = _command_started(status_r)
+        finally:
+            if status_w >= 0:
+                os.close(status_w)
+            os.close(status_r)
+            if cgroup is not None:
+                cgroup.close()
+        if not started and not got.timed_out:
+            return _setup_failure(got)
+        return got
+
+
+def _command_started(fd: int) -> bool:
+    """True when bubblewrap reported the command's exit (it ran). Reads what is buffered only:
+    a sandboxed process may still hold a copy of the pipe's write end."""
+    os.set_blocking(fd, False)
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            if "exit-code" in json.loads(line):
+                return True
+        except (ValueError, TypeError):
+            continue
+    return False
+
+
+def _setup_failure(got: Captured) -> Captured:
+    text = "\n".join(ln for ln in (got.output + "\n" + got.stderr).splitlines() if ln.startswith("bwrap:"))
+    if "execvp" in text:  # the command itself does not exist: the caller's problem, shown like a shell would
+        return Captured(127, text + "\n", "", False, False, got.duration_s)
+    log.error("sandbox setup failed", message=text or got.output[-500:], exit_code=got.exit_code)
+    raise SandboxFailed(f"bubblewrap could not set up the sandbox: {text or got.output.strip()[-500:]}; "
+                        "check the paths bound into it, or " + _FIX)
+
+
+def run_sandboxed(command: Sequence[str] | str, *, workspace: Path, timeout_s: float,
+                  writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
+                  env: Mapping[str, str] | None = None, cpu_s: int | None = 300, memory_mb: int | None = 2048,
+                  max_procs: int | None = 256, max_output: int = 1_000_000, network: bool = False,
+                  hide: Sequence[Path] = (), cwd: Path | None = None, stdin: bytes | None = None,
+                  separate_stderr: bool = False, bwrap: str | None = None) -> Captured:
+    """Run one command in a sandbox built for it; see ``BwrapRunner`` for the parameters and errors."""
+    runner = BwrapRunner(workspace, writable=writable, readonly_binds=readonly_binds, hide=hide,
+                         limits=Limits(cpu_s, memory_mb, max_procs, max_output), network=network,
+                         env=env, bwrap=bwrap)
+    return runner.execute(command, timeout_s=timeout_s, cwd=cwd, stdin=stdin, separate_stderr=separate_stderr)

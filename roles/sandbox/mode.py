@@ -1,0 +1,130 @@
+"""Which runner agent commands get, from org.toml's ``[sandbox]`` section.
+
+- ``mode = "bubblewrap"`` (default): a ``BwrapRunner`` when bwrap is installed; otherwise a
+  ``RefusingRunner`` whose every command raises ``SandboxUnavailable``.
+- ``mode = "unsandboxed"`` (the config check insists on ``allow_unsandboxed = true`` with it): an
+  ``UnsandboxedRunner`` — plain processes with the clean environment, nothing else.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from roles.sandbox.bwrap import SANDBOX_UID, BwrapRunner, bubblewrap, probe
+from roles.sandbox.capture import Captured, run_bounded
+from roles.sandbox.environment import clean_env
+from roles.sandbox.errors import SandboxError, SandboxUnavailable
+from roles.sandbox.limits import Limits, process_limit_kind
+
+_ALWAYS_HIDDEN = ("/run",)  # sockets of the host's services; as root the sandbox could connect to them
+
+
+def unsandboxed_allowed(cfg) -> bool:
+    return cfg["sandbox.mode"] == "unsandboxed" and bool(cfg["sandbox.allow_unsandboxed"])
+
+
+def default_hidden(org_home: Path) -> list[Path]:
+    """What no agent command may see: the org home, the real home, /run."""
+    hidden = [Path(org_home), Path.home(), *map(Path, _ALWAYS_HIDDEN)]
+    return [p for p in hidden if str(p) not in ("/", "")]
+
+
+def default_visible() -> list[Path]:
+    """Shown read-only even inside a hidden path: the project's code and the Python running it
+    (verify commands and the endpoint relay need them)."""
+    from state_db.home import project_root
+
+    seen: list[Path] = []
+    for p in (project_root(), Path(sys.prefix), Path(sys.base_prefix)):
+        real = Path(os.path.realpath(p))
+        if real.exists() and real not in seen:
+            seen.append(real)
+    return seen
+
+
+class RefusingRunner:
+    """Stands in when no sandbox is available: every command raises the coded error."""
+
+    kind = "refused"
+
+    def __init__(self, error: SandboxError) -> None:
+        self.error = error
+
+    def describe(self) -> str:
+        return f"agent commands refused: {self.error}"
+
+    def run(self, command, cwd, timeout_s, max_output_bytes) -> Captured:
+        raise self.error
+
+    def execute(self, command, **_: object) -> Captured:
+        raise self.error
+
+
+class UnsandboxedRunner:
+    """Plain processes in their own session, with the clean environment (HOME stays the real
+    one) and the same time/output bounds. Only when org.toml explicitly allows it."""
+
+    kind = "unsandboxed"
+
+    def __init__(self, workspace: Path, *, limits: Limits | None = None, env: Mapping[str, str] | None = None) -> None:
+        self.workspace = Path(workspace)
+        self.limits = limits or Limits()
+        self.env = dict(env or {})
+
+    def describe(self) -> str:
+        return "unsandboxed (allowed by org.toml): agent commands run as plain processes"
+
+    def run(self, command: Sequence[str] | str, cwd: Path, timeout_s: float, max_output_bytes: int) -> Captured:
+        return self.execute(command, cwd=cwd, timeout_s=timeout_s, max_output=max_output_bytes)
+
+    def execute(self, command: Sequence[str] | str, *, timeout_s: float, cwd: Path | None = None,
+                max_output: int | None = None, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
+                writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
+                separate_stderr: bool = False) -> Captured:
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        full_env = clean_env({**self.env, **(env or {})}, home=os.environ.get("HOME", "/"))
+        try:
+            return run_bounded(argv, cwd=cwd or self.workspace, env=full_env, timeout_s=timeout_s,
+                               max_output=max_output or self.limits.max_output, stdin=stdin,
+                               separate_stderr=separate_stderr)
+        except OSError as exc:  # like a shell: the command is not there
+            return Captured(127, f"{argv[0]}: {exc.strerror or exc}\n", "", False, False, 0.0)
+
+
+def runner_from_config(cfg, org_home, workspace: Path, *, bwrap: str | None = None):
+    """The runner for agent commands in ``workspace``.
+
+    Params: ``cfg`` the org config; ``org_home`` an ``OrgHome`` or its root path (hidden from the
+    sandbox); ``bwrap`` overrides the executable found on PATH.
+    Returns: ``BwrapRunner`` | ``UnsandboxedRunner`` | ``RefusingRunner`` (all have ``run`` —
+    the ``CommandRunner`` protocol — and ``execute``). Never raises: problems surface, coded, when
+    a command is run.
+    """
+    limits = Limits.from_config(cfg)
+    if unsandboxed_allowed(cfg):
+        return UnsandboxedRunner(workspace, limits=limits)
+    found = bwrap or bubblewrap()
+    if found is None:
+        return RefusingRunner(SandboxUnavailable(
+            "bubblewrap (bwrap) is not installed, so agent commands are refused; install the "
+            "'bubblewrap' package, or — at your own risk — set sandbox.mode = \"unsandboxed\" and "
+            "sandbox.allow_unsandboxed = true in org.toml"))
+    root = Path(getattr(org_home, "root", org_home))
+    return BwrapRunner(workspace, hide=default_hidden(root), readonly_binds=default_visible(),
+                       limits=limits, bwrap=found)
+
+
+def describe_mode(cfg) -> str:
+    """One line for start-up and ``org doctor``: which isolation agent commands get."""
+    if unsandboxed_allowed(cfg):
+        return "unsandboxed (allowed by org.toml): agent commands run as plain processes, without isolation"
+    found = bubblewrap()
+    if found is None:
+        return "agent commands refused: bubblewrap missing (install the 'bubblewrap' package)"
+    problem = probe(found)
+    if problem is not None:
+        return f"agent commands refused: bubblewrap at {found} cannot start a sandbox ({problem})"
+    return (f"sandbox: bubblewrap at {found} (uid {SANDBOX_UID}, no network, "
+            f"process limit: {process_limit_kind()})")
