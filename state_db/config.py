@@ -111,6 +111,12 @@ backups = 3
 
 [snapshots]
 debounce_s = 0.5
+
+[retention]                     # applied by 'org gc' and hourly by the supervisor
+events_days = 30                # journal events of ended runs older than this are pruned (counts kept)
+model_calls_days = 30           # per-call usage rows of ended runs → one summary row per run
+eval_snapshots_days = 1         # the eval-agent's snapshots of ended runs
+quarantine_days = 14            # copies of bad outbox files
 """
 
 
@@ -184,6 +190,10 @@ SCHEMA: dict[str, Field] = {
     "logs.max_bytes": Field(int, lambda v: v >= 4096, "an integer ≥ 4096"),
     "logs.backups": Field(int, _non_negative, "an integer ≥ 0"),
     "snapshots.debounce_s": Field(NUM, _non_negative, "a number of seconds ≥ 0"),
+    "retention.events_days": Field(NUM, _positive, "a number of days > 0"),
+    "retention.model_calls_days": Field(NUM, _positive, "a number of days > 0"),
+    "retention.eval_snapshots_days": Field(NUM, _non_negative, "a number of days ≥ 0"),
+    "retention.quarantine_days": Field(NUM, _non_negative, "a number of days ≥ 0"),
 }
 PRICE_KEYS = ("input", "output", "cache_write", "cache_read")
 ENV_OVERRIDES = {f.env: key for key, f in SCHEMA.items() if f.env}

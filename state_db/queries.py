@@ -57,13 +57,18 @@ def work_item(conn: sqlite3.Connection, work_id: str) -> dict | None:
     return found[0] if found else None
 
 
+_SUMMARY = _USAGE.replace("COUNT(*) AS calls", "COALESCE(SUM(calls),0) AS calls").replace("model_calls", "usage_summaries")
+
+
 def usage(conn: sqlite3.Connection, work_id: str | None = None) -> dict:
-    """Tokens and cost, summed from model calls (each counted once, keyed by request id)."""
+    """Tokens and cost, summed from model calls (each counted once, keyed by request id) plus the
+    summaries retention folded old calls into."""
     if work_id is None:
-        row = conn.execute(_USAGE).fetchone()
+        row, old = conn.execute(_USAGE).fetchone(), conn.execute(_SUMMARY).fetchone()
     else:
         row = conn.execute(_USAGE + " WHERE work_id = ?", (work_id,)).fetchone()
-    out = dict(row)
+        old = conn.execute(_SUMMARY + " WHERE work_id = ?", (work_id,)).fetchone()
+    out = {k: row[k] + old[k] for k in row.keys()}
     out["tokens"] = (out["input_tokens"] + out["output_tokens"] + out["cache_write_tokens"]
                      + out["cache_read_tokens"])
     return out

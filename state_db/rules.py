@@ -111,6 +111,10 @@ RESERVED = {
 # Tables that the raw ``execute`` path may write (bookkeeping with no domain meaning).
 RAW_WRITABLE = {"delivery_ledger", "transport_counters", "events"}
 
+# Retention may delete old bookkeeping rows of ended runs and fold usage into summaries;
+# only the supervisor (automatic retention) and the human ('org gc') do it.
+RETENTION_WRITERS = {SUP, H}
+
 
 def allowed_transition(table: str, old: str | None, new: str) -> bool:
     table_rules = TRANSITIONS.get(table)

@@ -182,6 +182,12 @@ CREATE TABLE skills (
     last_used_at REAL,
     created_at REAL NOT NULL
 );
+CREATE TABLE usage_summaries (
+    work_id TEXT PRIMARY KEY,
+    calls INTEGER NOT NULL, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+    cache_write_tokens INTEGER NOT NULL, cache_read_tokens INTEGER NOT NULL, cost_usd REAL NOT NULL,
+    pruned_at REAL NOT NULL
+);
 CREATE TABLE workspace_locks (
     workspace TEXT PRIMARY KEY,
     work_id TEXT NOT NULL REFERENCES work_items(id),

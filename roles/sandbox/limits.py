@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import time
 import uuid
 from dataclasses import dataclass
 from functools import lru_cache
@@ -164,10 +163,11 @@ class PidsCgroup:
             return []
 
     def close(self) -> None:
-        self.kill_all()
-        deadline = time.monotonic() + 1.0
-        while not _rmdir(self.path) and time.monotonic() < deadline:
-            time.sleep(0.01)  # killed members are still being reaped
+        """Kill what is left; remove the group now if it is already empty, else at a later sweep
+        (waiting here for the kernel to release the killed members would cost every command)."""
+        if self.members():
+            self.kill_all()
+        _rmdir(self.path)
 
 
 def _rmdir(path: Path) -> bool:

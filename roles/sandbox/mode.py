@@ -111,7 +111,7 @@ def runner_from_config(cfg, org_home, workspace: Path, *, bwrap: str | None = No
             "bubblewrap (bwrap) is not installed, so agent commands are refused; install the "
             "'bubblewrap' package, or — at your own risk — set sandbox.mode = \"unsandboxed\" and "
             "sandbox.allow_unsandboxed = true in org.toml"))
-    root = Path(getattr(org_home, "root", org_home))
+    root = Path(org_home if isinstance(org_home, (str, os.PathLike)) else org_home.root)
     return BwrapRunner(workspace, hide=default_hidden(root), readonly_binds=default_visible(),
                        limits=limits, bwrap=found)
 

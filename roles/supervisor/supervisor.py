@@ -29,6 +29,7 @@ from state_db.vocab import Actor, RoleStatus, SessionStatus
 from state_db.writer import StateWriter
 
 _PR_SET_PDEATHSIG = 1
+RETENTION_EVERY_S = 3600.0
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -220,6 +221,15 @@ class Supervisor:
                 self.log.warning("heartbeat_stale", instance=name, pid=child.proc.pid, next="kill and restart")
                 procs.signal_if_same(child.proc.pid, child.started, signal.SIGKILL)
 
+    def apply_retention(self) -> None:
+        """Automatic retention (org.toml [retention]); failures are logged and retried later."""
+        try:
+            from roles.operations.retention import collect
+            result = collect(self.home, self.cfg, dry_run=False, history=False, older_than_days=0, actor="supervisor")
+            self.log.info("retention_applied", **{k: v for k, v in result.items() if isinstance(v, int)})
+        except Exception as exc:  # noqa: BLE001 - retention must never take the org down
+            self.log.warning("retention_failed", error=str(exc), next=f"retry in {RETENTION_EVERY_S:.0f}s")
+
     # -- main loop ------------------------------------------------------------------------
     def request_stop(self, why: str) -> None:
         self._stop_requested = why
@@ -236,6 +246,7 @@ class Supervisor:
         if on_ready:
             on_ready()
         last_hb_check = self.clock()
+        next_retention = self.clock() + RETENTION_EVERY_S
         while not self._stop_requested:
             for child in self.children.values():
                 if child.proc is not None and (code := child.proc.poll()) is not None:
@@ -247,6 +258,9 @@ class Supervisor:
             if self.clock() - last_hb_check > 1.0:
                 self.check_heartbeats()
                 last_hb_check = self.clock()
+            if self.clock() >= next_retention:
+                self.apply_retention()
+                next_retention = self.clock() + RETENTION_EVERY_S
             time.sleep(0.05)
         return self.shutdown()
 

@@ -1,0 +1,42 @@
+"""Applying retention to an org home: state.db bookkeeping and the files beside it."""
+from __future__ import annotations
+
+import shutil
+import time
+
+
+def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, actor: str = "human") -> dict:
+    from state_db.retention import DAY, prune
+    from state_db.writer import StateWriter
+    from transport.envelope import Limits
+
+    writer = StateWriter(home.db_path, actor)
+    try:
+        out = prune(writer, events_days=cfg["retention.events_days"], model_calls_days=cfg["retention.model_calls_days"],
+                    ledger_keep_s=Limits.from_config(cfg.data["transport"]).ledger_keep_s, dry_run=dry_run)
+        now = time.time()
+        ended = {r["id"]: r["ended_at"] for r in writer.conn.execute(
+            "SELECT id, ended_at FROM work_items WHERE status = 'ended'")}
+    finally:
+        writer.close()
+    files = {"eval_snapshots": 0, "histories": 0, "quarantine": 0}
+    eval_dir = home.root / "eval"
+    for d in eval_dir.iterdir() if eval_dir.is_dir() else []:
+        if d.name in ended and now - ended[d.name] > cfg["retention.eval_snapshots_days"] * DAY:
+            files["eval_snapshots"] += 1
+            if not dry_run:
+                shutil.rmtree(d, ignore_errors=True)
+    if history:
+        for wid, at in ended.items():
+            git_dir = home.history_dir / f"{wid}.git"
+            if git_dir.is_dir() and now - at > older_than_days * DAY:
+                files["histories"] += 1
+                if not dry_run:
+                    shutil.rmtree(git_dir, ignore_errors=True)
+    quarantine = home.outbox_dir / ".quarantine"
+    for f in quarantine.rglob("*") if quarantine.is_dir() else []:
+        if f.is_file() and now - f.stat().st_mtime > cfg["retention.quarantine_days"] * DAY:
+            files["quarantine"] += 1
+            if not dry_run:
+                f.unlink(missing_ok=True)
+    return {**out, **files}

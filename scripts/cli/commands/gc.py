@@ -1,0 +1,33 @@
+"""``org gc``: apply retention now (the supervisor also does it hourly)."""
+from __future__ import annotations
+
+from scripts.cli.output import add_json, emit_json, home_of
+
+NAME = "gc"
+HELP = "prune old bookkeeping (journal, per-call usage, ledger, snapshots, quarantine); --history drops shadow histories"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--dry-run", action="store_true", help="count what would go, change nothing")
+    p.add_argument("--history", action="store_true",
+                   help="also delete the shadow history of runs ended before --older-than days ('org diff' stops working for them)")
+    p.add_argument("--older-than", type=float, default=30.0, help="with --history: days since the run ended (default 30)")
+    add_json(p)
+
+
+def run(args) -> int:
+    from roles.operations.retention import collect
+    from state_db import config as config_mod
+
+    home = home_of(args).require()
+    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    result = collect(home, cfg, dry_run=args.dry_run, history=args.history, older_than_days=args.older_than)
+    if args.json:
+        emit_json(result)
+    else:
+        verb = "would prune" if args.dry_run else "pruned"
+        print(f"{verb}: {result['events']} journal events, {result['model_calls']} model-call rows "
+              f"({result['runs_summarized']} runs summarized), {result['ledger_ids']} ledger ids, "
+              f"{result['eval_snapshots']} eval snapshots, {result['histories']} histories, "
+              f"{result['quarantine']} quarantined files")
+    return 0

@@ -1,0 +1,66 @@
+"""Retention keeps totals and live runs intact while pruning old bookkeeping."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from scripts.cli import main as cli
+from state_db import queries
+from state_db.connection import connect
+from state_db.errors import NotAllowed
+from state_db.retention import DAY, prune
+from state_db.writer import StateWriter
+
+
+def _seed(home, old: float):
+    h = StateWriter(home.db_path, "human", clock=lambda: old)
+    for wid, status in (("old", "queued"), ("live", "queued")):
+        with h.transaction() as tx:
+            tx.insert("work_items", {"id": wid, "goal": "g", "workspace": f"/ws/{wid}", "backend": "anthropic",
+                                     "status": status, "created_by": "t", "created_at": old, "updated_at": old})
+    with h.transaction() as tx:
+        tx.set_status("work_items", "old", "ended", stop_reason="cancelled")
+    la = StateWriter(home.db_path, "loop-agent", "loop-agent-1")
+    with la.transaction() as tx:
+        for i, wid in enumerate(["old", "old", "live"]):
+            tx.insert("model_calls", {"request_id": f"r{i}", "work_id": wid, "model": "m", "input_tokens": 100,
+                                      "output_tokens": 10, "cost_usd": 0.5, "at": old})
+        tx.execute("INSERT INTO delivery_ledger(msg_id, recipient, recorded_at) VALUES ('m1', 'x', ?)", (old,))
+    h.close()
+    la.close()
+
+
+def test_prune_folds_usage_into_summaries_and_keeps_live_runs(org_home):
+    old = time.time() - 40 * DAY
+    _seed(org_home, old)
+    conn = connect(org_home.db_path, readonly=True)
+    before_total, before_old = queries.usage(conn), queries.usage(conn, "old")
+    w = StateWriter(org_home.db_path, "supervisor")
+    result = prune(w, events_days=30, model_calls_days=30, ledger_keep_s=600)
+    assert result["model_calls"] == 2 and result["runs_summarized"] == 1 and result["ledger_ids"] == 1
+    assert queries.usage(conn) == before_total and queries.usage(conn, "old") == before_old
+    assert conn.execute("SELECT COUNT(*) FROM model_calls WHERE work_id='live'").fetchone()[0] == 1
+    live_events = conn.execute("SELECT COUNT(*) FROM events WHERE subject='live'").fetchone()[0]
+    assert live_events >= 1, "events of a live run were pruned"
+    assert conn.execute("SELECT COUNT(*) FROM events WHERE kind='journal_pruned'").fetchone()[0] == 1
+    assert conn.execute("SELECT COUNT(*) FROM work_items").fetchone()[0] == 2
+    conn.close()
+
+
+def test_only_supervisor_or_human_prunes(org_home):
+    with pytest.raises(NotAllowed):
+        prune(StateWriter(org_home.db_path, "loop-agent", "loop-agent-1"), events_days=1, model_calls_days=1,
+              ledger_keep_s=1)
+
+
+def test_org_gc_dry_run_changes_nothing(org_home, capsys):
+    _seed(org_home, time.time() - 40 * DAY)
+    conn = connect(org_home.db_path, readonly=True)
+    n = conn.execute("SELECT COUNT(*) FROM model_calls").fetchone()[0]
+    assert cli.main(["gc", "--dry-run"]) == 0
+    assert "would prune" in capsys.readouterr().out
+    assert conn.execute("SELECT COUNT(*) FROM model_calls").fetchone()[0] == n
+    assert cli.main(["gc", "--json"]) == 0
+    assert conn.execute("SELECT COUNT(*) FROM model_calls").fetchone()[0] == 1
+    conn.close()
