@@ -51,7 +51,7 @@ def rejected_code(data: bytes, **kw) -> str:
 
 def test_encode_decode_round_trip_keeps_every_field():
     env = make(payload={"work": "w1", "n": 3, "nested": {"a": [1, 2.5, None]}, "é": "ü"})
-    back = decode(env.encode(), keyring=RING, now=NOW + 1, recipient="loop-agent-1")
+    back = Envelope.decode(env.encode(), keyring=RING, now=NOW + 1, recipient="loop-agent-1")
     assert back == env
 
 

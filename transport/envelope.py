@@ -174,6 +174,8 @@ class Envelope:
         msg_id = msg_id or new_id()
         kind, now = str(kind), float(now)
         payload = {} if payload is None else payload
+        if not isinstance(payload, dict):
+            raise Rejected(Code.BAD_ENVELOPE, "payload must be a dict (ids and hints)")
         try:
             sig = _signing_bytes(VERSION, msg_id, kind, sender, recipient, now, payload)
         except TypeError as e:
@@ -188,6 +190,11 @@ class Envelope:
     def verify(self, key: bytes) -> bool:
         """True if ``tag`` was made with ``key`` over this envelope's other fields."""
         return hmac.compare_digest(_tag(key, self.signing_bytes()), self.tag)
+
+    @classmethod
+    def decode(cls, data: bytes, **checks: Any) -> Envelope:
+        """Parse and check untrusted bytes: see the module function :func:`decode`."""
+        return decode(data, **checks)
 
     def encode(self) -> bytes:
         """The wire bytes (one JSON object)."""

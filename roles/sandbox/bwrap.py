@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import structlog
 
@@ -135,11 +135,14 @@ class BwrapRunner:
     def execute(self, command: Sequence[str] | str, *, timeout_s: float, cwd: Path | None = None,
                 max_output: int | None = None, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
                 writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
-                separate_stderr: bool = False) -> Captured:
+                separate_stderr: bool = False, limits: Limits | None = None,
+                should_stop: Callable[[], bool] | None = None) -> Captured:
         """Run ``command`` (argv, or a shell line when a str) in the sandbox.
 
         Params: ``cwd`` (default: the workspace) must be visible inside; ``env`` adds variables
-        for this call; ``writable``/``readonly_binds`` add binds for this call.
+        for this call; ``writable``/``readonly_binds`` add binds for this call; ``limits``
+        replaces the runner's for this call; ``should_stop`` is polled each second while the
+        command runs and a True kills it (``Captured.stopped``).
         Returns: ``Captured`` (exit code 128+N when the command died of signal N; 127 with
         bubblewrap's message when the command cannot be executed).
         """
@@ -154,16 +157,17 @@ class BwrapRunner:
         workdir = os.path.realpath(cwd or self.workspace)
         mounts = mount_args(self.workspace, writable=[*self.writable, *writable],
                             readonly=[*self.readonly_binds, *readonly_binds], hide=self.hide)
-        cgroup = PidsCgroup.create(self.limits)
+        limits = limits or self.limits
+        cgroup = PidsCgroup.create(limits)
         status_r, status_w = os.pipe()
         try:
-            full = [*(cgroup.join_prefix() if cgroup else []), *outer_prefix(self.limits), bwrap,
+            full = [*(cgroup.join_prefix() if cgroup else []), *outer_prefix(limits), bwrap,
                     *namespace_args(network=self.network), *mounts, "--chdir", workdir,
-                    "--json-status-fd", str(status_w), "--", *inner_prefix(self.limits), *argv]
+                    "--json-status-fd", str(status_w), "--", *inner_prefix(limits), *argv]
             got = run_bounded(full, cwd="/", env=clean_env({**self.env, **(env or {})}), timeout_s=timeout_s,
-                              max_output=max_output or self.limits.max_output, stdin=stdin,
+                              max_output=max_output or limits.max_output, stdin=stdin,
                               separate_stderr=separate_stderr, pass_fds=(status_w,),
-                              preexec=preexec_rlimits(self.limits),
+                              preexec=preexec_rlimits(limits), should_stop=should_stop,
                               on_timeout=cgroup.kill_all if cgroup else None)
             os.close(status_w)
             status_w = -1
@@ -174,7 +178,7 @@ class BwrapRunner:
             os.close(status_r)
             if cgroup is not None:
                 cgroup.close()
-        if not started and not got.timed_out:
+        if not started and not (got.timed_out or got.stopped):
             return _setup_failure(got)
         return got
 

@@ -30,6 +30,7 @@ class Captured:
     timed_out: bool
     truncated: bool
     duration_s: float
+    stopped: bool = False  # killed because ``should_stop`` said so (not a timeout)
 
 
 class HeadTail:
@@ -88,21 +89,37 @@ def _feed(stream, data: bytes) -> threading.Thread:
     return thread
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float) -> None:
-    """``proc.wait(timeout)`` without its polling loop (which adds up to 50 ms per command): a
-    pidfd becomes readable the moment the process exits."""
+def _wait(proc: subprocess.Popen, deadline: float, should_stop: Callable[[], bool] | None,
+          poll_s: float) -> bool:
+    """Wait for ``proc`` until ``deadline`` (monotonic); True when ``should_stop`` asked to stop.
+    Raises ``subprocess.TimeoutExpired`` at the deadline. A pidfd becomes readable the moment the
+    process exits, without ``Popen.wait``'s polling loop (which adds up to 50 ms per command)."""
     try:
         fd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
-        proc.wait(timeout=timeout_s)
-        return
+        fd = None
     try:
-        ready, _, _ = select.select([fd], [], [], max(timeout_s, 0.0))
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, 0)
+            step = min(left, poll_s) if should_stop is not None else left
+            if fd is not None:
+                exited = bool(select.select([fd], [], [], step)[0])
+            else:
+                try:
+                    proc.wait(timeout=step)
+                    exited = True
+                except subprocess.TimeoutExpired:
+                    exited = False
+            if exited:
+                proc.wait()
+                return False
+            if should_stop is not None and should_stop():
+                return True
     finally:
-        os.close(fd)
-    if not ready:
-        raise subprocess.TimeoutExpired(proc.args, timeout_s)
-    proc.wait()
+        if fd is not None:
+            os.close(fd)
 
 
 def kill_group(pid: int) -> None:
@@ -116,12 +133,14 @@ def run_bounded(argv: Sequence[str], *, cwd: str | os.PathLike | None, env: Mapp
                 timeout_s: float, max_output: int, stdin: bytes | None = None,
                 separate_stderr: bool = False, pass_fds: Sequence[int] = (),
                 preexec: Callable[[], None] | None = None,
-                on_timeout: Callable[[], None] | None = None) -> Captured:
+                on_timeout: Callable[[], None] | None = None,
+                should_stop: Callable[[], bool] | None = None, poll_s: float = 1.0) -> Captured:
     """Run ``argv`` and wait for it, at most ``timeout_s`` seconds.
 
     Params: ``max_output`` bytes are kept of stdout (and, when ``separate_stderr``, as many of
     stderr); ``stdin`` is written then closed (default: /dev/null); ``pass_fds`` stay open in the
-    child; ``on_timeout`` runs after the group is killed.
+    child; ``on_timeout`` runs after the group is killed; ``should_stop`` is asked every ``poll_s``
+    seconds (in the calling thread) and a True kills the tree like a timeout (``stopped``).
     Errors: ``OSError`` when ``argv[0]`` cannot be executed.
     Returns: ``Captured``.
     """
@@ -136,9 +155,14 @@ def run_bounded(argv: Sequence[str], *, cwd: str | os.PathLike | None, env: Mapp
         readers.append(_drain(proc.stderr, err))
     if stdin is not None:
         _feed(proc.stdin, stdin)
-    timed_out = False
+    timed_out = stopped = False
     try:
-        _wait(proc, timeout_s)
+        stopped = _wait(proc, t0 + timeout_s, should_stop, poll_s)
+        if stopped:
+            kill_group(proc.pid)
+            if on_timeout is not None:
+                on_timeout()
+            proc.wait()
     except subprocess.TimeoutExpired:
         timed_out = True
         kill_group(proc.pid)
@@ -158,5 +182,5 @@ def run_bounded(argv: Sequence[str], *, cwd: str | os.PathLike | None, env: Mapp
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
-    return Captured(None if timed_out else proc.returncode, out.text(), err.text(), timed_out,
-                    out.truncated or err.truncated, time.monotonic() - t0)
+    return Captured(None if timed_out or stopped else proc.returncode, out.text(), err.text(), timed_out,
+                    out.truncated or err.truncated, time.monotonic() - t0, stopped)

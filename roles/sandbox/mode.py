@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from roles.sandbox.bwrap import SANDBOX_UID, BwrapRunner, bubblewrap, probe
 from roles.sandbox.capture import Captured, run_bounded
@@ -82,13 +82,15 @@ class UnsandboxedRunner:
     def execute(self, command: Sequence[str] | str, *, timeout_s: float, cwd: Path | None = None,
                 max_output: int | None = None, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
                 writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
-                separate_stderr: bool = False) -> Captured:
+                separate_stderr: bool = False, limits: Limits | None = None,
+                should_stop: Callable[[], bool] | None = None) -> Captured:
+        """Same parameters as ``BwrapRunner.execute``; binds and ``limits`` have no meaning here."""
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         full_env = clean_env({**self.env, **(env or {})}, home=os.environ.get("HOME", "/"))
         try:
             return run_bounded(argv, cwd=cwd or self.workspace, env=full_env, timeout_s=timeout_s,
                                max_output=max_output or self.limits.max_output, stdin=stdin,
-                               separate_stderr=separate_stderr)
+                               separate_stderr=separate_stderr, should_stop=should_stop)
         except OSError as exc:  # like a shell: the command is not there
             return Captured(127, f"{argv[0]}: {exc.strerror or exc}\n", "", False, False, 0.0)
 

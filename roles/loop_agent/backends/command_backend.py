@@ -1,0 +1,304 @@
+"""The ``command`` act backend: an agent CLI (Claude Code by default) run once per act in the sandbox.
+
+One act is one run of the CLI in the workspace, inside the sandbox, with the assembled prompt
+(stable prefix, then the variable prompt) on its stdin, bounded by ``timeout_s``. The sandbox has
+no network; the CLI reaches exactly the model endpoint through a ``ModelEndpoint`` (a Unix socket
+in a private folder bound into the sandbox, relayed to 127.0.0.1 inside), which adds the org's
+credentials outside — the CLI itself only ever holds a placeholder key.
+
+The Claude Code preset runs ``claude -p --output-format json --permission-mode MODE
+--allowedTools LIST [--max-turns N] [--model M]`` with HOME and ``CLAUDE_CONFIG_DIR`` in a private
+per-work folder (outside the workspace, bound writable) and
+``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1``, then reads its JSON result: ``usage``,
+``total_cost_usd``, ``num_turns``, ``subtype``, ``is_error``, ``result``, ``session_id``.
+
+Status mapping (see ``backends.base``): ``success`` → ``ok``; ``error_max_turns`` → ``failed``
+(``max_turns``); another ``error_*`` subtype → ``failed`` (code = subtype); ``is_error`` with a
+success subtype (the CLI gave up on the API) → ``model_error`` (``cli_error``); a non-zero exit
+without a result → ``failed`` (``cli_exit``); no JSON → ``failed`` (``bad_output``); the time
+limit → ``failed`` (``timeout``); the CLI or the sandbox missing → ``model_error``
+(``cli_missing`` / the sandbox's code: nothing will change by iterating). Usage is reported once
+per run through ``on_usage`` keyed ``cli:<session>:<work>:<iteration>:<attempt>``, so a
+re-attempt is a new key; a CLI killed mid-run reports no usage (its calls are not counted).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+from urllib.parse import urlparse
+
+import structlog
+
+from roles.loop_agent.backends.base import ActContext, ActOutcome, BackendConfigError, Usage
+from roles.loop_agent.pricing import PriceTable, PricingError
+from roles.sandbox import Captured, SandboxError, clean_env
+from roles.sandbox.endpoint import MAX_SOCKET_PATH, RELAY_SCRIPT, ModelEndpoint
+
+log = structlog.get_logger("loop_agent.command")
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+CLAUDE_TOOLS = ("Read", "Edit", "Write", "Glob", "Grep", "Bash")
+PRESETS = ("claude", "plain")
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+_SUMMARY_CAP = 2000
+_TAIL = 1500
+
+
+@dataclass(frozen=True)
+class CommandConfig:
+    """Settings of the command backend.
+
+    ``binary``: the CLI (name on the sandbox PATH, or absolute path); ``preset``: ``claude``
+    (Claude Code's JSON result) or ``plain`` (exit code and text only: no usage, so budgets in
+    tokens and USD cannot see it); ``model``: passed as ``--model`` and used to price usage when
+    the CLI reports no ``total_cost_usd``; ``upstream``: the model endpoint outside (default
+    ``ANTHROPIC_BASE_URL`` or the Anthropic API); ``path_prepend``/``readonly_binds``: folders
+    the CLI needs that the sandbox hides (e.g. a node installation under a home directory);
+    ``memory_mb``: address-space limit of the CLI (None: off — JavaScript engines reserve large
+    virtual ranges); ``poll_s``: how often ``budget_left`` is asked while the CLI runs.
+    """
+
+    binary: str = "claude"
+    preset: str = "claude"
+    model: str | None = None
+    permission_mode: str = "acceptEdits"
+    allowed_tools: tuple[str, ...] = CLAUDE_TOOLS
+    extra_args: tuple[str, ...] = ()
+    timeout_s: float = 1800.0
+    max_output_bytes: int = 4_000_000
+    upstream: str | None = None
+    path_prepend: tuple[str, ...] = ()
+    readonly_binds: tuple[str, ...] = ()
+    memory_mb: int | None = None
+    placeholder_key: str = "sandbox-placeholder-key"
+    relay_python: str = field(default_factory=lambda: sys.executable)
+    poll_s: float = 1.0
+
+
+class CommandBackend:
+    """Act backend running an agent CLI in the sandbox.
+
+    Params: ``config``; ``prices`` (``PriceTable`` or its mapping); ``make_runner(workspace)``
+    returns the sandbox runner for a workspace (``roles.sandbox.runner_from_config``); ``state_dir``
+    holds the CLI's private home per work item (outside every workspace); ``environ`` is read for
+    ``ANTHROPIC_API_KEY`` / ``ANTHROPIC_AUTH_TOKEN`` / ``ANTHROPIC_BASE_URL``.
+    Errors: ``BackendConfigError`` (``bad_config``, ``unknown_model``, ``missing_api_key``).
+    """
+
+    name = "command"
+
+    def __init__(self, config: CommandConfig, prices: PriceTable | Mapping[str, Mapping[str, float]], *,
+                 make_runner: Callable[[Path], Any], state_dir: Path,
+                 environ: Mapping[str, str] | None = None) -> None:
+        if config.preset not in PRESETS or not config.binary or config.timeout_s <= 0:
+            raise BackendConfigError(f"command backend needs a binary, a preset in {PRESETS} and timeout_s > 0",
+                                     code="bad_config")
+        self.config = config
+        self.prices = prices if isinstance(prices, PriceTable) else PriceTable(prices)
+        if config.model:
+            self.prices.price(config.model)  # unknown model: configuration error now, not mid-run
+        env = os.environ if environ is None else environ
+        self.upstream = config.upstream or env.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
+        self._api_key = env.get("ANTHROPIC_API_KEY") or None
+        self._auth_token = env.get("ANTHROPIC_AUTH_TOKEN") or None
+        if not (self._api_key or self._auth_token) and (urlparse(self.upstream).hostname or "") not in _LOOPBACK:
+            raise BackendConfigError(f"ANTHROPIC_API_KEY is not set; export it to reach {self.upstream} "
+                                     "(keys are read from the environment only)", code="missing_api_key")
+        self._make_runner = make_runner
+        self.state_dir = Path(state_dir)
+
+    def __repr__(self) -> str:
+        return f"CommandBackend(binary={self.config.binary!r}, preset={self.config.preset!r}, upstream={self.upstream!r})"
+
+    def act(self, ctx: ActContext, *, on_usage: Callable[[Usage], None],
+            budget_left: Callable[[], str | None]) -> ActOutcome:
+        """Run the CLI once; see ``backends.base.Backend.act``. Never raises for CLI, sandbox or
+        model problems; exceptions from ``on_usage`` propagate."""
+        fields = {"work_id": ctx.work_id, "iteration": ctx.iteration, "attempt": ctx.attempt}
+        code = budget_left()
+        if code is not None:
+            return _end("budget_exhausted", code, f"budget reached before the CLI started: {code}")
+        runner = self._make_runner(ctx.workspace)
+        path = self._inside_path()
+        binary = shutil.which(self.config.binary, path=path)
+        if binary is None:
+            return _end("model_error", "cli_missing", f"{self.config.binary!r} is not on the sandbox's PATH ({path}); "
+                        "install it or set the command backend's binary to its absolute path")
+        home = self._private_home(ctx.work_id)
+        sock_dir = _short_private_dir(self.state_dir)
+        stop_code: list[str] = []
+
+        def should_stop() -> bool:
+            code = budget_left()
+            if code is not None:
+                stop_code.append(code)
+            return code is not None
+
+        endpoint = ModelEndpoint(self.upstream, sock_dir / "model.sock", api_key=self._api_key,
+                                 auth_token=self._auth_token, timeout_s=self.config.timeout_s)
+        argv = [self.config.relay_python, "-I", str(RELAY_SCRIPT), str(endpoint.socket_path), "--",
+                binary, *self._preset_args(ctx)]
+        log.info("cli starting", binary=binary, preset=self.config.preset, **fields)
+        try:
+            with endpoint:
+                got = runner.execute(
+                    argv, cwd=ctx.workspace, timeout_s=self.config.timeout_s, max_output=self.config.max_output_bytes,
+                    stdin=_prompt(ctx).encode("utf-8"), env=self._env(home, path), writable=[home, sock_dir],
+                    readonly_binds=self._readonly(binary), separate_stderr=True,
+                    limits=_cli_limits(runner, self.config.memory_mb), should_stop=should_stop)
+        except SandboxError as exc:
+            log.error("cli not started: sandbox error", code=exc.code, error=str(exc), **fields)
+            return _end("model_error", exc.code, str(exc))
+        finally:
+            shutil.rmtree(sock_dir, ignore_errors=True)
+        outcome = self._outcome(ctx, got, stop_code, on_usage)
+        log.info("cli ended", status=outcome.status, error_code=outcome.error_code, exit_code=got.exit_code,
+                 duration_s=round(got.duration_s, 2), requests=endpoint.requests, **fields)
+        return outcome
+
+    # -- preparing the run -------------------------------------------------------------------
+
+    def _inside_path(self) -> str:
+        return os.pathsep.join([*self.config.path_prepend, clean_env()["PATH"]])
+
+    def _preset_args(self, ctx: ActContext) -> list[str]:
+        c = self.config
+        if c.preset == "plain":
+            return list(c.extra_args)
+        args = ["-p", "--output-format", "json", "--permission-mode", c.permission_mode]
+        if c.allowed_tools:
+            args += ["--allowedTools", ",".join(c.allowed_tools)]
+        args += ["--max-turns", str(ctx.max_turns)]
+        if c.model:
+            args += ["--model", c.model]
+        return args + list(c.extra_args)
+
+    def _env(self, home: Path, path: str) -> dict[str, str]:
+        return {"PATH": path, "HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "ANTHROPIC_API_KEY": self.config.placeholder_key}
+
+    def _private_home(self, work_id: str) -> Path:
+        home = self.state_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", work_id) / "home"
+        (home / ".claude").mkdir(parents=True, exist_ok=True)
+        os.chmod(home.parent, 0o700)
+        return home
+
+    def _readonly(self, binary: str) -> list[Path]:
+        found = {Path(binary).parent, Path(os.path.realpath(binary)).parent, RELAY_SCRIPT.parent,
+                 Path(sys.base_prefix), *(Path(p) for p in self.config.path_prepend),
+                 *(Path(p) for p in self.config.readonly_binds)}
+        return sorted(p for p in found if p.is_absolute() and p.exists())
+
+    # -- reading the result ------------------------------------------------------------------
+
+    def _outcome(self, ctx: ActContext, got: Captured, stop_code: list[str],
+                 on_usage: Callable[[Usage], None]) -> ActOutcome:
+        tail = (got.stderr or got.output)[-_TAIL:].strip()
+        if got.stopped:
+            code = stop_code[-1] if stop_code else "stopped"
+            return _end("budget_exhausted", code, f"the CLI was stopped mid-run: {code}")
+        if got.timed_out:
+            return _end("failed", "timeout", f"the CLI ran past {self.config.timeout_s:g}s and was killed")
+        if got.exit_code == 127 and parse_result(got.output) is None:
+            return _end("model_error", "cli_missing", f"the CLI could not be executed: {tail}")
+        if self.config.preset == "plain":
+            if got.exit_code != 0:
+                return _end("failed", "cli_exit", f"the CLI exited with {got.exit_code}: {tail}")
+            return ActOutcome(status="ok", summary=got.output[-_SUMMARY_CAP:].strip() or "(no output)")
+        data = parse_result(got.output)
+        if data is None:
+            if got.exit_code != 0:
+                return _end("failed", "cli_exit", f"the CLI exited with {got.exit_code}: {tail}")
+            return _end("failed", "bad_output", f"the CLI printed no JSON result: {got.output[-_TAIL:].strip()}")
+        usage, problem = self._usage(ctx, data)
+        if usage is not None:
+            on_usage(usage)
+        if problem is not None:
+            return _end("model_error", problem[0], problem[1], turns=_int(data.get("num_turns")))
+        return claude_outcome(data)
+
+    def _usage(self, ctx: ActContext, data: dict) -> tuple[Usage | None, tuple[str, str] | None]:
+        raw = data.get("usage")
+        if not isinstance(raw, dict):
+            return None, None
+        counts = {k: _int(raw.get(k)) for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
+                                                  "cache_read_input_tokens")}
+        model_usage = data.get("modelUsage")
+        model = self.config.model or (next(iter(model_usage), None) if isinstance(model_usage, dict) else None) \
+            or "claude-code"
+        request_id = f"cli:{data.get('session_id') or 'no-session'}:{ctx.work_id}:{ctx.iteration}:{ctx.attempt}"
+        cost = data.get("total_cost_usd")
+        problem = None
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
+            try:
+                cost = self.prices.cost(model, **counts)
+            except PricingError as exc:
+                cost, problem = 0.0, ("unpriced_usage", f"the CLI reported no total_cost_usd and {exc}")
+        return Usage(request_id=request_id, model=model, cost_usd=float(cost), **counts), problem
+
+
+def parse_result(stdout: str) -> dict | None:
+    """Claude Code's ``--output-format json`` result object (``type == "result"``) from stdout,
+    or None. Tolerates stray lines before it."""
+    import json
+
+    text = stdout.strip()
+    candidates = [text] + [ln for ln in reversed(text.splitlines()) if ln.lstrip().startswith("{")]
+    for candidate in candidates:
+        try:
+            data = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("type", "result") == "result":
+            return data
+    return None
+
+
+def claude_outcome(data: dict) -> ActOutcome:
+    """The act's outcome from a Claude Code result object (usage is handled by the caller)."""
+    subtype = str(data.get("subtype") or "")
+    text = data.get("result") if isinstance(data.get("result"), str) else ""
+    turns = _int(data.get("num_turns"))
+    summary = text[:_SUMMARY_CAP] or f"{turns} turn(s), no closing text"
+    if subtype == "error_max_turns":
+        return ActOutcome("failed", summary, stop_reason=subtype, error_code="max_turns",
+                          error="the CLI was still working when it reached --max-turns", turns=turns)
+    if subtype.startswith("error"):
+        return ActOutcome("failed", summary, stop_reason=subtype, error_code=subtype,
+                          error=f"the CLI ended with {subtype}", turns=turns)
+    if data.get("is_error"):
+        return ActOutcome("model_error", summary, stop_reason=subtype or None, error_code="cli_error",
+                          error=f"the CLI reported an error: {text[:300]}", turns=turns)
+    return ActOutcome("ok", summary, stop_reason=subtype or None, turns=turns)
+
+
+def _end(status: str, code: str, error: str, *, turns: int = 0) -> ActOutcome:
+    return ActOutcome(status=status, summary=error[:_SUMMARY_CAP], error_code=code, error=error, turns=turns)
+
+
+def _prompt(ctx: ActContext) -> str:
+    return f"{ctx.system_prefix}\n\n{ctx.variable_prompt}" if ctx.system_prefix else ctx.variable_prompt
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _cli_limits(runner: Any, memory_mb: int | None):
+    """The runner's limits for the CLI: no CPU-time cap (the wall clock bounds it), its own memory cap."""
+    limits = getattr(runner, "limits", None)
+    return None if limits is None else replace(limits, cpu_s=None, memory_mb=memory_mb)
+
+
+def _short_private_dir(preferred: Path) -> Path:
+    """An owner-only folder for the endpoint socket whose path stays under the sun_path limit."""
+    base = preferred if len(str(preferred)) + 24 <= MAX_SOCKET_PATH else Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"ep-{int(time.time()) % 100000}-", dir=base))

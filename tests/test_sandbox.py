@@ -1,0 +1,321 @@
+"""The sandbox every agent command runs in: real bubblewrap, real processes.
+
+Tests that need bwrap are skipped (with the reason) only when it is not installed.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from roles.loop_agent.tools import WorkspaceTools
+from roles.sandbox import (BwrapRunner, Limits, RefusingRunner, SandboxFailed, SandboxUnavailable, UnsandboxedRunner,
+                           bubblewrap, default_hidden, default_visible, describe_mode, process_limit_kind,
+                           run_sandboxed, runner_from_config)
+from roles.sandbox import mode as sandbox_mode
+from roles.sandbox.bwrap import mount_args
+from state_db.config import Config, defaults
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+needs_bwrap = pytest.mark.skipif(bubblewrap() is None,
+                                 reason="bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap")
+
+
+@pytest.fixture
+def org(tmp_path):
+    """A fake org home holding a state.db with a fake key, and a workspace inside it (like the demo's)."""
+    home = tmp_path / "org"
+    ws = home / "demo" / "ws"
+    ws.mkdir(parents=True)
+    (home / "state.db").write_text("ANTHROPIC_API_KEY=sk-ant-fake-key-in-the-org-home\n")
+    (home / "run").mkdir(mode=0o700)
+    return home, ws
+
+
+def runner(org, **limits) -> BwrapRunner:
+    home, ws = org
+    return BwrapRunner(ws, hide=default_hidden(home), readonly_binds=default_visible(), limits=Limits(**limits))
+
+
+def config(**sandbox) -> Config:
+    data = defaults()
+    data["sandbox"].update(sandbox)
+    return Config(data)
+
+
+def sh(r: BwrapRunner, line: str, timeout_s: float = 10.0, max_output: int = 20_000):
+    return r.run(line, r.workspace, timeout_s, max_output)
+
+
+def procs_with(token: str) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if token.encode() in (d / "cmdline").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+def wait_until(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last seen: {predicate()!r}")
+
+
+# -- identity and file system ---------------------------------------------------------------
+
+
+@needs_bwrap
+def test_commands_run_as_uid_65534_and_cannot_write_etc(org):
+    r = runner(org)
+    got = sh(r, "id -u; id -g; touch /etc/sandbox-probe && echo WROTE-ETC")
+    assert got.output.splitlines()[:2] == ["65534", "65534"], got.output
+    assert "WROTE-ETC" not in got.output and not Path("/etc/sandbox-probe").exists()
+
+
+@needs_bwrap
+def test_only_the_workspace_is_writable(org, tmp_path):
+    r = runner(org)
+    real_home = Path.home()
+    name = f"escape-{uuid.uuid4().hex[:8]}"
+    got = sh(r, f"touch {real_home}/{name}; touch {ROOT}/{name}; touch {tmp_path}/{name}; "
+                f"echo inside > made.txt && cat made.txt")
+    assert got.exit_code == 0 and got.output.strip().endswith("inside"), got.output
+    assert (r.workspace / "made.txt").read_text() == "inside\n"
+    for outside in (real_home / name, ROOT / name, tmp_path / name):
+        assert not outside.exists(), f"{outside} was written from the sandbox"
+    assert got.output.count("Read-only file system") >= 2, got.output
+
+
+@needs_bwrap
+def test_org_home_is_hidden_even_by_absolute_path_while_a_workspace_inside_it_stays_writable(org):
+    home, ws = org
+    r = runner(org)
+    got = sh(r, f"cat {home}/state.db; ls -A {home}; ls -A {home}/run; touch {home}/planted; "
+                f"echo ok > {ws}/inside.txt")
+    assert "sk-ant-fake" not in got.output
+    assert "No such file" in got.output and "Read-only file system" in got.output, got.output
+    assert not (home / "planted").exists()
+    assert (ws / "inside.txt").read_text() == "ok\n"
+
+
+@needs_bwrap
+def test_proc_shows_only_the_sandbox_processes(org):
+    got = sh(runner(org), "ls /proc | grep -c '^[0-9]'; cat /proc/1/environ | tr '\\0' '\\n' | grep -c ORG_ || true")
+    assert int(got.output.split()[0]) < 10, got.output  # bwrap's init, the shell and its pipeline
+
+
+def test_mounts_put_parents_before_children_whatever_the_argument_order(tmp_path):
+    project = tmp_path / "project"
+    home = project / ".org"
+    ws = home / "demo" / "ws"
+    ws.mkdir(parents=True)
+    args = mount_args(ws, readonly=[project], hide=[home])
+    order = [args[i + 1] for i, a in enumerate(args) if a in ("--tmpfs", "--ro-bind", "--bind") and args[i + 1] != "/"]
+    assert order == ["/tmp", str(project), str(home), str(ws)]
+    assert args[-2:] == ["--remount-ro", str(home)]
+
+
+# -- network and environment ----------------------------------------------------------------
+
+
+@needs_bwrap
+def test_no_network_even_to_a_loopback_listener_outside(org):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    try:
+        got = sh(runner(org), f"{PY} -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)\"")
+        assert got.exit_code != 0 and "ConnectionRefusedError" in got.output, got.output
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
+
+
+@needs_bwrap
+def test_environment_carries_no_api_or_org_keys(org, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-not-for-the-sandbox")
+    monkeypatch.setenv("ORG_HOME", str(org[0]))
+    monkeypatch.setenv("ORG_ROLE_KEY", "role-secret")
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp-secret")
+    got = sh(runner(org), "env")
+    names = {line.split("=", 1)[0] for line in got.output.splitlines() if "=" in line}
+    assert not {"ANTHROPIC_API_KEY", "ORG_HOME", "ORG_ROLE_KEY", "GITHUB_TOKEN"} & names, names
+    assert "secret" not in got.output and "sk-ant" not in got.output
+    home = dict(line.split("=", 1) for line in got.output.splitlines() if "=" in line)["HOME"]
+    assert home != str(Path.home())
+
+
+# -- limits ---------------------------------------------------------------------------------
+
+
+@needs_bwrap
+def test_cpu_limit_kills_a_busy_loop(org):
+    got = runner(org, cpu_s=1).run([PY, "-c", "while True: pass"], org[1], 20.0, 4000)
+    assert not got.timed_out
+    assert got.exit_code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL), got
+    assert got.duration_s < 8
+
+
+@needs_bwrap
+def test_memory_limit_stops_a_big_allocation(org):
+    got = runner(org, memory_mb=256).run([PY, "-c", "b = bytearray(1024 ** 3); print('ALLOCATED')"], org[1], 20.0, 4000)
+    assert got.exit_code != 0 and "ALLOCATED" not in got.output
+    assert "MemoryError" in got.output, got.output
+
+
+@needs_bwrap
+@pytest.mark.skipif(process_limit_kind() == "none",
+                    reason="no process limit on this machine (root without a writable pids cgroup)")
+def test_process_limit_stops_a_bounded_fork_loop(org):
+    # bounded on purpose: 40 forks at most, each child sleeps then exits
+    script = textwrap.dedent("""
+        import os, time
+        ok = failed = 0
+        for _ in range(40):
+            try:
+                pid = os.fork()
+            except OSError:
+                failed += 1
+                continue
+            if pid == 0:
+                time.sleep(1.5)
+                os._exit(0)
+            ok += 1
+        print(f"ok={ok} failed={failed}", flush=True)
+    """)
+    got = runner(org, max_procs=8).run([PY, "-c", script], org[1], 20.0, 4000)
+    counts = dict(kv.split("=") for kv in got.output.split() if "=" in kv)
+    assert int(counts["ok"]) <= 8 and int(counts["failed"]) >= 30, got.output
+
+
+@needs_bwrap
+def test_output_cap_keeps_head_and_tail(org):
+    got = runner(org).run([PY, "-c", "print('HEAD-MARK'); print('x' * 500000); print('TAIL-MARK')"], org[1], 20.0, 2000)
+    assert got.truncated and len(got.output) < 2200
+    assert got.output.startswith("HEAD-MARK") and got.output.rstrip().endswith("TAIL-MARK")
+
+
+@needs_bwrap
+def test_timeout_kills_the_whole_tree_including_a_detached_grandchild(org):
+    token = f"tok-{uuid.uuid4().hex}"
+    script = textwrap.dedent("""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()              # leaves the process group: only the namespace still holds it
+            if os.fork() == 0:
+                time.sleep(60)
+            os._exit(0)
+        time.sleep(60)
+    """)
+    t0 = time.monotonic()
+    got = runner(org).run([PY, "-c", script, token], org[1], 1.0, 4000)
+    assert got.timed_out and got.exit_code is None and time.monotonic() - t0 < 5
+    wait_until(lambda: not procs_with(token), 3.0, f"processes carrying {token} to end")
+
+
+@needs_bwrap
+def test_sandbox_dies_with_its_parent(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    token = f"tok-{uuid.uuid4().hex}"
+    parent_code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from pathlib import Path
+        from roles.sandbox import run_sandboxed
+        run_sandboxed([{PY!r}, "-c", "import time; time.sleep(60)", {token!r}], workspace=Path({str(ws)!r}),
+                      timeout_s=60)
+    """)
+    parent = subprocess.Popen([PY, "-c", parent_code], start_new_session=True)
+    try:
+        wait_until(lambda: procs_with(token), 10.0, "the sandboxed sleeper to start")
+        parent.kill()  # SIGKILL: no cleanup code of ours runs
+        parent.wait()
+        wait_until(lambda: not procs_with(token), 5.0, f"processes carrying {token} to end")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+# -- modes and errors -----------------------------------------------------------------------
+
+
+@needs_bwrap
+def test_a_missing_command_is_exit_127_not_a_sandbox_error(org):
+    got = runner(org).run(["no-such-command-here"], org[1], 10.0, 4000)
+    assert got.exit_code == 127 and "no-such-command-here" in got.output
+
+
+@needs_bwrap
+def test_workspace_tools_run_command_goes_through_the_sandbox(org):
+    tools = WorkspaceTools(org[1], runner(org))
+    result = tools.call("run_command", {"command": "id -u"})
+    assert not result.is_error and "65534" in result.content, result
+
+
+def test_bwrap_that_cannot_start_is_a_coded_sandbox_failed(org, tmp_path):
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    r = BwrapRunner(org[1], bwrap=str(fake))
+    with pytest.raises(SandboxFailed) as caught:
+        r.run("true", org[1], 5.0, 4000)
+    assert caught.value.code == "sandbox_failed"
+    assert "No permissions" in str(caught.value) and "user namespaces" in str(caught.value)
+
+
+def test_without_bubblewrap_commands_are_refused_unless_unsandboxed_is_allowed(org, monkeypatch):
+    monkeypatch.setattr(sandbox_mode, "bubblewrap", lambda: None)
+    refused = runner_from_config(config(), org[0], org[1])
+    assert isinstance(refused, RefusingRunner)
+    with pytest.raises(SandboxUnavailable) as caught:
+        refused.run("true", org[1], 5.0, 4000)
+    assert caught.value.code == "sandbox_unavailable" and "bubblewrap" in str(caught.value)
+    tools_result = WorkspaceTools(org[1], refused).call("run_command", {"command": "true"})
+    assert tools_result.is_error
+    assert describe_mode(config()) == "agent commands refused: bubblewrap missing (install the 'bubblewrap' package)"
+
+    allowed = runner_from_config(config(mode="unsandboxed", allow_unsandboxed=True), org[0], org[1])
+    assert isinstance(allowed, UnsandboxedRunner)
+    got = allowed.run("echo plain", org[1], 5.0, 4000)
+    assert got.exit_code == 0 and got.output == "plain\n"
+    assert describe_mode(config(mode="unsandboxed", allow_unsandboxed=True)).startswith("unsandboxed (allowed by org.toml)")
+
+
+@needs_bwrap
+def test_describe_mode_names_bubblewrap_uid_and_network(org):
+    line = describe_mode(config())
+    assert line.startswith(f"sandbox: bubblewrap at {bubblewrap()} (uid 65534, no network")
+    assert isinstance(runner_from_config(config(), org[0], org[1]), BwrapRunner)
+
+
+@needs_bwrap
+def test_run_sandboxed_takes_a_shell_line_and_extra_writable_paths(tmp_path):
+    ws, extra = tmp_path / "ws", tmp_path / "extra"
+    ws.mkdir()
+    extra.mkdir()
+    got = run_sandboxed(f"echo a > {extra}/a.txt && echo $GREETING", workspace=ws, writable=[extra],
+                        env={"GREETING": "hello"}, timeout_s=10)
+    assert got.exit_code == 0 and got.output == "hello\n"
+    assert (extra / "a.txt").read_text() == "a\n"
