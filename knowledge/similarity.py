@@ -78,7 +78,8 @@ def vectorize(texts: Sequence[str], drops: Sequence[Iterable[str]] | None = None
 def dot(a: Vec, b: Vec) -> float:
     if len(a) > len(b):
         a, b = b, a
-    return sum(w * b.get(g, 0.0) for g, w in a.items())
+    get = b.get
+    return sum([w * get(g, 0.0) for g, w in a.items()])
 
 
 def add_into(total: Vec, vec: Vec) -> None:

@@ -56,15 +56,17 @@ def sh(r: BwrapRunner, line: str, timeout_s: float = 10.0, max_output: int = 20_
     return r.run(line, r.workspace, timeout_s, max_output)
 
 
-def procs_with(token: str) -> list[int]:
+def procs_with(token: str, argv0: str | None = None) -> list[int]:
+    """Pids whose command line holds ``token`` (and starts with ``argv0`` when given)."""
     found = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if token.encode() in (d / "cmdline").read_bytes():
-                    found.append(int(d.name))
+                argv = (d / "cmdline").read_bytes().split(b"\0")
             except OSError:
-                pass
+                continue
+            if token.encode() in argv and (argv0 is None or argv[0] == argv0.encode()):
+                found.append(int(d.name))
     return found
 
 
@@ -237,18 +239,20 @@ def test_timeout_kills_the_whole_tree_including_a_detached_grandchild(org):
 def test_sandbox_dies_with_its_parent(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
-    token = f"tok-{uuid.uuid4().hex}"
+    half = uuid.uuid4().hex
+    token = f"tok-{half}"  # the parent's own command line holds only the halves, never the token
     parent_code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
         from pathlib import Path
         from roles.sandbox import run_sandboxed
-        run_sandboxed([{PY!r}, "-c", "import time; time.sleep(60)", {token!r}], workspace=Path({str(ws)!r}),
-                      timeout_s=60)
+        run_sandboxed([{PY!r}, "-c", "import time; time.sleep(60)", "tok-" + {half!r}],
+                      workspace=Path({str(ws)!r}), timeout_s=60)
     """)
     parent = subprocess.Popen([PY, "-c", parent_code], start_new_session=True)
     try:
-        wait_until(lambda: procs_with(token), 10.0, "the sandboxed sleeper to start")
+        # the sleeper itself, not bubblewrap still starting (it arms --die-with-parent as it starts)
+        wait_until(lambda: procs_with(token, PY), 10.0, "the sandboxed sleeper to start")
         parent.kill()  # SIGKILL: no cleanup code of ours runs
         parent.wait()
         wait_until(lambda: not procs_with(token), 5.0, f"processes carrying {token} to end")

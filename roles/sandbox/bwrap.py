@@ -15,6 +15,7 @@ is why the real home and ``/run`` (root-owned sockets) are hidden by default in 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -36,6 +37,7 @@ _FIX = ("check that unprivileged user namespaces are enabled (sysctl user.max_us
         "kernel.unprivileged_userns_clone = 1 on Debian kernels; on Ubuntu 24.04 AppArmor's "
         "kernel.apparmor_restrict_unprivileged_userns = 0 or a bwrap profile), or — at your own risk — "
         "set sandbox.mode = \"unsandboxed\" with sandbox.allow_unsandboxed = true in org.toml")
+_BACKSTOP_GRACE_S = 10
 _probed: dict[str, str | None] = {}
 
 
@@ -163,7 +165,7 @@ class BwrapRunner:
         try:
             full = [*(cgroup.join_prefix() if cgroup else []), *outer_prefix(limits), bwrap,
                     *namespace_args(network=self.network), *mounts, "--chdir", workdir,
-                    "--json-status-fd", str(status_w), "--", *inner_prefix(limits), *argv]
+                    "--json-status-fd", str(status_w), "--", *inner_prefix(limits), *_backstop(timeout_s), *argv]
             got = run_bounded(full, cwd="/", env=clean_env({**self.env, **(env or {})}), timeout_s=timeout_s,
                               max_output=max_output or limits.max_output, stdin=stdin,
                               separate_stderr=separate_stderr, pass_fds=(status_w,),
@@ -181,6 +183,13 @@ class BwrapRunner:
         if not started and not (got.timed_out or got.stopped):
             return _setup_failure(got)
         return got
+
+
+def _backstop(timeout_s: float) -> list[str]:
+    """A second clock inside the sandbox. bubblewrap arms --die-with-parent only once it runs: a
+    parent killed in the few milliseconds before that leaves an orphan sandbox, which this ends."""
+    binary = shutil.which("timeout")
+    return [binary, "-s", "KILL", str(math.ceil(timeout_s) + _BACKSTOP_GRACE_S)] if binary else []
 
 
 def _command_started(fd: int) -> bool:

@@ -33,8 +33,8 @@ def ping_all(home: OrgHome, cfg: Config, instances: list[str] | None = None, *, 
         if env.kind == "pong":
             answers.setdefault(env.sender, time.monotonic())
 
-    counters = Counters("human")
-    ledger = Ledger(home.db_path, me, counters=counters, limits=limits)
+    counters = Counters(me)
+    ledger = Ledger(home.db_path, me, counters=counters, limits=limits, background_checkpoint=False)
     endpoints = Endpoints(home.run_dir, tcp_base=cfg["transport.endpoint"])
     receiver = Receiver(me, run_dir=home.run_dir, outbox_root=home.outbox_dir, keyring=keyring,
                         handler=on_pong, ledger=ledger, endpoint=endpoints(me), limits=limits, watch=False,

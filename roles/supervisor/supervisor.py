@@ -89,9 +89,9 @@ class Supervisor:
     def issue_keys(self) -> None:
         """One key per instance (and for the human CLI and the supervisor); kept across restarts
         so messages waiting in outboxes stay verifiable."""
-        from transport.keys import Keyring
+        from transport.keys import Keyring, keyring_path
 
-        ring = Keyring.create(keyring_path(self.home))
+        ring = Keyring.create(keyring_path(self.home.run_dir))
         for name in [*self.children, "supervisor", "human"]:
             if ring.key_for(name) is None:
                 ring.issue(name)
@@ -292,10 +292,6 @@ class Supervisor:
         (self.home.run_dir / "supervisor.pid").unlink(missing_ok=True)
         self.writer.close()
         return 0
-
-
-def keyring_path(home: OrgHome) -> Path:
-    return home.run_dir / "keys" / "keyring.json"
 
 
 def _session_intent(writer: StateWriter) -> dict:
