@@ -142,6 +142,9 @@ class Receiver:
             self._poller.unregister(self.socket)
             self.socket.close(linger=0)
             self.socket = None
+            if self.endpoint and self.endpoint.startswith("ipc://"):
+                # libzmq leaves the socket file behind; a stale one only misleads 'org doctor'
+                Path(self.endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
         self._stop_auth()
         for fd in (self._wake_r, self._wake_w):
             try:
