@@ -30,7 +30,7 @@ import structlog
 log = structlog.get_logger("sandbox.limits")
 
 CGROUP_DIR = "loop-org-sandbox"
-_BWRAP_OWN_PROCS = 2  # bubblewrap's monitor and the namespace's init count against pids.max
+_BWRAP_OWN_PROCS = 3  # bubblewrap's monitor, the namespace's init and the backstop timer
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,73 @@
+"""Errors of the workspace history; each carries a machine-readable ``code``."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from state_db.errors import StateError
+
+
+class HistoryError(StateError):
+    """Base error of the workspace history; ``code`` is machine-readable."""
+
+    code = "history_error"
+
+
+class GitMissing(HistoryError):
+    code = "git_missing"
+
+
+class WorkspaceMissing(HistoryError):
+    code = "workspace_missing"
+
+
+class UnknownCommit(HistoryError):
+    code = "unknown_commit"
+
+
+class NoBaseline(HistoryError):
+    code = "no_baseline"
+
+
+class RefLocked(HistoryError):
+    """A ref's lock file exists: another writer holds it, or a killed one left it."""
+
+    code = "ref_locked"
+
+    def __init__(self, lock: str) -> None:
+        self.lock = lock
+        super().__init__(
+            f"{lock} exists: a writer holds this ref or was killed while holding it; "
+            "restart the run (baseline() and reset_to() clear locks a killed writer left)"
+        )
+
+
+class RefConflict(HistoryError):
+    """A ref did not hold the value the update expected (someone else moved it)."""
+
+    code = "ref_conflict"
+
+
+class GitFailed(HistoryError):
+    """A git command failed; ``args``, ``returncode`` and ``stderr`` say which and why."""
+
+    code = "git_failed"
+
+    def __init__(self, args: Sequence[str], returncode: int, stderr: str) -> None:
+        self.git_args = tuple(args)
+        self.returncode = returncode
+        self.stderr = stderr
+        super().__init__(
+            f"git {' '.join(args[:3])} exited {returncode}: {stderr.strip()[:500]}; "
+            "check the workspace is readable and the org home is writable"
+        )
+
+
+class FastPathUnavailable(Exception):
+    """Internal: the in-process path cannot answer exactly as git would; use git instead.
+
+    Never escapes ``WorkspaceHistory``: every caller catches it and runs the git path.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
