@@ -6,6 +6,7 @@ retro written after a crash or a restart says the same as one written at once.
 """
 from __future__ import annotations
 
+import re
 import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,7 +87,7 @@ class RunRecord:
     attempts: int
     discarded_attempts: int
     ended_at: float | None
-    extra: dict[str, Any] = field(default_factory=dict)
+    terms: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def goal_met(self) -> bool:
@@ -150,9 +151,39 @@ def load(conn: sqlite3.Connection, run_id: str) -> RunRecord:
                                               (run_id,)))
     att = conn.execute("""SELECT COUNT(*), COALESCE(SUM(outcome = 'discarded'), 0) FROM attempts
                            WHERE work_id = ?""", (run_id,)).fetchone()
+    carried = {(section, x) for it in its for section in ("skills", "knowledge") for x in it.ids(section)}
     return RunRecord(
         id=run_id, goal=work["goal"], verify=tuple(_json(work["verify"], [])), caps=_json(work["caps"], {}),
         status=work["status"], stop_reason=work["stop_reason"], stop_detail=work["stop_detail"] or "",
         elapsed_s=work["elapsed_s"], iterations=tuple(its), calls=usage[0], tokens=int(usage[1]),
         cost_usd=float(usage[2]), models=models, attempts=att[0], discarded_attempts=int(att[1]),
-        ended_at=work["ended_at"])
+        ended_at=work["ended_at"], terms=item_terms(conn, carried))
+
+
+_CODEISH = re.compile(r"`([^`]{2,80})`|(\b[\w./-]+\.(?:py|js|ts|json|toml|ya?ml|md|txt|sh|cfg|ini)\b)"
+                      r"|(\b[A-Z]\w*(?:Error|Exception)\b)")
+
+
+def terms_of(text: str) -> list[str]:
+    """Code-ish tokens of ``text`` (backticked spans, file names, error class names), in order."""
+    out = []
+    for m in _CODEISH.finditer(text or ""):
+        term = next(g for g in m.groups() if g)
+        if term not in out:
+            out.append(term)
+    return out
+
+
+def item_terms(conn: sqlite3.Connection, items: set[tuple[str, str]]) -> dict[str, tuple[str, ...]]:
+    """Trigger terms of carried items: a skill's name plus the code-ish tokens of its description;
+    a curated note's code-ish tokens of its topic (its id when it has none)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for section, item in sorted(items):
+        if section == "skills":
+            row = conn.execute("""SELECT c.description FROM skills s LEFT JOIN skill_candidates c
+                                    ON c.id = s.candidate_id WHERE s.name = ?""", (item,)).fetchone()
+            out[item] = tuple([item] + terms_of(row[0] if row and row[0] else ""))
+        else:
+            row = conn.execute("SELECT topic FROM curated_notes WHERE id = ?", (item,)).fetchone()
+            out[item] = tuple(terms_of(row[0]) if row else []) or (item,)
+    return out

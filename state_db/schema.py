@@ -195,6 +195,21 @@ CREATE TABLE workspace_locks (
 );
 """
 
+# The knowledge pipeline: a curated note remembers its kind and how its pattern scored
+# (tier: curated | queued | recommended), and the curator's queries get their indexes.
+KNOWLEDGE = """
+ALTER TABLE curated_notes ADD COLUMN kind TEXT NOT NULL DEFAULT '';
+ALTER TABLE curated_notes ADD COLUMN tier TEXT NOT NULL DEFAULT 'curated';
+ALTER TABLE curated_notes ADD COLUMN score INTEGER;
+ALTER TABLE curated_notes ADD COLUMN signals TEXT NOT NULL DEFAULT '{}';
+CREATE INDEX raw_notes_status ON raw_notes(status);
+CREATE INDEX raw_notes_run ON raw_notes(run_id);
+CREATE INDEX raw_notes_curated ON raw_notes(curated_id);
+CREATE INDEX skill_candidates_status ON skill_candidates(status);
+CREATE INDEX skill_candidates_name ON skill_candidates(name);
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
+    ("0002_knowledge", KNOWLEDGE),
 ]

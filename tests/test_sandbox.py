@@ -119,8 +119,9 @@ def test_org_home_is_hidden_even_by_absolute_path_while_a_workspace_inside_it_st
 
 @needs_bwrap
 def test_proc_shows_only_the_sandbox_processes(org):
-    got = sh(runner(org), "ls /proc | grep -c '^[0-9]'; cat /proc/1/environ | tr '\\0' '\\n' | grep -c ORG_ || true")
-    assert int(got.output.split()[0]) < 10, got.output  # bwrap's init, the shell and its pipeline
+    got = sh(runner(org), f"ls /proc | grep -c '^[0-9]'; cat /proc/{os.getpid()}/environ || echo NO-PARENT")
+    assert int(got.output.split()[0]) < 10, got.output  # bwrap's init, the backstop, the shell and its pipeline
+    assert "NO-PARENT" in got.output and "PATH=" not in got.output
 
 
 def test_mounts_put_parents_before_children_whatever_the_argument_order(tmp_path):
@@ -235,13 +236,10 @@ def test_timeout_kills_the_whole_tree_including_a_detached_grandchild(org):
     wait_until(lambda: not procs_with(token), 3.0, f"processes carrying {token} to end")
 
 
-@needs_bwrap
-def test_sandbox_dies_with_its_parent(tmp_path):
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    half = uuid.uuid4().hex
-    token = f"tok-{half}"  # the parent's own command line holds only the halves, never the token
-    parent_code = textwrap.dedent(f"""
+def _sandboxed_sleeper_parent(ws: Path, half: str) -> subprocess.Popen:
+    """A parent process running a sandboxed sleeper whose argv carries ``"tok-" + half``; the
+    parent's own command line holds only the halves, never the token."""
+    code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
         from pathlib import Path
@@ -249,10 +247,21 @@ def test_sandbox_dies_with_its_parent(tmp_path):
         run_sandboxed([{PY!r}, "-c", "import time; time.sleep(60)", "tok-" + {half!r}],
                       workspace=Path({str(ws)!r}), timeout_s=60)
     """)
-    parent = subprocess.Popen([PY, "-c", parent_code], start_new_session=True)
+    return subprocess.Popen([PY, "-c", code], start_new_session=True)
+
+
+@needs_bwrap
+@pytest.mark.parametrize("moment", ["running", "starting"])
+def test_sandbox_dies_with_its_parent(tmp_path, moment):
+    """Killed with the parent, whether the command already runs or bubblewrap is still starting."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    half = uuid.uuid4().hex
+    token = f"tok-{half}"
+    parent = _sandboxed_sleeper_parent(ws, half)
     try:
-        # the sleeper itself, not bubblewrap still starting (it arms --die-with-parent as it starts)
-        wait_until(lambda: procs_with(token, PY), 10.0, "the sandboxed sleeper to start")
+        # "running": the sleeper itself exists; "starting": anything carrying the token (the wrappers, bwrap)
+        wait_until(lambda: procs_with(token, PY if moment == "running" else None), 10.0, f"the sandbox {moment}")
         parent.kill()  # SIGKILL: no cleanup code of ours runs
         parent.wait()
         wait_until(lambda: not procs_with(token), 5.0, f"processes carrying {token} to end")
@@ -273,9 +282,11 @@ def test_a_missing_command_is_exit_127_not_a_sandbox_error(org):
 
 @needs_bwrap
 def test_workspace_tools_run_command_goes_through_the_sandbox(org):
-    tools = WorkspaceTools(org[1], runner(org))
-    result = tools.call("run_command", {"command": "id -u"})
+    """One runner without a fixed workspace serves whatever workspace the tools run in."""
+    shared = runner_from_config(config(), org[0])
+    result = WorkspaceTools(org[1], shared).call("run_command", {"command": "id -u; echo x > mark.txt"})
     assert not result.is_error and "65534" in result.content, result
+    assert (org[1] / "mark.txt").read_text() == "x\n"
 
 
 def test_bwrap_that_cannot_start_is_a_coded_sandbox_failed(org, tmp_path):

@@ -106,6 +106,11 @@ class Pusher:
             self.forget(recipient)
         return False
 
+    def prepare(self, recipient: str) -> None:
+        """Start connecting to ``recipient`` now, so a later push does not wait for the handshake."""
+        if recipient not in self._peers:
+            self._connect(recipient)
+
     def forget(self, recipient: str) -> None:
         """Close the socket to ``recipient``; the next push reconnects (re-resolving it)."""
         peer = self._peers.pop(recipient, None)

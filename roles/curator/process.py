@@ -1,8 +1,60 @@
-"""Curator process: starts, heartbeats, reconciles, answers ping."""
+"""Curator process: writes retros, curates knowledge, proposes skill candidates, opens batches.
+
+Triggers: a new ``work_items.ended`` event in the journal (checked every tick, a cheap query),
+a ``wake`` message, and a slow periodic pass (``slow_s``) so curation never starves. Passes are
+single-flight (see roles/curator/pipeline.py). The retro author is derived (no model) unless a
+model-written one is injected (``knowledge.retro_model.model_author``).
+"""
 from __future__ import annotations
 
+import time
+
+from knowledge.thresholds import Thresholds
+from roles.curator.pipeline import Pipeline
 from roles.runtime import RoleProcess
+from transport.kinds import Kind
+
+_LAST_ENDED = "SELECT COALESCE(MAX(id), 0) FROM events WHERE kind = 'work_items.ended'"
 
 
 class CuratorProcess(RoleProcess):
-    tick_s = 5.0
+    tick_s = 2.0
+    slow_s = 60.0
+
+    def __init__(self, home, instance, *, author=None):
+        super().__init__(home, instance)
+        kwargs = {"author": author} if author is not None else {}
+        self.pipeline = Pipeline(self.writer, Thresholds.from_config(self.cfg), home.skills_dir, log=self.log,
+                                 **kwargs)
+        self.seen_ended = -1
+        self.next_slow = 0.0
+        self.woken = False
+
+    def reconcile(self) -> None:
+        latest = self.writer.conn.execute(_LAST_ENDED).fetchone()[0]
+        slow = time.monotonic() >= self.next_slow
+        if latest == self.seen_ended and not slow and not self.woken:
+            return
+        self.woken = False
+        report = self.pipeline.run(slow=slow)
+        if report.skipped:
+            return
+        self.seen_ended = latest
+        if slow:
+            self.next_slow = time.monotonic() + self.slow_s
+        if report.batch:
+            self._tell_coordinator(report.batch)
+
+    def handle(self, env) -> None:
+        if env.kind in (Kind.WAKE, Kind.RUN_ENDED):
+            self.woken = True
+            self.reconcile()
+
+    def _tell_coordinator(self, batch_id: str) -> None:
+        """Best effort: the coordinator announces from the journal either way."""
+        if self._transport is None:
+            return
+        try:
+            self.transport.send("coordinator", Kind.BATCH_OPENED, {"batch_id": batch_id})
+        except Exception as exc:  # noqa: BLE001 - a lost wake delays, never loses
+            self.log.warning("batch_wake_failed", batch=batch_id, error=str(exc), next="announced from the journal")

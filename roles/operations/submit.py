@@ -101,6 +101,8 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
     caps, defaults_applied = _caps(req, cfg)
     backend = _backend(req, cfg)
     key = req.idempotency_key or uuid.uuid4().hex
+    from roles.operations.wake import Waker
+    waker = Waker(home, cfg)
     writer = StateWriter(home.db_path, Actor.HUMAN)
     try:
         work_id = new_work_id()
@@ -127,6 +129,5 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
         result, replayed = writer.run_once(key, "submit", do)
     finally:
         writer.close()
-    from roles.operations.wake import wake_coordinator
-    result["wake"] = wake_coordinator(home, cfg, {"work_id": result["id"]})
+    result["wake"] = waker.wake({"work_id": result["id"]})
     return {**result, "replayed": replayed, "idempotency_key": key}

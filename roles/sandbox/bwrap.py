@@ -104,7 +104,8 @@ def probe(bwrap: str) -> str | None:
 class BwrapRunner:
     """Runs commands in one workspace's sandbox; implements the loop-agent's ``CommandRunner``.
 
-    Params: ``workspace`` (writable); ``writable`` more writable paths; ``readonly_binds`` paths
+    Params: ``workspace`` (writable; None: each call's ``cwd`` is the workspace — what
+    ``WorkspaceTools`` passes); ``writable`` more writable paths; ``readonly_binds`` paths
     shown read-only even inside a hidden path; ``hide`` paths covered by an empty read-only
     tmpfs; ``limits``; ``network`` lifts the network block; ``env`` extra variables on top of
     the clean environment; ``bwrap`` the executable (default: found on PATH).
@@ -114,10 +115,10 @@ class BwrapRunner:
 
     kind = "bubblewrap"
 
-    def __init__(self, workspace: Path, *, writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
+    def __init__(self, workspace: Path | None, *, writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
                  hide: Sequence[Path] = (), limits: Limits | None = None, network: bool = False,
                  env: Mapping[str, str] | None = None, bwrap: str | None = None) -> None:
-        self.workspace = Path(workspace)
+        self.workspace = Path(workspace) if workspace is not None else None
         self.writable = tuple(Path(p) for p in writable)
         self.readonly_binds = tuple(Path(p) for p in readonly_binds)
         self.hide = tuple(Path(p) for p in hide)
@@ -138,13 +139,13 @@ class BwrapRunner:
                 max_output: int | None = None, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
                 writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
                 separate_stderr: bool = False, limits: Limits | None = None,
-                should_stop: Callable[[], bool] | None = None) -> Captured:
+                should_stop: Callable[[], bool] | None = None, poll_s: float = 1.0) -> Captured:
         """Run ``command`` (argv, or a shell line when a str) in the sandbox.
 
         Params: ``cwd`` (default: the workspace) must be visible inside; ``env`` adds variables
         for this call; ``writable``/``readonly_binds`` add binds for this call; ``limits``
-        replaces the runner's for this call; ``should_stop`` is polled each second while the
-        command runs and a True kills it (``Captured.stopped``).
+        replaces the runner's for this call; ``should_stop`` is polled every ``poll_s`` seconds
+        while the command runs and a True kills it (``Captured.stopped``).
         Returns: ``Captured`` (exit code 128+N when the command died of signal N; 127 with
         bubblewrap's message when the command cannot be executed).
         """
@@ -156,20 +157,23 @@ class BwrapRunner:
         if problem is not None:
             raise SandboxFailed(f"bubblewrap cannot build a sandbox here: {problem}; {_FIX}")
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        workdir = os.path.realpath(cwd or self.workspace)
-        mounts = mount_args(self.workspace, writable=[*self.writable, *writable],
+        workspace = self.workspace or cwd
+        if workspace is None:
+            raise SandboxConfigError("a sandbox without a workspace needs the cwd of each command")
+        workdir = os.path.realpath(cwd or workspace)
+        mounts = mount_args(Path(workspace), writable=[*self.writable, *writable],
                             readonly=[*self.readonly_binds, *readonly_binds], hide=self.hide)
         limits = limits or self.limits
         cgroup = PidsCgroup.create(limits)
         status_r, status_w = os.pipe()
         try:
-            full = [*(cgroup.join_prefix() if cgroup else []), *outer_prefix(limits), bwrap,
+            full = [*_lifeline(), *(cgroup.join_prefix() if cgroup else []), *outer_prefix(limits), bwrap,
                     *namespace_args(network=self.network), *mounts, "--chdir", workdir,
                     "--json-status-fd", str(status_w), "--", *inner_prefix(limits), *_backstop(timeout_s), *argv]
             got = run_bounded(full, cwd="/", env=clean_env({**self.env, **(env or {})}), timeout_s=timeout_s,
                               max_output=max_output or limits.max_output, stdin=stdin,
                               separate_stderr=separate_stderr, pass_fds=(status_w,),
-                              preexec=preexec_rlimits(limits), should_stop=should_stop,
+                              preexec=preexec_rlimits(limits), should_stop=should_stop, poll_s=poll_s,
                               on_timeout=cgroup.kill_all if cgroup else None)
             os.close(status_w)
             status_w = -1
@@ -185,9 +189,16 @@ class BwrapRunner:
         return got
 
 
+def _lifeline() -> list[str]:
+    """Arms the parent-death signal at the first exec. bubblewrap arms --die-with-parent only
+    after its own start-up; a parent killed before that left the sandbox's monitor orphaned."""
+    binary = shutil.which("setpriv")
+    return [binary, "--pdeathsig", "KILL", "--"] if binary else []
+
+
 def _backstop(timeout_s: float) -> list[str]:
-    """A second clock inside the sandbox. bubblewrap arms --die-with-parent only once it runs: a
-    parent killed in the few milliseconds before that leaves an orphan sandbox, which this ends."""
+    """A second clock inside the sandbox: should it ever outlive its parent (a parent killed in
+    the instant before the parent-death signal is armed), it still ends."""
     binary = shutil.which("timeout")
     return [binary, "-s", "KILL", str(math.ceil(timeout_s) + _BACKSTOP_GRACE_S)] if binary else []
 

@@ -68,8 +68,9 @@ class UnsandboxedRunner:
 
     kind = "unsandboxed"
 
-    def __init__(self, workspace: Path, *, limits: Limits | None = None, env: Mapping[str, str] | None = None) -> None:
-        self.workspace = Path(workspace)
+    def __init__(self, workspace: Path | None, *, limits: Limits | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.workspace = Path(workspace) if workspace is not None else None
         self.limits = limits or Limits()
         self.env = dict(env or {})
 
@@ -83,23 +84,27 @@ class UnsandboxedRunner:
                 max_output: int | None = None, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
                 writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
                 separate_stderr: bool = False, limits: Limits | None = None,
-                should_stop: Callable[[], bool] | None = None) -> Captured:
+                should_stop: Callable[[], bool] | None = None, poll_s: float = 1.0) -> Captured:
         """Same parameters as ``BwrapRunner.execute``; binds and ``limits`` have no meaning here."""
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         full_env = clean_env({**self.env, **(env or {})}, home=os.environ.get("HOME", "/"))
         try:
-            return run_bounded(argv, cwd=cwd or self.workspace, env=full_env, timeout_s=timeout_s,
+            return run_bounded(argv, cwd=cwd or self.workspace or "/", env=full_env, timeout_s=timeout_s,
                                max_output=max_output or self.limits.max_output, stdin=stdin,
-                               separate_stderr=separate_stderr, should_stop=should_stop)
+                               separate_stderr=separate_stderr, should_stop=should_stop, poll_s=poll_s)
         except OSError as exc:  # like a shell: the command is not there
             return Captured(127, f"{argv[0]}: {exc.strerror or exc}\n", "", False, False, 0.0)
 
 
-def runner_from_config(cfg, org_home, workspace: Path, *, bwrap: str | None = None):
+def runner_from_config(cfg, org_home, workspace: Path | None = None, *, readonly_binds: Sequence[Path] = (),
+                       bwrap: str | None = None):
     """The runner for agent commands in ``workspace``.
 
     Params: ``cfg`` the org config; ``org_home`` an ``OrgHome`` or its root path (hidden from the
-    sandbox); ``bwrap`` overrides the executable found on PATH.
+    sandbox); ``workspace`` the writable folder (None: each command's ``cwd``, which is what
+    ``WorkspaceTools`` passes — one runner then serves any workspace); ``readonly_binds`` more
+    folders shown read-only although hidden (e.g. a toolchain under the real home); ``bwrap``
+    overrides the executable found on PATH.
     Returns: ``BwrapRunner`` | ``UnsandboxedRunner`` | ``RefusingRunner`` (all have ``run`` —
     the ``CommandRunner`` protocol — and ``execute``). Never raises: problems surface, coded, when
     a command is run.
@@ -114,7 +119,8 @@ def runner_from_config(cfg, org_home, workspace: Path, *, bwrap: str | None = No
             "'bubblewrap' package, or — at your own risk — set sandbox.mode = \"unsandboxed\" and "
             "sandbox.allow_unsandboxed = true in org.toml"))
     root = Path(org_home if isinstance(org_home, (str, os.PathLike)) else org_home.root)
-    return BwrapRunner(workspace, hide=default_hidden(root), readonly_binds=default_visible(),
+    visible = [*default_visible(), *(Path(p) for p in readonly_binds)]
+    return BwrapRunner(workspace, hide=default_hidden(root), readonly_binds=visible,
                        limits=limits, bwrap=found)
 
 

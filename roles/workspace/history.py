@@ -9,9 +9,18 @@ Everything else is recorded, ignored files included (``add --force``): the eval-
 verify exactly what the doer produced. Git records files, not directories, so empty
 directories are not part of a checkpoint (a reset removes them).
 
-Checkpoint cost grows with what changed, not with the workspace size: a private index kept in
-the git dir carries git's stat cache (and the untracked cache), so ``add`` only rehashes files
-whose stat data changed, and the cache-tree makes ``write-tree`` rewrite only changed trees.
+Checkpoint cost grows with what changed, not with the workspace size, and the steady state
+runs no git process: objects are written and read in-process as loose objects in git's exact
+format (``objects``), refs are moved under git's lock protocol (``refs``), and a stat cache in
+the git dir (``statcache``) lets a checkpoint read only files whose stat changed and rebuild
+only their trees (``scan``), and lets a reset or a snapshot rewrite only what differs
+(``checkout``). Whatever the in-process path does not reproduce exactly — nested repositories,
+``.gitattributes``, special files, packed objects, a cache that does not match the refs — is
+handed to git, as before: the history and its trees are the same either way.
+
+Crash safety (kill -9 at any point): objects and refs are written to temp/lock files and
+renamed; the stat cache is written after the refs and records the ``HEAD`` it was written
+with, so a cache that does not match the refs is discarded and rebuilt from the files.
 
 Refs: ``refs/loop-org/baseline``, ``refs/iterations/<n>`` per committed iteration,
 ``refs/heads/checkpoints`` (HEAD, the parent of the next checkpoint), and
@@ -19,80 +28,34 @@ Refs: ``refs/loop-org/baseline``, ``refs/iterations/<n>`` per committed iteratio
 """
 from __future__ import annotations
 
-import hashlib
 import os
+import re
 import shutil
-import subprocess
 import uuid
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import structlog
 
+from roles.workspace import objects, snapshot, statcache
+from roles.workspace.errors import (  # noqa: F401 - re-exported: callers import them from here
+    FastPathUnavailable, GitFailed, GitMissing, HistoryError, NoBaseline, RefConflict,
+    RefLocked, UnknownCommit, WorkspaceMissing,
+)
+from roles.workspace.checkout import Syncer
+from roles.workspace.gitcli import REPO_CONFIG as _REPO_CONFIG  # noqa: F401
+from roles.workspace.gitcli import GitCli
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
-from state_db.errors import StateError
+from roles.workspace.refs import Refs, clear_stale_locks, plain_ref_name
+from roles.workspace.scan import Recorder
 
 log = structlog.get_logger("loop_agent.history")
 
 BASELINE_REF = "refs/loop-org/baseline"
 HEAD_REF = "refs/heads/checkpoints"
 _ZERO = "0" * 40
-
-# Repository settings that keep a checkpoint proportional to what changed, and keep user or
-# system configuration (hooks, autocrlf, fsmonitor daemons, excludes) out of the picture.
-_REPO_CONFIG = (
-    ("core.untrackedCache", "true"),
-    ("core.fsmonitor", "false"),
-    ("core.autocrlf", "false"),
-    ("core.safecrlf", "false"),
-    ("core.symlinks", "true"),
-    ("core.fileMode", "true"),
-    ("core.quotePath", "false"),
-    ("core.logAllRefUpdates", "always"),
-    ("gc.auto", "0"),
-    ("index.version", "4"),
-    # Writing a fresh snapshot is I/O bound: parallel workers help even on 2 cores.
-    ("checkout.workers", "4"),
-    ("advice.addEmbeddedRepo", "false"),
-    ("commit.gpgSign", "false"),
-)
-
-
-class HistoryError(StateError):
-    """Base error of the workspace history; ``code`` is machine-readable."""
-
-    code = "history_error"
-
-
-class GitMissing(HistoryError):
-    code = "git_missing"
-
-
-class WorkspaceMissing(HistoryError):
-    code = "workspace_missing"
-
-
-class UnknownCommit(HistoryError):
-    code = "unknown_commit"
-
-
-class NoBaseline(HistoryError):
-    code = "no_baseline"
-
-
-class GitFailed(HistoryError):
-    """A git command failed; ``args``, ``returncode`` and ``stderr`` say which and why."""
-
-    code = "git_failed"
-
-    def __init__(self, args: Sequence[str], returncode: int, stderr: str) -> None:
-        self.git_args = tuple(args)
-        self.returncode = returncode
-        self.stderr = stderr
-        super().__init__(
-            f"git {' '.join(args[:3])} exited {returncode}: {stderr.strip()[:500]}; "
-            "check the workspace is readable and the org home is writable"
-        )
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+_CACHE_NAME = "loop-org-workspace.statcache"
 
 
 def iteration_ref(iteration: int) -> str:
@@ -113,69 +76,47 @@ class WorkspaceHistory:
             created on first use. Must not be inside ``workspace``.
         workspace: the directory the agent works in.
         git: the git executable.
+        on_step: called with the name of each durable write step (``commit_written``,
+            ``ref_locked:<ref>``, ``ref_updated:<ref>``, ``cache_written``,
+            ``snapshot_locked``); tests kill the process there to prove crash safety.
 
     Raises:
         HistoryError(code="history_inside_workspace"): ``git_dir`` is inside the workspace.
     """
 
-    def __init__(self, git_dir: Path, workspace: Path, *, git: str = "git") -> None:
+    def __init__(self, git_dir: Path, workspace: Path, *, git: str = "git",
+                 on_step: Callable[[str], None] | None = None) -> None:
         self.git_dir = Path(git_dir).absolute()
         self.workspace = Path(workspace).absolute()
-        self._git_exe = git
         if _inside(self.git_dir, self.workspace):
             raise HistoryError(
                 f"history {self.git_dir} is inside workspace {self.workspace}; "
                 "keep it in the org home",
                 code="history_inside_workspace",
             )
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-        env.update(
-            GIT_CONFIG_NOSYSTEM="1",
-            GIT_CONFIG_GLOBAL=os.devnull,
-            GIT_TERMINAL_PROMPT="0",
-            GIT_AUTHOR_NAME="loop-org",
-            GIT_AUTHOR_EMAIL="loop-org@localhost",
-            GIT_COMMITTER_NAME="loop-org",
-            GIT_COMMITTER_EMAIL="loop-org@localhost",
-        )
-        self._env = env
+        self._git = GitCli(self.git_dir, git)
+        self._env = self._git.env
+        self._step = on_step or (lambda step: None)
+        self._refs = Refs(self.git_dir, self._ident, self._step)
         self._ready = (self.git_dir / "HEAD").exists()
 
     # -- plumbing -------------------------------------------------------------------------
 
-    def _run(
-        self,
-        args: Sequence[str],
-        *,
-        work_tree: Path | None = None,
-        input: bytes | None = None,
-        env: dict[str, str] | None = None,
-        ok: tuple[int, ...] = (0,),
-        git_dir: Path | None = None,
-    ) -> subprocess.CompletedProcess[bytes]:
-        cmd = [self._git_exe, f"--git-dir={git_dir or self.git_dir}"]
-        if work_tree is not None:
-            cmd.append(f"--work-tree={work_tree}")
-        try:
-            proc = subprocess.run(
-                cmd + list(args),
-                input=input,
-                capture_output=True,
-                env=env or self._env,
-                cwd=work_tree or "/",
-            )
-        except FileNotFoundError as exc:
-            if work_tree is not None and not work_tree.is_dir():
-                raise WorkspaceMissing(f"workspace {work_tree} does not exist") from exc
-            raise GitMissing(
-                f"git executable {self._git_exe!r} not found; install git to record workspaces"
-            ) from exc
-        if proc.returncode not in ok:
-            raise GitFailed(args, proc.returncode, proc.stderr.decode("utf-8", "replace"))
-        return proc
+    def _run(self, args: Sequence[str], **kw):
+        return self._git.run(args, **kw)
 
     def _out(self, args: Sequence[str], **kw) -> str:
-        return self._run(args, **kw).stdout.decode("utf-8", "surrogateescape").strip()
+        return self._git.out(args, **kw)
+
+    def _store(self) -> objects.ObjectStore:
+        return objects.store_for(self.git_dir)
+
+    def _ident(self) -> str:
+        return objects.ident(self._env["GIT_COMMITTER_NAME"], self._env["GIT_COMMITTER_EMAIL"])
+
+    def _fallback(self, operation: str, exc: Exception) -> None:
+        log.info("history_git_fallback", operation=operation, reason=str(exc),
+                 workspace=str(self.workspace), next="git does this step")
 
     def _ws(self) -> Path:
         """The workspace, checked to exist (git would otherwise record an empty tree)."""
@@ -186,23 +127,10 @@ class WorkspaceHistory:
         return self.workspace
 
     def _ensure_repo(self) -> None:
-        if self._ready:
+        if self._ready or (self.git_dir / "HEAD").exists():
+            self._ready = True
             return
-        # Initialise beside the final path and rename, so a crash never leaves half a repo.
-        self.git_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.git_dir.with_name(f".{self.git_dir.name}.init-{uuid.uuid4().hex[:8]}")
-        try:
-            self._run(["init", "--quiet", "--bare"], git_dir=tmp)
-            for key, value in _REPO_CONFIG:
-                self._run(["config", key, value], git_dir=tmp)
-            self._run(["symbolic-ref", "HEAD", HEAD_REF], git_dir=tmp)
-            try:
-                os.rename(tmp, self.git_dir)
-            except OSError:
-                if not (self.git_dir / "HEAD").exists():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        self._git.init(HEAD_REF)
         self._ready = True
 
     def _resolve(self, rev: str) -> str | None:
@@ -211,8 +139,26 @@ class WorkspaceHistory:
         self._ready = True
         if not rev or rev.startswith("-"):
             return None  # never let a caller's value reach git as an option
+        try:
+            return self._resolve_fast(rev)
+        except FastPathUnavailable:
+            pass
         proc = self._run(["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], ok=(0, 1))
         return proc.stdout.decode().strip() or None
+
+    def _resolve_fast(self, rev: str) -> str | None:
+        if _HEX40.fullmatch(rev):
+            oid = rev
+        elif plain_ref_name(rev):
+            oid = self._refs.read(rev)
+            if oid is None:
+                return None
+        else:
+            raise FastPathUnavailable(f"{rev!r} needs git's revision syntax")
+        kind = self._store().kind(bytes.fromhex(oid))
+        if kind == b"tag":
+            raise FastPathUnavailable(f"{rev!r} is a tag")
+        return oid if kind == b"commit" else None
 
     def _commit_of(self, rev: str) -> str:
         commit = self._resolve(rev)
@@ -220,11 +166,18 @@ class WorkspaceHistory:
             raise UnknownCommit(f"{rev!r} is not a commit of history {self.git_dir}")
         return commit
 
-    def _stage_tree(self) -> str:
-        """Stage the whole workspace into the private index and return its tree id."""
-        ws = self._ws()
-        self._run(["add", "--all", "--force"], work_tree=ws)
-        return self._out(["write-tree"], work_tree=ws)
+    def _tree_of(self, commit: str) -> bytes:
+        return self._store().commit(bytes.fromhex(commit))[0]
+
+    def _write_commit(self, tree: str, parents: list[str], message: str) -> str:
+        e = self._env
+        body = objects.encode_commit(tree, parents,
+                                     objects.ident(e["GIT_AUTHOR_NAME"], e["GIT_AUTHOR_EMAIL"]),
+                                     objects.ident(e["GIT_COMMITTER_NAME"], e["GIT_COMMITTER_EMAIL"]),
+                                     message)
+        commit = self._store().write(b"commit", body).hex()
+        self._step("commit_written")
+        return commit
 
     def _clear_stale_locks(self) -> None:
         """Remove lock files a killed writer left (``index.lock``, ``refs/**.lock``, ...).
@@ -233,14 +186,8 @@ class WorkspaceHistory:
         time; it calls this when it (re)starts a run or an attempt (``baseline``, ``reset_to``),
         so a lock found then belongs to a process that died. Snapshot indexes are separate.
         """
-        if not self.git_dir.is_dir():
-            return
-        stale = [self.git_dir / n for n in ("index.lock", "HEAD.lock", "packed-refs.lock")]
-        stale += list((self.git_dir / "refs").rglob("*.lock"))
-        for lock in stale:
-            if lock.exists():
-                log.warning("history_stale_lock_removed", lock=str(lock))
-                lock.unlink(missing_ok=True)
+        for lock in clear_stale_locks(self.git_dir):
+            log.warning("history_stale_lock_removed", lock=str(lock))
 
     def _ls_tree(self, commit: str) -> dict[str, bytes]:
         """Map path -> raw ``ls-tree`` entry (``mode type oid\\tpath``) for every file."""
@@ -251,6 +198,48 @@ class WorkspaceHistory:
                 path = entry.split(b"\t", 1)[1].decode("utf-8", "surrogateescape")
                 entries[path] = entry
         return entries
+
+    # -- the workspace's stat cache and staging -----------------------------------------------
+
+    def _cache_path(self) -> Path:
+        return self.git_dir / _CACHE_NAME
+
+    def _load_cache(self, head: str | None) -> statcache.StatCache | None:
+        """The workspace's stat cache if it matches ``head`` and this workspace, else None."""
+        cache = statcache.load(self._cache_path())
+        if cache is not None and (cache.meta.get("head") != head
+                                  or cache.meta.get("workspace") != os.fspath(self.workspace)):
+            log.info("history_stat_cache_discarded", workspace=str(self.workspace),
+                     next="files are read again once")
+            statcache.discard(self._cache_path())
+            cache = None
+        return cache
+
+    def _save_cache(self, node: statcache.Node, head: str | None) -> None:
+        statcache.save(self._cache_path(), node, {"head": head, "workspace": os.fspath(self.workspace)})
+        self._step("cache_written")
+
+    def _scan(self, head: str | None) -> tuple[str, statcache.Node, bool]:
+        """In-process staging: (tree id, new cache node, whether the cache must be saved)."""
+        ws = self._ws()
+        if (self.git_dir / "info" / "attributes").exists():
+            raise FastPathUnavailable("the history has info/attributes")
+        cache = self._load_cache(head)
+        rec = Recorder(self._store(), cache.racy_ns if cache else 0)
+        tree, node = rec.record(os.fsencode(ws), cache.root if cache else None)
+        return tree.hex(), node, rec.dirty or cache is None
+
+    def _stage_git(self) -> str:
+        """Stage the whole workspace with git (private index) and return its tree id."""
+        ws = self._ws()
+        cache = statcache.load(self._cache_path())
+        statcache.discard(self._cache_path())
+        if cache is not None and cache.root[0]:
+            # Give git's index the last recorded state, as it always had, so git's own rules
+            # (a nested repository already tracked as files, say) apply as before.
+            self._run(["read-tree", "-m", cache.root[0].hex()])
+        self._run(["add", "--all", "--force"], work_tree=ws)
+        return self._out(["write-tree"], work_tree=ws)
 
     # -- recording --------------------------------------------------------------------------
 
@@ -267,14 +256,30 @@ class WorkspaceHistory:
         self._clear_stale_locks()
         existing = self.baseline_commit()
         if existing:
+            try:
+                if self._refs.read(HEAD_REF) is None:  # killed between the two ref writes
+                    self._refs.update(HEAD_REF, existing, message="loop-org: baseline",
+                                      also_log=("HEAD",))
+            except FastPathUnavailable:
+                pass  # a symbolic or packed-only HEAD ref: git's business, nothing to repair
             return existing
         self._ensure_repo()
-        tree = self._stage_tree()
-        commit = self._out(["commit-tree", tree, "-m", "loop-org baseline"])
-        self._run(
-            ["update-ref", "--stdin"],
-            input=f"create {BASELINE_REF} {commit}\nupdate {HEAD_REF} {commit}\n".encode(),
-        )
+        try:
+            head = self._refs.read(HEAD_REF)
+            tree, node, _ = self._scan(head)
+            commit = self._write_commit(tree, [], "loop-org baseline")
+            # HEAD first: a crash before the baseline ref leaves a history that baselines again.
+            self._refs.update(HEAD_REF, commit, message="loop-org: baseline", also_log=("HEAD",))
+            self._refs.update(BASELINE_REF, commit, expect=None, message="loop-org: baseline")
+            self._save_cache(node, commit)
+        except (FastPathUnavailable, OSError) as exc:
+            self._fallback("baseline", exc)
+            tree = self._stage_git()
+            commit = self._out(["commit-tree", tree, "-m", "loop-org baseline"])
+            self._run(
+                ["update-ref", "--stdin"],
+                input=f"create {BASELINE_REF} {commit}\nupdate {HEAD_REF} {commit}\n".encode(),
+            )
         log.info("workspace_baseline", workspace=str(self.workspace), commit=commit)
         return commit
 
@@ -291,24 +296,59 @@ class WorkspaceHistory:
         that was discarded (the act was cut and re-run): the ref moves to the new commit and the
         old one stays visible as ``refs/discarded/<n>/<commit>``.
 
-        Returns: the commit id. Raises: NoBaseline, WorkspaceMissing, GitFailed.
+        Returns: the commit id. Raises: NoBaseline, WorkspaceMissing, GitFailed, RefLocked.
         """
         if not isinstance(iteration, int) or iteration < 1:
             raise HistoryError(f"iteration must be an int >= 1, got {iteration!r}",
                                code="bad_iteration")
+        if not (self._ready or (self.git_dir / "HEAD").exists()):
+            raise NoBaseline("no baseline recorded; call baseline() before checkpoint()")
+        try:
+            return self._checkpoint_fast(iteration)
+        except (FastPathUnavailable, OSError) as exc:
+            self._fallback("checkpoint", exc)
+            return self._checkpoint_git(iteration)
+
+    def _checkpoint_fast(self, iteration: int) -> str:
         ref = iteration_ref(iteration)
-        known = {}
-        if self._ready or (self.git_dir / "HEAD").exists():
-            heads = self._out(["for-each-ref", "--format=%(refname) %(objectname) %(tree)",
-                               ref, HEAD_REF])
-            known = {name: (oid, tree) for name, oid, tree in map(str.split, heads.splitlines())}
+        head = self._refs.read(HEAD_REF)
+        if head is None:
+            raise NoBaseline("no baseline recorded; call baseline() before checkpoint()")
+        old = self._refs.read(ref)
+        old_tree = self._tree_of(old).hex() if old else None
+        tree, node, dirty = self._scan(head)
+        if old_tree == tree:
+            if head != old:  # same step again after a reset: continue from it
+                self._refs.update(HEAD_REF, old, message=f"loop-org: iteration {iteration} again",
+                                  also_log=("HEAD",))
+            if dirty or head != old:
+                self._save_cache(node, old)
+            return old
+        commit = self._write_commit(tree, [head], f"loop-org checkpoint\n\niteration: {iteration}")
+        message = f"loop-org: checkpoint of iteration {iteration}"
+        if old:
+            discarded = f"refs/discarded/{iteration}/{old}"
+            if self._refs.read(discarded) != old:  # already there if killed right after it
+                self._refs.update(discarded, old, expect=None, message=message)
+            log.warning("checkpoint_replaced", workspace=str(self.workspace),
+                        iteration=iteration, discarded=old, commit=commit)
+        self._refs.update(ref, commit, expect=old, message=message)
+        self._refs.update(HEAD_REF, commit, message=message, also_log=("HEAD",))
+        self._save_cache(node, commit)
+        return commit
+
+    def _checkpoint_git(self, iteration: int) -> str:
+        ref = iteration_ref(iteration)
+        heads = self._out(["for-each-ref", "--format=%(refname) %(objectname) %(tree)",
+                           ref, HEAD_REF])
+        known = {name: (oid, tree) for name, oid, tree in map(str.split, heads.splitlines())}
         if HEAD_REF not in known:
             raise NoBaseline("no baseline recorded; call baseline() before checkpoint()")
-        tree = self._stage_tree()
+        tree = self._stage_git()
         old, old_tree = known.get(ref, (None, None))
         parent = known[HEAD_REF][0]
         if old_tree == tree:
-            if parent != old:  # same step again after a reset: continue from it
+            if parent != old:
                 self._run(["update-ref", HEAD_REF, old])
             return old
         message = f"loop-org checkpoint\n\niteration: {iteration}"
@@ -324,11 +364,23 @@ class WorkspaceHistory:
     def fingerprint_of_workspace(self) -> str:
         """Tree id of the workspace as it is now (same content -> same id). Cheap."""
         self._ensure_repo()
-        return self._stage_tree()
+        try:
+            head = self._refs.read(HEAD_REF)
+            tree, node, dirty = self._scan(head)
+            if dirty:
+                self._save_cache(node, head)
+            return tree
+        except (FastPathUnavailable, OSError) as exc:
+            self._fallback("fingerprint", exc)
+            return self._stage_git()
 
     def tree_id(self, commit: str) -> str:
         """Tree id of a recorded commit. Raises: UnknownCommit."""
-        return self._out(["rev-parse", f"{self._commit_of(commit)}^{{tree}}"])
+        oid = self._commit_of(commit)
+        try:
+            return self._tree_of(oid).hex()
+        except FastPathUnavailable:
+            return self._out(["rev-parse", f"{oid}^{{tree}}"])
 
     # -- restoring -----------------------------------------------------------------------------
 
@@ -342,11 +394,31 @@ class WorkspaceHistory:
         self._clear_stale_locks()
         target = self._commit_of(commit)
         ws = self._ws()
-        self._run(["read-tree", "--reset", "-u", target], work_tree=ws)
-        # -ff also removes git repositories the agent created in subdirectories.
-        self._run(["clean", "-ffdxq"], work_tree=ws)
-        self._run(["update-ref", HEAD_REF, target])
+        try:
+            self._reset_fast(target, ws)
+        except (FastPathUnavailable, OSError) as exc:
+            self._fallback("reset", exc)
+            statcache.discard(self._cache_path())
+            self._run(["read-tree", "--reset", "-u", target], work_tree=ws)
+            # -ff also removes git repositories the agent created in subdirectories.
+            self._run(["clean", "-ffdxq"], work_tree=ws)
+            self._run(["update-ref", HEAD_REF, target])
         log.info("workspace_reset", workspace=str(self.workspace), commit=target)
+
+    def _reset_fast(self, target: str, ws: Path) -> None:
+        store = self._store()
+        tree = self._tree_of(target)
+        if store.special(tree) or (self.git_dir / "info" / "attributes").exists():
+            raise FastPathUnavailable("the target needs git's checkout (attributes or gitlinks)")
+        head = self._refs.read(HEAD_REF)
+        cache = self._load_cache(head)
+        syncer = Syncer(store, cache.racy_ns if cache else 0, snapshot=False)
+        node = syncer.sync(os.fsencode(ws), tree, cache.root if cache else None)
+        if head != target:
+            self._refs.update(HEAD_REF, target, message=f"loop-org: reset to {target}",
+                              also_log=("HEAD",))
+        if syncer.changes or head != target or cache is None or cache.root[0] != tree:
+            self._save_cache(node, target)
 
     # -- showing ---------------------------------------------------------------------------------
 
@@ -382,10 +454,12 @@ class WorkspaceHistory:
 
     def changed_paths(self, a: str, b: str) -> list[str]:
         """Paths added, modified, deleted or changed in mode between commits ``a`` and ``b``."""
-        raw = self._run(
-            ["diff", "--name-only", "-z", "--no-renames", self._commit_of(a), self._commit_of(b)]
-        ).stdout
-        return sorted(p.decode("utf-8", "surrogateescape") for p in raw.split(b"\0") if p)
+        ca, cb = self._commit_of(a), self._commit_of(b)
+        try:
+            raw = self._store().changed(self._tree_of(ca), self._tree_of(cb))
+        except FastPathUnavailable:
+            raw = self._run(["diff", "--name-only", "-z", "--no-renames", ca, cb]).stdout.split(b"\0")
+        return sorted(p.decode("utf-8", "surrogateescape") for p in raw if p)
 
     # -- protected paths and snapshots ---------------------------------------------------------
 
@@ -394,25 +468,15 @@ class WorkspaceHistory:
         patterns: Sequence[str] = DEFAULT_PROTECTED_PATTERNS,
     ) -> list[str]:
         """Files present at ``baseline`` (default: the recorded one) matching ``patterns``."""
-        return match_paths(self._ls_tree(self._commit_of(baseline or BASELINE_REF)), patterns)
+        commit = self._commit_of(baseline or BASELINE_REF)
+        try:
+            return snapshot.protected(self._store(), self._tree_of(commit), tuple(patterns))
+        except FastPathUnavailable:
+            return match_paths(self._ls_tree(commit), patterns)
 
     def _snapshot_index(self, dest: Path) -> Path:
-        key = hashlib.sha1(os.path.realpath(dest).encode("utf-8", "surrogateescape")).hexdigest()
-        return self.git_dir / "snapshots" / f"{key[:20]}.index"
-
-    def _restored_tree(self, target: str, source_entries: dict[str, bytes],
-                       paths: Sequence[str]) -> str:
-        """Tree of ``target`` with ``paths`` taken from ``source_entries`` (a private index)."""
-        index = self.git_dir / f"restore-{os.getpid()}-{uuid.uuid4().hex[:8]}.index"
-        env = dict(self._env, GIT_INDEX_FILE=str(index))
-        try:
-            self._run(["read-tree", target], env=env)
-            # --replace drops entries in the way (a file where a directory was, or back).
-            self._run(["update-index", "-z", "--replace", "--index-info"], env=env,
-                      input=b"".join(source_entries[p] + b"\0" for p in paths))
-            return self._out(["write-tree"], env=env)
-        finally:
-            index.unlink(missing_ok=True)
+        key = snapshot.key_of(dest)
+        return self.git_dir / "snapshots" / f"{key}.index"
 
     def materialize(
         self,
@@ -428,7 +492,7 @@ class WorkspaceHistory:
         writer per snapshot directory; a torn one is rewritten whole): then only
         what differs is rewritten and anything else found there (build output, files the
         verify commands wrote) is removed, so re-verifying the next checkpoint costs what
-        changed, not the workspace size. Tampering is caught by git's stat check (ctime
+        changed, not the workspace size. Tampering is caught by a stat check (ctime
         included), never trusted to mtimes alone.
 
         Args:
@@ -439,8 +503,8 @@ class WorkspaceHistory:
                 from ``restore_from`` are ignored.
         Returns: the protected paths that differ between ``restore_from`` and ``commit``
             (modified, deleted or mode-changed), sorted; the snapshot has them restored.
-        Raises: UnknownCommit, GitFailed, HistoryError with code ``dest_not_empty`` or
-            ``dest_inside_workspace``.
+        Raises: UnknownCommit, GitFailed, HistoryError with code ``dest_not_empty``,
+            ``dest_inside_workspace`` or ``snapshot_busy``.
         """
         target = self._commit_of(commit)
         source = self._commit_of(restore_from or BASELINE_REF)
@@ -448,16 +512,32 @@ class WorkspaceHistory:
         if _inside(dest, self.workspace):
             raise HistoryError(f"snapshot directory {dest} is inside the workspace; "
                                "write snapshots elsewhere", code="dest_inside_workspace")
-        index = self._snapshot_index(dest)
-        lock = index.with_name(index.name + ".lock")
-        if lock.exists():
+        sidecar = self._snapshot_index(dest)
+        gitindex = sidecar.with_suffix(".gitindex")
+        if any(p.with_name(p.name + ".lock").exists() for p in (sidecar, gitindex)):
             # One writer per snapshot directory: a lock means the last one was killed midway.
             log.warning("snapshot_torn", snapshot=str(dest))
             self.discard_snapshot(dest)
-        fresh = not dest.exists() or not any(dest.iterdir())
-        if not fresh and not index.exists():
+        if not snapshot.is_empty(dest) and not sidecar.exists() and not gitindex.exists():
             raise HistoryError(f"snapshot directory {dest} is not empty and was not written "
                                "by this history; pass a fresh one", code="dest_not_empty")
+        try:
+            store = self._store()
+            t_tree, s_tree = self._tree_of(target), self._tree_of(source)
+            if gitindex.exists() and not (store.special(t_tree) or store.special(s_tree)):
+                self.discard_snapshot(dest)  # last written by git: start over in-process
+            return snapshot.materialize(store, t_tree, s_tree, dest, sidecar,
+                                        paths=paths, on_step=self._step)
+        except (FastPathUnavailable, OSError) as exc:
+            self._fallback("materialize", exc)
+            if not gitindex.exists() and not snapshot.is_empty(dest):
+                self.discard_snapshot(dest)  # written in-process: git's index knows nothing of it
+            return self._materialize_git(target, source, dest, gitindex, paths)
+
+    def _materialize_git(self, target: str, source: str, dest: Path, index: Path,
+                         paths: Sequence[str] | None) -> list[str]:
+        statcache.discard(self._snapshot_index(dest))
+        fresh = snapshot.is_empty(dest)
         if fresh:
             index.unlink(missing_ok=True)
         dest.mkdir(parents=True, exist_ok=True)
@@ -473,15 +553,33 @@ class WorkspaceHistory:
             self._run(["clean", "-ffdxq"], work_tree=dest, env=env)
         return differing
 
+    def _restored_tree(self, target: str, source_entries: dict[str, bytes],
+                       paths: Sequence[str]) -> str:
+        """Tree of ``target`` with ``paths`` taken from ``source_entries`` (a private index)."""
+        index = self.git_dir / f"restore-{os.getpid()}-{uuid.uuid4().hex[:8]}.index"
+        env = dict(self._env, GIT_INDEX_FILE=str(index))
+        try:
+            self._run(["read-tree", target], env=env)
+            # --replace drops entries in the way (a file where a directory was, or back).
+            self._run(["update-index", "-z", "--replace", "--index-info"], env=env,
+                      input=b"".join(source_entries[p] + b"\0" for p in paths))
+            return self._out(["write-tree"], env=env)
+        finally:
+            index.unlink(missing_ok=True)
+
     def discard_snapshot(self, dest_dir: Path) -> None:
         """Remove a snapshot directory written by ``materialize`` and its private index."""
         dest = Path(dest_dir).absolute()
-        index = self._snapshot_index(dest)
+        sidecar = self._snapshot_index(dest)
         shutil.rmtree(dest, ignore_errors=True)
-        index.unlink(missing_ok=True)
-        index.with_name(index.name + ".lock").unlink(missing_ok=True)
+        statcache.discard(sidecar)
+        for p in (sidecar, sidecar.with_suffix(".gitindex")):
+            p.unlink(missing_ok=True)
+            p.with_name(p.name + ".lock").unlink(missing_ok=True)
 
     def delete(self) -> None:
         """Remove the whole shadow history (the workspace is untouched)."""
         shutil.rmtree(self.git_dir, ignore_errors=True)
+        objects.forget(self.git_dir)
+        statcache.forget_under(self.git_dir)
         self._ready = False

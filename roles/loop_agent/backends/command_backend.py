@@ -28,7 +28,6 @@ import re
 import shutil
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -131,8 +130,12 @@ class CommandBackend:
         if binary is None:
             return _end("model_error", "cli_missing", f"{self.config.binary!r} is not on the sandbox's PATH ({path}); "
                         "install it or set the command backend's binary to its absolute path")
-        home = self._private_home(ctx.work_id)
-        sock_dir = _short_private_dir(self.state_dir)
+        try:
+            home = self._private_home(ctx.work_id)
+            sock_dir = _short_private_dir(self.state_dir)
+        except OSError as exc:
+            return _end("model_error", "cli_setup", f"cannot prepare the CLI's private folders under "
+                        f"{self.state_dir}: {exc.strerror or exc}")
         stop_code: list[str] = []
 
         def should_stop() -> bool:
@@ -141,18 +144,19 @@ class CommandBackend:
                 stop_code.append(code)
             return code is not None
 
-        endpoint = ModelEndpoint(self.upstream, sock_dir / "model.sock", api_key=self._api_key,
-                                 auth_token=self._auth_token, timeout_s=self.config.timeout_s)
-        argv = [self.config.relay_python, "-I", str(RELAY_SCRIPT), str(endpoint.socket_path), "--",
-                binary, *self._preset_args(ctx)]
         log.info("cli starting", binary=binary, preset=self.config.preset, **fields)
         try:
+            endpoint = ModelEndpoint(self.upstream, sock_dir / "model.sock", api_key=self._api_key,
+                                     auth_token=self._auth_token, timeout_s=self.config.timeout_s)
+            argv = [self.config.relay_python, "-I", str(RELAY_SCRIPT), str(endpoint.socket_path), "--",
+                    binary, *self._preset_args(ctx)]
             with endpoint:
                 got = runner.execute(
                     argv, cwd=ctx.workspace, timeout_s=self.config.timeout_s, max_output=self.config.max_output_bytes,
                     stdin=_prompt(ctx).encode("utf-8"), env=self._env(home, path), writable=[home, sock_dir],
                     readonly_binds=self._readonly(binary), separate_stderr=True,
-                    limits=_cli_limits(runner, self.config.memory_mb), should_stop=should_stop)
+                    limits=_cli_limits(runner, self.config.memory_mb), should_stop=should_stop,
+                    poll_s=self.config.poll_s)
         except SandboxError as exc:
             log.error("cli not started: sandbox error", code=exc.code, error=str(exc), **fields)
             return _end("model_error", exc.code, str(exc))
@@ -299,6 +303,7 @@ def _cli_limits(runner: Any, memory_mb: int | None):
 
 def _short_private_dir(preferred: Path) -> Path:
     """An owner-only folder for the endpoint socket whose path stays under the sun_path limit."""
-    base = preferred if len(str(preferred)) + 24 <= MAX_SOCKET_PATH else Path(tempfile.gettempdir())
+    room = len("/ep-12345678/model.sock")  # what mkdtemp and the socket name add
+    base = preferred if len(str(preferred)) + room <= MAX_SOCKET_PATH else Path(tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"ep-{int(time.time()) % 100000}-", dir=base))
+    return Path(tempfile.mkdtemp(prefix="ep-", dir=base))

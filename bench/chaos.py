@@ -1,0 +1,269 @@
+"""Chaos run: a real org (4 loop-agents, scripted model) under kill -9, suspend and resume.
+
+Usage: ``bench/chaos.py --json [--items N] [--kills K] [--seconds S] [--suspends U] [--seed X]``.
+The default run stays under 45 s; the claim is proven with e.g. ``--items 120 --kills 14
+--seconds 70``.
+
+Items (``bench/workload.py``) need one to several iterations, each on its own workspace, and
+are submitted over the first part of the chaos phase. During ``S`` seconds, ``K`` kills -9 land
+at random moments: a busy loop-agent mid-act, or any role, or the supervisor (then the org is
+recovered the way ``org resume`` does it: ``control.start_background``). ``U`` times the whole
+org is suspended (graceful, then forced) and resumed. Each kill waits for recovery before the
+next: the killed role ready again with a new process (or, for the supervisor and suspends,
+every role ready with processes started after the event) — that time is ``max_recovery_ms``.
+
+After the org settles (every submitted item ended, or a timeout), the org is stopped and
+``bench/chaos_audit.py`` checks every item against state.db, the journal, the shadow
+histories and the scripted servers' logs. Exit 1 when a count is not zero, integrity is not
+"ok", or fewer kills or suspends happened than asked for.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import workload  # noqa: E402
+
+ZERO = ("lost_items", "iterations_committed_twice", "usage_counted_twice", "acts_replayed_without_reset",
+        "runs_without_stop_reason", "usage_without_served_request", "iteration_usage_mismatches",
+        "iteration_gaps", "foreign_key_violations")
+LOOP_AGENTS = 4
+
+
+def targets(kills: int, suspends: int) -> dict:
+    out = {k: "== 0" for k in ZERO}
+    out.update({"sqlite_integrity": "== ok", "kills": f">= {kills}", "suspend_resumes": f">= {suspends}"})
+    return out
+
+
+def passes(figures: dict, kills: int, suspends: int) -> dict:
+    out = {k: figures.get(k) == 0 for k in ZERO}
+    out.update({"sqlite_integrity": figures.get("sqlite_integrity") == "ok",
+                "kills": figures.get("kills", 0) >= kills,
+                "suspend_resumes": figures.get("suspend_resumes", 0) >= suspends})
+    return out
+
+
+# -- recovery -----------------------------------------------------------------------------------
+
+def _wanted(home) -> list[str]:
+    return [r["instance"] for r in workload.query(home, "SELECT instance FROM role_instances")
+            if not r["instance"].startswith("loop-agent-") or int(r["instance"].rsplit("-", 1)[1]) <= LOOP_AGENTS]
+
+
+def org_ready_since(home, since_wall: float) -> bool:
+    """Every role ready in a live process started after ``since_wall``, under a live supervisor."""
+    from roles.supervisor import procs
+
+    session = workload.query(home, "SELECT status, supervisor_pid, supervisor_start FROM org_session")
+    if not session or session[0]["status"] != "running" or \
+            not procs.is_alive(session[0]["supervisor_pid"], session[0]["supervisor_start"]):
+        return False
+    rows = {r["instance"]: r for r in workload.query(
+        home, "SELECT instance, status, pid, pid_start, started_at FROM role_instances")}
+    return all(rows[i]["status"] == "ready" and (rows[i]["started_at"] or 0) >= since_wall
+               and procs.is_alive(rows[i]["pid"], rows[i]["pid_start"]) for i in _wanted(home))
+
+
+def role_ready_again(home, instance: str, old_pid: int) -> bool:
+    from roles.supervisor import procs
+
+    row = workload.query(home, "SELECT status, pid, pid_start FROM role_instances WHERE instance = ?", (instance,))[0]
+    return row["status"] == "ready" and row["pid"] != old_pid and procs.is_alive(row["pid"], row["pid_start"])
+
+
+def busy_agents(home) -> list[str]:
+    """Loop-agents inside an act right now (an open attempt of the item assigned to them)."""
+    return [r["instance"] for r in workload.query(
+        home, """SELECT DISTINCT a.instance FROM attempts a JOIN work_items w ON w.id = a.work_id
+                  WHERE a.ended_at IS NULL AND w.assigned_to = a.instance AND w.status = 'running'""")]
+
+
+# -- events -------------------------------------------------------------------------------------
+
+class Chaos:
+    def __init__(self, home, cfg, rng: random.Random, timeout_s: float = 60.0):
+        self.home, self.cfg, self.rng, self.timeout_s = home, cfg, rng, timeout_s
+        self.kills: list[dict] = []
+        self.suspends: list[dict] = []
+
+    def kill(self, want_supervisor: bool) -> None:
+        from roles.supervisor import control, procs
+
+        home, wanted = self.home, _wanted(self.home)
+        roles = {r["instance"]: r for r in workload.query(home, "SELECT instance, pid, pid_start FROM role_instances")
+                 if r["instance"] in wanted}
+        busy = busy_agents(home)
+        if want_supervisor:
+            victim = "supervisor"
+        elif busy and self.rng.random() < 0.6:
+            victim = self.rng.choice(busy)
+        else:
+            victim = self.rng.choice(sorted(roles) + ["supervisor"])
+        mid_act = victim in busy
+        wall, t0 = time.time(), time.monotonic()
+        if victim == "supervisor":
+            pid, started = procs.read_pidfile(home.run_dir / "supervisor.pid")
+            os.kill(pid, signal.SIGKILL)
+            workload.wait(lambda: not procs.is_alive(pid, started), 10, "the supervisor to die")
+            control.start_background(home, timeout_s=self.timeout_s)          # what 'org resume' does
+            workload.wait(lambda: org_ready_since(home, wall), self.timeout_s, "the org to serve again")
+        else:
+            row = roles[victim]
+            if not procs.signal_if_same(row["pid"], row["pid_start"], signal.SIGKILL):
+                return                                                         # not running: no kill
+            workload.wait(lambda: role_ready_again(home, victim, row["pid"]), self.timeout_s,
+                          f"{victim} to be ready again")
+        self.kills.append({"victim": victim, "mid_act": mid_act,
+                           "recovery_ms": round((time.monotonic() - t0) * 1000, 1)})
+
+    def suspend_resume(self, force: bool) -> None:
+        from roles.supervisor import control, procs
+
+        t0 = time.monotonic()
+        result = control.request(self.home, "suspend", force=force, timeout_s=self.timeout_s)
+        left = [r for r in workload.query(self.home, "SELECT pid, pid_start FROM role_instances")
+                if procs.is_alive(r["pid"], r["pid_start"])]
+        t1, wall = time.monotonic(), time.time()
+        control.start_background(self.home, timeout_s=self.timeout_s)
+        workload.wait(lambda: org_ready_since(self.home, wall), self.timeout_s, "the org to resume")
+        self.suspends.append({"force": force, "status": result["status"], "processes_left": len(left),
+                              "suspend_ms": round((t1 - t0) * 1000, 1),
+                              "resume_ms": round((time.monotonic() - t1) * 1000, 1)})
+
+
+def schedule(rng: random.Random, kills: int, suspends: int, seconds: float) -> list[tuple[float, str]]:
+    """Event times in the chaos phase; at least one kill is the supervisor's."""
+    times = sorted(rng.uniform(0.5, seconds) for _ in range(kills + suspends))
+    kinds = ["kill"] * kills + ["suspend"] * suspends
+    rng.shuffle(kinds)
+    if kills and "supervisor" not in kinds:
+        kinds[kinds.index("kill")] = "kill-supervisor"
+    return list(zip(times, kinds))
+
+
+def submitter(home, cfg, root: Path, specs: list, span_s: float, out: list, errors: list) -> None:
+    template = workload.make_template(root / "template")
+    t0 = time.monotonic()
+    for n, spec in enumerate(specs):
+        time.sleep(max(0.0, t0 + span_s * n / max(1, len(specs)) - time.monotonic()))
+        try:
+            wid = workload.submit_item(home, cfg, template, root / "ws" / f"i{n:04d}",
+                                       workload.write_script(root / "scripts", spec), spec)
+            out.append((wid, spec))
+        except Exception as exc:  # noqa: BLE001 - a refused submit is reported, not fatal
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+def run(root: Path, *, items: int, kills: int, seconds: float, suspends: int, seed: int,
+        settle_s: float) -> dict:
+    from bench.chaos_audit import audit
+    from roles.supervisor import control
+
+    rng = random.Random(seed)
+    home, cfg = workload.new_org(root, LOOP_AGENTS)
+    t_start = time.monotonic()
+    control.start_background(home, timeout_s=60)
+    startup_ms = round((time.monotonic() - t_start) * 1000, 1)
+    specs = [workload.random_spec(rng) for _ in range(items)]
+    submitted: list = []
+    submit_errors: list = []
+    feeder = threading.Thread(target=submitter, args=(home, cfg, root, specs, 0.7 * seconds, submitted,
+                                                      submit_errors), daemon=True)
+    chaos = Chaos(home, cfg, rng)
+    t0 = time.monotonic()
+    feeder.start()
+    suspend_no = 0
+    try:
+        for at, kind in schedule(rng, kills, suspends, seconds):
+            time.sleep(max(0.0, t0 + at - time.monotonic()))
+            if kind == "suspend":
+                chaos.suspend_resume(force=suspend_no % 2 == 1)
+                suspend_no += 1
+            else:
+                chaos.kill(want_supervisor=kind == "kill-supervisor")
+        feeder.join()
+        chaos_s = time.monotonic() - t0
+        ids = [wid for wid, _ in submitted]
+        try:
+            workload.wait(lambda: not workload.unfinished(home, ids), settle_s, "every item to end", interval=0.2)
+        except TimeoutError:
+            pass                                                # counted as lost_items by the audit
+        settled_s = time.monotonic() - t0
+    finally:
+        control.request(home, "stop", force=True, timeout_s=60)
+    figures = audit(home, dict(submitted))
+    recoveries = [k["recovery_ms"] for k in chaos.kills] + [s["resume_ms"] for s in chaos.suspends]
+    figures.update({
+        "kills": len(chaos.kills), "kills_mid_act": sum(k["mid_act"] for k in chaos.kills),
+        "kills_by_role": _count(_role_of(k["victim"]) for k in chaos.kills),
+        "suspend_resumes": len(chaos.suspends), "suspends": chaos.suspends,
+        "max_recovery_ms": max(recoveries, default=None),
+        "max_role_recovery_ms": max((k["recovery_ms"] for k in chaos.kills if k["victim"] != "supervisor"), default=None),
+        "max_supervisor_recovery_ms": max((k["recovery_ms"] for k in chaos.kills if k["victim"] == "supervisor"),
+                                          default=None),
+        "submit_errors": len(submit_errors), "submit_error_samples": submit_errors[:3],
+        "startup_ms": startup_ms, "chaos_phase_s": round(chaos_s, 1), "settled_s": round(settled_s, 1),
+    })
+    return figures
+
+
+def _role_of(victim: str) -> str:
+    return "loop-agent" if victim.startswith("loop-agent-") else victim
+
+
+def _count(values) -> dict:
+    out: dict = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--items", type=int, default=24, help="work items to submit")
+    p.add_argument("--kills", type=int, default=5, help="kill -9 events (at least one hits the supervisor)")
+    p.add_argument("--seconds", type=float, default=14.0, help="length of the chaos phase")
+    p.add_argument("--suspends", type=int, default=1, help="whole-org suspend/resume cycles (graceful, forced, ...)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock; printed)")
+    p.add_argument("--settle", type=float, default=None, help="seconds to wait for every item to end afterwards")
+    p.add_argument("--keep", action="store_true", help="keep the org home and workspaces (path printed)")
+    args = p.parse_args(argv)
+    seed = args.seed if args.seed is not None else int(time.time() * 1000) % 1_000_000
+    from state_db.logsetup import configure
+    configure(None, "bench", "bench")
+    import logging
+    logging.getLogger().setLevel(logging.WARNING)
+    root = Path(tempfile.mkdtemp(prefix="lo-"))
+    try:
+        figures = run(root, items=args.items, kills=args.kills, seconds=args.seconds, suspends=args.suspends,
+                      seed=seed, settle_s=args.settle if args.settle is not None else 30.0 + args.items * 0.5)
+    finally:
+        from state_db.home import OrgHome
+        workload.kill_everything(OrgHome(root / "org"))
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    figures["seed"] = seed
+    figures["home"] = str(root) if args.keep else None
+    figures["targets"] = targets(args.kills, args.suspends)
+    figures["pass"] = passes(figures, args.kills, args.suspends)
+    print(json.dumps(figures, indent=None if args.json else 2))
+    return 0 if all(figures["pass"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Checking a chaos run after the fact: state.db, its journal, the shadow histories and the
+scripted servers' logs must tell one consistent story. Each figure's definition is in
+``DEFINITIONS`` (printed with the figures)."""
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import orjson
+
+from bench import workload
+from state_db.vocab import StopReason
+
+DEFINITIONS = {
+    "lost_items": "submitted (submit returned an id) but, after the org settled, not a work item with status "
+                  "ended and a stop reason",
+    "iterations_committed_twice": "(work_id, n) pairs committed more than once: duplicate rows in iterations, "
+                                  "more than one iterations.created journal event, or more than one attempt "
+                                  "with outcome committed for the same iteration",
+    "usage_counted_twice": "request ids counted more than once in model_calls, plus served requests (scripted "
+                           "logs, event step) whose request id occurs more than once in model_calls",
+    "usage_without_served_request": "model_calls rows whose request id the scripted servers never served",
+    "iteration_usage_mismatches": "committed iterations whose recorded tokens differ from the sum of the "
+                                  "model_calls of the attempt that committed them",
+    "acts_replayed_without_reset": "committed iterations n whose checkpoint (iterations.checkpoint, read from "
+                                   "the shadow history) does not hold trail.txt == it1..itn exactly: every act "
+                                   "appends its own line first, so an attempt that started on a workspace still "
+                                   "holding a discarded attempt's changes shows a line twice or out of order",
+    "runs_without_stop_reason": "work items with status ended whose stop_reason is missing or outside the "
+                                "closed set, plus ended items without a work_items.ended journal event",
+    "iteration_gaps": "work items whose committed iteration numbers are not exactly 1..max",
+    "replayed_acts": "attempts that did not commit (discarded by a crash, suspend or cut) and were followed "
+                     "by another attempt of the same iteration: how often a replay was exercised",
+}
+
+
+def _rows(conn, sql, params=()):
+    return [dict(r) for r in conn.execute(sql, params)]
+
+
+def scripted_log(logs_dir: Path) -> dict:
+    """Request ids served (event step) and acts started (event act) by every scripted server.
+    A line cut by a kill -9 is skipped and counted."""
+    served: Counter = Counter()
+    acts = broken = errors = 0
+    for path in sorted(logs_dir.glob("scripted-*.jsonl")):
+        for line in path.read_bytes().splitlines():
+            try:
+                entry = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                broken += 1
+                continue
+            if entry.get("event") == "step":
+                served[entry["request_id"]] += 1
+            elif entry.get("event") == "act":
+                acts += 1
+            elif entry.get("event") == "error":
+                errors += 1
+    return {"served": served, "acts": acts, "broken_lines": broken, "errors": errors}
+
+
+def trails(git_dir: Path, checkpoints: list[str]) -> dict[str, str | None]:
+    """``trail.txt`` at each checkpoint commit (None if missing), with one ``git cat-file``."""
+    if not checkpoints:
+        return {}
+    query = "".join(f"{c}:trail.txt\n" for c in checkpoints).encode()
+    out = subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "--batch"], input=query,
+                         capture_output=True, check=False).stdout
+    found: dict[str, str | None] = {}
+    pos = 0
+    for commit in checkpoints:
+        end = out.index(b"\n", pos)
+        header = out[pos:end].split()
+        pos = end + 1
+        if len(header) == 3 and header[1] == b"blob":
+            size = int(header[2])
+            found[commit] = out[pos:pos + size].decode("utf-8", "replace")
+            pos += size + 1
+        else:
+            found[commit] = None
+    return found
+
+
+def audit(home, submitted: dict) -> dict:
+    """Figures of one chaos run. ``submitted``: work id → ItemSpec."""
+    conn = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=30)
+    conn.row_factory = sqlite3.Row
+    try:
+        integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        fk = len(conn.execute("PRAGMA foreign_key_check").fetchall())
+        items = {r["id"]: r for r in _rows(conn, "SELECT id, status, stop_reason FROM work_items")}
+        its = _rows(conn, "SELECT work_id, n, attempt, checkpoint, input_tokens, output_tokens, "
+                          "cache_write_tokens, cache_read_tokens FROM iterations ORDER BY work_id, n")
+        attempts = _rows(conn, "SELECT work_id, attempt, iteration, outcome FROM attempts ORDER BY work_id, attempt")
+        calls = _rows(conn, "SELECT request_id, work_id, iteration, attempt, input_tokens, output_tokens, "
+                            "cache_write_tokens, cache_read_tokens FROM model_calls")
+        created = Counter(r["subject"] for r in _rows(conn, "SELECT subject FROM events WHERE kind = 'iterations.created'"))
+        ended_events = {r["subject"] for r in _rows(conn, "SELECT subject FROM events WHERE kind = 'work_items.ended'")}
+    finally:
+        conn.close()
+    reasons = set(StopReason._value2member_map_)
+    lost = [w for w in submitted if w not in items or items[w]["status"] != "ended" or not items[w]["stop_reason"]]
+    ended = [r for r in items.values() if r["status"] == "ended"]
+    no_reason = [r["id"] for r in ended if r["stop_reason"] not in reasons or r["id"] not in ended_events]
+
+    twice = sum(1 for c in Counter((i["work_id"], i["n"]) for i in its).values() if c > 1)
+    twice += sum(1 for c in created.values() if c > 1)
+    twice += sum(1 for c in Counter((a["work_id"], a["iteration"]) for a in attempts
+                                     if a["outcome"] == "committed").values() if c > 1)
+    by_work: dict[str, list[int]] = {}
+    for i in its:
+        by_work.setdefault(i["work_id"], []).append(i["n"])
+    gaps = sum(1 for ns in by_work.values() if sorted(ns) != list(range(1, len(ns) + 1)))
+
+    log = scripted_log(home.logs_dir)
+    per_id = Counter(c["request_id"] for c in calls)
+    usage_twice = sum(1 for c in per_id.values() if c > 1) + sum(1 for r in log["served"] if per_id.get(r, 0) > 1)
+    unserved = sum(1 for r in per_id if r not in log["served"])
+    fields = ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
+    sums: dict = {}
+    for c in calls:
+        key = (c["work_id"], c["iteration"], c["attempt"])
+        sums[key] = [a + c[f] for a, f in zip(sums.get(key, [0, 0, 0, 0]), fields)]
+    mismatches = sum(1 for i in its if sums.get((i["work_id"], i["n"], i["attempt"]), [0, 0, 0, 0])
+                     != [i[f] for f in fields])
+
+    replayed_without_reset, checked = 0, 0
+    for wid, ns in by_work.items():
+        rows = [i for i in its if i["work_id"] == wid]
+        found = trails(home.history_dir / f"{wid}.git", [i["checkpoint"] for i in rows])
+        for i in rows:
+            checked += 1
+            if found.get(i["checkpoint"]) != workload.expected_trail(i["n"]):
+                replayed_without_reset += 1
+    replays = sum(1 for a in attempts if a["outcome"] != "committed"
+                  and any(b["work_id"] == a["work_id"] and b["iteration"] == a["iteration"] and b["attempt"] > a["attempt"]
+                          for b in attempts))
+    unexpected = Counter(f"{spec.name}->{items[w]['stop_reason']}" for w, spec in submitted.items()
+                         if w in items and items[w]["stop_reason"] and items[w]["stop_reason"] != spec.expected_stop)
+    return {
+        "items": len(submitted), "lost_items": len(lost), "lost_item_ids": lost[:10],
+        "iterations_committed_twice": twice, "iterations": len(its), "iteration_gaps": gaps,
+        "usage_counted_twice": usage_twice, "usage_without_served_request": unserved,
+        "iteration_usage_mismatches": mismatches,
+        "served_requests": len(log["served"]), "served_not_counted": sum(1 for r in log["served"] if r not in per_id),
+        "acts_served": log["acts"], "scripted_log_broken_lines": log["broken_lines"],
+        "scripted_errors": log["errors"],
+        "acts_replayed_without_reset": replayed_without_reset, "checkpoints_checked": checked,
+        "attempts": len(attempts), "attempts_not_committed": sum(1 for a in attempts if a["outcome"] != "committed"),
+        "replayed_acts": replays,
+        "runs_without_stop_reason": len(no_reason),
+        "stop_reasons": dict(Counter(r["stop_reason"] for r in ended)),
+        "unexpected_stop_reasons": dict(unexpected),
+        "sqlite_integrity": integrity, "foreign_key_violations": fk,
+        "definitions": DEFINITIONS,
+    }

@@ -1,0 +1,174 @@
+"""Work for the chaos and soak runs: a small workspace template, scripted acts, a real org.
+
+Every act leaves a trace that a replay would duplicate: its first turn runs
+``echo it<N> >> trail.txt``, so a committed checkpoint of iteration n must hold exactly the lines
+``it1`` .. ``itn`` (see ``expected_trail``). An act cut by a crash and re-run without the
+workspace being reset would leave ``itn`` twice. The answer file decides the verdict:
+
+- ``pass`` k: wrong answers (each wrong differently) until iteration k writes ``right``
+  → ``goal_met``;
+- ``never``: a different wrong answer every iteration → ``max_iterations``;
+- ``same``: the same wrong answer twice → ``repeated_failure``.
+
+``reads`` extra ``read_file`` turns make an act longer, so kills land mid-act more often.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+VERIFY = 'a=$(cat answer.txt); [ "$a" = right ] || { echo "FAIL: the answer is $a"; exit 1; }'
+NOTES = "".join(f"line {i}: the answer must be the word right, on its own line.\n" for i in range(60))
+CAPS = {"pass": 6, "never": 3, "same": 5}
+EXPECTED_STOP = {"pass": "goal_met", "never": "max_iterations", "same": "repeated_failure"}
+
+
+@dataclass(frozen=True)
+class ItemSpec:
+    """What one work item's model does: ``kind`` (pass / never / same), ``k`` (the passing
+    iteration of ``pass``), ``reads`` (extra read turns per act)."""
+
+    kind: str
+    k: int
+    reads: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}{self.k}-r{self.reads}"
+
+    @property
+    def max_iterations(self) -> int:
+        return CAPS[self.kind]
+
+    @property
+    def expected_stop(self) -> str:
+        return EXPECTED_STOP[self.kind]
+
+    def answer(self, i: int) -> str:
+        if self.kind == "pass":
+            return "right" if i >= self.k else f"wrong-{i}"
+        if self.kind == "same":
+            return "wrong"
+        return f"wrong-{i}"
+
+
+def random_spec(rng: random.Random, max_reads: int = 3) -> ItemSpec:
+    """Mostly items that pass after 1-4 iterations, some that hit a cap or fail the same way."""
+    roll = rng.random()
+    kind = "pass" if roll < 0.7 else "never" if roll < 0.85 else "same"
+    return ItemSpec(kind, rng.randint(1, 4) if kind == "pass" else 0, rng.randint(0, max_reads))
+
+
+def act(spec: ItemSpec, i: int) -> list[dict]:
+    turns = [{"text": f"Iteration {i}: recording that I ran.",
+              "tool_uses": [{"name": "run_command", "input": {"command": f"echo it{i} >> trail.txt"}}]}]
+    turns += [{"tool_uses": [{"name": "read_file", "input": {"path": "notes.md"}}]}] * spec.reads
+    turns += [{"tool_uses": [{"name": "write_file", "input": {"path": "answer.txt",
+                                                                "content": spec.answer(i) + "\n"}}]},
+              {"text": f"Wrote {spec.answer(i)} to answer.txt."}]
+    return turns
+
+
+def write_script(folder: Path, spec: ItemSpec) -> Path:
+    """The script file of ``spec`` (one per distinct spec; shared by the items that use it)."""
+    path = folder / f"{spec.name}.json"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        acts = [act(spec, i) for i in range(1, spec.max_iterations + 1)]
+        path.write_text(json.dumps({"version": 1, "acts": acts}))
+    return path
+
+
+def expected_trail(n: int) -> str:
+    return "".join(f"it{i}\n" for i in range(1, n + 1))
+
+
+def make_template(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "answer.txt").write_text("unset\n")
+    (path / "trail.txt").write_text("")
+    (path / "notes.md").write_text(NOTES)
+    return path
+
+
+def org_config(loop_agents: int, extra: str = "") -> str:
+    """org.toml for a bench org: short heartbeats, a quick stop, restarts never given up
+    (a chaos run kills the same role many times within a minute on purpose)."""
+    return (f"[org]\nloop_agents = {loop_agents}\n"
+            "[supervisor]\nheartbeat_s = 0.2\nheartbeat_timeout_s = 4.0\nstop_timeout_s = 3.0\n"
+            "restart_max = 1000\nrestart_window_s = 60.0\n"
+            "[transport]\nsweep_s = 1.0\n" + extra)
+
+
+def new_org(root: Path, loop_agents: int, extra_config: str = ""):
+    """An initialised org home under ``root`` (short path: ipc sockets live in it)."""
+    from state_db.bootstrap import init_home
+    from state_db.home import OrgHome
+
+    home = OrgHome(root / "org")
+    home.root.mkdir(parents=True)
+    home.config_path.write_text(org_config(loop_agents, extra_config))
+    cfg, _ = init_home(home)
+    return home, cfg
+
+
+def submit_item(home, cfg, template: Path, workspace: Path, script: Path, spec: ItemSpec) -> str:
+    """Copy the template to ``workspace`` and submit it; returns the work item id."""
+    from roles.operations.submit import SubmitRequest, submit
+
+    shutil.copytree(template, workspace)
+    req = SubmitRequest(goal=f"make answer.txt say right ({spec.name})", workspace=str(workspace),
+                        verify=[VERIFY], max_iterations=spec.max_iterations, backend=f"scripted:{script}")
+    return submit(home, cfg, req)["id"]
+
+
+def query(home, sql: str, params=()) -> list[dict]:
+    conn = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=10)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, params)]
+    finally:
+        conn.close()
+
+
+def wait(predicate, timeout: float, what: str, interval: float = 0.02):
+    """Poll ``predicate`` until truthy; raise TimeoutError naming ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
+
+
+def unfinished(home, ids: list[str]) -> list[str]:
+    if not ids:
+        return []
+    ended = {r["id"] for r in query(home, "SELECT id FROM work_items WHERE status = 'ended'")}
+    return [i for i in ids if i not in ended]
+
+
+def kill_everything(home) -> None:
+    """Kill -9 the supervisor and every role process recorded for ``home`` (pid + start time)."""
+    import signal
+
+    from roles.supervisor import procs
+
+    if not home.db_path.exists():
+        return
+    sup = procs.read_pidfile(home.run_dir / "supervisor.pid")
+    if sup:
+        procs.signal_if_same(sup[0], sup[1], signal.SIGKILL)
+    try:
+        rows = query(home, "SELECT pid, pid_start FROM role_instances")
+    except sqlite3.Error:
+        rows = []
+    for r in rows:
+        procs.signal_if_same(r["pid"], r["pid_start"], signal.SIGKILL)

@@ -1,0 +1,238 @@
+"""What a retro finds in a run's record: each finding is a stated predicate, computed without a model.
+
+- **verifiable** — the work item has at least one verify command and, if any verdict exists,
+  at least one check *ran to completion* in some verdict (not timed out, exit code known and
+  not 126/127 "cannot run / not found").
+- **stop reason fits** — per reason: ``goal_met`` the last iteration passed; ``repeated_failure``
+  the last two verdicts fail the same checks with the same signatures; ``no_progress`` two
+  iterations share a fingerprint; ``max_iterations`` the cap was reached and the run was *not*
+  converging (the last verdict fails no fewer checks than the first); ``token_budget`` /
+  ``cost_budget`` / ``timeout`` the usage reached the cap; ``cancelled``, ``human_rejected``,
+  ``model_error``, ``org_limit`` always fit (a human's or the machine's own decision).
+- **repeated failure** — a check that failed in ≥ 2 verified iterations.
+- **carried / used / helped** for each skill or knowledge id in the prompt manifests:
+  carried ⇔ the id is in some iteration's manifest; *used* ⇔ carried and (an act summary or
+  tool call of an iteration that carried it mentions one of its trigger terms, or the run
+  reached ``goal_met``); *helped* ⇔ used and the run reached ``goal_met``.
+- **lesson heeded** — the lesson written after iteration n was heeded if iteration n+1 was
+  verified and fails none of the (check, signature) pairs iteration n failed.
+- **budget** — usage against each cap that was set; ≥ 80 % counts as *near*.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from knowledge.record import Iteration, RunRecord
+
+CANNOT_RUN = (126, 127)
+NEAR = 0.8
+_SALIENT = re.compile(r"(error|fail|assert|exception|traceback|expected|panic|timed out|エラー|失敗)", re.IGNORECASE)
+_TMP = re.compile(r"/tmp/[^\s:'\"]+")
+
+
+def clip(text: str, n: int) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= n else flat[: max(0, n - 1)].rstrip() + "…"
+
+
+def salient_line(output: str) -> str:
+    """The line of a check's output that says what went wrong (last salient one)."""
+    lines = [_TMP.sub("<tmp>", ln.strip()) for ln in output.splitlines() if ln.strip()]
+    hits = [ln for ln in lines if _SALIENT.search(ln)]
+    return clip((hits or lines or ["no output"])[-1], 120)
+
+
+def span(ns: Sequence[int]) -> str:
+    return ", ".join(str(n) for n in ns)
+
+
+@dataclass(frozen=True)
+class Finding:
+    ok: bool
+    why: str
+
+
+def verifiability(rec: RunRecord) -> Finding:
+    if not rec.verify:
+        return Finding(False, "the work item has no verify command")
+    verified = [it for it in rec.iterations if it.outcome is not None]
+    if not verified:
+        return Finding(True, f"{len(rec.verify)} verify command(s), never run (no iteration was verified)")
+    ran = [c for it in verified for c in it.checks
+           if not c.timed_out and c.exit_code is not None and c.exit_code not in CANNOT_RUN]
+    if not ran:
+        return Finding(False, "no check ever ran to completion (every run timed out or could not start)")
+    protected = sorted({p for it in verified for p in it.protected_changed})
+    extra = f"; protected files were changed and restored: {', '.join(protected[:3])}" if protected else ""
+    return Finding(True, f"{len(rec.verify)} verify command(s) ran to completion in {len(verified)} verdict(s){extra}")
+
+
+def _failing_pairs(it: Iteration) -> frozenset[tuple[str, str]]:
+    return frozenset((c.name, c.signature) for c in it.failing)
+
+
+def stop_fit(rec: RunRecord) -> Finding:
+    reason, its, caps = rec.stop_reason, rec.iterations, rec.caps
+    verified = [it for it in its if it.outcome is not None]
+    if reason == "goal_met":
+        ok = bool(verified) and verified[-1].passed
+        return Finding(ok, f"iteration {verified[-1].n} passed every check" if ok else "the last verdict did not pass")
+    if reason == "repeated_failure":
+        if len(verified) >= 2 and _failing_pairs(verified[-1]) and \
+                _failing_pairs(verified[-1]) == _failing_pairs(verified[-2]):
+            names = sorted({c for c, _ in _failing_pairs(verified[-1])})
+            return Finding(True, f"iterations {verified[-2].n} and {verified[-1].n} failed "
+                                 f"{', '.join(f'`{clip(n, 60)}`' for n in names)} with the same signature")
+        return Finding(False, "the last two verdicts did not fail the same way")
+    if reason == "no_progress":
+        seen: dict[str, int] = {}
+        for it in its:
+            if it.fingerprint and it.fingerprint in seen:
+                return Finding(True, f"iterations {seen[it.fingerprint]} and {it.n} ended in the same state")
+            seen.setdefault(it.fingerprint, it.n)
+        return Finding(False, "no two iterations ended in the same state")
+    if reason == "max_iterations":
+        cap = caps.get("max_iterations")
+        if cap is None or len(its) < cap:
+            return Finding(False, f"{len(its)} iteration(s) against a cap of {cap}")
+        if len(verified) >= 2 and len(verified[-1].failing) < len(verified[0].failing):
+            return Finding(False, f"the run was converging ({len(verified[0].failing)} → "
+                                  f"{len(verified[-1].failing)} failing checks) when the cap of {cap} cut it")
+        return Finding(True, f"{cap} iterations without converging")
+    limits = {"token_budget": ("budget_tokens", rec.tokens, "tokens"),
+              "cost_budget": ("budget_usd", rec.cost_usd, "USD"),
+              "timeout": ("timeout_s", rec.elapsed_s, "seconds")}
+    if reason in limits:
+        key, used, unit = limits[reason]
+        cap = caps.get(key)
+        if cap is None:
+            return Finding(False, f"no {key} cap was set")
+        return Finding(used >= cap * 0.999, f"{used:g} of {cap:g} {unit} used")
+    human = {"cancelled": "a human cancelled the run", "human_rejected": "a human rejected a gated action",
+             "model_error": f"the model backend failed ({clip(rec.stop_detail, 80) or 'no detail'})",
+             "org_limit": "the org-wide spend cap was reached"}
+    return Finding(True, human.get(str(reason), f"recorded as {reason}"))
+
+
+@dataclass(frozen=True)
+class Repeated:
+    check: str
+    iterations: tuple[int, ...]
+    signatures: tuple[str, ...]
+    why: str
+    consecutive_same: bool
+    resolved_at: int | None
+
+
+def repeated_failures(rec: RunRecord, min_times: int = 2) -> list[Repeated]:
+    """Checks that failed in ≥ ``min_times`` verified iterations, most failures first."""
+    seen: dict[str, list[tuple[int, str, str]]] = {}
+    for it in rec.iterations:
+        for c in it.failing:
+            seen.setdefault(c.name, []).append((it.n, c.signature, salient_line(c.output_tail)))
+    out = []
+    for name, hits in seen.items():
+        if len(hits) < min_times:
+            continue
+        ns = tuple(n for n, _, _ in hits)
+        sigs = tuple(dict.fromkeys(s for _, s, _ in hits))
+        whys = [w for _, _, w in hits]
+        why = max(set(whys), key=lambda w: (whys.count(w), -whys.index(w)))
+        same = any(ns[k + 1] == ns[k] + 1 and hits[k + 1][1] == hits[k][1] for k in range(len(hits) - 1))
+        later = [it.n for it in rec.iterations if it.n > ns[-1] and it.outcome is not None
+                 and all(c.passed for c in it.checks if c.name == name)]
+        out.append(Repeated(name, ns, sigs, why, same, later[0] if later else None))
+    return sorted(out, key=lambda r: (-len(r.iterations), r.check))
+
+
+@dataclass(frozen=True)
+class Carried:
+    section: str            # "skills" or "knowledge"
+    id: str
+    iterations: tuple[int, ...]
+    used: bool
+    helped: bool
+    evidence: str
+
+
+def carried(rec: RunRecord, terms: dict[str, Sequence[str]] | None = None) -> list[Carried]:
+    """Skills and knowledge the prompts carried, with the used/helped predicates."""
+    terms = terms or {}
+    out = []
+    for section in ("skills", "knowledge"):
+        where: dict[str, list[Iteration]] = {}
+        for it in rec.iterations:
+            for item in it.ids(section):
+                where.setdefault(item, []).append(it)
+        for item, its in sorted(where.items()):
+            words = [t for t in (terms.get(item) or [item]) if t]
+            hit = _reference(its, words)
+            used = hit is not None or rec.goal_met
+            evidence = (f"iteration {hit[0]} refers to {hit[1]!r}" if hit else
+                        ("the run reached goal_met" if rec.goal_met else "no act refers to it"))
+            out.append(Carried(section, item, tuple(it.n for it in its), used, used and rec.goal_met, evidence))
+    return out
+
+
+def _reference(its: list[Iteration], words: Sequence[str]) -> tuple[int, str] | None:
+    lowered = [w.casefold() for w in words]
+    for it in its:
+        text = (it.act_summary + " " + " ".join(str(c) for c in it.tool_calls)).casefold()
+        for w, low in zip(words, lowered):
+            if low in text:
+                return it.n, w
+    return None
+
+
+@dataclass(frozen=True)
+class LessonUse:
+    written: tuple[int, ...]
+    heeded: tuple[int, ...]
+    ignored: tuple[int, ...]
+
+    def line(self) -> str:
+        if not self.written:
+            return "none written"
+        return (f"{len(self.written)} written (after iterations {span(self.written)}); heeded after "
+                f"{span(self.heeded) or 'none'}; not heeded after {span(self.ignored) or 'none'}")
+
+
+def lesson_use(rec: RunRecord) -> LessonUse:
+    by_n = {it.n: it for it in rec.iterations}
+    written, heeded, ignored = [], [], []
+    for it in rec.iterations:
+        if not it.lesson:
+            continue
+        written.append(it.n)
+        nxt = by_n.get(it.n + 1)
+        if nxt is None or nxt.outcome is None:
+            continue
+        (ignored if _failing_pairs(it) & _failing_pairs(nxt) else heeded).append(it.n)
+    return LessonUse(tuple(written), tuple(heeded), tuple(ignored))
+
+
+@dataclass(frozen=True)
+class Budget:
+    lines: tuple[str, ...]
+    near: tuple[str, ...]
+
+    def line(self) -> str:
+        return "; ".join(self.lines) if self.lines else "no caps set"
+
+
+def budget(rec: RunRecord) -> Budget:
+    caps = rec.caps
+    used = {"max_iterations": (len(rec.iterations), "iterations"), "budget_tokens": (rec.tokens, "tokens"),
+            "budget_usd": (rec.cost_usd, "USD"), "timeout_s": (rec.elapsed_s, "s")}
+    lines, near = [], []
+    for key, (value, unit) in used.items():
+        cap = caps.get(key)
+        if not cap:
+            continue
+        share = value / cap
+        lines.append(f"{value:.4g}/{cap:g} {unit} ({share:.0%})")
+        if share >= NEAR:
+            near.append(key)
+    return Budget(tuple(lines), tuple(near))

@@ -1,0 +1,120 @@
+"""Make a directory hold exactly a tree, writing only what differs, in-process.
+
+``Syncer.sync`` walks the directory once against the tree and the directory's stat cache:
+
+- a file whose stat matches its cache entry (and is not racily clean) and whose recorded blob
+  and mode are what the tree wants is left alone — no read, no write;
+- a file without a usable cache entry is read and kept if its content and mode are right;
+- any other file is removed and written from the tree (like git: unlink, then create with
+  0666/0777 minus the umask), files and directories the tree does not have are removed, and
+  missing ones are written.
+
+Two flavours. ``snapshot=False`` (a workspace, for ``reset_to``): the top-level ``.git`` is
+never touched, and a nested repository or a socket/fifo raises FastPathUnavailable so git does
+the reset exactly as before. ``snapshot=True`` (the eval-agent's snapshot): everything that is
+not part of the tree is removed, ``.git`` included. Trees needing more than plain files and
+symlinks (see ``ObjectStore.special``) must be refused by the caller beforehand.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+from roles.workspace.errors import FastPathUnavailable
+from roles.workspace.objects import EXEC, LINK, TREE, ObjectStore
+from roles.workspace.scan import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, file_record, git_mode
+from roles.workspace.statcache import Node, racy
+
+_EMPTY: dict = {}
+
+
+class Syncer:
+    """One synchronisation of a directory; ``changes`` counts files written, removed or read."""
+
+    def __init__(self, store: ObjectStore, racy_ns: int, *, snapshot: bool) -> None:
+        self.store = store
+        self.racy_ns = racy_ns
+        self.snapshot = snapshot
+        self.changes = 0
+
+    def sync(self, top: bytes, tree: bytes, old: Node | None) -> Node:
+        """Make ``top`` hold ``tree``; return the new cache node describing it."""
+        return self._dir(top, tree, old, True)
+
+    def _dir(self, path: bytes, tree: bytes, old: Node | None, top: bool) -> Node:
+        want = self.store.tree(tree)
+        old_entries = old[1] if old is not None and len(old) == 2 else _EMPTY
+        entries = {}
+        racy_ns = self.racy_ns
+        with os.scandir(path) as it:
+            found = list(it)
+        for de in found:
+            name = de.name
+            if name == b".git" and not self.snapshot:
+                if top:
+                    continue
+                raise FastPathUnavailable(f"a nested repository at {de.path!r}")
+            if name == b".gitattributes" and not self.snapshot:
+                raise FastPathUnavailable(f"a .gitattributes file at {de.path!r}")
+            st = de.stat(follow_symlinks=False)
+            fmt = st.st_mode & S_IFMT
+            w = want.get(name)
+            prev = old_entries.get(name)
+            if fmt == S_IFDIR:
+                if w is not None and w[0] == TREE:
+                    entries[name] = self._dir(de.path, w[1], prev, False)
+                    continue
+                self._remove_tree(de.path)
+            elif fmt == S_IFREG or fmt == S_IFLNK:
+                if w is not None and w[0] != TREE:
+                    ctime = st.st_ctime_ns
+                    if (prev is not None and len(prev) == 6 and prev[2] == st.st_mtime_ns
+                            and prev[3] == ctime and prev[0] == st.st_mode and prev[4] == st.st_size
+                            and prev[5] == st.st_ino and not racy(ctime, racy_ns)):
+                        if prev[1] == w[1] and git_mode(prev[0]) == w[0]:
+                            entries[name] = prev
+                            continue
+                    elif git_mode(st.st_mode) == w[0]:
+                        rec = file_record(self.store, de.path, st)
+                        self.changes += 1
+                        if rec[1] == w[1]:
+                            entries[name] = rec
+                            continue
+                os.unlink(de.path)
+                self.changes += 1
+            elif self.snapshot:
+                os.unlink(de.path)
+                self.changes += 1
+            else:
+                raise FastPathUnavailable(f"a special file (socket, fifo, device) at {de.path!r}")
+            if w is not None:
+                entries[name] = self._create(de.path, w)
+        for name, w in want.items():
+            if name not in entries:
+                entries[name] = self._create(path + b"/" + name, w)
+        return (tree, entries)
+
+    def _create(self, path: bytes, entry: tuple[int, bytes]) -> Node:
+        mode, sha = entry
+        if mode == TREE:
+            os.mkdir(path)
+            return self._dir(path, sha, None, False)
+        self.changes += 1
+        data = self.store.blob(sha)
+        if mode == LINK:
+            os.symlink(data, path)
+            st = os.lstat(path)
+        else:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o777 if mode == EXEC else 0o666)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+        return (st.st_mode, sha, st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
+
+    def _remove_tree(self, path: bytes) -> None:
+        self.changes += 1
+        shutil.rmtree(path)

@@ -1,0 +1,146 @@
+"""Refs in-process: read loose or packed refs, move one ref under git's lock protocol.
+
+An update creates ``<ref>.lock`` exclusively (so it fails, like git, while a lock is held or
+was left by a killed writer), checks the old value under the lock, writes the new value
+there, appends the reflog line and renames the lock over the ref: a reader sees the old or
+the new value, never a torn one. A loose ref shadows the same name in ``packed-refs``.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Callable
+
+from roles.workspace.errors import FastPathUnavailable, RefConflict, RefLocked
+
+ZERO = "0" * 40
+ANY = object()  # ``expect`` value: move the ref whatever it holds
+_HEX = re.compile(r"[0-9a-f]{40}")
+# Full ref names the in-process path answers; anything fancier (``@{1}``, ``~2``...) goes to git.
+REF_NAME = re.compile(r"refs/(?:[A-Za-z0-9_-][A-Za-z0-9_.-]*/)*[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+
+
+def plain_ref_name(name: str) -> bool:
+    return bool(REF_NAME.fullmatch(name)) and ".." not in name and not name.endswith(".lock")
+
+
+class Refs:
+    """Loose and packed refs of one repository.
+
+    Args:
+        git_dir: the repository.
+        ident: returns the reflog identity (``Name <email> <epoch> <tz>``) at call time.
+        on_step: called with a step name as an update progresses (tests kill the process there).
+    """
+
+    def __init__(self, git_dir: Path, ident: Callable[[], str],
+                 on_step: Callable[[str], None] | None = None) -> None:
+        self.git_dir = Path(git_dir)
+        self._ident = ident
+        self._step = on_step or (lambda step: None)
+        self._packed_sig: tuple | None = None
+        self._packed: dict[str, str] = {}
+
+    def read(self, name: str) -> str | None:
+        """The object id ``name`` holds, or None if there is no such ref.
+
+        Raises FastPathUnavailable for a symbolic or unreadable ref (git answers those).
+        """
+        try:
+            with open(self.git_dir / name, "rb") as f:
+                raw = f.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return self._packed_refs().get(name)
+        value = raw.strip().decode("ascii", "replace")
+        if not _HEX.fullmatch(value):
+            raise FastPathUnavailable(f"ref {name} is not a plain object id")
+        return value
+
+    def _packed_refs(self) -> dict[str, str]:
+        path = self.git_dir / "packed-refs"
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return {}
+        sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if sig != self._packed_sig:
+            packed = {}
+            for line in path.read_bytes().decode("utf-8", "surrogateescape").splitlines():
+                if line and line[0] not in "#^":
+                    oid, _, ref = line.partition(" ")
+                    packed[ref] = oid
+            self._packed, self._packed_sig = packed, sig
+        return self._packed
+
+    def update(self, name: str, new: str, *, expect: object = ANY, message: str = "",
+               also_log: tuple[str, ...] = ()) -> str | None:
+        """Point ``name`` at ``new`` and return the previous value.
+
+        Args:
+            expect: the value the ref must hold now (None: must not exist; ANY: anything).
+            message: reflog message.
+            also_log: other reflogs to append the same line to (``HEAD`` for its branch).
+        Raises: RefLocked (the lock exists), RefConflict (``expect`` did not hold).
+        """
+        path = self.git_dir / name
+        lock = path.with_name(path.name + ".lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            raise RefLocked(str(lock)) from None
+        try:
+            try:
+                os.write(fd, f"{new}\n".encode())
+            finally:
+                os.close(fd)
+            old = self.read(name)
+            if expect is not ANY and old != expect:
+                raise RefConflict(f"{name} holds {old or 'nothing'}, expected {expect or 'nothing'}; "
+                                  "another writer moved it: run one loop-agent per work item")
+            self._step(f"ref_locked:{name}")
+            line = f"{old or ZERO} {new} {self._ident()}" + (f"\t{message}" if message else "") + "\n"
+            for log in (name, *also_log):
+                log_path = self.git_dir / "logs" / log
+                log_path.parent.mkdir(parents=True, exist_ok=True)
+                with open(log_path, "a", encoding="utf-8") as f:
+                    f.write(line)
+            os.rename(lock, path)
+        except BaseException:
+            lock.unlink(missing_ok=True)
+            raise
+        self._step(f"ref_updated:{name}")
+        return old
+
+
+def clear_stale_locks(git_dir: Path) -> list[Path]:
+    """Remove lock files and temp files a killed writer left; return the locks removed.
+
+    Looks at the repository's top level (``index.lock``, ``HEAD.lock``, ``packed-refs.lock``
+    and the history's own temp files) and every ``*.lock`` below ``refs/``.
+    """
+    removed: list[Path] = []
+    try:
+        top = list(os.scandir(git_dir))
+    except FileNotFoundError:
+        return removed
+    for entry in top:
+        if entry.name in ("index.lock", "HEAD.lock", "packed-refs.lock"):
+            removed.append(Path(entry.path))
+        elif entry.name.startswith(".") and entry.name.endswith(".tmp"):
+            os.unlink(entry.path)  # a stat cache being written when the writer died
+    stack = [os.path.join(git_dir, "refs")]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+            elif entry.name.endswith(".lock"):
+                removed.append(Path(entry.path))
+    for lock in removed:
+        lock.unlink(missing_ok=True)
+    return removed

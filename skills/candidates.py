@@ -1,0 +1,160 @@
+"""Skill candidates: proposal with merge-by-name, the human's decisions, edits.
+
+Lifecycle: ``pending → deferred | approved | rejected | merged``; ``deferred → approved |
+rejected | merged``; approved, rejected and merged are terminal. Nothing is ever deleted.
+
+When the curator proposes a candidate named N (``propose``), in this order:
+
+1. every source note is covered by an earlier candidate named N → nothing new (``unchanged``);
+2. a *pending* or *deferred* candidate named N exists → the new one is recorded ``merged`` into
+   it and the live one absorbs its notes and score (a deferred one stays deferred: it is never
+   asked again and never counts toward a threshold);
+3. an *active skill* named N exists → the new one is recorded ``merged`` into ``skill:N`` and
+   the skill's origin record gains its notes (``merged-into-<skill>``);
+4. otherwise a new **dated** entry ``c-YYYYMMDD-N`` is created ``pending`` — after a rejected
+   (or retired) one only when the notes no earlier candidate covered come from ≥
+   ``notes_per_pattern`` distinct runs (the pattern recurred on its own since).
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import orjson
+
+from skills.drafting import CandidateDraft
+from skills.errors import CandidateClosed, CandidateNotFound
+from skills.skillmd import SkillText
+from state_db.vocab import CandidateStatus as C
+
+LIVE = (C.PENDING, C.DEFERRED)
+ACTIONS = {"approve": C.APPROVED, "reject": C.REJECTED, "defer": C.DEFERRED}
+
+
+def decode(row) -> dict:
+    d = dict(row)
+    for col in ("signals", "source_notes"):
+        if isinstance(d.get(col), str):
+            d[col] = orjson.loads(d[col] or "null")
+    return d
+
+
+def by_name(conn, name: str) -> list[dict]:
+    """Candidates named ``name``, latest first."""
+    return [decode(r) for r in conn.execute(
+        "SELECT * FROM skill_candidates WHERE name = ? ORDER BY created_at DESC, id DESC", (name,))]
+
+
+def get(conn, ref: str) -> dict:
+    """A candidate by id, or by name (its latest pending or deferred entry).
+
+    Raises: CandidateNotFound.
+    """
+    row = conn.execute("SELECT * FROM skill_candidates WHERE id = ?", (ref,)).fetchone()
+    if row is None:
+        row = conn.execute(f"""SELECT * FROM skill_candidates WHERE name = ? AND status IN ({','.join('?' * len(LIVE))})
+                               ORDER BY created_at DESC LIMIT 1""", (ref, *LIVE)).fetchone()
+    if row is None:
+        raise CandidateNotFound(ref)
+    return decode(row)
+
+
+def listing(conn, statuses: Iterable[str] = (C.PENDING,)) -> list[dict]:
+    statuses = list(statuses)
+    return [decode(r) for r in conn.execute(
+        f"SELECT * FROM skill_candidates WHERE status IN ({','.join('?' * len(statuses))}) ORDER BY created_at, id",
+        statuses)]
+
+
+def new_id(tx, name: str) -> str:
+    base = f"c-{time.strftime('%Y%m%d', time.gmtime(tx.now))}-{name}"
+    cid, n = base, 1
+    while tx.get("skill_candidates", cid) is not None:
+        n += 1
+        cid = f"{base}-{n}"
+    return cid
+
+
+def _row(tx, d: CandidateDraft, status: str, cid: str, merged_into: str | None = None) -> dict:
+    return {"id": cid, "name": d.name, "description": d.description, "body": d.body, "score": d.score,
+            "signals": {**d.signals, "curated_id": d.curated_id}, "source_notes": d.source_notes,
+            "status": status, "merged_into": merged_into, "created_at": tx.now}
+
+
+def propose(tx, d: CandidateDraft, notes_per_pattern: int) -> tuple[str | None, str]:
+    """Apply the proposal rules (module docstring) in ``tx`` (a curator transaction).
+
+    Returns: (the candidate that now holds the evidence, or None; what happened:
+        ``unchanged`` | ``waiting`` | ``created`` | ``merged-into-pending`` |
+        ``merged-into-deferred`` | ``merged-into-skill``).
+    """
+    earlier = by_name(tx.conn, d.name)
+    covered = {n for c in earlier for n in (c["source_notes"] or [])}
+    fresh = [(n, run) for n, run in d.notes if n not in covered]
+    if not fresh:
+        return None, "unchanged"
+    live = next((c for c in earlier if c["status"] in LIVE), None)
+    if live is not None:
+        tx.insert("skill_candidates", _row(tx, d, C.MERGED, new_id(tx, d.name), merged_into=live["id"]))
+        notes = list(dict.fromkeys((live["source_notes"] or []) + d.source_notes))
+        tx.update("skill_candidates", live["id"], source_notes=notes, score=d.score,
+                  signals={**d.signals, "curated_id": d.curated_id})
+        return live["id"], f"merged-into-{live['status']}"
+    skill = tx.get("skills", d.name)
+    if skill is not None and skill["status"] == "active":
+        tx.insert("skill_candidates", _row(tx, d, C.MERGED, new_id(tx, d.name), merged_into=f"skill:{d.name}"))
+        origin = orjson.loads(skill["origin"] or "{}")
+        origin["reinforced_by"] = list(dict.fromkeys(origin.get("reinforced_by", []) + [n for n, _ in fresh]))
+        tx.update("skills", d.name, origin=origin)
+        return None, "merged-into-skill"
+    if earlier and len({run for _, run in fresh}) < notes_per_pattern:
+        return None, "waiting"
+    cid = new_id(tx, d.name)
+    tx.insert("skill_candidates", _row(tx, d, C.PENDING, cid))
+    return cid, "created"
+
+
+def decide(tx, ref: str, action: str, who: str) -> dict:
+    """A human decision (``approve`` / ``reject`` / ``defer``) on one candidate, in ``tx``
+    (a human transaction). Approving creates or updates the skill row (files are rendered after
+    the commit, from state.db). Returns {"id", "name", "status", "changed", "skill"?}.
+
+    Raises: CandidateNotFound, CandidateClosed, ValueError (unknown action).
+    """
+    from skills import registry
+
+    status = ACTIONS.get(action)
+    if status is None:
+        raise ValueError(f"unknown action {action!r}")
+    c = get(tx.conn, ref)
+    if c["status"] == status:
+        return {"id": c["id"], "name": c["name"], "status": status, "changed": False}
+    if c["status"] not in LIVE:
+        raise CandidateClosed(c["id"], c["status"], str(status))
+    tx.set_status("skill_candidates", c["id"], status, decided_by=who, decided_at=tx.now)
+    out = {"id": c["id"], "name": c["name"], "status": str(status), "changed": True}
+    if status == C.APPROVED:
+        out["skill"] = registry.install(tx, {**c, "status": status}, who)
+    return out
+
+
+def edit(tx, ref: str, *, name: str | None = None, description: str | None = None,
+         body: str | None = None) -> dict:
+    """Change a pending or deferred candidate's name, description or body (a human write).
+
+    Raises: CandidateNotFound, CandidateClosed, BadSkillName, BadSkillText.
+    """
+    c = get(tx.conn, ref)
+    if c["status"] not in LIVE:
+        raise CandidateClosed(c["id"], c["status"], "edited")
+    new = SkillText(name or c["name"], description if description is not None else c["description"],
+                    body if body is not None else c["body"]).validate()
+    fields = {k: v for k, v in (("name", new.name), ("description", new.description), ("body", new.body))
+              if v != c[k]}
+    if fields:
+        tx.update("skill_candidates", c["id"], **fields)
+    return {"id": c["id"], "changed": sorted(fields)}
+
+
+def as_text(c: dict) -> SkillText:
+    return SkillText(c["name"], c["description"], c["body"])

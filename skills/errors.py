@@ -1,0 +1,66 @@
+"""Errors of the skills layer. Each carries a machine-readable ``code`` and says what to do."""
+from __future__ import annotations
+
+
+class SkillError(Exception):
+    """Base of every skills-layer error; ``code`` is stable, ``hint`` says what to do."""
+
+    code = "skill_error"
+    hint = ""
+
+    def __init__(self, message: str, *, hint: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        if hint is not None:
+            self.hint = hint
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return f"{self.message} — {self.hint}" if self.hint else self.message
+
+
+class CandidateNotFound(SkillError):
+    code = "candidate_not_found"
+
+    def __init__(self, ref: str):
+        self.ref = ref
+        super().__init__(f"no skill candidate {ref}", hint="list them with 'org candidates list --all'")
+
+
+class CandidateClosed(SkillError):
+    """The candidate is in a terminal state: approved, rejected and merged are final."""
+
+    code = "candidate_closed"
+
+    def __init__(self, cid: str, status: str, action: str):
+        self.cid, self.status, self.action = cid, status, action
+        super().__init__(f"candidate {cid} is {status}; it cannot be {action}",
+                         hint="terminal states are final; a new dated candidate comes when the pattern recurs")
+
+
+class BadSkillName(SkillError):
+    code = "bad_skill_name"
+
+    def __init__(self, name: str, why: str):
+        self.name = name
+        super().__init__(f"skill name {name!r} {why}",
+                         hint="use 1-64 lowercase letters, digits and single hyphens (e.g. fix-import-paths)")
+
+
+class BadSkillText(SkillError):
+    """A SKILL.md text that does not have the Agent Skills front matter."""
+
+    code = "bad_skill_text"
+
+    def __init__(self, why: str):
+        super().__init__(f"SKILL.md text {why}",
+                         hint="start with '---', then 'name: ...' and 'description: ...', then '---' and the body")
+
+
+class SkillNotFound(SkillError):
+    code = "skill_not_found"
+
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"no skill {name}", hint="list them with 'org skills list'")

@@ -1,0 +1,266 @@
+"""The command backend: an agent CLI run in the sandbox, reaching only the model endpoint.
+
+A fake ``claude`` (a Python script) stands in for Claude Code: it reads the prompt on stdin, posts
+to ``ANTHROPIC_BASE_URL`` (a fake Messages API on 127.0.0.1 outside the sandbox), probes what else
+it can reach, and prints a Claude-Code-shaped JSON result. Its behaviour comes from ``fake.json``
+beside it. Real bubblewrap; skipped only when it is not installed.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from roles.loop_agent.backends.base import ActContext, BackendConfigError
+from roles.loop_agent.backends.command_backend import CommandBackend, CommandConfig, claude_outcome, parse_result
+from roles.sandbox import RefusingRunner, SandboxUnavailable, bubblewrap, runner_from_config
+from state_db.config import Config, defaults
+from tests.fake_messages_api import FakeMessagesAPI, text_turn
+
+PY = sys.executable
+REAL_KEY = "sk-ant-outside-only-0123456789"
+PRICES = {"claude-sonnet-4-5": {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.3}}
+MODEL_USAGE = {"input_tokens": 100, "output_tokens": 20, "cache_creation_input_tokens": 7, "cache_read_input_tokens": 50}
+pytestmark = pytest.mark.skipif(bubblewrap() is None,
+                                reason="bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap")
+
+FAKE_CLAUDE = '''#!{python} -I
+import json, os, socket, sys, time, urllib.error, urllib.request
+conf = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake.json")))
+prompt = sys.stdin.read()
+report = {{"argv": sys.argv[1:], "env": dict(os.environ), "prompt": prompt, "cwd": os.getcwd()}}
+mode = conf.get("mode", "success")
+if mode == "hang":
+    time.sleep(60)
+if mode == "exit":
+    print("boom: the fake CLI failed", file=sys.stderr)
+    sys.exit(3)
+if mode == "garbage":
+    print("this is not JSON")
+    sys.exit(0)
+usage = {{"input_tokens": 0, "output_tokens": 0}}
+text = ""
+if conf.get("call_model", True):
+    base = os.environ["ANTHROPIC_BASE_URL"]
+    body = json.dumps({{"model": "claude-sonnet-4-5", "max_tokens": 64,
+                        "messages": [{{"role": "user", "content": prompt}}]}}).encode()
+    req = urllib.request.Request(base + "/v1/messages", data=body, headers={{
+        "content-type": "application/json", "anthropic-version": "2023-06-01",
+        "x-api-key": os.environ.get("ANTHROPIC_API_KEY", "")}})
+    reply = json.load(urllib.request.urlopen(req, timeout=10))
+    text, usage = reply["content"][0]["text"], reply["usage"]
+    try:
+        urllib.request.urlopen(base + "/admin/keys", timeout=5)
+        report["other_path"] = 200
+    except urllib.error.HTTPError as exc:
+        report["other_path"] = exc.code
+for port in conf.get("probe_ports", []):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        report.setdefault("reached", []).append(port)
+    except OSError as exc:
+        report.setdefault("refused", []).append(type(exc).__name__)
+with open("cli-report.json", "w") as f:
+    json.dump(report, f)
+result = {{"type": "result", "subtype": conf.get("subtype", "success"), "is_error": conf.get("is_error", False),
+          "duration_ms": 5, "num_turns": 2, "result": "done: " + text, "session_id": "sess-123",
+          "total_cost_usd": conf.get("cost", 0.0123), "usage": dict(usage, server_tool_use={{}})}}
+if result["total_cost_usd"] is None:
+    del result["total_cost_usd"]
+print(json.dumps(result))
+sys.exit(conf.get("exit", 0))
+'''
+
+
+@pytest.fixture
+def org(tmp_path):
+    home = tmp_path / "org"
+    ws = home / "demo" / "ws"
+    ws.mkdir(parents=True)
+    (home / "run").mkdir(mode=0o700)
+    (home / "state.db").write_text(f"ANTHROPIC_API_KEY={REAL_KEY}\n")
+    return home, ws
+
+
+@pytest.fixture
+def api():
+    fake = FakeMessagesAPI()
+    fake.start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def fake_cli(tmp_path):
+    """Writes the fake claude beside its fake.json; returns a function setting its behaviour."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    cli = bin_dir / "claude"
+    cli.write_text(FAKE_CLAUDE.format(python=PY))
+    cli.chmod(0o755)
+
+    def configure(**conf) -> Path:
+        (bin_dir / "fake.json").write_text(json.dumps(conf))
+        return cli
+    return configure
+
+
+def backend_for(org, api, cli: Path | str, *, environ=None, **overrides) -> CommandBackend:
+    home, _ = org
+    cfg = Config(defaults())
+    conf = CommandConfig(binary=str(cli), **{"timeout_s": 20.0, **overrides})
+    env = {"ANTHROPIC_API_KEY": REAL_KEY, "ANTHROPIC_BASE_URL": api.base_url} if environ is None else environ
+    return CommandBackend(conf, PRICES, make_runner=lambda ws: runner_from_config(cfg, home, ws),
+                          state_dir=home / "run" / "cli", environ=env)
+
+
+def context(org, iteration=1, attempt=1) -> ActContext:
+    return ActContext("w-1", iteration, attempt, org[1], "SYSTEM PREFIX: be careful", "Iteration: 1\nFix the bug.",
+                      max_turns=7)
+
+
+def act(backend, ctx, budget=lambda: None):
+    usages = []
+    outcome = backend.act(ctx, on_usage=usages.append, budget_left=budget)
+    return outcome, usages
+
+
+def report(org) -> dict:
+    return json.loads((org[1] / "cli-report.json").read_text())
+
+
+def test_a_successful_run_reports_usage_and_cost_from_the_cli_json(org, api, fake_cli):
+    api.enqueue(text_turn("patched it", usage=MODEL_USAGE))
+    outcome, usages = act(backend_for(org, api, fake_cli()), context(org))
+    assert outcome.status == "ok" and outcome.summary == "done: patched it" and outcome.turns == 2, outcome
+    assert len(usages) == 1
+    u = usages[0]
+    assert u.request_id == "cli:sess-123:w-1:1:1"
+    assert (u.input_tokens, u.output_tokens, u.cache_creation_input_tokens, u.cache_read_input_tokens) == (100, 20, 7, 50)
+    assert u.cost_usd == pytest.approx(0.0123)
+    seen = report(org)
+    assert seen["argv"][:6] == ["-p", "--output-format", "json", "--permission-mode", "acceptEdits", "--allowedTools"]
+    assert seen["argv"][6:] == ["Read,Edit,Write,Glob,Grep,Bash", "--max-turns", "7"]
+    assert seen["prompt"].startswith("SYSTEM PREFIX: be careful") and "Iteration: 1" in seen["prompt"]
+    assert seen["cwd"] == str(org[1])
+    env = seen["env"]
+    private = org[0] / "run" / "cli" / "w-1" / "home"
+    assert env["HOME"] == str(private) and env["CLAUDE_CONFIG_DIR"] == str(private / ".claude")
+    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+
+
+def test_the_cli_never_sees_the_key_and_reaches_only_the_model_endpoint(org, api, fake_cli):
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen(1)
+    api_port = int(api.base_url.rsplit(":", 1)[1])
+    try:
+        api.enqueue(text_turn("hi", usage=MODEL_USAGE))
+        cli = fake_cli(probe_ports=[other.getsockname()[1], api_port])
+        outcome, _ = act(backend_for(org, api, cli), context(org))
+        assert outcome.status == "ok", outcome
+        seen = report(org)
+        assert REAL_KEY not in json.dumps(seen["env"])  # the placeholder only, whatever the variable
+        assert seen["env"]["ANTHROPIC_API_KEY"] == "sandbox-placeholder-key"
+        assert api.headers[0]["x-api-key"] == REAL_KEY  # added outside, on the way to the model
+        assert seen.get("reached") is None and seen["refused"] == ["ConnectionRefusedError"] * 2
+        assert seen["other_path"] == 403 and len(api.requests) == 1  # /admin/keys never left the endpoint
+        other.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            other.accept()
+    finally:
+        other.close()
+
+
+def test_cost_is_priced_from_the_table_when_the_cli_reports_none_and_a_re_attempt_is_a_new_key(org, api, fake_cli):
+    api.enqueue(text_turn("a", usage=MODEL_USAGE), text_turn("b", usage=MODEL_USAGE))
+    backend = backend_for(org, api, fake_cli(cost=None), model="claude-sonnet-4-5")
+    first, u1 = act(backend, context(org, attempt=1))
+    second, u2 = act(backend, context(org, attempt=2))
+    assert first.status == second.status == "ok"
+    expected = (100 * 3.0 + 20 * 15.0 + 7 * 3.75 + 50 * 0.3) / 1_000_000
+    assert u1[0].cost_usd == pytest.approx(expected) and u1[0].model == "claude-sonnet-4-5"
+    assert u1[0].request_id != u2[0].request_id
+    assert report(org)["argv"][-2:] == ["--model", "claude-sonnet-4-5"]
+
+
+def test_usage_without_cost_or_a_priced_model_ends_the_run_rather_than_counting_it_free(org, api, fake_cli):
+    api.enqueue(text_turn("a", usage=MODEL_USAGE))
+    outcome, usages = act(backend_for(org, api, fake_cli(cost=None)), context(org))
+    assert outcome.status == "model_error" and outcome.error_code == "unpriced_usage"
+    assert usages[0].input_tokens == 100  # the tokens still count against the token budget
+
+
+def test_a_missing_binary_is_a_coded_outcome(org, api):
+    outcome, usages = act(backend_for(org, api, "/nonexistent/bin/claude"), context(org))
+    assert outcome.status == "model_error" and outcome.error_code == "cli_missing" and not usages
+    assert "not on the sandbox's PATH" in outcome.error
+
+
+@pytest.mark.parametrize("conf, status, code", [
+    ({"mode": "exit"}, "failed", "cli_exit"),
+    ({"mode": "garbage"}, "failed", "bad_output"),
+    ({"call_model": False, "is_error": True, "subtype": "success"}, "model_error", "cli_error"),
+    ({"call_model": False, "is_error": True, "subtype": "error_max_turns", "exit": 1}, "failed", "max_turns"),
+    ({"call_model": False, "is_error": True, "subtype": "error_during_execution", "exit": 1}, "failed",
+     "error_during_execution"),
+], ids=["non-zero-exit", "no-json", "is-error", "max-turns", "error-subtype"])
+def test_cli_failures_become_coded_outcomes(org, api, fake_cli, conf, status, code):
+    outcome, _ = act(backend_for(org, api, fake_cli(**conf)), context(org))
+    assert (outcome.status, outcome.error_code) == (status, code), outcome
+    if code == "cli_exit":
+        assert "boom: the fake CLI failed" in outcome.error
+
+
+def test_a_hung_cli_is_killed_at_the_timeout(org, api, fake_cli):
+    t0 = time.monotonic()
+    outcome, usages = act(backend_for(org, api, fake_cli(mode="hang"), timeout_s=1.0), context(org))
+    assert (outcome.status, outcome.error_code) == ("failed", "timeout") and not usages
+    assert time.monotonic() - t0 < 6
+
+
+def test_budget_is_checked_before_launching(org, api, fake_cli):
+    outcome, usages = act(backend_for(org, api, fake_cli()), context(org), budget=lambda: "token_budget")
+    assert (outcome.status, outcome.error_code) == ("budget_exhausted", "token_budget") and not usages
+    assert not (org[1] / "cli-report.json").exists()
+
+
+def test_a_budget_code_while_the_cli_runs_stops_it(org, api, fake_cli):
+    calls = []
+
+    def budget():
+        calls.append(time.monotonic())
+        return "cancelled" if len(calls) > 2 else None
+
+    t0 = time.monotonic()
+    outcome, _ = act(backend_for(org, api, fake_cli(mode="hang"), poll_s=0.1), context(org), budget=budget)
+    assert (outcome.status, outcome.error_code) == ("budget_exhausted", "cancelled")
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_refused_sandbox_is_a_coded_outcome(org, api, fake_cli):
+    backend = backend_for(org, api, fake_cli())
+    backend._make_runner = lambda ws: RefusingRunner(SandboxUnavailable("bubblewrap missing"))
+    outcome, _ = act(backend, context(org))
+    assert (outcome.status, outcome.error_code) == ("model_error", "sandbox_unavailable")
+
+
+def test_configuration_errors_surface_at_construction(org, api, fake_cli):
+    with pytest.raises(BackendConfigError) as caught:
+        backend_for(org, api, fake_cli(), model="no-such-model")
+    assert caught.value.code == "unknown_model"
+    with pytest.raises(BackendConfigError) as caught:
+        backend_for(org, api, fake_cli(), environ={"ANTHROPIC_BASE_URL": "https://api.example.invalid"})
+    assert caught.value.code == "missing_api_key"
+
+
+def test_result_parsing_tolerates_stray_lines_and_maps_subtypes():
+    line = json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "ok", "num_turns": 3})
+    assert parse_result(f"warning: something\n{line}\n")["num_turns"] == 3
+    assert parse_result("no json at all") is None
+    assert claude_outcome({"subtype": "success", "result": "fine", "num_turns": 1}).status == "ok"
+    assert claude_outcome({"subtype": "error_max_turns", "is_error": True}).error_code == "max_turns"
