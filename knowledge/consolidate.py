@@ -19,9 +19,11 @@ import orjson
 
 from knowledge import curated as C
 from knowledge import notes as N
+from knowledge.errors import ConsolidationRaced
 from knowledge.grouping import group
 from knowledge.similarity import vectorize
 from knowledge.thresholds import Thresholds
+from state_db.errors import Conflict, IllegalTransition
 from state_db.vocab import NoteStatus
 
 
@@ -86,7 +88,8 @@ def consolidate(writer, thresholds: Thresholds, *, force: bool = False) -> Resul
         writer: a StateWriter as the curator.
     Returns: what was done, or None when below the threshold / nothing pending.
     Raises:
-        IllegalTransition: another writer archived a note meanwhile (nothing written).
+        ConsolidationRaced: another writer consolidated some of these notes meanwhile (nothing
+            written).
     """
     conn = writer.conn
     pending = N.pending(conn)
@@ -94,6 +97,13 @@ def consolidate(writer, thresholds: Thresholds, *, force: bool = False) -> Resul
         return None
     existing = [dict(r) for r in conn.execute("SELECT id, kind, topic FROM curated_notes ORDER BY created_at, id")]
     plans = plan(pending, existing, N.members(conn), thresholds.similarity)
+    try:
+        return _write(writer, plans, len(pending))
+    except (Conflict, IllegalTransition) as exc:
+        raise ConsolidationRaced(str(exc)) from exc
+
+
+def _write(writer, plans: list[Plan], archived: int) -> Result:
     created, updated, built = [], [], []
     with writer.transaction() as tx:
         for p in plans:
@@ -110,8 +120,8 @@ def consolidate(writer, thresholds: Thresholds, *, force: bool = False) -> Resul
             for raw in p.new:
                 tx.set_status("raw_notes", raw.id, NoteStatus.ARCHIVED, curated_id=note.id)
             built.append(note)
-        tx.journal("knowledge.consolidated", None, {"archived": len(pending), "created": created, "updated": updated})
-    return Result(len(pending), tuple(created), tuple(updated), tuple(built))
+        tx.journal("knowledge.consolidated", None, {"archived": archived, "created": created, "updated": updated})
+    return Result(archived, tuple(created), tuple(updated), tuple(built))
 
 
 def curated_rows(conn, ids: list[str] | None = None) -> list[dict]:

@@ -53,7 +53,7 @@ def medoid(notes: Sequence[RawNote]) -> RawNote:
 
 def topic_of(notes: Sequence[RawNote]) -> str:
     m = medoid(notes)
-    return clip(m.evidence.get("topic") or m.judgment or m.fact, TOPIC_MAX_CHARS)
+    return clip(m.evidence.get("topic") or m.fact or m.judgment, TOPIC_MAX_CHARS)
 
 
 def contradictions(notes: Sequence[RawNote]) -> list[dict]:
@@ -99,13 +99,15 @@ def _distinct(notes: Sequence[RawNote], part: str) -> list[tuple[str, list[str]]
 
 
 def render_body(topic: str, notes: Sequence[RawNote], contra: Sequence[dict]) -> str:
-    """The merged text loop-agents are offered: judgments with their runs, why, when, and the
-    contradicting judgments side by side. Capped at ``BODY_MAX_CHARS``."""
+    """The merged text loop-agents are offered: facts, judgments with their runs, the
+    contradicting judgments side by side, why, when. Capped at ``BODY_MAX_CHARS``."""
     runs = list(dict.fromkeys(n.run_id for n in notes))
     disputed = {i for c in contra for side in ("positive", "negative") for i in c[side]}
     agreed = [n for n in notes if n.id not in disputed]
     lines = [topic, f"Seen in {len(runs)} run(s), {len(notes)} note(s): {', '.join(runs[:8])}"
              + (" …" if len(runs) > 8 else "")]
+    lines.append("Facts:")
+    lines += [f"- {clip(t, 200)}" for t, _ in _distinct(notes, "fact")[:3]]
     if agreed:
         lines.append("Judgments:")
         lines += [f"- {clip(t, 300)} (runs: {', '.join(r[:4])})" for t, r in _distinct(agreed, "judgment")[:4]]

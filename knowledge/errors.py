@@ -50,3 +50,13 @@ class RetroExists(KnowledgeError):
     def __init__(self, run_id: str):
         self.run_id = run_id
         super().__init__(f"run {run_id} has its retro already", hint="nothing to do; retros are written once")
+
+
+class ConsolidationRaced(KnowledgeError):
+    """Another writer consolidated some of the same pending notes first; nothing was written."""
+
+    code = "consolidation_raced"
+
+    def __init__(self, why: str):
+        super().__init__(f"consolidation lost a race: {why}",
+                         hint="nothing was written; the next pass consolidates what is still pending")

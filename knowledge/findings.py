@@ -28,6 +28,7 @@ from knowledge.record import Iteration, RunRecord
 
 CANNOT_RUN = (126, 127)
 NEAR = 0.8
+CHECK_CHARS = 60
 _SALIENT = re.compile(r"(error|fail|assert|exception|traceback|expected|panic|timed out|エラー|失敗)", re.IGNORECASE)
 _TMP = re.compile(r"/tmp/[^\s:'\"]+")
 
@@ -35,6 +36,18 @@ _TMP = re.compile(r"/tmp/[^\s:'\"]+")
 def clip(text: str, n: int) -> str:
     flat = " ".join(str(text).split())
     return flat if len(flat) <= n else flat[: max(0, n - 1)].rstrip() + "…"
+
+
+def short_check(check: str, max_chars: int = CHECK_CHARS) -> str:
+    """A check command as people read it: the program's base name, the middle cut if long."""
+    flat = " ".join(check.split())
+    head, _, rest = flat.partition(" ")
+    if "/" in head:
+        flat = head.rsplit("/", 1)[-1] + (" " + rest if rest else "")
+    if len(flat) <= max_chars:
+        return flat
+    keep = (max_chars - 1) // 2
+    return flat[:keep].rstrip() + "…" + flat[-keep:].lstrip()
 
 
 def salient_line(output: str) -> str:
@@ -84,7 +97,7 @@ def stop_fit(rec: RunRecord) -> Finding:
                 _failing_pairs(verified[-1]) == _failing_pairs(verified[-2]):
             names = sorted({c for c, _ in _failing_pairs(verified[-1])})
             return Finding(True, f"iterations {verified[-2].n} and {verified[-1].n} failed "
-                                 f"{', '.join(f'`{clip(n, 60)}`' for n in names)} with the same signature")
+                                 f"{', '.join(f'`{short_check(n)}`' for n in names)} with the same signature")
         return Finding(False, "the last two verdicts did not fail the same way")
     if reason == "no_progress":
         seen: dict[str, int] = {}
@@ -170,8 +183,7 @@ def carried(rec: RunRecord, terms: dict[str, Sequence[str]] | None = None) -> li
             words = [t for t in (terms.get(item) or [item]) if t]
             hit = _reference(its, words)
             used = hit is not None or rec.goal_met
-            evidence = (f"iteration {hit[0]} refers to {hit[1]!r}" if hit else
-                        ("the run reached goal_met" if rec.goal_met else "no act refers to it"))
+            evidence = f"iteration {hit[0]} refers to {hit[1]!r}" if hit else "no act refers to it"
             out.append(Carried(section, item, tuple(it.n for it in its), used, used and rec.goal_met, evidence))
     return out
 

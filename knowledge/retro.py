@@ -23,13 +23,11 @@ from knowledge.notes import NoteDraft
 from knowledge.record import RunRecord
 
 MAX_CONTEXT = 5
-CHECK_CHARS = 60
 
 RetroAuthor = Callable[[RunRecord], list[NoteDraft]]
 
 
-def short(check: str) -> str:
-    return F.clip(check, CHECK_CHARS)
+short = F.short_check
 
 
 def derive(rec: RunRecord) -> list[NoteDraft]:
@@ -136,14 +134,14 @@ def fix_note(rec: RunRecord) -> NoteDraft | None:
 def context_note(rec: RunRecord, c: F.Carried) -> NoteDraft:
     label = "Skill" if c.section == "skills" else "Curated note"
     if c.helped:
-        judgment = f"{label} `{c.id}` helped: it was used ({c.evidence}) and the run reached goal_met."
+        judgment = f"{label} {c.id} helped: the run reached goal_met with it in the prompt ({c.evidence})."
     elif c.used:
-        judgment = f"{label} `{c.id}` did not help: it was used ({c.evidence}) but the run ended {rec.stop_reason}."
+        judgment = f"{label} {c.id} did not help: it was used ({c.evidence}) but the run ended {rec.stop_reason}."
     else:
-        judgment = f"{label} `{c.id}` was not used: {c.evidence}, and the run ended {rec.stop_reason}."
+        judgment = f"{label} {c.id} was not used: {c.evidence}, and the run ended {rec.stop_reason}."
     terms = ", ".join(rec.terms.get(c.id, (c.id,))[:4])
     return NoteDraft(
-        fact=(f"{label} `{c.id}` was in the prompts of iterations {F.span(c.iterations)} of run {rec.id}; "
+        fact=(f"{label} {c.id} was in the prompts of iterations {F.span(c.iterations)} of run {rec.id}; "
               f"the run ended {rec.stop_reason}."),
         judgment=judgment,
         rationale=(f"Used means carried in a prompt and referred to by an act's summary or tool calls "

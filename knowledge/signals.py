@@ -5,18 +5,17 @@ Each signal is a stated predicate over note fields; a signal is worth one point:
 1. **recurrence** — the notes come from ≥ ``notes_per_pattern`` distinct runs (one run's notes
    count once).
 2. **multi_step** — some note's rationale has ≥ ``MIN_STEPS`` steps (sentences of ≥ 12
-   characters, split at ``. ``, ``。``, ``;`` or line ends) *and* some note's judgment makes a
+   characters, CJK characters counting twice, split at ``. ``, ``。``, ``;`` or line ends) *and* some note's judgment makes a
    conditional decision (``if``, ``when``, ``unless``, ``instead``, ``rather than``, ``before``,
    ``after``, ``なら``, ``場合``, ``とき``, ``代わりに`` …).
 3. **trigger** — at least half of the notes (rounded up) name a concrete, searchable trigger in
    their applicability: a backticked span, a file name with an extension, an error class name, a
    quoted string or a command flag.
-4. **criteria** — some note's judgment or rationale states a threshold or a classification rule:
+4. **criteria** — some note's judgment states a threshold or a classification rule:
    ``once``/``twice``, ``N times``, ``N %``, a comparison with a number (``≥ 3``, ``at least``,
    ``more than``), ``after the first/second …``, ``either … or``, ``回以上``, ``以上``, ``以下``,
    ``未満``, ``いずれか``.
-5. **reusable_output** — some note's fact, judgment or rationale names an artefact another run
-   can reuse: a backticked command or code, a file name with an extension, or a format word
+5. **reusable_output** — some note's fact or rationale names an artefact another run can reuse: a backticked command or code, a file name with an extension, or a format word
    (template, checklist, schema, script, fixture, テンプレート, 手順, 形式, スクリプト).
 
 Score ≥ 3 → ``recommended`` (a skill candidate), 2 → ``queued`` (kept on the curated note and
@@ -32,6 +31,7 @@ from typing import Sequence
 from knowledge.notes import RawNote
 
 MIN_STEPS = 3
+MIN_STEP_CHARS = 12
 RECOMMENDED, QUEUED, CURATED = "recommended", "queued", "curated"
 NAMES = ("recurrence", "multi_step", "trigger", "criteria", "reusable_output")
 
@@ -40,7 +40,7 @@ _CONDITIONAL = re.compile(r"\b(if|when|whenever|unless|otherwise|instead|rather 
                           r"|なら|場合|とき|代わりに|前に|後に|ないと", re.IGNORECASE)
 _TRIGGER = re.compile(r"`[^`]{2,}`|\b[\w./-]+\.(?:py|js|ts|json|toml|ya?ml|md|txt|sh|csv|cfg|ini)\b"
                       r"|\b[A-Z]\w*(?:Error|Exception|Warning)\b|\"[^\"]{3,}\"|「[^」]{2,}」|(?<!\w)--?[a-z][\w-]+")
-_CRITERIA = re.compile(r"\b(once|twice|thrice)\b|\b\d+\s*(?:times|x|%|percent|iterations?|runs?|failures?|tries)\b"
+_CRITERIA = re.compile(r"\b(once|twice|thrice)\b|\b\d+\s*(?:%|(?:times|x|percent|iterations?|runs?|failures?|tries)\b)"
                        r"|[≥≤<>]=?\s*\d|\bat (?:least|most)\b|\b(?:more|fewer|less) than\b"
                        r"|\bafter the (?:first|second|third)\b|\beither\b.+\bor\b"
                        r"|\d+\s*回|回以上|以上|以下|未満|いずれか", re.IGNORECASE)
@@ -75,8 +75,13 @@ def runs_of(notes: Sequence[RawNote]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n.run_id for n in notes))
 
 
+def _weight(text: str) -> int:
+    """Length with CJK characters counted twice (a kanji says about what two letters do)."""
+    return len(text) + sum(1 for c in text if "\u3040" <= c <= "\u9fff")
+
+
 def steps_in(text: str) -> list[str]:
-    return [s.strip() for s in _STEP_SPLIT.split(text) if len(s.strip()) >= 12]
+    return [s.strip() for s in _STEP_SPLIT.split(text) if _weight(s.strip()) >= MIN_STEP_CHARS]
 
 
 def recurrence(notes: Sequence[RawNote], notes_per_pattern: int) -> Signal:
@@ -104,18 +109,22 @@ def trigger(notes: Sequence[RawNote]) -> Signal:
                   tuple(n.id for n, _ in hits[:4]))
 
 
+def states_criteria(text: str) -> bool:
+    """True if ``text`` states a threshold or a classification rule (the criteria predicate)."""
+    return _CRITERIA.search(text) is not None
+
+
 def criteria(notes: Sequence[RawNote]) -> Signal:
     for n in notes:
-        for part in ("judgment", "rationale"):
-            m = _CRITERIA.search(getattr(n, part))
-            if m:
-                return Signal(True, f"{part} of {n.id} states {m.group(0)!r}", (n.id,))
+        m = _CRITERIA.search(n.judgment)
+        if m:
+            return Signal(True, f"judgment of {n.id} states {m.group(0)!r}", (n.id,))
     return Signal(False, "no threshold or classification rule stated")
 
 
 def reusable_output(notes: Sequence[RawNote]) -> Signal:
     for n in notes:
-        for part in ("fact", "judgment", "rationale"):
+        for part in ("fact", "rationale"):
             m = _REUSABLE.search(getattr(n, part))
             if m:
                 return Signal(True, f"{part} of {n.id} names {m.group(0)!r}", (n.id,))

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import orjson
 
-from knowledge.findings import clip
+from knowledge.findings import clip, short_check
 from knowledge.notes import RawNote
 from knowledge.patterns import Pattern
+from knowledge.signals import states_criteria
 from knowledge.similarity import normalize, polarity
 from skills.names import name_for
 from skills.skillmd import MAX_DESCRIPTION
@@ -68,18 +69,21 @@ def draft(conn, pattern: Pattern) -> CandidateDraft:
     steps = []
     if triggers:
         check, why = triggers[0].split("|", 1)
-        steps.append(f"Run `{clip(check, 80)}` and look for the line that says \"{why}\".")
+        steps.append(f"Run `{short_check(check, 80)}` and find the line that says \"{why}\".")
     for f in fixes[:3]:
         paths = ", ".join(f.evidence.get("changed_paths", [])[:3]) or "the code"
         steps.append(f"Look at {paths} first: in run {f.run_id}, changing it resolved this failure "
                      f"({clip(f.fact.split(':', 1)[-1], 120)}).")
-    steps += [clip(t, 240) for t in (positive + negative)[:3]]
+    steps += [clip(t, 240) for t in positive[:3]]
     if triggers:
         steps.append("Re-run the check after each change; if it fails with the same signature again, change the "
                      "approach instead of repeating it.")
 
     crit = [f"Seen in {len(runs)} independent run(s): {', '.join(runs[:6])}."]
-    crit += [f"{name.replace('_', ' ')}: {s.why}" for name, s in pattern.score.signals.items() if s.ok]
+    crit += [clip(t, 240) for t in advice if states_criteria(t)][:3]
+    if triggers:
+        crit.append("The org stops a run when the same check fails with the same signature twice in a row "
+                    "(repeated_failure).")
     pits = [clip(t, 240) for t in negative[:3]]
     contra = pattern.curated.get("contradicts") or []
     for c in orjson.loads(contra) if isinstance(contra, str) else contra:

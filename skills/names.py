@@ -13,7 +13,8 @@ NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _WORD = re.compile(r"[a-z][a-z0-9]*")
 _ERROR = re.compile(r"\b([A-Za-z]\w*(?:Error|Exception))\b")
 STOP = frozenset("""a an and are as at be by c for from in into is it of on or q m the this that to was were
-with when whose run runs fails failed shows output check work items verified python3 sh bin usr env
+with when whose run runs fails failed shows output check work items verified bin usr env
+python python3 sh bash node npx uv poetry
 """.split())
 PREFIX = {"failure": "handle", "fix": "fix", "context": "use", "outcome": "runs"}
 
@@ -53,6 +54,8 @@ def name_for(kind: str, topic: str, trigger: str | None = None) -> str:
     prefix = PREFIX.get(kind, "pattern")
     if trigger and "|" in trigger:
         check, why = trigger.split("|", 1)
+        head_word, _, rest = check.strip().partition(" ")
+        check = head_word.rsplit("/", 1)[-1] + " " + rest       # the program, not where it lives
         err = _ERROR.search(why)
         head = [err.group(1).casefold()] if err else words(why, 2)
         parts = [prefix] + head + [w for w in words(check, 4) if w not in head][:3]

@@ -20,7 +20,7 @@ import orjson
 
 from knowledge.similarity import Index
 
-SKILL_K, SKILL_THRESHOLD, SKILLS_CAP_CHARS, SKILL_CAP_CHARS = 3, 0.12, 6000, 3000
+SKILL_K, SKILL_THRESHOLD, SKILLS_CAP_CHARS, SKILL_CAP_CHARS = 3, 0.15, 6000, 3000
 KNOWLEDGE_K, KNOWLEDGE_THRESHOLD = 5, 0.10
 _WHEN = re.compile(r"##\s*When to use\s*\n(.*?)(?:\n##\s|\Z)", re.S | re.I)
 _cache: dict[tuple, tuple] = {}

@@ -81,11 +81,17 @@ skill_unused_days = 90
 
 [sandbox]
 mode = "bubblewrap"             # bubblewrap | unsandboxed (only with allow_unsandboxed); env ORG_SANDBOX
-allow_unsandboxed = false
+allow_unsandboxed = false       # env ORG_ALLOW_UNSANDBOXED
 cpu_seconds = 300
 memory_mb = 2048
 max_processes = 256
 output_bytes = 1000000
+
+[command]                       # the command backend: an agent CLI run once per iteration in the sandbox
+binary = "claude"               # Claude Code: claude -p --output-format json
+permission_mode = "acceptEdits"
+allowed_tools = ["Read", "Edit", "Write", "Glob", "Grep", "Bash"]
+timeout_s = 1800
 
 [gate]
 ask_for = ["network", "outside_workspace"]
@@ -169,7 +175,11 @@ SCHEMA: dict[str, Field] = {
     "knowledge.candidates_per_batch": Field(int, _positive, "an integer ≥ 1"),
     "knowledge.skill_unused_days": Field(int, _positive, "an integer ≥ 1"),
     "sandbox.mode": Field(str, _one_of("bubblewrap", "unsandboxed"), "bubblewrap or unsandboxed", "ORG_SANDBOX"),
-    "sandbox.allow_unsandboxed": Field(bool, None, "true or false"),
+    "sandbox.allow_unsandboxed": Field(bool, None, "true or false", "ORG_ALLOW_UNSANDBOXED"),
+    "command.binary": Field(str, bool, "the agent CLI's name or path"),
+    "command.permission_mode": Field(str, bool, "a Claude Code permission mode, e.g. acceptEdits"),
+    "command.allowed_tools": Field(list, _str_list, "a list of tool names"),
+    "command.timeout_s": Field(NUM, _positive, "a number of seconds > 0"),
     "sandbox.cpu_seconds": Field(int, _positive, "an integer ≥ 1"),
     "sandbox.memory_mb": Field(int, lambda v: v >= 64, "an integer ≥ 64"),
     "sandbox.max_processes": Field(int, _positive, "an integer ≥ 1"),

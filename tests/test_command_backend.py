@@ -7,8 +7,10 @@ beside it. Real bubblewrap; skipped only when it is not installed.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import socket
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 from roles.loop_agent.backends.base import ActContext, BackendConfigError
 from roles.loop_agent.backends.command_backend import CommandBackend, CommandConfig, claude_outcome, parse_result
 from roles.sandbox import RefusingRunner, SandboxUnavailable, bubblewrap, runner_from_config
+from roles.sandbox.endpoint import ModelEndpoint
 from state_db.config import Config, defaults
 from tests.fake_messages_api import FakeMessagesAPI, text_turn
 
@@ -264,3 +267,34 @@ def test_result_parsing_tolerates_stray_lines_and_maps_subtypes():
     assert parse_result("no json at all") is None
     assert claude_outcome({"subtype": "success", "result": "fine", "num_turns": 1}).status == "ok"
     assert claude_outcome({"subtype": "error_max_turns", "is_error": True}).error_code == "max_turns"
+
+
+class _UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("sandbox", timeout=10)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(self.path)
+
+
+def test_endpoint_streams_sse_through_and_replaces_the_credentials(api):
+    """What the relay inside reaches: a streamed reply passes whole, with the org's key added outside."""
+    api.enqueue(text_turn("streamed " * 30, usage=MODEL_USAGE))
+    with tempfile.TemporaryDirectory(prefix="ep-") as d, \
+            ModelEndpoint(api.base_url, Path(d) / "m.sock", api_key=REAL_KEY) as endpoint:
+        conn = _UnixHTTP(str(endpoint.socket_path))
+        body = json.dumps({"model": "m", "max_tokens": 8, "stream": True,
+                           "messages": [{"role": "user", "content": "hi"}]})
+        conn.request("POST", "/v1/messages", body, {"content-type": "application/json", "x-api-key": "placeholder"})
+        resp = conn.getresponse()
+        events = resp.read().decode()
+        assert resp.status == 200 and resp.getheader("content-type") == "text/event-stream"
+        assert events.count("event: content_block_delta") > 3 and events.rstrip().endswith('{"type": "message_stop"}')
+        assert api.headers[0]["x-api-key"] == REAL_KEY
+        conn.close()
+        refused = _UnixHTTP(str(endpoint.socket_path))
+        refused.request("GET", "/v1/../admin")
+        assert refused.getresponse().status == 403 and endpoint.refused == 1 and len(api.requests) == 1
+        refused.close()

@@ -22,3 +22,10 @@ class CoordinatorProcess(RoleProcess):
 
     def handle(self, env) -> None:
         self.reconcile()
+
+    def warm_up(self) -> None:
+        """Connect to every loop-agent now, so the first dispatch does not wait for a handshake."""
+        from roles.instances import org_instances
+        for spec in org_instances(self.cfg["org.loop_agents"]):
+            if spec.role == "loop-agent":
+                self.transport.sender.pusher.prepare(spec.instance)

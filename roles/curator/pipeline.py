@@ -18,7 +18,7 @@ import structlog
 from knowledge import consolidate as K
 from knowledge import notes as N
 from knowledge import record
-from knowledge.errors import RetroExists, RunNotEnded
+from knowledge.errors import ConsolidationRaced, RetroExists, RunNotEnded
 from knowledge.patterns import score_patterns
 from knowledge.retro import RetroAuthor, derive
 from knowledge.signals import RECOMMENDED
@@ -110,7 +110,11 @@ class Pipeline:
         return done
 
     def consolidate(self, report: PassReport) -> None:
-        result = K.consolidate(self.w, self.t)
+        try:
+            result = K.consolidate(self.w, self.t)
+        except ConsolidationRaced as exc:
+            self.log.warning("consolidation_raced", error=str(exc), next="retry on the next pass")
+            return
         if result is None:
             return
         report.archived = result.archived

@@ -56,12 +56,25 @@ def failure_signature(output: str, exit_code: int | None, timed_out: bool, snaps
 
 
 def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_000_000,
-              env: dict | None = None) -> CheckResult:
+              env: dict | None = None, runner=None) -> CheckResult:
     """Run one verify command in ``cwd`` (a snapshot), bounded in time and output.
 
-    The command runs in its own process group, killed as a whole on timeout.
+    With ``runner`` (the sandbox org.toml asks for: verify commands run code the agent wrote)
+    the command runs there; a refused sandbox is a failed check with its code. Without one it
+    runs as a plain process in its own group, killed as a whole on timeout.
     """
     t0 = time.monotonic()
+    if runner is not None:
+        try:
+            res = runner.run(command, cwd, timeout_s, max_output)
+            code, text, timed_out = res.exit_code, res.output, res.timed_out
+        except Exception as exc:  # noqa: BLE001 - a coded sandbox refusal fails the check, loudly
+            code, text, timed_out = None, f"error[{getattr(exc, 'code', 'sandbox_error')}]: {exc}", False
+        passed = code == 0 and not timed_out
+        return CheckResult(
+            name=command, command=command, passed=passed, exit_code=None if timed_out else code, timed_out=timed_out,
+            signature=None if passed else failure_signature(text, code, timed_out, cwd),
+            output_tail=text[-OUTPUT_TAIL:], duration_ms=round((time.monotonic() - t0) * 1000, 2))
     proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                             env=env if env is not None else _clean_env())

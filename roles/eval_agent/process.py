@@ -43,7 +43,9 @@ class EvalAgentProcess(RoleProcess):
         from state_db.writer import StateWriter
         writer = StateWriter(self.home.db_path, self.role, self.instance)
         sender = self.transport.thread_sender()
-        verifier = Verifier(self.home, writer, timeout_s=float(self.cfg["sandbox.cpu_seconds"]))
+        from roles.sandbox import runner_from_config
+        verifier = Verifier(self.home, writer, timeout_s=float(self.cfg["sandbox.cpu_seconds"]),
+                            runner_factory=lambda snapshot: runner_from_config(self.cfg, self.home, snapshot))
         try:
             while not self.stopping:
                 self.more.wait(1.0)

@@ -57,15 +57,18 @@ class Verifier:
         writer: a StateWriter with actor eval-agent.
         timeout_s: per verify command.
         history_factory: (git_dir, workspace) -> history (injectable).
+        runner_factory: snapshot dir -> command runner (the sandbox); None runs plain processes.
     """
 
-    def __init__(self, home: OrgHome, writer: StateWriter, *, timeout_s: float = 300.0, history_factory=None):
+    def __init__(self, home: OrgHome, writer: StateWriter, *, timeout_s: float = 300.0, history_factory=None,
+                 runner_factory=None):
         if history_factory is None:
             from roles.workspace.history import WorkspaceHistory as history_factory
         self.home = home
         self.writer = writer
         self.timeout_s = timeout_s
         self.history_factory = history_factory
+        self.runner_factory = runner_factory
 
     def existing(self, work_id: str, n: int) -> dict | None:
         row = self.writer.conn.execute("SELECT * FROM verdicts WHERE work_id=? AND iteration=? ORDER BY at DESC LIMIT 1",
@@ -93,7 +96,8 @@ class Verifier:
                 raise
             history.discard_snapshot(snapshot)     # left half-written by a killed eval-agent
             protected = history.materialize(it["checkpoint"], snapshot, paths=paths)
-        checks = [run_check(cmd, snapshot, timeout_s=self.timeout_s) for cmd in orjson.loads(work["verify"])]
+        runner = self.runner_factory(snapshot) if self.runner_factory else None
+        checks = [run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner) for cmd in orjson.loads(work["verify"])]
         if protected:
             checks.append(CheckResult(name=PROTECTED_CHECK, command="(compare with baseline)", passed=False,
                                       exit_code=None, timed_out=False, signature="protected:" + ",".join(protected),

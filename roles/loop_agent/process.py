@@ -22,13 +22,21 @@ _MINE = f"""SELECT id, backend FROM work_items WHERE assigned_to = ? AND status 
 
 
 def gate_runner(cfg, home):
-    """Runs an action a human approved, once, in the workspace, with the block it asked to lift."""
-    from roles.loop_agent.tools import SubprocessRunner
-
-    runner = SubprocessRunner()
+    """Runs an action a human approved, once, in the workspace, with only the block it asked to
+    lift: ``network`` gets a sandbox with network; anything else runs as the human approved it."""
+    from roles.sandbox import BwrapRunner, runner_from_config
 
     def run(command: str, kind: str, workspace: str):
-        result = runner.run(command, Path(workspace), float(cfg["sandbox.cpu_seconds"]), cfg["sandbox.output_bytes"])
+        runner = runner_from_config(cfg, home, Path(workspace))
+        if kind == "network" and isinstance(runner, BwrapRunner):
+            runner.network = True
+        elif kind != "network":
+            from roles.sandbox import UnsandboxedRunner
+            runner = UnsandboxedRunner(Path(workspace))
+        try:
+            result = runner.run(command, Path(workspace), float(cfg["sandbox.cpu_seconds"]), cfg["sandbox.output_bytes"])
+        except Exception as exc:  # noqa: BLE001 - a refused sandbox is the action's result
+            return None, f"error[{getattr(exc, 'code', 'sandbox_error')}]: {exc}"
         return (None if result.timed_out else result.exit_code), result.output
 
     return run
@@ -91,6 +99,7 @@ class LoopAgentProcess(RoleProcess):
         log = self.log.bind(work_id=work_id)
         writer = StateWriter(self.home.db_path, self.role, self.instance)
         sender = self.transport.thread_sender()
+        sender.sender.pusher.prepare("eval-agent")     # connected before the first verify request
         built = None
         try:
             workspace = Path(writer.conn.execute("SELECT workspace FROM work_items WHERE id=?", (work_id,)).fetchone()[0])

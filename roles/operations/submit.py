@@ -105,14 +105,17 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
     waker = Waker(home, cfg)
     writer = StateWriter(home.db_path, Actor.HUMAN)
     try:
+        done = writer.conn.execute("SELECT result FROM idempotency WHERE key = ? AND command = 'submit'", (key,)).fetchone()
         work_id = new_work_id()
-
-        def do(tx):
-            workspace, branch = (ws, None)
+        workspace, branch = ws, None
+        if done is None:
+            # slow work (git) happens before the write transaction, never while holding the lock
             if req.worktree:
                 workspace, branch = _worktree(home, ws, work_id)
             from roles.workspace.history import WorkspaceHistory  # baseline at submit, outside the workspace
             WorkspaceHistory(home.history_dir / f"{work_id}.git", workspace).baseline()
+
+        def do(tx):
             busy = tx.one("SELECT work_id FROM workspace_locks WHERE workspace = ?", (str(workspace),))
             status = WorkStatus.WAITING if busy else WorkStatus.QUEUED
             tx.insert("work_items", {

@@ -33,7 +33,7 @@ def supervisor_alive(home: OrgHome) -> tuple[int, str] | None:
     return None
 
 
-def start_background(home: OrgHome, *, timeout_s: float = 20.0) -> dict:
+def start_background(home: OrgHome, *, timeout_s: float = 20.0, env: dict | None = None) -> dict:
     """Start a supervisor detached from this terminal; wait until every role is ready.
 
     Returns {"pid", "ready_ms", "roles"}. Raises ControlError on timeout (with what was seen).
@@ -42,7 +42,7 @@ def start_background(home: OrgHome, *, timeout_s: float = 20.0) -> dict:
     log = open(home.logs_dir / "supervisor.out", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "roles.supervisor.main", "--home", str(home.root)],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                            close_fds=True)
+                            close_fds=True, env={**os.environ, **env} if env else None)
     log.close()
     roles = wait_ready(home, timeout_s=timeout_s, proc=proc)
     return {"pid": proc.pid, "ready_ms": round((time.monotonic() - t0) * 1000, 1), "roles": roles}

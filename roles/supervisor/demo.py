@@ -15,11 +15,13 @@ def run_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
     from roles.operations.narrate import line_for
     from roles.operations.submit import SubmitRequest, submit
     from roles.sandbox import describe_mode
+    from state_db import config as config_mod
+    cfg = config_mod.load(home.config_path)   # as the running org sees it (environment included)
 
     ws = home.root / "demo" / time.strftime("run-%Y%m%d-%H%M%S")
     shutil.copytree(DEMO_DIR / "project", ws)
     out(f"demo: a small project with a failing test copied to {ws}")
-    out(f"demo: {describe_mode(cfg)}")
+    out(f"demo: agent and verify commands: {describe_mode(cfg)}")
     conn = connect(home.db_path, readonly=True)
     start_event = conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
     result = submit(home, cfg, SubmitRequest(

@@ -40,10 +40,18 @@ def main(argv: list[str] | None = None) -> int:
             configure(home.logs_dir, "supervisor", "supervisor", stderr=True)
             return Supervisor(home, cfg).run()
         running = control.supervisor_alive(home)
+        env = None
+        if args.demo and not running:
+            from roles.sandbox import bubblewrap, unsandboxed_allowed
+            if bubblewrap() is None and not unsandboxed_allowed(cfg):
+                # the offline demo may run its known script unsandboxed, and says so
+                env = {"ORG_SANDBOX": "unsandboxed", "ORG_ALLOW_UNSANDBOXED": "true"}
+                print("bubblewrap is not installed: this demo org runs agent commands UNSANDBOXED "
+                      "(only the bundled demo script); install 'bubblewrap' before real work")
         if running:
             print(f"the org is already running (supervisor pid {running[0]}) in {home.root}")
         else:
-            info = control.start_background(home, timeout_s=args.timeout)
+            info = control.start_background(home, timeout_s=args.timeout, env=env)
             print(f"org started in {info['ready_ms'] / 1000:.2f}s: " + ", ".join(
                 f"{r['instance']} {r['status']}" for r in sorted(info["roles"], key=lambda r: r["instance"])))
         if args.demo:

@@ -21,7 +21,7 @@ import os
 import shutil
 
 from roles.workspace.errors import FastPathUnavailable
-from roles.workspace.objects import EXEC, LINK, TREE, ObjectStore
+from roles.workspace.objects import EXEC, LINK, TREE, ObjectStore, write_all
 from roles.workspace.scan import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, file_record, git_mode
 from roles.workspace.statcache import Node, racy
 
@@ -107,9 +107,7 @@ class Syncer:
         else:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o777 if mode == EXEC else 0o666)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
+                write_all(fd, data)
                 st = os.fstat(fd)
             finally:
                 os.close(fd)

@@ -42,20 +42,17 @@ from roles.workspace.errors import (  # noqa: F401 - re-exported: callers import
     FastPathUnavailable, GitFailed, GitMissing, HistoryError, NoBaseline, RefConflict,
     RefLocked, UnknownCommit, WorkspaceMissing,
 )
-from roles.workspace.checkout import Syncer
-from roles.workspace.gitcli import REPO_CONFIG as _REPO_CONFIG  # noqa: F401
 from roles.workspace.gitcli import GitCli
+from roles.workspace.gitpath import GitPath
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
 from roles.workspace.refs import Refs, clear_stale_locks, plain_ref_name
-from roles.workspace.scan import Recorder
+from roles.workspace.workspace_cache import WorkspaceCache
 
 log = structlog.get_logger("loop_agent.history")
 
 BASELINE_REF = "refs/loop-org/baseline"
 HEAD_REF = "refs/heads/checkpoints"
-_ZERO = "0" * 40
 _HEX40 = re.compile(r"[0-9a-f]{40}")
-_CACHE_NAME = "loop-org-workspace.statcache"
 
 
 def iteration_ref(iteration: int) -> str:
@@ -98,15 +95,11 @@ class WorkspaceHistory:
         self._env = self._git.env
         self._step = on_step or (lambda step: None)
         self._refs = Refs(self.git_dir, self._ident, self._step)
+        self._gitpath = GitPath(self._git, HEAD_REF, BASELINE_REF)
+        self._cache = WorkspaceCache(self.git_dir, self.workspace, self._step)
         self._ready = (self.git_dir / "HEAD").exists()
 
     # -- plumbing -------------------------------------------------------------------------
-
-    def _run(self, args: Sequence[str], **kw):
-        return self._git.run(args, **kw)
-
-    def _out(self, args: Sequence[str], **kw) -> str:
-        return self._git.out(args, **kw)
 
     def _store(self) -> objects.ObjectStore:
         return objects.store_for(self.git_dir)
@@ -143,8 +136,7 @@ class WorkspaceHistory:
             return self._resolve_fast(rev)
         except FastPathUnavailable:
             pass
-        proc = self._run(["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], ok=(0, 1))
-        return proc.stdout.decode().strip() or None
+        return self._gitpath.resolve(rev)
 
     def _resolve_fast(self, rev: str) -> str | None:
         if _HEX40.fullmatch(rev):
@@ -189,58 +181,6 @@ class WorkspaceHistory:
         for lock in clear_stale_locks(self.git_dir):
             log.warning("history_stale_lock_removed", lock=str(lock))
 
-    def _ls_tree(self, commit: str) -> dict[str, bytes]:
-        """Map path -> raw ``ls-tree`` entry (``mode type oid\\tpath``) for every file."""
-        raw = self._run(["ls-tree", "-r", "-z", "--full-tree", commit]).stdout
-        entries = {}
-        for entry in raw.split(b"\0"):
-            if entry:
-                path = entry.split(b"\t", 1)[1].decode("utf-8", "surrogateescape")
-                entries[path] = entry
-        return entries
-
-    # -- the workspace's stat cache and staging -----------------------------------------------
-
-    def _cache_path(self) -> Path:
-        return self.git_dir / _CACHE_NAME
-
-    def _load_cache(self, head: str | None) -> statcache.StatCache | None:
-        """The workspace's stat cache if it matches ``head`` and this workspace, else None."""
-        cache = statcache.load(self._cache_path())
-        if cache is not None and (cache.meta.get("head") != head
-                                  or cache.meta.get("workspace") != os.fspath(self.workspace)):
-            log.info("history_stat_cache_discarded", workspace=str(self.workspace),
-                     next="files are read again once")
-            statcache.discard(self._cache_path())
-            cache = None
-        return cache
-
-    def _save_cache(self, node: statcache.Node, head: str | None) -> None:
-        statcache.save(self._cache_path(), node, {"head": head, "workspace": os.fspath(self.workspace)})
-        self._step("cache_written")
-
-    def _scan(self, head: str | None) -> tuple[str, statcache.Node, bool]:
-        """In-process staging: (tree id, new cache node, whether the cache must be saved)."""
-        ws = self._ws()
-        if (self.git_dir / "info" / "attributes").exists():
-            raise FastPathUnavailable("the history has info/attributes")
-        cache = self._load_cache(head)
-        rec = Recorder(self._store(), cache.racy_ns if cache else 0)
-        tree, node = rec.record(os.fsencode(ws), cache.root if cache else None)
-        return tree.hex(), node, rec.dirty or cache is None
-
-    def _stage_git(self) -> str:
-        """Stage the whole workspace with git (private index) and return its tree id."""
-        ws = self._ws()
-        cache = statcache.load(self._cache_path())
-        statcache.discard(self._cache_path())
-        if cache is not None and cache.root[0]:
-            # Give git's index the last recorded state, as it always had, so git's own rules
-            # (a nested repository already tracked as files, say) apply as before.
-            self._run(["read-tree", "-m", cache.root[0].hex()])
-        self._run(["add", "--all", "--force"], work_tree=ws)
-        return self._out(["write-tree"], work_tree=ws)
-
     # -- recording --------------------------------------------------------------------------
 
     def baseline_commit(self) -> str | None:
@@ -263,23 +203,19 @@ class WorkspaceHistory:
             except FastPathUnavailable:
                 pass  # a symbolic or packed-only HEAD ref: git's business, nothing to repair
             return existing
+        self._ws()
         self._ensure_repo()
         try:
             head = self._refs.read(HEAD_REF)
-            tree, node, _ = self._scan(head)
+            tree, node, _ = self._cache.record(self._store(), head)
             commit = self._write_commit(tree, [], "loop-org baseline")
             # HEAD first: a crash before the baseline ref leaves a history that baselines again.
             self._refs.update(HEAD_REF, commit, message="loop-org: baseline", also_log=("HEAD",))
             self._refs.update(BASELINE_REF, commit, expect=None, message="loop-org: baseline")
-            self._save_cache(node, commit)
+            self._cache.save(node, commit)
         except (FastPathUnavailable, OSError) as exc:
             self._fallback("baseline", exc)
-            tree = self._stage_git()
-            commit = self._out(["commit-tree", tree, "-m", "loop-org baseline"])
-            self._run(
-                ["update-ref", "--stdin"],
-                input=f"create {BASELINE_REF} {commit}\nupdate {HEAD_REF} {commit}\n".encode(),
-            )
+            commit = self._gitpath.baseline(self._ws(), self._cache.handed_to_git())
         log.info("workspace_baseline", workspace=str(self.workspace), commit=commit)
         return commit
 
@@ -307,7 +243,8 @@ class WorkspaceHistory:
             return self._checkpoint_fast(iteration)
         except (FastPathUnavailable, OSError) as exc:
             self._fallback("checkpoint", exc)
-            return self._checkpoint_git(iteration)
+            return self._gitpath.checkpoint(iteration, iteration_ref(iteration), self._ws(),
+                                            self._cache.handed_to_git())
 
     def _checkpoint_fast(self, iteration: int) -> str:
         ref = iteration_ref(iteration)
@@ -316,63 +253,41 @@ class WorkspaceHistory:
             raise NoBaseline("no baseline recorded; call baseline() before checkpoint()")
         old = self._refs.read(ref)
         old_tree = self._tree_of(old).hex() if old else None
-        tree, node, dirty = self._scan(head)
+        self._ws()
+        tree, node, dirty = self._cache.record(self._store(), head)
         if old_tree == tree:
             if head != old:  # same step again after a reset: continue from it
                 self._refs.update(HEAD_REF, old, message=f"loop-org: iteration {iteration} again",
                                   also_log=("HEAD",))
             if dirty or head != old:
-                self._save_cache(node, old)
+                self._cache.save(node, old)
             return old
         commit = self._write_commit(tree, [head], f"loop-org checkpoint\n\niteration: {iteration}")
         message = f"loop-org: checkpoint of iteration {iteration}"
         if old:
             discarded = f"refs/discarded/{iteration}/{old}"
             if self._refs.read(discarded) != old:  # already there if killed right after it
-                self._refs.update(discarded, old, expect=None, message=message)
+                self._refs.update(discarded, old, expect=None, message=message, reflog=False)
             log.warning("checkpoint_replaced", workspace=str(self.workspace),
                         iteration=iteration, discarded=old, commit=commit)
-        self._refs.update(ref, commit, expect=old, message=message)
+        self._refs.update(ref, commit, expect=old, message=message, reflog=False)
         self._refs.update(HEAD_REF, commit, message=message, also_log=("HEAD",))
-        self._save_cache(node, commit)
-        return commit
-
-    def _checkpoint_git(self, iteration: int) -> str:
-        ref = iteration_ref(iteration)
-        heads = self._out(["for-each-ref", "--format=%(refname) %(objectname) %(tree)",
-                           ref, HEAD_REF])
-        known = {name: (oid, tree) for name, oid, tree in map(str.split, heads.splitlines())}
-        if HEAD_REF not in known:
-            raise NoBaseline("no baseline recorded; call baseline() before checkpoint()")
-        tree = self._stage_git()
-        old, old_tree = known.get(ref, (None, None))
-        parent = known[HEAD_REF][0]
-        if old_tree == tree:
-            if parent != old:
-                self._run(["update-ref", HEAD_REF, old])
-            return old
-        message = f"loop-org checkpoint\n\niteration: {iteration}"
-        commit = self._out(["commit-tree", tree, "-p", parent, "-m", message])
-        updates = [f"update {ref} {commit} {old or _ZERO}", f"update {HEAD_REF} {commit}"]
-        if old:
-            updates.append(f"create refs/discarded/{iteration}/{old} {old}")
-            log.warning("checkpoint_replaced", workspace=str(self.workspace),
-                        iteration=iteration, discarded=old, commit=commit)
-        self._run(["update-ref", "--stdin"], input=("\n".join(updates) + "\n").encode())
+        self._cache.save(node, commit)
         return commit
 
     def fingerprint_of_workspace(self) -> str:
         """Tree id of the workspace as it is now (same content -> same id). Cheap."""
+        self._ws()
         self._ensure_repo()
         try:
             head = self._refs.read(HEAD_REF)
-            tree, node, dirty = self._scan(head)
+            tree, node, dirty = self._cache.record(self._store(), head)
             if dirty:
-                self._save_cache(node, head)
+                self._cache.save(node, head)
             return tree
         except (FastPathUnavailable, OSError) as exc:
             self._fallback("fingerprint", exc)
-            return self._stage_git()
+            return self._gitpath.stage(self._ws(), self._cache.handed_to_git())
 
     def tree_id(self, commit: str) -> str:
         """Tree id of a recorded commit. Raises: UnknownCommit."""
@@ -380,7 +295,7 @@ class WorkspaceHistory:
         try:
             return self._tree_of(oid).hex()
         except FastPathUnavailable:
-            return self._out(["rev-parse", f"{oid}^{{tree}}"])
+            return self._gitpath.tree_id(oid)
 
     # -- restoring -----------------------------------------------------------------------------
 
@@ -395,30 +310,19 @@ class WorkspaceHistory:
         target = self._commit_of(commit)
         ws = self._ws()
         try:
-            self._reset_fast(target, ws)
+            head = self._refs.read(HEAD_REF)
+            tree = self._tree_of(target)
+            node, stale = self._cache.sync(self._store(), tree, head)
+            if head != target:
+                self._refs.update(HEAD_REF, target, message=f"loop-org: reset to {target}",
+                                  also_log=("HEAD",))
+            if stale or head != target:
+                self._cache.save(node, target)
         except (FastPathUnavailable, OSError) as exc:
             self._fallback("reset", exc)
-            statcache.discard(self._cache_path())
-            self._run(["read-tree", "--reset", "-u", target], work_tree=ws)
-            # -ff also removes git repositories the agent created in subdirectories.
-            self._run(["clean", "-ffdxq"], work_tree=ws)
-            self._run(["update-ref", HEAD_REF, target])
+            self._cache.handed_to_git()
+            self._gitpath.reset(target, ws)
         log.info("workspace_reset", workspace=str(self.workspace), commit=target)
-
-    def _reset_fast(self, target: str, ws: Path) -> None:
-        store = self._store()
-        tree = self._tree_of(target)
-        if store.special(tree) or (self.git_dir / "info" / "attributes").exists():
-            raise FastPathUnavailable("the target needs git's checkout (attributes or gitlinks)")
-        head = self._refs.read(HEAD_REF)
-        cache = self._load_cache(head)
-        syncer = Syncer(store, cache.racy_ns if cache else 0, snapshot=False)
-        node = syncer.sync(os.fsencode(ws), tree, cache.root if cache else None)
-        if head != target:
-            self._refs.update(HEAD_REF, target, message=f"loop-org: reset to {target}",
-                              also_log=("HEAD",))
-        if syncer.changes or head != target or cache is None or cache.root[0] != tree:
-            self._save_cache(node, target)
 
     # -- showing ---------------------------------------------------------------------------------
 
@@ -432,7 +336,7 @@ class WorkspaceHistory:
         Defaults: from the baseline to the latest checkpoint. Raises: UnknownCommit.
         """
         a, b = self._range(from_commit, to_commit)
-        return self._run(
+        return self._git.run(
             ["diff", "--binary", "--full-index", "--no-renames", "--no-color",
              "--no-ext-diff", "--no-textconv", a, b]
         ).stdout
@@ -458,8 +362,8 @@ class WorkspaceHistory:
         try:
             raw = self._store().changed(self._tree_of(ca), self._tree_of(cb))
         except FastPathUnavailable:
-            raw = self._run(["diff", "--name-only", "-z", "--no-renames", ca, cb]).stdout.split(b"\0")
-        return sorted(p.decode("utf-8", "surrogateescape") for p in raw if p)
+            raw = self._gitpath.changed(ca, cb)
+        return sorted(p.decode("utf-8", "surrogateescape") for p in raw)
 
     # -- protected paths and snapshots ---------------------------------------------------------
 
@@ -472,7 +376,7 @@ class WorkspaceHistory:
         try:
             return snapshot.protected(self._store(), self._tree_of(commit), tuple(patterns))
         except FastPathUnavailable:
-            return match_paths(self._ls_tree(commit), patterns)
+            return match_paths(self._gitpath.ls_tree(commit), patterns)
 
     def _snapshot_index(self, dest: Path) -> Path:
         key = snapshot.key_of(dest)
@@ -522,50 +426,16 @@ class WorkspaceHistory:
             raise HistoryError(f"snapshot directory {dest} is not empty and was not written "
                                "by this history; pass a fresh one", code="dest_not_empty")
         try:
-            store = self._store()
             t_tree, s_tree = self._tree_of(target), self._tree_of(source)
-            if gitindex.exists() and not (store.special(t_tree) or store.special(s_tree)):
-                self.discard_snapshot(dest)  # last written by git: start over in-process
-            return snapshot.materialize(store, t_tree, s_tree, dest, sidecar,
-                                        paths=paths, on_step=self._step)
+            differing = snapshot.materialize(self._store(), t_tree, s_tree, dest, sidecar,
+                                             paths=paths, on_step=self._step)
+            gitindex.unlink(missing_ok=True)
+            return differing
         except (FastPathUnavailable, OSError) as exc:
             self._fallback("materialize", exc)
-            if not gitindex.exists() and not snapshot.is_empty(dest):
-                self.discard_snapshot(dest)  # written in-process: git's index knows nothing of it
-            return self._materialize_git(target, source, dest, gitindex, paths)
-
-    def _materialize_git(self, target: str, source: str, dest: Path, index: Path,
-                         paths: Sequence[str] | None) -> list[str]:
-        statcache.discard(self._snapshot_index(dest))
-        fresh = snapshot.is_empty(dest)
-        if fresh:
-            index.unlink(missing_ok=True)
-        dest.mkdir(parents=True, exist_ok=True)
-        index.parent.mkdir(exist_ok=True)
-        source_entries = self._ls_tree(source)
-        wanted = set(match_paths(source_entries, DEFAULT_PROTECTED_PATTERNS)
-                     if paths is None else paths) & source_entries.keys()
-        differing = sorted(wanted & set(self.changed_paths(source, target)))
-        tree = self._restored_tree(target, source_entries, differing) if differing else target
-        env = dict(self._env, GIT_INDEX_FILE=str(index))
-        self._run(["read-tree", "--reset", "-u", tree], work_tree=dest, env=env)
-        if not fresh:
-            self._run(["clean", "-ffdxq"], work_tree=dest, env=env)
-        return differing
-
-    def _restored_tree(self, target: str, source_entries: dict[str, bytes],
-                       paths: Sequence[str]) -> str:
-        """Tree of ``target`` with ``paths`` taken from ``source_entries`` (a private index)."""
-        index = self.git_dir / f"restore-{os.getpid()}-{uuid.uuid4().hex[:8]}.index"
-        env = dict(self._env, GIT_INDEX_FILE=str(index))
-        try:
-            self._run(["read-tree", target], env=env)
-            # --replace drops entries in the way (a file where a directory was, or back).
-            self._run(["update-index", "-z", "--replace", "--index-info"], env=env,
-                      input=b"".join(source_entries[p] + b"\0" for p in paths))
-            return self._out(["write-tree"], env=env)
-        finally:
-            index.unlink(missing_ok=True)
+            statcache.discard(sidecar)
+            return self._gitpath.materialize(target, source, dest, gitindex, paths,
+                                             fresh=snapshot.is_empty(dest))
 
     def discard_snapshot(self, dest_dir: Path) -> None:
         """Remove a snapshot directory written by ``materialize`` and its private index."""

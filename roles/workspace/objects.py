@@ -30,6 +30,26 @@ _CACHE_LIMIT = 50_000  # parsed objects kept per repository before the caches st
 Entries = dict  # name (bytes) -> (mode, sha (20 bytes))
 
 
+def read_file(path: bytes | str, size: int = 0) -> bytes:
+    """Whole content of a file (plain ``os`` calls: a third of the syscalls of ``open()``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, max(size + 1, 65536))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def encode_tree(entries: Entries) -> bytes:
     """Serialize tree entries in git's order (a tree sorts as if its name ended with ``/``)."""
     items = sorted(entries.items(), key=lambda kv: kv[0] + b"/" if kv[1][0] == TREE else kv[0])
@@ -67,7 +87,6 @@ class ObjectStore:
     def __init__(self, git_dir: Path) -> None:
         self.root = os.fsencode(git_dir) + b"/objects/"
         self._present: set[bytes] = set()
-        self._dirs: set[bytes] = set()
         self._trees: dict[bytes, Entries] = {}
         self._commits: dict[bytes, tuple[bytes, tuple[bytes, ...]]] = {}
         self._kinds: dict[bytes, bytes] = {}
@@ -92,15 +111,14 @@ class ObjectStore:
             return sha
         d, path = self._path(sha)
         if not os.path.exists(path):
-            if d not in self._dirs:
-                os.makedirs(d, exist_ok=True)
-                self._dirs.add(d)
             tmp = b"%s/tmp_obj_%d_%s" % (d, os.getpid(), hexlify(os.urandom(6)))
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
             try:
-                view = memoryview(zlib.compress(header + body, 1))
-                while view:
-                    view = view[os.write(fd, view):]
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+            except FileNotFoundError:
+                os.makedirs(d, exist_ok=True)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+            try:
+                write_all(fd, zlib.compress(header + body, 1))
             except BaseException:
                 os.close(fd)
                 os.unlink(tmp)
@@ -113,9 +131,7 @@ class ObjectStore:
     def read(self, sha: bytes) -> tuple[bytes, bytes]:
         """(kind, body) of a loose object. Raises FastPathUnavailable if it is not loose."""
         try:
-            with open(self._path(sha)[1], "rb") as f:
-                raw = f.read()
-            data = zlib.decompress(raw)
+            data = zlib.decompress(read_file(self._path(sha)[1]))
         except (OSError, zlib.error) as exc:
             raise FastPathUnavailable(f"object {sha.hex()} is not a readable loose object") from exc
         nul = data.index(b"\0")

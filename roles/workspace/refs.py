@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from roles.workspace.errors import FastPathUnavailable, RefConflict, RefLocked
+from roles.workspace.objects import read_file
 
 ZERO = "0" * 40
 ANY = object()  # ``expect`` value: move the ref whatever it holds
@@ -48,8 +49,7 @@ class Refs:
         Raises FastPathUnavailable for a symbolic or unreadable ref (git answers those).
         """
         try:
-            with open(self.git_dir / name, "rb") as f:
-                raw = f.read()
+            raw = read_file(os.path.join(self.git_dir, name))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return self._packed_refs().get(name)
         value = raw.strip().decode("ascii", "replace")
@@ -74,20 +74,25 @@ class Refs:
         return self._packed
 
     def update(self, name: str, new: str, *, expect: object = ANY, message: str = "",
-               also_log: tuple[str, ...] = ()) -> str | None:
+               reflog: bool = True, also_log: tuple[str, ...] = ()) -> str | None:
         """Point ``name`` at ``new`` and return the previous value.
 
         Args:
             expect: the value the ref must hold now (None: must not exist; ANY: anything).
             message: reflog message.
+            reflog: append to the ref's reflog, creating it if needed; False appends only to
+                an existing one (a one-line reflog per short-lived ref costs a new file).
             also_log: other reflogs to append the same line to (``HEAD`` for its branch).
         Raises: RefLocked (the lock exists), RefConflict (``expect`` did not hold).
         """
         path = self.git_dir / name
         lock = path.with_name(path.name + ".lock")
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            try:
+                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileNotFoundError:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
             raise RefLocked(str(lock)) from None
         try:
@@ -102,16 +107,29 @@ class Refs:
             self._step(f"ref_locked:{name}")
             line = f"{old or ZERO} {new} {self._ident()}" + (f"\t{message}" if message else "") + "\n"
             for log in (name, *also_log):
-                log_path = self.git_dir / "logs" / log
-                log_path.parent.mkdir(parents=True, exist_ok=True)
-                with open(log_path, "a", encoding="utf-8") as f:
-                    f.write(line)
+                self._append_log(log, line.encode("utf-8", "surrogateescape"),
+                                 create=reflog or log != name)
             os.rename(lock, path)
         except BaseException:
             lock.unlink(missing_ok=True)
             raise
         self._step(f"ref_updated:{name}")
         return old
+
+    def _append_log(self, log: str, line: bytes, *, create: bool) -> None:
+        path = self.git_dir / "logs" / log
+        flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(path, flags, 0o666)
+        except FileNotFoundError:
+            if not create:
+                return
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, flags, 0o666)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
 
 
 def clear_stale_locks(git_dir: Path) -> list[Path]:

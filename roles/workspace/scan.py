@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from roles.workspace.errors import FastPathUnavailable
-from roles.workspace.objects import EXEC, FILE, LINK, TREE, ObjectStore
+from roles.workspace.objects import EXEC, FILE, LINK, TREE, ObjectStore, read_file
 from roles.workspace.statcache import Node, racy
 
 S_IFMT, S_IFDIR, S_IFREG, S_IFLNK = 0o170000, 0o040000, 0o100000, 0o120000
@@ -49,8 +49,7 @@ def file_record(store: ObjectStore, path: bytes, st: os.stat_result) -> tuple:
     if st.st_mode & S_IFMT == S_IFLNK:
         data = os.readlink(path)
     else:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_file(path, st.st_size)
     size = st.st_size
     if len(data) != size:
         size = -1  # it changed while being read: never trust this entry, read it again next time

@@ -5,11 +5,13 @@ whose ``meta`` names the directory) describing the tree the directory holds and 
 every file written there. The next ``materialize`` compares the tree it wants with that, walks
 the directory once, and rewrites only files that differ or were touched (any stat change,
 ctime included, so tampering by a verify command is caught), removing everything else found
-there. The sidecar is written through ``<key>.index.lock``, created before the first change:
-a lock still there means the writer was killed midway and the snapshot is rewritten whole.
+there. A writer killed midway needs no repair: whatever it rewrote has a new stat and is
+checked again, and a sidecar torn mid-write fails its checksum, so every file is then read and
+compared. ``flock`` on the sidecar keeps a second writer out.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Callable, Sequence
 
 from roles.workspace import statcache
 from roles.workspace.checkout import Syncer
-from roles.workspace.errors import HistoryError
+from roles.workspace.errors import FastPathUnavailable, HistoryError
 from roles.workspace.objects import ObjectStore
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
 
@@ -58,13 +60,12 @@ def materialize(store: ObjectStore, target: bytes, source: bytes, dest: Path, si
                 paths: Sequence[str] | None, on_step: Callable[[str], None]) -> list[str]:
     """Make ``dest`` hold tree ``target`` with protected paths restored from tree ``source``.
 
-    ``dest`` is absent, empty, or described by ``sidecar``; anything else there is removed.
+    ``dest`` must be absent, empty or written by this history (the caller checks). Without a
+    usable sidecar every file found there is read and compared, so the result is exact.
     Returns the protected paths that differ between ``source`` and ``target``, sorted.
     Raises: FastPathUnavailable (a tree needs git's checkout), HistoryError with code
-    ``snapshot_busy`` (another writer holds the lock), OSError.
+    ``snapshot_busy`` (another process is writing this snapshot), OSError.
     """
-    from roles.workspace.errors import FastPathUnavailable
-
     if store.special(target) or store.special(source):
         raise FastPathUnavailable("the snapshot needs git's checkout (attributes or gitlinks)")
     names = _paths_of(store, source)
@@ -79,24 +80,28 @@ def materialize(store: ObjectStore, target: bytes, source: bytes, dest: Path, si
         files = store.files(source)
         tree = store.edit_tree(target, {names[p]: files[names[p]] for p in differing})
     meta = {"dest": os.fspath(dest)}
-    old = None if is_empty(dest) else statcache.load(sidecar)
-    if old is not None and old.meta != meta:
-        old = None
-    if old is None and not is_empty(dest):
-        raise FastPathUnavailable(f"snapshot {dest} has no usable sidecar")
-    lock = sidecar.with_name(sidecar.name + ".lock")
-    sidecar.parent.mkdir(parents=True, exist_ok=True)
-    dest.mkdir(parents=True, exist_ok=True)
     try:
-        os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-    except FileExistsError:
-        raise HistoryError(f"snapshot {dest} is being written by another process ({lock}); "
-                           "one eval-agent per snapshot directory", code="snapshot_busy") from None
-    on_step("snapshot_locked")
-    syncer = Syncer(store, old.racy_ns if old else 0, snapshot=True)
-    node = syncer.sync(os.fsencode(dest), tree, old.root if old else None)
-    if syncer.changes or old is None or old.root[0] != tree:
-        statcache.save(sidecar, node, meta, tmp=lock)
-    else:
-        lock.unlink()
+        fd = os.open(sidecar, os.O_RDWR | os.O_CREAT, 0o644)
+    except FileNotFoundError:
+        sidecar.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(sidecar, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise HistoryError(f"snapshot {dest} is being written by another process; "
+                               "one eval-agent per snapshot directory", code="snapshot_busy") from None
+        empty = is_empty(dest)
+        old = None if empty else statcache.read_fd(fd, os.fspath(sidecar))
+        if old is not None and old.meta != meta:
+            old = None
+        if empty:
+            dest.mkdir(parents=True, exist_ok=True)
+        on_step("snapshot_writing")
+        syncer = Syncer(store, old.racy_ns if old else 0, snapshot=True)
+        node = syncer.sync(os.fsencode(dest), tree, old.root if old else None)
+        if syncer.changes or old is None or old.root[0] != tree:
+            statcache.write_fd(fd, os.fspath(sidecar), node, meta)
+    finally:
+        os.close(fd)
     return differing

@@ -13,19 +13,25 @@ cache file itself (the moment the cache was written, on the filesystem's own clo
 again before it is trusted. ctime cannot be set by a process, unlike mtime. Timestamps that look
 coarse (whole milliseconds or seconds, as on FAT or ext3) get two seconds of slack.
 
-The file is ``marshal`` data written to a temp file and renamed into place; the caller writes it
-after the refs it describes, and records in ``meta`` what it must match to be used. The cache of
-the last file written or read is kept in memory, keyed by the file's identity, so the next
-operation in the same process does not read it back.
+File format: a 36-byte header (magic, body length, sha1 of the body) then ``marshal`` data.
+The file is rewritten in place (no new inode, no rename: both are costly on journaling
+filesystems and the cache is rewritten at every checkpoint); a writer killed midway leaves a
+body that fails its checksum, and such a cache is simply not used. Callers write a cache after
+the refs it describes and record in ``meta`` what it must match. The last cache written or read
+is kept in memory and reused while the file's header is unchanged.
 """
 from __future__ import annotations
 
+import hashlib
 import marshal
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-VERSION = 1
+VERSION = 2
+MAGIC = b"LOSTAT02"
+HEADER = len(MAGIC) + 8 + 20
 COARSE_SLACK_NS = 2_000_000_000
 
 Node = tuple  # (tree, entries) for a directory, 6-tuple for a file (see module docstring)
@@ -47,60 +53,72 @@ def racy(ctime_ns: int, racy_ns: int) -> bool:
     return ctime_ns >= racy_ns
 
 
-_MEMORY: dict[str, tuple[tuple, StatCache]] = {}
+_MEMORY: dict[str, tuple[bytes, StatCache]] = {}
 
 
-def _identity(st: os.stat_result) -> tuple:
-    return (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size)
+def read_fd(fd: int, key: str) -> StatCache | None:
+    """The cache in open file ``fd`` (``key``: its path), or None if empty or invalid."""
+    head = os.pread(fd, HEADER, 0)
+    kept = _MEMORY.get(key)
+    if kept is not None and kept[0] == head:
+        return kept[1]
+    if len(head) != HEADER or not head.startswith(MAGIC):
+        return None
+    (length,) = struct.unpack_from(">Q", head, len(MAGIC))
+    chunks, offset = [], HEADER
+    while offset < HEADER + length:
+        chunk = os.pread(fd, HEADER + length - offset, offset)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        offset += len(chunk)
+    body = b"".join(chunks)
+    if hashlib.sha1(body).digest() != head[len(MAGIC) + 8 :]:
+        return None  # torn by a killed writer
+    try:
+        version, meta, root = marshal.loads(body)
+    except (ValueError, EOFError, TypeError):
+        return None
+    if version != VERSION or not isinstance(meta, dict) or not isinstance(root, tuple) or len(root) != 2:
+        return None
+    cache = StatCache(root, meta, os.fstat(fd).st_mtime_ns)
+    _MEMORY[key] = (head, cache)
+    return cache
+
+
+def write_fd(fd: int, key: str, root: Node, meta: dict) -> StatCache:
+    """Rewrite the cache in open file ``fd`` in place; return it as a later read sees it."""
+    body = marshal.dumps((VERSION, meta, root))
+    head = MAGIC + struct.pack(">Q", len(body)) + hashlib.sha1(body).digest()
+    view, offset = memoryview(head + body), 0
+    while offset < len(view):
+        offset += os.pwrite(fd, view[offset:], offset)
+    # Shrink without ever truncating to zero: ext4 flushes a file truncated to 0 on close.
+    os.ftruncate(fd, len(view))
+    cache = StatCache(root, meta, os.fstat(fd).st_mtime_ns)
+    _MEMORY[key] = (head, cache)
+    return cache
 
 
 def load(path: Path) -> StatCache | None:
     """The cache at ``path``, or None if there is none or it is not a valid cache."""
-    key = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            ident = _identity(os.fstat(f.fileno()))
-            kept = _MEMORY.get(key)
-            if kept is not None and kept[0] == ident:
-                return kept[1]
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
-        version, meta, root = marshal.loads(data)
-        valid = version == VERSION and isinstance(meta, dict) and isinstance(root, tuple) and len(root) == 2
-    except (ValueError, EOFError, TypeError):
-        valid = False
-    if not valid:
-        return None
-    cache = StatCache(root, meta, ident[2])
-    _MEMORY[key] = (ident, cache)
-    return cache
+        return read_fd(fd, os.fspath(path))
+    finally:
+        os.close(fd)
 
 
-def save(path: Path, root: Node, meta: dict, *, tmp: Path | None = None) -> StatCache:
-    """Write a cache atomically (to ``tmp``, default a fresh temp name, then rename).
-
-    Returns the cache as a later ``load`` would see it (its ``racy_ns`` is the file's mtime).
-    """
-    tmp = tmp or path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    data = marshal.dumps((VERSION, meta, root))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def save(path: Path, root: Node, meta: dict) -> StatCache:
+    """Write the cache at ``path`` (in place; created if absent)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            ident = _identity(os.fstat(fd))
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    cache = StatCache(root, meta, ident[2])
-    _MEMORY[os.fspath(path)] = (ident, cache)
-    return cache
+        return write_fd(fd, os.fspath(path), root, meta)
+    finally:
+        os.close(fd)
 
 
 def discard(path: Path) -> None:

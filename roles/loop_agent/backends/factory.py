@@ -26,10 +26,15 @@ class BuiltBackend:
 def build(spec: str, cfg: Config, home: OrgHome, instance: str, *, runner=None) -> BuiltBackend:
     """Return the backend for ``spec`` (``anthropic`` | ``scripted:FILE`` | ``command``).
 
+    ``runner`` runs the model's commands (default: the sandbox org.toml asks for).
     Raises BackendConfigError (unknown model price, missing key, unknown backend).
     """
     from roles.loop_agent.backends.anthropic_backend import AnthropicBackend, AnthropicConfig
     from roles.loop_agent.backends.retry import FileRateGate, RetryPolicy
+    from roles.sandbox import runner_from_config
+
+    if runner is None:
+        runner = runner_from_config(cfg, home)
 
     gate = FileRateGate(home.run_dir)
     retry = RetryPolicy(max_attempts=cfg["model.max_retries"] + 1)
@@ -49,6 +54,12 @@ def build(spec: str, cfg: Config, home: OrgHome, instance: str, *, runner=None) 
         backend = AnthropicBackend(conf, cfg.prices, gate=gate, runner=runner)
         return BuiltBackend(backend, f"anthropic {cfg['model.name']} at {backend.base_url}", lambda: None)
     if spec == "command":
-        raise BackendConfigError("the command backend (an agent CLI such as Claude Code in the sandbox) "
-                                 "is not available in this version", code="backend_unavailable")
+        from roles.loop_agent.backends.command_backend import CommandBackend, CommandConfig
+        conf = CommandConfig(binary=cfg["command.binary"], model=cfg["model.name"],
+                             permission_mode=cfg["command.permission_mode"],
+                             allowed_tools=tuple(cfg["command.allowed_tools"]), timeout_s=cfg["command.timeout_s"],
+                             upstream=cfg["model.base_url"] or None)
+        backend = CommandBackend(conf, cfg.prices, make_runner=lambda ws: runner_from_config(cfg, home, ws),
+                                 state_dir=home.run_dir / "cli" / instance)
+        return BuiltBackend(backend, f"command: {cfg['command.binary']} in the sandbox", lambda: None)
     raise BackendConfigError(f"unknown backend {spec!r}", code="unknown_backend")

@@ -1,7 +1,6 @@
 """``org doctor``: check the org home; exit 0 healthy, 1 warnings, 2 errors."""
 from __future__ import annotations
 
-import shutil
 import sqlite3
 import time
 
@@ -100,11 +99,8 @@ def diagnose(home, now: float | None = None) -> list[dict]:
     else:
         add("ok", "snapshot", "up to date")
 
-    bwrap = shutil.which("bwrap")
-    if bwrap:
-        add("ok", "sandbox", f"bubblewrap at {bwrap}")
-    elif cfg is not None and cfg["sandbox.allow_unsandboxed"]:
-        add("warning", "sandbox", "bubblewrap missing; unsandboxed mode is allowed by org.toml")
-    else:
-        add("warning", "sandbox", "bubblewrap missing: agent commands will be refused — install the 'bubblewrap' package")
+    if cfg is not None:
+        from roles.sandbox import describe_mode
+        mode = describe_mode(cfg)
+        add("warning" if mode.startswith(("agent commands refused", "unsandboxed")) else "ok", "sandbox", mode)
     return out

@@ -1,0 +1,101 @@
+"""``org skills [list|show NAME|retire NAME]``: approved skills, their use and their origin.
+
+A skill no run has carried for ``knowledge.skill_unused_days`` (default 90) is shown as
+proposed for retirement; only a human retires it (a durable write as actor ``human``).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+from scripts.cli.output import add_json, emit_json, home_of, read_conn, table
+from state_db.vocab import Actor
+
+NAME = "skills"
+HELP = "list approved skills with use counts and last use, show one, or retire one"
+
+
+def add_arguments(p) -> None:
+    add_json(p)
+    sub = p.add_subparsers(dest="action", metavar="ACTION", help="what to do (default: list)")
+    ls = sub.add_parser("list", help="active skills (or --all), with use counts, last use and retirement proposals")
+    ls.add_argument("--all", action="store_true", help="include retired skills")
+    add_json(ls)
+    show = sub.add_parser("show", help="one skill: SKILL.md, use and origin (candidate, notes, runs)")
+    show.add_argument("name", help="skill name")
+    add_json(show)
+    retire = sub.add_parser("retire", help="retire a skill: loop-agents stop carrying it")
+    retire.add_argument("name", help="skill name")
+    retire.add_argument("--idempotency-key", help="the same key twice retires once")
+    add_json(retire)
+
+
+def _unused_days(args) -> int:
+    from state_db import config as config_mod
+    home = home_of(args)
+    return config_mod.load(home.config_path if home.config_path.exists() else None)["knowledge.skill_unused_days"]
+
+
+def _when(at) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if at else "never"
+
+
+def run(args) -> int:
+    from skills import registry
+
+    action = args.action or "list"
+    if action == "retire":
+        return _retire(args)
+    days = _unused_days(args)
+    conn = read_conn(args)
+    try:
+        if action == "show":
+            row = registry.skill(conn, args.name)
+            row.update(next((d for d in registry.listing(conn, time.time(), days, include_retired=True)
+                             if d["name"] == args.name), {}))
+        else:
+            rows = registry.listing(conn, time.time(), days, include_retired=getattr(args, "all", False))
+    finally:
+        conn.close()
+    if action == "show":
+        if args.json:
+            emit_json(row)
+            return 0
+        from skills.skillmd import render
+        print(f"{row['name']}  {row['status']}  used by {row['use_count']} run(s), last {_when(row['last_used_at'])}"
+              + ("  — proposed for retirement" if row.get("retirement_proposed") else ""))
+        o = row["origin"]
+        print(f"origin: candidate {o.get('candidate')}, approved by {o.get('approved_by')}; "
+              f"runs {', '.join(o.get('runs', []))}; notes {', '.join(o.get('source_notes', []))}")
+        print(f"file: {home_of(args).root / row['path']}\n")
+        print(render(registry.text_of(row)))
+        return 0
+    if args.json:
+        emit_json(rows)
+        return 0
+    if not rows:
+        print("no skills yet")
+        return 0
+    print(table([[r["name"], r["status"], r["use_count"], _when(r["last_used_at"]), r["idle_days"],
+                  f"proposed for retirement (unused {days}+ days)" if r["retirement_proposed"] else ""]
+                 for r in rows], ["NAME", "STATUS", "USES", "LAST USED", "IDLE DAYS", "NOTE"]))
+    return 0
+
+
+def _retire(args) -> int:
+    from skills import registry
+    from state_db.writer import StateWriter
+
+    home = home_of(args).require()
+    writer = StateWriter(home.db_path, Actor.HUMAN)
+    try:
+        out, _ = writer.run_once(args.idempotency_key or uuid.uuid4().hex, "skills.retire",
+                                 lambda tx: {"name": args.name, "changed": registry.retire(tx, args.name),
+                                             "by": writer.os_user})
+    finally:
+        writer.close()
+    if args.json:
+        emit_json(out)
+    else:
+        print(f"{out['name']}: retired" + ("" if out["changed"] else " (already)"))
+    return 0

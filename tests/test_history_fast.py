@@ -1,0 +1,475 @@
+"""The history's in-process path: git's exact objects, stat caches, crash safety, no processes."""
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from roles.workspace import objects, statcache
+from roles.workspace.checkout import Syncer
+from roles.workspace.errors import HistoryError
+from roles.workspace.history import HEAD_REF, WorkspaceHistory
+from roles.workspace.scan import Recorder
+from roles.workspace.workspace_cache import CACHE_NAME
+
+ROOT = Path(__file__).resolve().parents[1]
+GIT_ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},
+           "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+def git(*args: str, env: dict | None = None, input: bytes | None = None) -> str:
+    return subprocess.run(["git", *args], env={**GIT_ENV, **(env or {})}, check=True, input=input,
+                          capture_output=True).stdout.decode("utf-8", "surrogateescape")
+
+
+def git_tree_of(workspace: Path, scratch: Path) -> str:
+    """The tree ``git add --all --force && git write-tree`` records for ``workspace``."""
+    repo = scratch / "reference.git"
+    if not repo.exists():
+        git("init", "-q", "--bare", str(repo))
+    env = {"GIT_INDEX_FILE": str(scratch / "reference.index")}
+    (scratch / "reference.index").unlink(missing_ok=True)
+    base = ["--git-dir", str(repo), "--work-tree", str(workspace)]
+    git(*base, "add", "--all", "--force", env=env)
+    return git(*base, "write-tree", env=env).strip()
+
+
+def files_of(root: Path) -> dict[bytes, tuple]:
+    """path -> (kind, content or link target, executable) of everything below root but .git."""
+    out = {}
+    top = os.fsencode(root)
+    for dirpath, dirnames, filenames in os.walk(top):
+        if b".git" in dirnames and dirpath == top:
+            dirnames.remove(b".git")
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, top)
+            s = os.lstat(p)
+            if stat.S_ISLNK(s.st_mode):
+                out[rel] = ("link", os.readlink(p), False)
+            elif stat.S_ISDIR(s.st_mode):
+                out[rel] = ("dir", b"", False)
+            else:
+                with open(p, "rb") as f:
+                    out[rel] = ("file", f.read(), bool(s.st_mode & stat.S_IXUSR))
+    return out
+
+
+@pytest.fixture
+def spawned(monkeypatch):
+    """Every process started in this test (``subprocess.run`` goes through ``Popen``)."""
+    calls = []
+    real = subprocess.Popen
+
+    class Counting(real):
+        def __init__(self, args, *a, **kw):
+            calls.append(list(args))
+            super().__init__(args, *a, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", Counting)
+    return calls
+
+
+@pytest.fixture
+def ws(tmp_path) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "src" / "deep").mkdir(parents=True)
+    (ws / "tests").mkdir()
+    (ws / "src" / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (ws / "src" / "deep" / "x.bin").write_bytes(bytes(range(256)))
+    (ws / "tests" / "test_calc.py").write_text("def test_add():\n    assert True\n")
+    (ws / "run.sh").write_text("#!/bin/sh\n")
+    (ws / "run.sh").chmod(0o755)
+    (ws / "link").symlink_to("src/calc.py")
+    (ws / "README").write_text("r\n")
+    return ws
+
+
+@pytest.fixture
+def hist(tmp_path, ws) -> WorkspaceHistory:
+    return WorkspaceHistory(tmp_path / "org" / "history" / "w.git", ws)
+
+
+# -- git's exact objects -------------------------------------------------------------------------
+
+_NAMES = st.sampled_from([b"a", b"a.b", b"a-b", b"a b", b"b", b"B", b"\xe9t\xe9", b"\xff", b".hidden",
+                          b".gitignore", b".github", b"z~", b"x\ny"])
+_FILE = st.tuples(st.just("file"), st.binary(max_size=40), st.booleans())
+_LINK = st.tuples(st.just("link"), st.sampled_from([b"a", b"../nowhere", b"/abs"]), st.just(False))
+_TREE = st.recursive(
+    st.dictionaries(_NAMES, st.one_of(_FILE, _LINK), max_size=4),
+    lambda sub: st.dictionaries(_NAMES, st.one_of(_FILE, _LINK, st.tuples(st.just("dir"), sub, st.just(False))),
+                                max_size=4),
+    max_leaves=12)
+
+
+def _build(root: bytes, spec: dict) -> None:
+    os.makedirs(root, exist_ok=True)
+    for name, (kind, body, exe) in spec.items():
+        path = os.path.join(root, name)
+        if kind == "dir":
+            _build(path, body)  # an empty dict stays an empty directory: git does not record it
+        elif kind == "link":
+            os.symlink(body, path)
+        else:
+            with open(path, "wb") as f:
+                f.write(body)
+            os.chmod(path, 0o755 if exe else 0o644)
+
+
+@settings(max_examples=25)
+@given(spec=_TREE)
+def test_trees_recorded_in_process_are_the_trees_git_writes(tmp_path_factory, spec):
+    tmp = tmp_path_factory.mktemp("tree")
+    ws = tmp / "ws"
+    _build(os.fsencode(ws), spec)
+    hist = WorkspaceHistory(tmp / "h.git", ws)
+    assert hist.fingerprint_of_workspace() == git_tree_of(ws, tmp)
+    subprocess.run(["git", f"--git-dir={tmp / 'h.git'}", "fsck", "--strict", "--no-dangling"],
+                   env=GIT_ENV, check=True, capture_output=True)
+
+
+def test_commits_are_byte_identical_to_git_commit_tree(tmp_path):
+    repo = tmp_path / "r.git"
+    git("init", "-q", "--bare", str(repo))
+    tree = git("--git-dir", str(repo), "hash-object", "-w", "-t", "tree", "--stdin", input=b"").strip()
+    when = 1_700_000_000
+    env = {"GIT_AUTHOR_DATE": f"@{when} +0000", "GIT_COMMITTER_DATE": f"@{when} +0000", "TZ": "UTC"}
+    parent = git("--git-dir", str(repo), "commit-tree", tree, "-m", "loop-org baseline", env=env).strip()
+    expected = git("--git-dir", str(repo), "commit-tree", tree, "-p", parent,
+                   "-m", "loop-org checkpoint\n\niteration: 3", env=env).strip()
+    ident = f"t <t@t> {when} +0000"
+    body = objects.encode_commit(tree, [parent], ident, ident, "loop-org checkpoint\n\niteration: 3")
+    assert objects.ObjectStore(repo).write(b"commit", body).hex() == expected
+
+
+def test_a_history_written_in_process_is_sound_for_git(hist, ws, tmp_path, spawned):
+    base = hist.baseline()
+    (ws / "src" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    c1 = hist.checkpoint(1)
+    hist.reset_to(base)
+    (ws / "new.txt").write_text("second attempt\n")
+    c1b = hist.checkpoint(1)
+    (ws / "README").unlink()
+    c2 = hist.checkpoint(2)
+    git_calls = [c for c in spawned if "init" not in c and "symbolic-ref" not in c]
+    assert git_calls == []
+    gd = ["--git-dir", str(hist.git_dir)]
+    git(*gd, "fsck", "--strict", "--no-dangling")
+    assert git(*gd, "rev-list", "refs/heads/checkpoints").split() == [c2, c1b, base]
+    assert git(*gd, "rev-parse", f"refs/discarded/1/{c1}").strip() == c1
+    assert git(*gd, "rev-parse", "HEAD").strip() == c2
+    assert git_tree_of(ws, tmp_path) == hist.tree_id(c2)
+    assert "loop-org: checkpoint of iteration 2" in git(*gd, "reflog", "show", "refs/heads/checkpoints")
+    assert hist.changed_paths(base, c2) == sorted(
+        p.decode() for p in git(*gd, "diff", "--name-only", "-z", base, c2).encode().split(b"\0") if p)
+
+
+def test_refs_packed_by_git_are_read_and_overridden(hist, ws):
+    hist.baseline()
+    c1 = hist.checkpoint(1)
+    git("--git-dir", str(hist.git_dir), "pack-refs", "--all")
+    assert not (hist.git_dir / "refs" / "iterations" / "1").exists()
+    assert hist.iteration_commit(1) == c1
+    (ws / "README").write_text("two\n")
+    c2 = hist.checkpoint(2)
+    assert git("--git-dir", str(hist.git_dir), "rev-parse", HEAD_REF).strip() == c2
+
+
+# -- the steady state runs no process -------------------------------------------------------------
+
+def test_the_steady_state_spawns_no_process(hist, ws, tmp_path, spawned):
+    last = hist.baseline()
+    snap = tmp_path / "snap"
+    hist.materialize(last, snap)
+    spawned.clear()
+    for n in range(1, 4):
+        hist.reset_to(last)
+        (ws / "src" / "calc.py").write_text(f"VALUE = {n}\n")
+        commit = hist.checkpoint(n)
+        assert hist.changed_paths(last, commit) == ["src/calc.py"]
+        assert hist.tree_id(commit) == hist.fingerprint_of_workspace()
+        verifier_side = WorkspaceHistory(hist.git_dir, ws)  # the eval-agent opens its own
+        verifier_side.protected_paths(patterns=["tests/**"])
+        assert verifier_side.materialize(commit, snap) == []
+        assert hist.iteration_commit(n) == commit and hist.baseline() == hist.baseline_commit()
+        last = commit
+    assert spawned == []
+    assert files_of(snap) == files_of(ws)
+
+
+def test_a_reset_with_nothing_to_do_writes_nothing(hist, ws, spawned):
+    hist.baseline()
+    c1 = hist.checkpoint(1)
+    before = {p: os.lstat(os.path.join(os.fsencode(ws), p)) for p in files_of(ws)}
+    hist.reset_to(c1)
+    after = {p: os.lstat(os.path.join(os.fsencode(ws), p)) for p in files_of(ws)}
+    assert {p: (s.st_ino, s.st_mtime_ns, s.st_ctime_ns) for p, s in before.items()} == \
+           {p: (s.st_ino, s.st_mtime_ns, s.st_ctime_ns) for p, s in after.items()}
+    assert [c for c in spawned if "init" not in c and "symbolic-ref" not in c] == []
+
+
+def test_a_reset_rewrites_only_what_differs(hist, ws):
+    base = hist.baseline()
+    expected = files_of(ws)
+    keep = os.lstat(ws / "src" / "deep" / "x.bin").st_ino
+    (ws / "src" / "calc.py").write_text("broken\n")
+    (ws / "run.sh").chmod(0o644)
+    (ws / "link").unlink()
+    (ws / "link").write_text("a file where a symlink was\n")
+    (ws / "tests").rename(ws / "moved")
+    (ws / "extra" / "empty").mkdir(parents=True)
+    (ws / "src" / "deep" / "new.pyc").write_bytes(b"\0")
+    hist.reset_to(base)
+    assert os.lstat(ws / "src" / "deep" / "x.bin").st_ino == keep
+    assert os.readlink(ws / "link") == "src/calc.py" and os.access(ws / "run.sh", os.X_OK)
+    assert not (ws / "moved").exists() and not (ws / "extra").exists()
+    assert (ws / "tests" / "test_calc.py").exists() and not (ws / "src" / "deep" / "new.pyc").exists()
+    assert hist.fingerprint_of_workspace() == hist.tree_id(base) and files_of(ws) == expected
+
+
+# -- racily clean entries and cache validity -----------------------------------------------------
+
+def test_racy_rule_distrusts_entries_as_new_as_the_cache():
+    assert statcache.racy(1_000_000_123, 1_000_000_123)
+    assert not statcache.racy(1_000_000_122, 1_000_000_123)
+    # whole-second timestamps (coarse filesystems) get two seconds of slack
+    assert statcache.racy(5_000_000_000, 6_500_000_000)
+    assert not statcache.racy(3_000_000_000, 6_500_000_000)
+
+
+def test_a_racily_clean_file_is_read_again_and_a_clean_one_is_trusted(tmp_path):
+    """A stat-identical entry pointing at the wrong blob stands for a file rewritten within the
+    same timestamp tick as its recorded stat: only the racy rule can catch it."""
+    store = objects.ObjectStore(tmp_path / "h.git")
+    top = tmp_path / "ws"
+    top.mkdir()
+    (top / "f").write_bytes(b"new content")
+    s = os.lstat(top / "f")
+    stale = store.write(b"blob", b"old content")
+    lie = (None, {b"f": (s.st_mode, stale, s.st_mtime_ns, s.st_ctime_ns, s.st_size, s.st_ino)})
+    truth = store.write(b"blob", b"new content")
+
+    racy = Recorder(store, racy_ns=s.st_ctime_ns)
+    _, node = racy.record(os.fsencode(top), lie)
+    assert node[1][b"f"][1] == truth and racy.hashed == 1
+
+    trusting = Recorder(store, racy_ns=s.st_ctime_ns + 1)
+    _, node = trusting.record(os.fsencode(top), lie)
+    assert node[1][b"f"][1] == stale and trusting.hashed == 0
+
+    tree = store.write_tree({b"f": (objects.FILE, stale)})
+    Syncer(store, racy_ns=s.st_ctime_ns, snapshot=True).sync(os.fsencode(top), tree, (tree, lie[1]))
+    assert (top / "f").read_bytes() == b"old content"  # read, found different, rewritten
+
+
+def test_a_cache_that_does_not_match_the_refs_is_discarded(hist, ws, tmp_path):
+    base = hist.baseline()
+    (ws / "README").write_text("one\n")
+    c1 = hist.checkpoint(1)
+    # another writer (git itself here) moves HEAD: the cache no longer describes the refs
+    git("--git-dir", str(hist.git_dir), "update-ref", HEAD_REF, base)
+    assert statcache.load(hist.git_dir / CACHE_NAME).meta["head"] == c1
+    (ws / "README").write_text("two\n")
+    c2 = hist.checkpoint(2)
+    assert hist.tree_id(c2) == git_tree_of(ws, tmp_path)
+    assert git("--git-dir", str(hist.git_dir), "rev-parse", f"{c2}^").strip() == base
+    assert statcache.load(hist.git_dir / CACHE_NAME).meta["head"] == c2
+
+
+@pytest.mark.parametrize("damage", ["torn", "garbage", "empty"])
+def test_a_damaged_cache_is_ignored(hist, ws, tmp_path, damage):
+    hist.baseline()
+    cache = hist.git_dir / CACHE_NAME
+    data = cache.read_bytes()
+    statcache._MEMORY.clear()  # as a fresh process would see it
+    cache.write_bytes({"torn": data[: len(data) // 2] + b"\0" * (len(data) // 2),
+                       "garbage": os.urandom(200), "empty": b""}[damage])
+    (ws / "src" / "calc.py").write_text("changed after the damage\n")
+    assert hist.tree_id(hist.checkpoint(1)) == git_tree_of(ws, tmp_path)
+
+
+def test_objects_packed_by_a_manual_gc_are_handled_by_git(hist, ws, tmp_path):
+    base = hist.baseline()
+    (ws / "README").write_text("one\n")
+    c1 = hist.checkpoint(1)
+    git("--git-dir", str(hist.git_dir), "gc", "-q", "--prune=now")
+    objects.forget(hist.git_dir)
+    assert hist.tree_id(c1) == git("--git-dir", str(hist.git_dir), "rev-parse", f"{c1}^{{tree}}").strip()
+    assert hist.changed_paths(base, c1) == ["README"]
+    hist.reset_to(base)
+    assert (ws / "README").read_text() == "r\n"
+    (ws / "tests" / "test_calc.py").write_text("def test_add():\n    assert False\n")
+    c2 = hist.checkpoint(2)
+    assert hist.materialize(c2, tmp_path / "snap") == ["tests/test_calc.py"]
+    assert hist.tree_id(c2) == git_tree_of(ws, tmp_path)
+    git("--git-dir", str(hist.git_dir), "fsck", "--strict", "--no-dangling")
+
+
+# -- what git must do, git does ------------------------------------------------------------------
+
+def test_a_nested_repository_is_recorded_by_git_as_before(hist, ws, tmp_path, spawned):
+    hist.baseline()
+    inner = ws / "vendor" / "lib"
+    inner.mkdir(parents=True)
+    git("init", "-q", str(inner))
+    (inner / "x.py").write_text("x = 1\n")
+    git("-C", str(inner), "add", "-A")
+    git("-C", str(inner), "commit", "-qm", "inner")
+    spawned.clear()
+    c1 = hist.checkpoint(1)
+    assert any("add" in c for c in spawned)
+    entry = git("--git-dir", str(hist.git_dir), "ls-tree", c1, "vendor/lib")
+    assert entry.startswith("160000 commit ")
+    hist.reset_to(hist.baseline_commit())
+    assert not (ws / "vendor").exists()
+
+
+def test_gitattributes_conversions_stay_gits(hist, ws, tmp_path):
+    hist.baseline()
+    (ws / ".gitattributes").write_text("*.txt text eol=lf\n")
+    (ws / "dos.txt").write_bytes(b"one\r\ntwo\r\n")
+    c1 = hist.checkpoint(1)
+    assert hist.tree_id(c1) == git_tree_of(ws, tmp_path)
+    blob = git("--git-dir", str(hist.git_dir), "cat-file", "-p", f"{c1}:dos.txt")
+    assert blob == "one\ntwo\n"
+
+
+def test_a_fifo_makes_git_do_the_step(hist, ws, tmp_path, spawned):
+    hist.baseline()
+    os.mkfifo(ws / "pipe")
+    spawned.clear()
+    c1 = hist.checkpoint(1)
+    assert spawned and hist.tree_id(c1) == git_tree_of(ws, tmp_path)
+
+
+# -- snapshots -----------------------------------------------------------------------------------
+
+def test_materialize_repairs_tampering_and_removes_everything_else(hist, ws, tmp_path, spawned):
+    base = hist.baseline()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not the snapshot's\n")
+    snap = tmp_path / "snap"
+    hist.materialize(base, snap)
+    spawned.clear()
+    (snap / "tests" / "test_calc.py").write_text("def test_add():\n    pass  # weakened\n")
+    (snap / "run.sh").chmod(0o644)
+    os.utime(snap / "README", ns=(0, 0))
+    (snap / "README").write_text("r\n")  # same content, new stat
+    (snap / "src" / "calc.py").unlink()
+    (snap / "src" / "deep" / "x.bin").unlink()
+    os.rmdir(snap / "src" / "deep")
+    (snap / "src" / "deep").symlink_to(outside)
+    (snap / ".git").mkdir()
+    (snap / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (snap / "__pycache__").mkdir()
+    (snap / "__pycache__" / "m.pyc").write_bytes(b"\0")
+    os.mkfifo(snap / "pipe")
+    (ws / "tests" / "test_calc.py").write_text("def test_add():\n    assert 1\n")
+    c1 = hist.checkpoint(1)
+    assert WorkspaceHistory(hist.git_dir, ws).materialize(c1, snap) == ["tests/test_calc.py"]
+    expected = files_of(ws)
+    expected[b"tests/test_calc.py"] = ("file", b"def test_add():\n    assert True\n", False)
+    assert files_of(snap) == expected
+    assert (snap / ".git").exists() is False and (outside / "keep.txt").exists()
+    assert spawned == []
+
+
+def test_materialize_into_a_snapshot_git_wrote_continues_in_process(hist, ws, tmp_path):
+    base = hist.baseline()
+    snap = tmp_path / "snap"
+    (ws / ".gitattributes").write_text("*.py diff=python\n")
+    c1 = hist.checkpoint(1)  # recorded by git; its snapshot too
+    hist.materialize(c1, snap)
+    (snap / "stray").write_text("x\n")
+    hist.reset_to(base)
+    (ws / "README").write_text("plain again\n")
+    c2 = hist.checkpoint(2)
+    assert hist.materialize(c2, snap) == []
+    assert files_of(snap) == files_of(ws)
+
+
+def test_a_second_writer_of_the_same_snapshot_is_refused(hist, ws, tmp_path):
+    import fcntl
+
+    base = hist.baseline()
+    snap = tmp_path / "snap"
+    hist.materialize(base, snap)
+    sidecar = next((hist.git_dir / "snapshots").glob("*.index"))
+    fd = os.open(sidecar, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(HistoryError) as err:
+            hist.materialize(base, snap)
+        assert err.value.code == "snapshot_busy"
+    finally:
+        os.close(fd)
+
+
+# -- crash safety --------------------------------------------------------------------------------
+
+_CRASHER = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {root!r})
+    from pathlib import Path
+    from roles.workspace.history import WorkspaceHistory
+
+    def step(name):
+        if name == {at!r}:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    hist = WorkspaceHistory(Path({git_dir!r}), Path({ws!r}), on_step=step)
+    hist.{call}
+    sys.exit(3)
+""")
+
+
+def _killed_at(at: str, call: str, hist: WorkspaceHistory, ws: Path) -> None:
+    code = _CRASHER.format(root=str(ROOT), at=at, git_dir=str(hist.git_dir), ws=str(ws), call=call)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+
+
+@pytest.mark.parametrize("at", ["commit_written", "ref_locked:refs/iterations/2",
+                                "ref_updated:refs/iterations/2", "ref_locked:refs/heads/checkpoints",
+                                "ref_updated:refs/heads/checkpoints"])
+def test_a_checkpoint_killed_midway_leaves_a_usable_history(hist, ws, tmp_path, at):
+    hist.baseline()
+    c1 = hist.checkpoint(1)
+    (ws / "src" / "calc.py").write_text("attempt that gets killed\n")
+    _killed_at(at, "checkpoint(2)", hist, ws)
+    statcache._MEMORY.clear()
+    objects.forget(hist.git_dir)
+    restarted = WorkspaceHistory(hist.git_dir, ws)  # what a restarted loop-agent does:
+    restarted.baseline()                             # clears the killed writer's locks,
+    restarted.reset_to(c1)                           # discards the cut attempt,
+    assert restarted.fingerprint_of_workspace() == restarted.tree_id(c1)
+    (ws / "src" / "calc.py").write_text("attempt that completes\n")
+    c2 = restarted.checkpoint(2)                     # and records it again
+    assert restarted.tree_id(c2) == git_tree_of(ws, tmp_path)
+    assert restarted.iteration_commit(2) == c2
+    gd = ["--git-dir", str(hist.git_dir)]
+    assert git(*gd, "rev-parse", f"{c2}^").strip() == c1
+    assert git(*gd, "rev-parse", HEAD_REF).strip() == c2
+    git(*gd, "fsck", "--strict", "--no-dangling")
+
+
+def test_a_baseline_killed_between_its_refs_is_taken_again(tmp_path, ws):
+    hist = WorkspaceHistory(tmp_path / "h.git", ws)
+    _killed_at("ref_updated:refs/heads/checkpoints", "baseline()", hist, ws)
+    statcache._MEMORY.clear()
+    base = WorkspaceHistory(hist.git_dir, ws).baseline()
+    assert hist.baseline_commit() == base and hist.tree_id(base) == git_tree_of(ws, tmp_path)
+    (ws / "README").write_text("after\n")
+    assert hist.checkpoint(1)
