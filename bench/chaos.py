@@ -99,19 +99,20 @@ class Chaos:
         self.suspends: list[dict] = []
 
     def kill(self, want_supervisor: bool) -> None:
+        """Kill -9 one process (a busy loop-agent mid-act more often than not), then wait until
+        it is replaced: the role ready in a new process, or the whole org after 'org resume'."""
         from roles.supervisor import control, procs
 
         home, wanted = self.home, _wanted(self.home)
-        roles = {r["instance"]: r for r in workload.query(home, "SELECT instance, pid, pid_start FROM role_instances")
-                 if r["instance"] in wanted}
-        busy = busy_agents(home)
+        alive = {r["instance"]: r for r in workload.query(home, "SELECT instance, pid, pid_start FROM role_instances")
+                 if r["instance"] in wanted and procs.is_alive(r["pid"], r["pid_start"])}
+        busy = [a for a in busy_agents(home) if a in alive]
         if want_supervisor:
             victim = "supervisor"
         elif busy and self.rng.random() < 0.6:
             victim = self.rng.choice(busy)
         else:
-            victim = self.rng.choice(sorted(roles) + ["supervisor"])
-        mid_act = victim in busy
+            victim = self.rng.choice(sorted(alive) + ["supervisor"])
         wall, t0 = time.time(), time.monotonic()
         if victim == "supervisor":
             pid, started = procs.read_pidfile(home.run_dir / "supervisor.pid")
@@ -120,12 +121,11 @@ class Chaos:
             control.start_background(home, timeout_s=self.timeout_s)          # what 'org resume' does
             workload.wait(lambda: org_ready_since(home, wall), self.timeout_s, "the org to serve again")
         else:
-            row = roles[victim]
-            if not procs.signal_if_same(row["pid"], row["pid_start"], signal.SIGKILL):
-                return                                                         # not running: no kill
+            row = alive[victim]
+            os.kill(row["pid"], signal.SIGKILL)
             workload.wait(lambda: role_ready_again(home, victim, row["pid"]), self.timeout_s,
                           f"{victim} to be ready again")
-        self.kills.append({"victim": victim, "mid_act": mid_act,
+        self.kills.append({"victim": victim, "mid_act": victim in busy,
                            "recovery_ms": round((time.monotonic() - t0) * 1000, 1)})
 
     def suspend_resume(self, force: bool) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import orjson
 
-from bench import workload
 from state_db.vocab import StopReason
 
 DEFINITIONS = {
@@ -25,9 +24,13 @@ DEFINITIONS = {
     "iteration_usage_mismatches": "committed iterations whose recorded tokens differ from the sum of the "
                                   "model_calls of the attempt that committed them",
     "acts_replayed_without_reset": "committed iterations n whose checkpoint (iterations.checkpoint, read from "
-                                   "the shadow history) does not hold trail.txt == it1..itn exactly: every act "
-                                   "appends its own line first, so an attempt that started on a workspace still "
-                                   "holding a discarded attempt's changes shows a line twice or out of order",
+                                   "the shadow history) does not hold trail.txt == the lines it<i>, i = 1..n, of "
+                                   "the committed iterations whose first tool call (run_command 'echo it<i> >> "
+                                   "trail.txt') succeeded, each once and in order: an attempt that started on a "
+                                   "workspace still holding a discarded attempt's changes shows a line that no "
+                                   "committed act wrote, or a line twice",
+    "tool_errors": "failed tool calls recorded in committed iterations, by code (the scripts' tools never fail "
+                   "in a healthy org)",
     "runs_without_stop_reason": "work items with status ended whose stop_reason is missing or outside the "
                                 "closed set, plus ended items without a work_items.ended journal event",
     "iteration_gaps": "work items whose committed iteration numbers are not exactly 1..max",
@@ -83,15 +86,67 @@ def trails(git_dir: Path, checkpoints: list[str]) -> dict[str, str | None]:
     return found
 
 
+def usage_figures(calls: list[dict], its: list[dict], served: Counter) -> dict:
+    """Per-call usage against the scripted logs and against the committed iterations."""
+    per_id = Counter(c["request_id"] for c in calls)
+    fields = ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
+    sums: dict = {}
+    for c in calls:
+        key = (c["work_id"], c["iteration"], c["attempt"])
+        sums[key] = [a + c[f] for a, f in zip(sums.get(key, [0, 0, 0, 0]), fields)]
+    return {
+        "usage_counted_twice": sum(1 for c in per_id.values() if c > 1)
+                               + sum(1 for r in served if per_id.get(r, 0) > 1),
+        "usage_without_served_request": sum(1 for r in per_id if r not in served),
+        "iteration_usage_mismatches": sum(1 for i in its if sums.get((i["work_id"], i["n"], i["attempt"]),
+                                                                     [0, 0, 0, 0]) != [i[f] for f in fields]),
+        "served_requests": len(served), "served_not_counted": sum(1 for r in served if r not in per_id),
+    }
+
+
+def trail_figures(history_dir: Path, its: list[dict]) -> dict:
+    """Each committed checkpoint's trail.txt against the acts the committed iterations ran."""
+    by_work: dict[str, list[dict]] = {}
+    for i in its:
+        by_work.setdefault(i["work_id"], []).append(i)
+    leaked, tool_errors = 0, Counter()
+    for wid, rows in by_work.items():
+        found = trails(history_dir / f"{wid}.git", [i["checkpoint"] for i in rows])
+        expected = ""
+        for i in sorted(rows, key=lambda r: r["n"]):
+            tools = orjson.loads(i["tool_calls"])
+            tool_errors.update(t.get("code") or "unknown" for t in tools if not t.get("ok"))
+            if any(t.get("ok") and t.get("input") == {"command": f"echo it{i['n']} >> trail.txt"} for t in tools):
+                expected += f"it{i['n']}\n"
+            leaked += found.get(i["checkpoint"]) != expected
+    gaps = sum(1 for rows in by_work.values() if sorted(r["n"] for r in rows) != list(range(1, len(rows) + 1)))
+    return {"acts_replayed_without_reset": leaked, "checkpoints_checked": len(its), "tool_errors": dict(tool_errors),
+            "iteration_gaps": gaps}
+
+
+def twice_figures(its: list[dict], attempts: list[dict], created: Counter) -> dict:
+    twice = sum(1 for c in Counter((i["work_id"], i["n"]) for i in its).values() if c > 1)
+    twice += sum(1 for c in created.values() if c > 1)
+    twice += sum(1 for c in Counter((a["work_id"], a["iteration"]) for a in attempts
+                                     if a["outcome"] == "committed").values() if c > 1)
+    last: dict = {}
+    for a in attempts:
+        last[(a["work_id"], a["iteration"])] = max(a["attempt"], last.get((a["work_id"], a["iteration"]), 0))
+    replays = sum(1 for a in attempts if a["outcome"] != "committed" and a["attempt"] < last[(a["work_id"], a["iteration"])])
+    return {"iterations_committed_twice": twice, "iterations": len(its), "attempts": len(attempts),
+            "attempts_not_committed": sum(1 for a in attempts if a["outcome"] != "committed"),
+            "replayed_acts": replays}
+
+
 def audit(home, submitted: dict) -> dict:
-    """Figures of one chaos run. ``submitted``: work id → ItemSpec."""
+    """Figures of one chaos run (see DEFINITIONS). ``submitted``: work id → ItemSpec."""
     conn = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=30)
     conn.row_factory = sqlite3.Row
     try:
         integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
         fk = len(conn.execute("PRAGMA foreign_key_check").fetchall())
         items = {r["id"]: r for r in _rows(conn, "SELECT id, status, stop_reason FROM work_items")}
-        its = _rows(conn, "SELECT work_id, n, attempt, checkpoint, input_tokens, output_tokens, "
+        its = _rows(conn, "SELECT work_id, n, attempt, checkpoint, tool_calls, input_tokens, output_tokens, "
                           "cache_write_tokens, cache_read_tokens FROM iterations ORDER BY work_id, n")
         attempts = _rows(conn, "SELECT work_id, attempt, iteration, outcome FROM attempts ORDER BY work_id, attempt")
         calls = _rows(conn, "SELECT request_id, work_id, iteration, attempt, input_tokens, output_tokens, "
@@ -100,59 +155,19 @@ def audit(home, submitted: dict) -> dict:
         ended_events = {r["subject"] for r in _rows(conn, "SELECT subject FROM events WHERE kind = 'work_items.ended'")}
     finally:
         conn.close()
-    reasons = set(StopReason._value2member_map_)
     lost = [w for w in submitted if w not in items or items[w]["status"] != "ended" or not items[w]["stop_reason"]]
     ended = [r for r in items.values() if r["status"] == "ended"]
+    reasons = set(StopReason._value2member_map_)
     no_reason = [r["id"] for r in ended if r["stop_reason"] not in reasons or r["id"] not in ended_events]
-
-    twice = sum(1 for c in Counter((i["work_id"], i["n"]) for i in its).values() if c > 1)
-    twice += sum(1 for c in created.values() if c > 1)
-    twice += sum(1 for c in Counter((a["work_id"], a["iteration"]) for a in attempts
-                                     if a["outcome"] == "committed").values() if c > 1)
-    by_work: dict[str, list[int]] = {}
-    for i in its:
-        by_work.setdefault(i["work_id"], []).append(i["n"])
-    gaps = sum(1 for ns in by_work.values() if sorted(ns) != list(range(1, len(ns) + 1)))
-
     log = scripted_log(home.logs_dir)
-    per_id = Counter(c["request_id"] for c in calls)
-    usage_twice = sum(1 for c in per_id.values() if c > 1) + sum(1 for r in log["served"] if per_id.get(r, 0) > 1)
-    unserved = sum(1 for r in per_id if r not in log["served"])
-    fields = ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
-    sums: dict = {}
-    for c in calls:
-        key = (c["work_id"], c["iteration"], c["attempt"])
-        sums[key] = [a + c[f] for a, f in zip(sums.get(key, [0, 0, 0, 0]), fields)]
-    mismatches = sum(1 for i in its if sums.get((i["work_id"], i["n"], i["attempt"]), [0, 0, 0, 0])
-                     != [i[f] for f in fields])
-
-    replayed_without_reset, checked = 0, 0
-    for wid, ns in by_work.items():
-        rows = [i for i in its if i["work_id"] == wid]
-        found = trails(home.history_dir / f"{wid}.git", [i["checkpoint"] for i in rows])
-        for i in rows:
-            checked += 1
-            if found.get(i["checkpoint"]) != workload.expected_trail(i["n"]):
-                replayed_without_reset += 1
-    replays = sum(1 for a in attempts if a["outcome"] != "committed"
-                  and any(b["work_id"] == a["work_id"] and b["iteration"] == a["iteration"] and b["attempt"] > a["attempt"]
-                          for b in attempts))
     unexpected = Counter(f"{spec.name}->{items[w]['stop_reason']}" for w, spec in submitted.items()
                          if w in items and items[w]["stop_reason"] and items[w]["stop_reason"] != spec.expected_stop)
     return {
         "items": len(submitted), "lost_items": len(lost), "lost_item_ids": lost[:10],
-        "iterations_committed_twice": twice, "iterations": len(its), "iteration_gaps": gaps,
-        "usage_counted_twice": usage_twice, "usage_without_served_request": unserved,
-        "iteration_usage_mismatches": mismatches,
-        "served_requests": len(log["served"]), "served_not_counted": sum(1 for r in log["served"] if r not in per_id),
+        **twice_figures(its, attempts, created), **usage_figures(calls, its, log["served"]),
+        **trail_figures(home.history_dir, its),
         "acts_served": log["acts"], "scripted_log_broken_lines": log["broken_lines"],
-        "scripted_errors": log["errors"],
-        "acts_replayed_without_reset": replayed_without_reset, "checkpoints_checked": checked,
-        "attempts": len(attempts), "attempts_not_committed": sum(1 for a in attempts if a["outcome"] != "committed"),
-        "replayed_acts": replays,
-        "runs_without_stop_reason": len(no_reason),
-        "stop_reasons": dict(Counter(r["stop_reason"] for r in ended)),
-        "unexpected_stop_reasons": dict(unexpected),
-        "sqlite_integrity": integrity, "foreign_key_violations": fk,
-        "definitions": DEFINITIONS,
+        "scripted_errors": log["errors"], "runs_without_stop_reason": len(no_reason),
+        "stop_reasons": dict(Counter(r["stop_reason"] for r in ended)), "unexpected_stop_reasons": dict(unexpected),
+        "sqlite_integrity": integrity, "foreign_key_violations": fk, "definitions": DEFINITIONS,
     }

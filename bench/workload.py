@@ -2,8 +2,9 @@
 
 Every act leaves a trace that a replay would duplicate: its first turn runs
 ``echo it<N> >> trail.txt``, so a committed checkpoint of iteration n must hold exactly the lines
-``it1`` .. ``itn`` (see ``expected_trail``). An act cut by a crash and re-run without the
-workspace being reset would leave ``itn`` twice. The answer file decides the verdict:
+``it1`` .. ``itn`` (of the acts whose command ran; see ``bench/chaos_audit.py``). An act cut by a
+crash and re-run without the workspace being reset would leave ``itn`` twice. The answer file
+decides the verdict:
 
 - ``pass`` k: wrong answers (each wrong differently) until iteration k writes ``right``
   → ``goal_met``;
@@ -82,10 +83,6 @@ def write_script(folder: Path, spec: ItemSpec) -> Path:
         acts = [act(spec, i) for i in range(1, spec.max_iterations + 1)]
         path.write_text(json.dumps({"version": 1, "acts": acts}))
     return path
-
-
-def expected_trail(n: int) -> str:
-    return "".join(f"it{i}\n" for i in range(1, n + 1))
 
 
 def make_template(path: Path) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from knowledge import notes as N
-from knowledge.signals import CURATED, Score, runs_of, score
+from knowledge.signals import Score, runs_of, score
 from knowledge.thresholds import Thresholds
 
 
@@ -51,5 +51,3 @@ def queued(conn) -> list[dict]:
     return [dict(r) for r in conn.execute(
         "SELECT id, topic, score, signals, updated_at FROM curated_notes WHERE tier = 'queued' ORDER BY updated_at")]
 
-
-__all__ = ["Pattern", "score_patterns", "queued", "CURATED"]

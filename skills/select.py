@@ -66,6 +66,11 @@ def _skills_index(conn):
     return value
 
 
+def skill_text(row: dict) -> str:
+    """What a carried skill puts in the prompt: its description and its SKILL.md body."""
+    return f"{row['description']}\n\n{(row['body'] or '').strip()}"
+
+
 def choose_skills(conn, context: str, *, k: int = SKILL_K, threshold: float = SKILL_THRESHOLD,
                   cap_chars: int = SKILLS_CAP_CHARS, per_skill_chars: int = SKILL_CAP_CHARS) -> list[tuple[str, str]]:
     """Skills for ``LoopSettings.skills``: ``[(name, text)]``, best match first.
@@ -78,13 +83,30 @@ def choose_skills(conn, context: str, *, k: int = SKILL_K, threshold: float = SK
         return []
     out, used = [], 0
     for i, _ in index.query(context, k=k, threshold=threshold):
-        r = rows[i]
-        text = f"{r['description']}\n\n{(r['body'] or '').strip()}"
+        text = skill_text(rows[i])
         if len(text) > per_skill_chars or used + len(text) > cap_chars:
             continue
-        out.append((r["name"], text))
+        out.append((rows[i]["name"], text))
         used += len(text)
     return out
+
+
+def for_run(conn, work: dict) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(skills, knowledge)`` for a run about to (re)start.
+
+    A run that has committed iterations keeps the skills its latest iteration carried (those
+    still active, same order), so a resumed run's cacheable prefix stays byte-identical; a new
+    run gets a fresh choice. Knowledge is chosen afresh either way (it is not in the prefix).
+    """
+    context = context_of(work)
+    last = conn.execute("SELECT prompt FROM iterations WHERE work_id = ? ORDER BY n DESC LIMIT 1",
+                        (work["id"],)).fetchone()
+    if last is None:
+        return choose_skills(conn, context), choose_knowledge(conn, context)
+    names = orjson.loads(last[0] or "{}").get("skills") or []
+    _, rows = _skills_index(conn)
+    by_name = {r["name"]: r for r in rows}
+    return [(n, skill_text(by_name[n])) for n in names if n in by_name], choose_knowledge(conn, context)
 
 
 def _knowledge_index(conn):
@@ -109,8 +131,8 @@ def choose_knowledge(conn, context: str, *, k: int = KNOWLEDGE_K,
     return [(rows[i]["id"], rows[i]["body"]) for i, _ in index.query(context, k=k, threshold=threshold)]
 
 
-_USES = """SELECT COUNT(DISTINCT i.work_id), MAX(i.committed_at)
-             FROM iterations i, json_each(i.prompt, '$.skills') j WHERE j.value = ?"""
+_USES = """SELECT j.value AS name, COUNT(DISTINCT i.work_id) AS uses, MAX(i.committed_at) AS last
+             FROM iterations i, json_each(i.prompt, '$.skills') j {where} GROUP BY j.value"""
 
 
 def record_use(writer, work_id: str | None = None) -> dict[str, int]:
@@ -122,17 +144,20 @@ def record_use(writer, work_id: str | None = None) -> dict[str, int]:
     conn = writer.conn
     if work_id is None:
         names = [r[0] for r in conn.execute("SELECT name FROM skills ORDER BY name")]
+        counted = {r["name"]: (r["uses"], r["last"]) for r in conn.execute(_USES.format(where=""))}
     else:
         names = [r[0] for r in conn.execute(
             """SELECT DISTINCT j.value FROM iterations i, json_each(i.prompt, '$.skills') j
                 WHERE i.work_id = ? ORDER BY j.value""", (work_id,))]
+        where = f"WHERE j.value IN ({','.join('?' * len(names))})"
+        counted = {r["name"]: (r["uses"], r["last"]) for r in conn.execute(_USES.format(where=where), names)}
     out = {}
     with writer.transaction(render=False) as tx:
         for name in names:
             row = tx.get("skills", name)
             if row is None:
                 continue
-            count, last = tx.one(_USES, (name,))
+            count, last = counted.get(name, (0, None))
             if count != row["use_count"] or last != row["last_used_at"]:
                 tx.update("skills", name, use_count=count, last_used_at=last)
             out[name] = count

@@ -69,7 +69,8 @@ class TrailActs:
             self.interrupt.set()
             return ActOutcome("budget_exhausted", "cut", error_code=INTERRUPTED, turns=1)
         (ctx.workspace / "answer.txt").write_text("right\n")
-        return ActOutcome("ok", "wrote right", turns=1)
+        ran = {"name": "run_command", "input": {"command": f"echo it{ctx.iteration} >> trail.txt"}, "ok": True}
+        return ActOutcome("ok", "wrote right", tool_calls=(ran,), turns=1)
 
 
 def replay_once(tmp_path, monkeypatch, *, reset: bool) -> dict:

@@ -130,8 +130,9 @@ def test_replayed_ids_are_handled_once_and_counted_as_duplicates(tmp_path_factor
 class Outbox:
     """An org home with a real receiver for ME (no watchdog: every poll drains the folder)."""
 
-    def __init__(self, root):
-        prepare_home(root, list(KEYS))
+    def __init__(self, root, *, prepare: bool = True):
+        if prepare:
+            prepare_home(root, list(KEYS))
         self.root = root
         self.keyring = Keyring.load(keyring_path(root / "run"))
         self.folder = root / "outbox" / ME
@@ -263,6 +264,27 @@ def test_dot_files_and_folders_are_left_alone_and_symlinks_removed_unread(tmp_pa
         box.close()
 
 
+def test_replayed_copies_of_a_delivered_message_are_dropped_and_counted_not_quarantined(tmp_path):
+    box = Outbox(tmp_path / "home")
+    try:
+        env = box.env(payload={"work": "w-replay"})
+        write_message(box.root / "outbox", ME, env.id, env.encode())
+        box.receiver.poll(0)
+        box.close()
+        for name in ("copy-1.msg", "copy-2"):                    # replayed while the receiver was down
+            box.drop(name, env.encode())
+        again = Outbox(box.root, prepare=False)                  # restarted: drains at start-up
+        again.receiver.poll(0)
+        again.close()
+        assert [e.id for e in box.got] == [env.id] and again.got == []
+        assert not [p for p in box.folder.iterdir() if not p.name.startswith(".")]
+        assert not (box.root / "outbox" / QUARANTINE_DIR / ME).exists()
+        assert read_counters(box.root / "state.db")[ME] == {"delivered": 1, "duplicates": 2}
+        assert events(box.root / "state.db") == []
+    finally:
+        box.close()
+
+
 # -- upgrades: a file written by another envelope version is rejected with a code, never lost ------
 
 def test_an_outbox_file_from_an_older_envelope_version_is_quarantined_and_journaled(tmp_path):
@@ -293,7 +315,7 @@ def test_files_written_before_an_upgrade_are_rejected_with_a_code_after_it(tmp_p
     for env in waiting:
         write_message(box.root / "outbox", ME, env.id, env.encode())
     monkeypatch.setattr(envelope_mod, "VERSION", envelope_mod.VERSION + 1)
-    upgraded = Outbox(box.root)
+    upgraded = Outbox(box.root, prepare=False)
     try:
         upgraded.receiver.poll(0)
         assert upgraded.got == []

@@ -114,6 +114,16 @@ def test_a_goal_whose_checks_cannot_run_is_judged_not_verifiable(org_home, tmp_p
     assert out["evidence"]["verifiable"] is False
 
 
+def test_a_run_cancelled_before_it_started_gets_a_one_note_retro(writer_for, curator):
+    from tests.test_knowledge_helpers import ended_run
+    ended_run(writer_for, "c1")
+    assert curator.retros() == ["c1"]
+    (n,) = notes_of(curator.w, "c1").values()
+    assert n["fact"].startswith("Run c1 ended with cancelled after 0 iteration(s)")
+    assert n["judgment"] == "The stop reason fits: a human cancelled the run."
+    assert "never run (no iteration was verified)" in n["rationale"]
+
+
 def test_cost_is_judged_against_each_cap_that_was_set(org_home, tmp_path, curator):
     run_loop(org_home, tmp_path, "w1", [[BAD], [BAD2], [BAD]], caps={"max_iterations": 3, "budget_tokens": 400})
     curator.retros()

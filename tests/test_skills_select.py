@@ -108,3 +108,16 @@ def test_curated_knowledge_relevant_to_the_item_is_offered(writer_for):
     assert "HTTP" in body and cid == rows(curator, "SELECT curated_id FROM raw_notes WHERE run_id = 'r0'")[0]["curated_id"]
     ja = select.choose_knowledge(curator.conn, "UnicodeDecodeError で CSV の読み込みが失敗する")
     assert ja and "UnicodeDecodeError" in ja[0][1]
+
+
+def test_a_resumed_run_keeps_the_skills_its_prompts_carried_even_if_a_better_match_appears(
+        org_home, tmp_path, writer_for, skills):
+    work = {"id": "w1", "goal": "make add() add", "verify": [CHECK]}
+    fresh, _ = select.for_run(skills.conn, work)
+    assert [n for n, _ in fresh] == ["fix-calc-add"]
+    run_loop(org_home, tmp_path, "w1", [[BAD], [GOOD]], settings=LoopSettings(skills=fresh))
+    approve(writer_for, "calc-add-operator", "Use for work items verified by `python -c 'import calc; assert "
+            "calc.add(2, 3) == 5'`: make add() add with the + operator.", "Fix calc.add.")
+    again, _ = select.for_run(skills.conn, work)
+    assert again == fresh                                   # byte-identical prefix on resume
+    assert "calc-add-operator" in [n for n, _ in select.for_run(skills.conn, {**work, "id": "new"})[0]]

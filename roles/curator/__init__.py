@@ -1,1 +1,1 @@
-"""The curator: retros and curated knowledge (the knowledge pipeline comes with its own issue)."""
+"""The curator: retros, curated knowledge, skill candidates and review batches (roles/curator/pipeline.py)."""

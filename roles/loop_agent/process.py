@@ -6,6 +6,8 @@ current act is cut and discarded, exactly as after a crash.
 """
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 import time
 from pathlib import Path
@@ -97,6 +99,9 @@ class LoopAgentProcess(RoleProcess):
         from state_db.writer import StateWriter
 
         log = self.log.bind(work_id=work_id)
+        lock = self._run_lock(work_id)
+        if lock is None:
+            return                      # stopping before the previous holder let go; a later tick retries
         writer = StateWriter(self.home.db_path, self.role, self.instance)
         sender = self.transport.thread_sender()
         sender.sender.pusher.prepare("eval-agent")     # connected before the first verify request
@@ -128,6 +133,25 @@ class LoopAgentProcess(RoleProcess):
                 built.close()
             sender.close()
             writer.close()
+            os.close(lock)                  # releases the flock
+
+    def _run_lock(self, work_id: str) -> int | None:
+        """Hold an exclusive lock on the run while working it. If the run moved here from a
+        loop-agent that is still finishing an act (stopping, or thought dead), wait until that
+        process lets go (or dies) so two acts never touch one workspace; the first attempt here
+        then resets the workspace to the last checkpoint."""
+        path = self.home.run_dir / "locks" / f"{work_id}.lock"
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if self.stopping or self.pause.is_set():
+                    os.close(fd)
+                    return None
+                time.sleep(0.05)
 
     def _end_if_unbuildable(self, writer, work_id: str, exc: Exception) -> None:
         """A backend that cannot be built (no key, unknown model) will not fix itself: end the run."""

@@ -29,7 +29,6 @@ Refs: ``refs/loop-org/baseline``, ``refs/iterations/<n>`` per committed iteratio
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import uuid
 from pathlib import Path
@@ -45,14 +44,13 @@ from roles.workspace.errors import (  # noqa: F401 - re-exported: callers import
 from roles.workspace.gitcli import GitCli
 from roles.workspace.gitpath import GitPath
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
-from roles.workspace.refs import Refs, clear_stale_locks, plain_ref_name
+from roles.workspace.refs import Refs, clear_stale_locks, resolve
 from roles.workspace.workspace_cache import WorkspaceCache
 
 log = structlog.get_logger("loop_agent.history")
 
 BASELINE_REF = "refs/loop-org/baseline"
 HEAD_REF = "refs/heads/checkpoints"
-_HEX40 = re.compile(r"[0-9a-f]{40}")
 
 
 def iteration_ref(iteration: int) -> str:
@@ -75,7 +73,7 @@ class WorkspaceHistory:
         git: the git executable.
         on_step: called with the name of each durable write step (``commit_written``,
             ``ref_locked:<ref>``, ``ref_updated:<ref>``, ``cache_written``,
-            ``snapshot_locked``); tests kill the process there to prove crash safety.
+            ``snapshot_writing``); tests kill the process there to prove crash safety.
 
     Raises:
         HistoryError(code="history_inside_workspace"): ``git_dir`` is inside the workspace.
@@ -133,24 +131,10 @@ class WorkspaceHistory:
         if not rev or rev.startswith("-"):
             return None  # never let a caller's value reach git as an option
         try:
-            return self._resolve_fast(rev)
+            return resolve(self._refs, self._store(), rev)
         except FastPathUnavailable:
             pass
         return self._gitpath.resolve(rev)
-
-    def _resolve_fast(self, rev: str) -> str | None:
-        if _HEX40.fullmatch(rev):
-            oid = rev
-        elif plain_ref_name(rev):
-            oid = self._refs.read(rev)
-            if oid is None:
-                return None
-        else:
-            raise FastPathUnavailable(f"{rev!r} needs git's revision syntax")
-        kind = self._store().kind(bytes.fromhex(oid))
-        if kind == b"tag":
-            raise FastPathUnavailable(f"{rev!r} is a tag")
-        return oid if kind == b"commit" else None
 
     def _commit_of(self, rev: str) -> str:
         commit = self._resolve(rev)
@@ -162,12 +146,7 @@ class WorkspaceHistory:
         return self._store().commit(bytes.fromhex(commit))[0]
 
     def _write_commit(self, tree: str, parents: list[str], message: str) -> str:
-        e = self._env
-        body = objects.encode_commit(tree, parents,
-                                     objects.ident(e["GIT_AUTHOR_NAME"], e["GIT_AUTHOR_EMAIL"]),
-                                     objects.ident(e["GIT_COMMITTER_NAME"], e["GIT_COMMITTER_EMAIL"]),
-                                     message)
-        commit = self._store().write(b"commit", body).hex()
+        commit = objects.write_commit(self._store(), tree, parents, message, self._env)
         self._step("commit_written")
         return commit
 
@@ -418,13 +397,7 @@ class WorkspaceHistory:
                                "write snapshots elsewhere", code="dest_inside_workspace")
         sidecar = self._snapshot_index(dest)
         gitindex = sidecar.with_suffix(".gitindex")
-        if any(p.with_name(p.name + ".lock").exists() for p in (sidecar, gitindex)):
-            # One writer per snapshot directory: a lock means the last one was killed midway.
-            log.warning("snapshot_torn", snapshot=str(dest))
-            self.discard_snapshot(dest)
-        if not snapshot.is_empty(dest) and not sidecar.exists() and not gitindex.exists():
-            raise HistoryError(f"snapshot directory {dest} is not empty and was not written "
-                               "by this history; pass a fresh one", code="dest_not_empty")
+        snapshot.check_ours(dest, sidecar, gitindex)
         try:
             t_tree, s_tree = self._tree_of(target), self._tree_of(source)
             differing = snapshot.materialize(self._store(), t_tree, s_tree, dest, sidecar,
@@ -440,12 +413,7 @@ class WorkspaceHistory:
     def discard_snapshot(self, dest_dir: Path) -> None:
         """Remove a snapshot directory written by ``materialize`` and its private index."""
         dest = Path(dest_dir).absolute()
-        sidecar = self._snapshot_index(dest)
-        shutil.rmtree(dest, ignore_errors=True)
-        statcache.discard(sidecar)
-        for p in (sidecar, sidecar.with_suffix(".gitindex")):
-            p.unlink(missing_ok=True)
-            p.with_name(p.name + ".lock").unlink(missing_ok=True)
+        snapshot.discard(dest, self._snapshot_index(dest))
 
     def delete(self) -> None:
         """Remove the whole shadow history (the workspace is untouched)."""

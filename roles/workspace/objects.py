@@ -81,6 +81,16 @@ def encode_commit(tree: str, parents: list[str], author: str, committer: str, me
     return (text if text.endswith("\n") else text + "\n").encode("utf-8", "surrogateescape")
 
 
+def write_commit(store: "ObjectStore", tree: str, parents: list[str], message: str,
+                 env: dict[str, str]) -> str:
+    """Write a commit as ``git commit-tree`` would with ``env``'s author and committer, now."""
+    now = time.time()
+    body = encode_commit(tree, parents,
+                         ident(env["GIT_AUTHOR_NAME"], env["GIT_AUTHOR_EMAIL"], now),
+                         ident(env["GIT_COMMITTER_NAME"], env["GIT_COMMITTER_EMAIL"], now), message)
+    return store.write(b"commit", body).hex()
+
+
 class ObjectStore:
     """Loose objects of one repository (``git_dir``), with per-process parse caches."""
 
@@ -271,6 +281,7 @@ class ObjectStore:
 
 
 _STORES: dict[str, ObjectStore] = {}
+_STORES_KEPT = 16
 
 
 def store_for(git_dir: Path) -> ObjectStore:
@@ -278,7 +289,12 @@ def store_for(git_dir: Path) -> ObjectStore:
     key = os.fspath(git_dir)
     store = _STORES.get(key)
     if store is None:
-        store = _STORES[key] = ObjectStore(git_dir)
+        if len(_STORES) >= _STORES_KEPT:
+            del _STORES[next(iter(_STORES))]  # the longest unused: work items come and go
+        store = ObjectStore(git_dir)
+    else:
+        del _STORES[key]
+    _STORES[key] = store
     return store
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from roles.workspace.errors import FastPathUnavailable, RefConflict, RefLocked
-from roles.workspace.objects import read_file
+from roles.workspace.objects import ObjectStore, read_file
 
 ZERO = "0" * 40
 ANY = object()  # ``expect`` value: move the ref whatever it holds
@@ -24,6 +24,26 @@ REF_NAME = re.compile(r"refs/(?:[A-Za-z0-9_-][A-Za-z0-9_.-]*/)*[A-Za-z0-9_-][A-Z
 
 def plain_ref_name(name: str) -> bool:
     return bool(REF_NAME.fullmatch(name)) and ".." not in name and not name.endswith(".lock")
+
+
+def resolve(refs: "Refs", store: ObjectStore, rev: str) -> str | None:
+    """The commit a full ref name or a 40-hex id names, or None (no such ref, not a commit).
+
+    Raises FastPathUnavailable for anything git must answer: other revision syntax, tags,
+    objects that are not loose.
+    """
+    if _HEX.fullmatch(rev):
+        oid = rev
+    elif plain_ref_name(rev):
+        oid = refs.read(rev)
+        if oid is None:
+            return None
+    else:
+        raise FastPathUnavailable(f"{rev!r} needs git's revision syntax")
+    kind = store.kind(bytes.fromhex(oid))
+    if kind == b"tag":
+        raise FastPathUnavailable(f"{rev!r} is a tag")
+    return oid if kind == b"commit" else None
 
 
 class Refs:

@@ -14,14 +14,19 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import Callable, Sequence
+
+import structlog
 
 from roles.workspace import statcache
 from roles.workspace.checkout import Syncer
 from roles.workspace.errors import FastPathUnavailable, HistoryError
 from roles.workspace.objects import ObjectStore
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
+
+log = structlog.get_logger("loop_agent.history")
 
 _MATCHES: dict[tuple, list[str]] = {}
 
@@ -38,6 +43,29 @@ def is_empty(dest: Path) -> bool:
             return next(it, None) is None
     except FileNotFoundError:
         return True
+
+
+def check_ours(dest: Path, sidecar: Path, gitindex: Path) -> None:
+    """Make sure ``dest`` may be written: absent, empty or written by this history before.
+
+    A lock left beside the sidecar or git's index means its writer was killed midway: the
+    snapshot is discarded and written whole. Raises: HistoryError(code="dest_not_empty").
+    """
+    if any(p.with_name(p.name + ".lock").exists() for p in (sidecar, gitindex)):
+        log.warning("snapshot_torn", snapshot=str(dest), next="written whole")
+        discard(dest, sidecar)
+    if not is_empty(dest) and not sidecar.exists() and not gitindex.exists():
+        raise HistoryError(f"snapshot directory {dest} is not empty and was not written "
+                           "by this history; pass a fresh one", code="dest_not_empty")
+
+
+def discard(dest: Path, sidecar: Path) -> None:
+    """Remove a snapshot directory, its sidecar and git's private index for it."""
+    shutil.rmtree(dest, ignore_errors=True)
+    statcache.discard(sidecar)
+    for p in (sidecar, sidecar.with_suffix(".gitindex")):
+        p.unlink(missing_ok=True)
+        p.with_name(p.name + ".lock").unlink(missing_ok=True)
 
 
 def _paths_of(store: ObjectStore, tree: bytes) -> dict[str, bytes]:

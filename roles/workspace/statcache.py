@@ -54,6 +54,14 @@ def racy(ctime_ns: int, racy_ns: int) -> bool:
 
 
 _MEMORY: dict[str, tuple[bytes, StatCache]] = {}
+_MEMORY_KEPT = 8  # caches of large workspaces weigh megabytes: keep the few in use
+
+
+def _remember(key: str, head: bytes, cache: StatCache) -> None:
+    _MEMORY.pop(key, None)
+    if len(_MEMORY) >= _MEMORY_KEPT:
+        del _MEMORY[next(iter(_MEMORY))]
+    _MEMORY[key] = (head, cache)
 
 
 def read_fd(fd: int, key: str) -> StatCache | None:
@@ -82,7 +90,7 @@ def read_fd(fd: int, key: str) -> StatCache | None:
     if version != VERSION or not isinstance(meta, dict) or not isinstance(root, tuple) or len(root) != 2:
         return None
     cache = StatCache(root, meta, os.fstat(fd).st_mtime_ns)
-    _MEMORY[key] = (head, cache)
+    _remember(key, head, cache)
     return cache
 
 
@@ -96,7 +104,7 @@ def write_fd(fd: int, key: str, root: Node, meta: dict) -> StatCache:
     # Shrink without ever truncating to zero: ext4 flushes a file truncated to 0 on close.
     os.ftruncate(fd, len(view))
     cache = StatCache(root, meta, os.fstat(fd).st_mtime_ns)
-    _MEMORY[key] = (head, cache)
+    _remember(key, head, cache)
     return cache
 
 

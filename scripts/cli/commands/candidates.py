@@ -12,7 +12,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 from scripts.cli.output import add_json, emit_json, home_of, read_conn, table
@@ -135,20 +134,11 @@ def _wake(home) -> None:
 
 
 def _decide(args, action: str) -> int:
-    from skills import batches, candidates as C, registry
+    from skills import review
 
     home, writer = _writer(args)
-
-    def do(tx):
-        results = [C.decide(tx, ref, action, writer.os_user) for ref in args.ids]
-        closed = batches.close_finished(tx)
-        return {"results": results, "closed_batches": closed, "by": writer.os_user, "at": tx.now}
-
     try:
-        out, _ = writer.run_once(args.idempotency_key or uuid.uuid4().hex, f"candidates.{action}", do)
-        for r in out["results"]:
-            if r.get("skill"):
-                r["skill"]["file"] = str(registry.render_files(writer.conn, home.skills_dir, r["skill"]["name"]))
+        out = review.decide(writer, args.ids, action, home.skills_dir, key=args.idempotency_key)
     finally:
         writer.close()
     _wake(home)
@@ -165,7 +155,7 @@ def _decide(args, action: str) -> int:
 
 
 def _edit(args) -> int:
-    from skills import candidates as C
+    from skills import candidates as C, review
     from skills.skillmd import parse, render
 
     home, writer = _writer(args)
@@ -179,8 +169,7 @@ def _edit(args) -> int:
             if args.body_file is not None:
                 body = (sys.stdin.read() if args.body_file == "-" else Path(args.body_file).read_text())
             fields = {"name": args.name, "description": args.description, "body": body}
-        out, _ = writer.run_once(args.idempotency_key or uuid.uuid4().hex, "candidates.edit",
-                                 lambda tx: C.edit(tx, current["id"], **fields))
+        out = review.edit(writer, current["id"], key=args.idempotency_key, **fields)
     finally:
         writer.close()
     _wake(home)
