@@ -19,7 +19,7 @@ BODY = "## When to use\n- {name}\n\n## Steps\n1. do it\n\n## Criteria and thresh
 
 @pytest.fixture(autouse=True)
 def commands(monkeypatch):
-    monkeypatch.setattr(cli, "COMMANDS", cli.COMMANDS + ["candidates", "skills"])
+    assert {"candidates", "skills"} <= set(cli.COMMANDS)
 
 
 @pytest.fixture
@@ -61,6 +61,7 @@ def test_list_and_show_pending_candidates(capsys, proposed):
     assert code == 0 and all(cid in out for cid in proposed) and "pending" in out
     code, out, _ = org(capsys, "candidates", "list", "--json")
     assert [c["id"] for c in json.loads(out)] == proposed
+    assert org(capsys, "candidates", "list", "--queued")[1].strip() == "no queued patterns"
     code, out, _ = org(capsys, "candidates", "show", proposed[0])
     assert code == 0 and "[x] trigger: names `pytest -q`" in out and "name: fix-imports" in out
 

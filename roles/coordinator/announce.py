@@ -12,7 +12,8 @@ from state_db import queries
 from state_db.vocab import DecisionStatus
 from state_db.writer import StateWriter
 
-WATCHED = ("work_items.ended", "decisions.created", "role_instances.failed", "candidate_batches.created")
+WATCHED = ("work_items.ended", "decisions.created", "role_instances.failed", "candidate_batches.created",
+           "skills.retirement_proposed")
 
 
 def cursor(conn) -> int:
@@ -37,6 +38,11 @@ def text_for(conn, event: dict) -> str | None:
         return f"role {subject} failed and is not restarted ({data.get('last_exit', '')}) — see 'org logs --role {subject}'"
     if kind == "candidate_batches.created":
         return f"skill-candidate batch {subject} is open for review — 'org candidates'"
+    if kind == "skills.retirement_proposed":
+        data = orjson.loads(event["data"])
+        days = data.get("unused_days") or data.get("days")
+        return (f"skill {subject} unused" + (f" for {days} days" if days else "") +
+                f" — proposed for retirement: 'org skills retire {subject}'")
     return None
 
 

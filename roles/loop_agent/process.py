@@ -115,9 +115,16 @@ class LoopAgentProcess(RoleProcess):
             history = WorkspaceHistory(self.home.history_dir / f"{work_id}.git", workspace)
             settings = LoopSettings.from_config(self.cfg)
             settings.gate_runner = gate_runner(self.cfg, self.home)
+            from skills import select
+            work = dict(writer.conn.execute("SELECT id, goal, verify FROM work_items WHERE id = ?", (work_id,)).fetchone())
+            settings.skills, settings.knowledge = select.for_run(writer.conn, work)
             engine = LoopEngine(writer, work_id, built.backend, self.verifier, history, settings,
                                 interrupt=self.interrupt, pause=self.pause)
             decision = engine.run()
+            try:
+                select.record_use(writer, work_id)
+            except Exception as exc:  # noqa: BLE001 - the curator's slow pass recounts use
+                log.warning("skill_use_not_recorded", error=str(exc), next="the curator recounts")
             if decision is not None:
                 log.info("loop_finished", reason=str(decision.reason), next="tell the coordinator")
                 sender.send("coordinator", Kind.RUN_ENDED, {"work_id": work_id, "reason": str(decision.reason)})

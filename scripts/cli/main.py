@@ -17,7 +17,7 @@ EXIT_USAGE = 2         # bad command-line arguments
 EXIT_INTERNAL = 70     # a bug: the traceback goes to logs/cli.log
 
 COMMANDS = ["status", "submit", "show", "cancel", "decisions", "decide", "diff", "export", "logs", "ping",
-            "chat", "suspend", "resume", "stop", "doctor", "config", "gc"]
+            "chat", "candidates", "skills", "suspend", "resume", "stop", "doctor", "config", "gc"]
 
 
 class UsageError(Exception):
