@@ -29,7 +29,8 @@ from knowledge.record import Iteration, RunRecord
 CANNOT_RUN = (126, 127)
 NEAR = 0.8
 CHECK_CHARS = 60
-_SALIENT = re.compile(r"(error|fail|assert|exception|traceback|expected|panic|timed out|エラー|失敗)", re.IGNORECASE)
+_SALIENT = re.compile(r"(error|fail|assert|exception|traceback|expected|panic|timed out|エラー|失敗)",
+                      re.IGNORECASE)
 _TMP = re.compile(r"/tmp/[^\s:'\"]+")
 
 

@@ -5,9 +5,10 @@ Each signal is a stated predicate over note fields; a signal is worth one point:
 1. **recurrence** — the notes come from ≥ ``notes_per_pattern`` distinct runs (one run's notes
    count once).
 2. **multi_step** — some note's rationale has ≥ ``MIN_STEPS`` steps (sentences of ≥ 12
-   characters, CJK characters counting twice, split at ``. ``, ``。``, ``;`` or line ends) *and* some note's judgment makes a
-   conditional decision (``if``, ``when``, ``unless``, ``instead``, ``rather than``, ``before``,
-   ``after``, ``なら``, ``場合``, ``とき``, ``代わりに`` …).
+   characters, CJK characters counting twice, split at ``. ``, ``。``, ``;`` or line ends)
+   *and* some note's judgment makes a conditional decision (``if``, ``when``, ``unless``,
+   ``instead``, ``rather than``, ``before``, ``after``, ``なら``, ``場合``, ``とき``,
+   ``代わりに`` …).
 3. **trigger** — at least half of the notes (rounded up) name a concrete, searchable trigger in
    their applicability: a backticked span, a file name with an extension, an error class name, a
    quoted string or a command flag.
@@ -15,8 +16,12 @@ Each signal is a stated predicate over note fields; a signal is worth one point:
    ``once``/``twice``, ``N times``, ``N %``, a comparison with a number (``≥ 3``, ``at least``,
    ``more than``), ``after the first/second …``, ``either … or``, ``回以上``, ``以上``, ``以下``,
    ``未満``, ``いずれか``.
-5. **reusable_output** — some note's fact or rationale names an artefact another run can reuse: a backticked command or code, a file name with an extension, or a format word
+5. **reusable_output** — some note's fact or rationale names an artefact another run can
+   reuse: a backticked command or code, a file name with an extension, or a format word
    (template, checklist, schema, script, fixture, テンプレート, 手順, 形式, スクリプト).
+
+Criteria are read in judgments and artefacts in facts and rationales on purpose: an outcome
+note's numbers (``2/6 iterations``) are facts, not a rule someone could follow.
 
 Score ≥ 3 → ``recommended`` (a skill candidate), 2 → ``queued`` (kept on the curated note and
 re-scored whenever the pattern gains notes; never shown for review on its own), ≤ 1 →

@@ -43,23 +43,27 @@ def _distinct(texts) -> list[str]:
     return out
 
 
-def related_fixes(conn, triggers: list[str]) -> list[RawNote]:
-    """Fix notes (any status) whose trigger is one of ``triggers``."""
-    if not triggers:
+def related_fixes(conn, subjects: list[str]) -> list[RawNote]:
+    """Fix notes (any status) about one of ``subjects`` (``check:<command>``): what made that
+    check pass in some run."""
+    if not subjects:
         return []
     rows = conn.execute(
         f"""SELECT * FROM raw_notes WHERE json_extract(evidence, '$.kind') = 'fix'
-              AND json_extract(evidence, '$.trigger') IN ({','.join('?' * len(triggers))})
-            ORDER BY created_at, id""", triggers).fetchall()
+              AND json_extract(evidence, '$.subject') IN ({','.join('?' * len(subjects))})
+            ORDER BY created_at, id""", subjects).fetchall()
     return [RawNote.from_row(r) for r in rows]
 
 
 def draft(conn, pattern: Pattern) -> CandidateDraft:
+    """The candidate for a scored pattern (see the module docstring); deterministic."""
     notes = list(pattern.notes)
     kind = notes[0].kind if notes else ""
     triggers = list(dict.fromkeys(n.evidence["trigger"] for n in notes if n.evidence.get("trigger")))
     name = name_for(kind, pattern.curated["topic"], triggers[0] if triggers else None)
-    fixes = [f for f in related_fixes(conn, triggers) if f.id not in {n.id for n in notes}]
+    subjects = list(dict.fromkeys(str(n.evidence["subject"]) for n in notes
+                                  if str(n.evidence.get("subject", "")).startswith("check:")))
+    fixes = [f for f in related_fixes(conn, subjects) if f.id not in {n.id for n in notes}]
     when = _distinct(n.applicability.rstrip(".") for n in notes)[:3]
     advice = _distinct(n.judgment for n in notes)
     positive = [t for t in advice if polarity(t) > 0]
@@ -84,7 +88,12 @@ def draft(conn, pattern: Pattern) -> CandidateDraft:
     if triggers:
         crit.append("The org stops a run when the same check fails with the same signature twice in a row "
                     "(repeated_failure).")
-    pits = [clip(t, 240) for t in negative[:3]]
+    pits = [clip(t, 240) for t in negative[:3] if clip(t, 240) not in crit]
+    stuck = list(dict.fromkeys(n.run_id for n in notes
+                               if n.kind == "failure" and n.evidence.get("resolved_at") is None))
+    if stuck:
+        pits.append("Repeating the same change after the same failure: it did not help in run(s) "
+                    f"{', '.join(stuck[:6])}.")
     contra = pattern.curated.get("contradicts") or []
     for c in orjson.loads(contra) if isinstance(contra, str) else contra:
         pits.append(f"Notes disagree on {c.get('subject') or 'this'}: {len(c['positive'])} for, "

@@ -43,3 +43,13 @@ def edit(writer, ref: str, *, name: str | None = None, description: str | None =
     out, _ = writer.run_once(key or uuid.uuid4().hex, "candidates.edit",
                              lambda tx: C.edit(tx, ref, name=name, description=description, body=body))
     return out
+
+
+def retire(writer, name: str, *, key: str | None = None) -> dict:
+    """Retire a skill (a human's decision; the machine only proposes); returns {"name", "changed", "by"}.
+
+    Raises: SkillNotFound.
+    """
+    out, _ = writer.run_once(key or uuid.uuid4().hex, "skills.retire",
+                             lambda tx: {"name": name, "changed": registry.retire(tx, name), "by": writer.os_user})
+    return out

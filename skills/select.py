@@ -47,8 +47,8 @@ def _remember(key: tuple, value: tuple) -> None:
 
 
 def _skills_index(conn):
-    sig = conn.execute("""SELECT COUNT(*), group_concat(name || ':' || COALESCE(candidate_id, ''), ',')
-                            FROM (SELECT name, candidate_id FROM skills WHERE status = 'active' ORDER BY name)""").fetchone()
+    sig = conn.execute("""SELECT COUNT(*), group_concat(name || ':' || COALESCE(candidate_id, ''), ',') FROM
+                            (SELECT name, candidate_id FROM skills WHERE status = 'active' ORDER BY name)""").fetchone()
     key = ("skills", _db(conn), sig[0], sig[1])
     with _lock:
         hit = _cache.get(key)

@@ -199,3 +199,20 @@ def test_a_skill_unused_for_90_days_is_proposed_for_retirement_once_and_never_re
     with human.transaction() as tx:
         assert registry.retire(tx, "old-trick") is True
     assert registry.listing(clocked.conn, now[0], 90) == []
+
+
+def test_a_drafted_candidate_has_the_four_sections_and_learns_the_fix_from_other_runs(org_home, tmp_path, writer_for):
+    from tests.test_knowledge_helpers import BAD, BAD2, BAD_AGAIN, GOOD, run_loop
+    pipe = Pipeline(writer_for(Actor.CURATOR), Thresholds(raw_notes_to_consolidate=1), org_home.skills_dir)
+    run_loop(org_home, tmp_path, "fixed", [[BAD], [BAD2], [GOOD]])         # one run found the fix
+    for run in ("w1", "w2", "w3"):
+        run_loop(org_home, tmp_path, run, [[BAD], [BAD_AGAIN]])
+    pipe.run()
+    (c,) = C.listing(pipe.w.conn)
+    text = parse(f"---\nname: {c['name']}\ndescription: {json.dumps(c['description'])}\n---\n{c['body']}")
+    assert text.description.startswith("Use for work items verified by `python")
+    assert all(f"## {s}" in text.body for s in SECTIONS)
+    assert "Look at calc.py first: in run fixed, changing it resolved this failure" in text.body
+    assert "- Seen in 4 independent run(s): fixed, w1, w2, w3." in text.body
+    pitfalls = text.body.split("## Pitfalls")[1]
+    assert "it did not help in run(s) w1, w2, w3." in pitfalls and "Retrying did not help" not in pitfalls

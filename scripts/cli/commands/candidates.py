@@ -108,8 +108,8 @@ def _show(args) -> int:
     if args.json:
         emit_json(c)
         return 0
-    decided = (f", {c['status']} by {c['decided_by']} on {time.strftime('%Y-%m-%d %H:%M', time.localtime(c['decided_at']))}"
-               if c["decided_at"] else "")
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c["decided_at"])) if c["decided_at"] else ""
+    decided = f", {c['status']} by {c['decided_by']} on {when}" if when else ""
     print(f"{c['id']}  {_status(c)}  score {c['score']}/5{decided}")
     signals = c["signals"] or {}
     for name in ("recurrence", "multi_step", "trigger", "criteria", "reusable_output"):

@@ -6,7 +6,6 @@ proposed for retirement; only a human retires it (a durable write as actor ``hum
 from __future__ import annotations
 
 import time
-import uuid
 
 from scripts.cli.output import add_json, emit_json, home_of, read_conn, table
 from state_db.vocab import Actor
@@ -83,15 +82,13 @@ def run(args) -> int:
 
 
 def _retire(args) -> int:
-    from skills import registry
+    from skills import review
     from state_db.writer import StateWriter
 
     home = home_of(args).require()
     writer = StateWriter(home.db_path, Actor.HUMAN)
     try:
-        out, _ = writer.run_once(args.idempotency_key or uuid.uuid4().hex, "skills.retire",
-                                 lambda tx: {"name": args.name, "changed": registry.retire(tx, args.name),
-                                             "by": writer.os_user})
+        out = review.retire(writer, args.name, key=args.idempotency_key)
     finally:
         writer.close()
     if args.json:
