@@ -61,6 +61,8 @@ class ScriptedActs:
 
     def act(self, ctx, *, on_usage, budget_left):
         calls = self.acts[min(ctx.iteration, len(self.acts)) - 1]
+        requests = tuple(c["request"] for c in calls if "request" in c)
+        self.prompts = getattr(self, "prompts", []) + [ctx.variable_prompt]
         for i, call in enumerate(calls):
             stop = budget_left()
             if stop:
@@ -79,16 +81,16 @@ class ScriptedActs:
             if call.get("error"):
                 return ActOutcome("model_error", "", error_code=call["error"], error="scripted error", turns=i + 1)
         return ActOutcome("ok", f"iteration {ctx.iteration} done", tool_calls=({"name": "write", "input": {}},),
-                          turns=len(calls))
+                          turns=len(calls), requests=requests)
 
 
-def engine(home, work_id, backend, instance="loop-agent-1", settings=None, interrupt=None):
+def engine(home, work_id, backend, instance="loop-agent-1", settings=None, interrupt=None, pause=None):
     work = StateWriter(home.db_path, Actor.LOOP_AGENT, instance)
     ws = Path(work.conn.execute("SELECT workspace FROM work_items WHERE id=?", (work_id,)).fetchone()[0])
     history = WorkspaceHistory(home.history_dir / f"{work_id}.git", ws)
     verifier = Verifier(home, StateWriter(home.db_path, Actor.EVAL_AGENT, "eval-agent"), timeout_s=30)
     return LoopEngine(work, work_id, backend, lambda w, n: verifier.verify(w, n), history,
-                      settings or LoopSettings(), interrupt=interrupt)
+                      settings or LoopSettings(), interrupt=interrupt, pause=pause)
 
 
 def acts_json(acts) -> str:
