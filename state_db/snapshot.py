@@ -53,8 +53,17 @@ def snapshot_event_id(path: Path) -> int | None:
         return None
 
 
+def clean_orphans(path: Path) -> None:
+    """Remove temp files of ``path`` left by writers that died mid-write (their pid is gone)."""
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2:-4]
+        if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+            tmp.unlink(missing_ok=True)
+
+
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    clean_orphans(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
         f.write(text)

@@ -136,18 +136,12 @@ def test_random_argv_gives_an_exit_code_and_one_coded_line_on_failure(org, monke
     check()
 
 
-@pytest.mark.xfail(strict=True, raises=SystemExit,
-                   reason="bug: argparse's help action calls sys.exit inside main(); main() should "
-                          "return 0 (scripts/cli/main.py, main)")
 def test_help_returns_an_exit_code(org, monkeypatch):
     monkeypatch.setenv("ORG_HOME", str(org["home"].root))
     with redirect_stdout(io.StringIO()):
         assert main(["status", "--help"]) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="bug: 'org export --patch -o PATH' with an unwritable PATH is error[internal] "
-                                       "(exit 70): the OSError is not turned into a coded error "
-                                       "(scripts/cli/commands/export.py, run)")
 @pytest.mark.parametrize("target", ["missing/x.patch", "empty"])
 def test_export_to_an_unwritable_path_is_a_coded_error(org, monkeypatch, target):
     monkeypatch.setenv("ORG_HOME", str(org["home"].root))
@@ -155,9 +149,6 @@ def test_export_to_an_unwritable_path_is_a_coded_error(org, monkeypatch, target)
     assert code == 1 and CODED_LINE.match(err.strip()), err
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a workspace inside the org home (e.g. its run/ folder with the "
-                                       "keyring) is accepted; only the reverse is refused "
-                                       "(roles/operations/submit.py, submit)")
 def test_a_workspace_inside_the_org_home_is_refused(org, monkeypatch):
     monkeypatch.setenv("ORG_HOME", str(org["home"].root))
     before = everything_but_the_journal(org["home"].db_path)

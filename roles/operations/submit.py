@@ -95,7 +95,11 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
     if not ws.is_dir():
         raise SubmitError(f"workspace {ws} is not a directory", code="workspace_missing",
                           hint="create it or pass an existing --workspace")
-    if home.root.resolve().is_relative_to(ws):
+    org_root = home.root.resolve()
+    if ws.is_relative_to(org_root) and not any(ws.is_relative_to(org_root / d) for d in ("demo", "worktrees")):
+        raise SubmitError(f"the workspace {ws} is inside the org home; the agent must not reach the org's files",
+                          code="workspace_in_org_home", hint="use a folder outside the org home")
+    if org_root.is_relative_to(ws):
         raise SubmitError(f"the org home {home.root} is inside the workspace {ws}; the agent must not reach it",
                           code="workspace_contains_org_home", hint="set ORG_HOME to a folder outside the workspace")
     caps, defaults_applied = _caps(req, cfg)

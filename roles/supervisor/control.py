@@ -44,11 +44,17 @@ def start_background(home: OrgHome, *, timeout_s: float = 20.0, env: dict | None
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                             close_fds=True, env={**os.environ, **env} if env else None)
     log.close()
-    roles = wait_ready(home, timeout_s=timeout_s, proc=proc)
+    roles = wait_ready(home, timeout_s=timeout_s, proc=proc, since=time.time() - 0.5)
     return {"pid": proc.pid, "ready_ms": round((time.monotonic() - t0) * 1000, 1), "roles": roles}
 
 
-def wait_ready(home: OrgHome, *, timeout_s: float, proc: subprocess.Popen | None = None) -> list[dict]:
+def wait_ready(home: OrgHome, *, timeout_s: float, proc: subprocess.Popen | None = None,
+               since: float | None = None) -> list[dict]:
+    """Wait until the session runs under ``proc`` and every configured role is ready (or failed).
+
+    With ``proc``/``since``, only the new supervisor and roles started after ``since`` count:
+    rows a killed supervisor left behind (its session, its dying roles' "ready") are not taken
+    for the new org."""
     deadline = time.monotonic() + timeout_s
     seen: list[dict] = []
     while time.monotonic() < deadline:
@@ -60,11 +66,13 @@ def wait_ready(home: OrgHome, *, timeout_s: float, proc: subprocess.Popen | None
             conn = connect(home.db_path, readonly=True)
             try:
                 session = conn.execute("SELECT status, supervisor_pid FROM org_session").fetchone()
-                seen = [dict(r) for r in conn.execute("SELECT instance, status FROM role_instances")]
+                seen = [dict(r) for r in conn.execute("SELECT instance, status, started_at FROM role_instances")]
             finally:
                 conn.close()
-            settled = {r["instance"] for r in seen if r["status"] in (RoleStatus.READY, RoleStatus.FAILED)}
-            if session and session["status"] == SessionStatus.RUNNING and session["supervisor_pid"] \
+            settled = {r["instance"] for r in seen if r["status"] in (RoleStatus.READY, RoleStatus.FAILED)
+                       and (since is None or r["status"] == RoleStatus.FAILED or (r["started_at"] or 0) >= since)}
+            ours = session is not None and (proc is None or session["supervisor_pid"] == proc.pid)
+            if ours and session["status"] == SessionStatus.RUNNING and session["supervisor_pid"] \
                     and _wanted(home) <= settled:
                 return seen
         time.sleep(0.05)

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(format_error(exc), file=sys.stderr)
         return EXIT_USAGE
+    except SystemExit as exc:        # argparse's --help (and nothing else) exits from inside parse_args
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
     except KeyboardInterrupt:
         print("error[interrupted]: stopped by Ctrl-C", file=sys.stderr)
         return 130

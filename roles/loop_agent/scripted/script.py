@@ -123,6 +123,8 @@ def parse_script(text: str) -> Script:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ScriptError("script_syntax", f"invalid JSON ({exc.msg}, column {exc.colno})", line=exc.lineno) from None
+    except RecursionError:
+        raise ScriptError("script_syntax", "the JSON is nested too deeply to be a script") from None
     _require(isinstance(data, dict), "the script must be a JSON object", "$")
     _known(data, {"version", "acts", "default", "repeat_last"}, "$")
     _require(data.get("version", 1) == 1, "unsupported script version (this server reads version 1)", "version")
@@ -147,14 +149,18 @@ def step_of_request(body: Any) -> tuple[int, int]:
         raise ScriptError("bad_request", "the first user message has no line 'Iteration: N'; the scripted "
                           "server picks its step from it")
     turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
-    return int(match.group(1)), turn
+    digits = match.group(1)
+    if len(digits) > 9:
+        raise ScriptError("bad_request", f"iteration number with {len(digits)} digits is not an iteration")
+    return int(digits), turn
 
 
 def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+        return "\n".join(b["text"] for b in content
+                         if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str))
     return ""
 
 

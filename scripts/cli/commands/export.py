@@ -23,7 +23,12 @@ def run(args) -> int:
     args.iteration = None
     data = patch_of(args)
     if args.output:
-        Path(args.output).write_bytes(data)
+        try:
+            Path(args.output).write_bytes(data)
+        except OSError as exc:
+            from state_db.errors import StateError
+            raise StateError(f"cannot write {args.output}: {exc.strerror or exc}", code="cannot_write",
+                             hint="choose a writable file path with -o") from None
         print(f"wrote {len(data)} bytes to {args.output}", file=sys.stderr)
     else:
         sys.stdout.buffer.write(data)
