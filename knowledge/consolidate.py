@@ -69,7 +69,8 @@ def plan(pending: list[N.RawNote], existing: list[dict], members: dict[str, list
         for ms in seed_notes:
             seed_idx.append(list(range(at, at + len(ms))))
             at += len(ms)
-        groups = group(vecs, similarity, seeds=seed_idx, order=list(range(at, len(corpus))))
+        groups = group(vecs, similarity, seeds=seed_idx, order=list(range(at, len(corpus))),
+                       keys=[n.evidence.get("subject") for n in corpus])
         for g, idx in enumerate(groups):
             new = tuple(corpus[i] for i in idx if i >= at)
             if not new:

@@ -13,6 +13,11 @@ Only groups that share one of a note's ``TOP_GRAMS`` heaviest grams are scored (
 a group sharing none of them cannot reach the threshold in practice, and skipping it keeps
 1,000 notes well under a second.
 
+*Keys* (optional, one per note: a derived note's ``evidence.subject``, e.g. ``check:<command>``)
+are a cannot-link: a note never joins, and two groups never merge into, a group holding a note
+with another key. Derived retro notes share long templates, so two notes about different checks
+can reach the threshold on the template alone; notes without a key are grouped by text only.
+
 *Seed* groups (curated notes that exist already) keep their members: their archived notes never
 move and two seed groups never merge; free notes may join them, and a new group may merge into
 one. The result lists the seed groups first, in their given order, then the new groups.
@@ -34,6 +39,7 @@ class _Group:
     members: list[int]
     total: Vec = field(default_factory=dict)
     seed: int | None = None
+    keys: dict[str, int] = field(default_factory=dict)
 
 
 def top_grams(vec: Vec, k: int = TOP_GRAMS) -> list[str]:
@@ -42,8 +48,9 @@ def top_grams(vec: Vec, k: int = TOP_GRAMS) -> list[str]:
 
 
 class _Grouping:
-    def __init__(self, vecs: Sequence[Vec], threshold: float):
+    def __init__(self, vecs: Sequence[Vec], threshold: float, keys: Sequence[str | None] | None = None):
         self.vecs = vecs
+        self.keys = list(keys) if keys is not None else [None] * len(vecs)
         self.threshold = threshold
         self.tops = [top_grams(v) for v in vecs]
         self.groups: dict[int, _Group] = {}
@@ -62,6 +69,8 @@ class _Grouping:
         g = self.groups[gid]
         g.members.append(i)
         add_into(g.total, self.vecs[i])
+        if self.keys[i]:
+            g.keys[self.keys[i]] = g.keys.get(self.keys[i], 0) + 1
         for gram in self.tops[i]:
             slot = self.index.setdefault(gram, {})
             slot[gid] = slot.get(gid, 0) + 1
@@ -72,6 +81,11 @@ class _Grouping:
         g = self.groups[gid]
         g.members.remove(i)
         add_into(g.total, {k: -w for k, w in self.vecs[i].items()})
+        key = self.keys[i]
+        if key:
+            g.keys[key] -= 1
+            if not g.keys[key]:
+                del g.keys[key]
         for gram in self.tops[i]:
             slot = self.index[gram]
             slot[gid] -= 1
@@ -91,6 +105,9 @@ class _Grouping:
     def avg(self, i: int, gid: int) -> float:
         """Average cosine of note i to the members of gid, i itself left out."""
         g = self.groups[gid]
+        key = self.keys[i]
+        if key and any(k != key for k in g.keys):
+            return -1.0                          # cannot-link: another subject
         own = self.where.get(i) == gid
         k = len(g.members) - own
         if k <= 0:
@@ -108,6 +125,8 @@ class _Grouping:
     def link(self, a: int, b: int) -> float:
         ga, gb = self.groups[a], self.groups[b]
         if ga.seed is not None and gb.seed is not None:
+            return -1.0
+        if ga.keys and gb.keys and set(ga.keys) != set(gb.keys):
             return -1.0
         return dot(ga.total, gb.total) / (len(ga.members) * len(gb.members))
 
@@ -162,7 +181,7 @@ class _Grouping:
 
 
 def group(vecs: Sequence[Vec], threshold: float, seeds: Sequence[Sequence[int]] = (),
-          order: Sequence[int] | None = None) -> list[list[int]]:
+          order: Sequence[int] | None = None, keys: Sequence[str | None] | None = None) -> list[list[int]]:
     """Group the indices of ``vecs``.
 
     Args:
@@ -171,9 +190,10 @@ def group(vecs: Sequence[Vec], threshold: float, seeds: Sequence[Sequence[int]] 
         seeds: fixed groups (indices that never move).
         order: the free indices in the order to place them (default: every index not in a
             seed, ascending).
+        keys: one cannot-link key (or None) per index; see the module docstring.
     Returns: groups of indices — seed groups first (same order), then new ones.
     """
-    run = _Grouping(vecs, threshold)
+    run = _Grouping(vecs, threshold, keys)
     fixed: set[int] = set()
     for s, members in enumerate(seeds):
         gid = run.new_group(seed=s)
