@@ -37,7 +37,7 @@ from bench import workload  # noqa: E402
 
 ZERO = ("lost_items", "iterations_committed_twice", "usage_counted_twice", "acts_replayed_without_reset",
         "runs_without_stop_reason", "usage_without_served_request", "iteration_usage_mismatches",
-        "iteration_gaps", "foreign_key_violations")
+        "iteration_gaps", "foreign_key_violations", "recovery_timeouts")
 LOOP_AGENTS = 4
 
 
@@ -58,8 +58,9 @@ def passes(figures: dict, kills: int, suspends: int) -> dict:
 # -- recovery -----------------------------------------------------------------------------------
 
 def _wanted(home) -> list[str]:
-    return [r["instance"] for r in workload.query(home, "SELECT instance FROM role_instances")
-            if not r["instance"].startswith("loop-agent-") or int(r["instance"].rsplit("-", 1)[1]) <= LOOP_AGENTS]
+    from roles.instances import org_instances
+
+    return [s.instance for s in org_instances(LOOP_AGENTS)]
 
 
 def org_ready_since(home, since_wall: float) -> bool:
@@ -97,6 +98,7 @@ class Chaos:
         self.home, self.cfg, self.rng, self.timeout_s = home, cfg, rng, timeout_s
         self.kills: list[dict] = []
         self.suspends: list[dict] = []
+        self.timeouts: list[str] = []
 
     def kill(self, want_supervisor: bool) -> None:
         """Kill -9 one process (a busy loop-agent mid-act more often than not), then wait until
@@ -190,11 +192,14 @@ def run(root: Path, *, items: int, kills: int, seconds: float, suspends: int, se
     try:
         for at, kind in schedule(rng, kills, suspends, seconds):
             time.sleep(max(0.0, t0 + at - time.monotonic()))
-            if kind == "suspend":
-                chaos.suspend_resume(force=suspend_no % 2 == 1)
-                suspend_no += 1
-            else:
-                chaos.kill(want_supervisor=kind == "kill-supervisor")
+            try:
+                if kind == "suspend":
+                    chaos.suspend_resume(force=suspend_no % 2 == 1)
+                    suspend_no += 1
+                else:
+                    chaos.kill(want_supervisor=kind == "kill-supervisor")
+            except TimeoutError as exc:                       # the org did not recover: counted, run on
+                chaos.timeouts.append(str(exc)[:300])
         feeder.join()
         chaos_s = time.monotonic() - t0
         ids = [wid for wid, _ in submitted]
@@ -215,6 +220,7 @@ def run(root: Path, *, items: int, kills: int, seconds: float, suspends: int, se
         "max_role_recovery_ms": max((k["recovery_ms"] for k in chaos.kills if k["victim"] != "supervisor"), default=None),
         "max_supervisor_recovery_ms": max((k["recovery_ms"] for k in chaos.kills if k["victim"] == "supervisor"),
                                           default=None),
+        "recovery_timeouts": len(chaos.timeouts), "recovery_timeout_samples": chaos.timeouts[:3],
         "submit_errors": len(submit_errors), "submit_error_samples": submit_errors[:3],
         "startup_ms": startup_ms, "chaos_phase_s": round(chaos_s, 1), "settled_s": round(settled_s, 1),
     })
@@ -235,20 +241,23 @@ def _count(values) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--items", type=int, default=24, help="work items to submit")
-    p.add_argument("--kills", type=int, default=5, help="kill -9 events (at least one hits the supervisor)")
-    p.add_argument("--seconds", type=float, default=14.0, help="length of the chaos phase")
+    p.add_argument("--items", type=int, default=16, help="work items to submit")
+    p.add_argument("--kills", type=int, default=4, help="kill -9 events (at least one hits the supervisor)")
+    p.add_argument("--seconds", type=float, default=8.0, help="length of the chaos phase")
     p.add_argument("--suspends", type=int, default=1, help="whole-org suspend/resume cycles (graceful, forced, ...)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock; printed)")
     p.add_argument("--settle", type=float, default=None, help="seconds to wait for every item to end afterwards")
     p.add_argument("--keep", action="store_true", help="keep the org home and workspaces (path printed)")
+    p.add_argument("--root", help="an empty folder to work in, with a short path (ipc sockets live there); "
+                                  "default: a new one under the temp folder")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # run the cleanup below when stopped
     seed = args.seed if args.seed is not None else int(time.time() * 1000) % 1_000_000
     from state_db.logsetup import configure
     configure(None, "bench", "bench")
     import logging
     logging.getLogger().setLevel(logging.WARNING)
-    root = Path(tempfile.mkdtemp(prefix="lo-"))
+    root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="lo-"))
     try:
         figures = run(root, items=args.items, kills=args.kills, seconds=args.seconds, suspends=args.suspends,
                       seed=seed, settle_s=args.settle if args.settle is not None else 30.0 + args.items * 0.5)

@@ -31,6 +31,10 @@ DEFINITIONS = {
                                    "committed act wrote, or a line twice",
     "tool_errors": "failed tool calls recorded in committed iterations, by code (the scripts' tools never fail "
                    "in a healthy org)",
+    "checks_not_run": "verify checks in eval-agent verdicts that never ran (no exit code, not timed out), e.g. "
+                      "the sandbox could not be set up; the verdict then blames the doer for the machine",
+    "unexpected_stop_reasons": "items whose stop reason is not the one their script leads to (item kind -> "
+                               "reason): a sign that something other than the script decided the run",
     "runs_without_stop_reason": "work items with status ended whose stop_reason is missing or outside the "
                                 "closed set, plus ended items without a work_items.ended journal event",
     "iteration_gaps": "work items whose committed iteration numbers are not exactly 1..max",
@@ -153,6 +157,7 @@ def audit(home, submitted: dict) -> dict:
                             "cache_write_tokens, cache_read_tokens FROM model_calls")
         created = Counter(r["subject"] for r in _rows(conn, "SELECT subject FROM events WHERE kind = 'iterations.created'"))
         ended_events = {r["subject"] for r in _rows(conn, "SELECT subject FROM events WHERE kind = 'work_items.ended'")}
+        checks = [c for r in _rows(conn, "SELECT checks FROM verdicts") for c in orjson.loads(r["checks"])]
     finally:
         conn.close()
     lost = [w for w in submitted if w not in items or items[w]["status"] != "ended" or not items[w]["stop_reason"]]
@@ -168,6 +173,7 @@ def audit(home, submitted: dict) -> dict:
         **trail_figures(home.history_dir, its),
         "acts_served": log["acts"], "scripted_log_broken_lines": log["broken_lines"],
         "scripted_errors": log["errors"], "runs_without_stop_reason": len(no_reason),
+        "checks_not_run": sum(1 for c in checks if c.get("exit_code") is None and not c.get("timed_out")),
         "stop_reasons": dict(Counter(r["stop_reason"] for r in ended)), "unexpected_stop_reasons": dict(unexpected),
         "sqlite_integrity": integrity, "foreign_key_violations": fk, "definitions": DEFINITIONS,
     }

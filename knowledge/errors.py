@@ -1,23 +1,13 @@
 """Errors of the knowledge pipeline. Each carries a machine-readable ``code`` and says what to do."""
 from __future__ import annotations
 
+from state_db.errors import StateError
 
-class KnowledgeError(Exception):
+
+class KnowledgeError(StateError):
     """Base of every knowledge-pipeline error; ``code`` is stable, ``hint`` says what to do."""
 
     code = "knowledge_error"
-    hint = ""
-
-    def __init__(self, message: str, *, hint: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.message = message
-        if hint is not None:
-            self.hint = hint
-        if code is not None:
-            self.code = code
-
-    def __str__(self) -> str:
-        return f"{self.message} — {self.hint}" if self.hint else self.message
 
 
 class NoteInvalid(KnowledgeError):

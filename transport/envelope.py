@@ -211,15 +211,16 @@ def _claimed(obj: dict, name: str) -> str | None:
 
 
 def _too_deep(payload: Any, max_depth: int) -> bool:
+    """True if lists/dicts nest more than ``max_depth`` levels (scalars are not a level)."""
     stack = [(payload, 1)]
     while stack:
         value, depth = stack.pop()
+        if not isinstance(value, (dict, list)):
+            continue
         if depth > max_depth:
             return True
-        if isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in value.values())
-        elif isinstance(value, list):
-            stack.extend((v, depth + 1) for v in value)
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
     return False
 
 

@@ -8,6 +8,8 @@ from transport.kinds import Kind
 
 class CoordinatorProcess(RoleProcess):
     tick_s = 0.5
+    _rendered_event = -1
+    _rendered_at = 0.0
 
     def reconcile(self) -> None:
         changed = dispatch.reconcile(self.writer, heartbeat_timeout_s=self.cfg["supervisor.heartbeat_timeout_s"],
@@ -19,6 +21,23 @@ class CoordinatorProcess(RoleProcess):
             self.log.warning("requeued", work_id=work_id, why="its loop-agent is gone", next="dispatch to a live one")
         for text in announce.announce(self.writer, self.cfg["gate.reannounce_after_s"]):
             self.log.info("announce", text=text)
+        self.render_snapshot()
+
+    def render_snapshot(self) -> None:
+        """Keep snapshots/org-state.md in step with state.db (every role's changes), debounced."""
+        import time
+
+        from state_db import queries
+        from state_db.snapshot import render_markdown, write_atomic
+        last = queries.last_event_id(self.writer.conn)
+        now = time.monotonic()
+        if last == self._rendered_event or now - self._rendered_at < self.cfg["snapshots.debounce_s"]:
+            return
+        try:
+            write_atomic(self.home.snapshots_dir / "org-state.md", render_markdown(self.writer.conn))
+            self._rendered_event, self._rendered_at = last, now
+        except Exception as exc:  # noqa: BLE001 - a snapshot never stops coordination
+            self.log.warning("snapshot_render_failed", error=str(exc), next="retry on the next tick")
 
     def handle(self, env) -> None:
         self.reconcile()

@@ -21,8 +21,18 @@ _NOISE = [
     (re.compile(r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d+)?\b"), "<date>"),
     (re.compile(r"/tmp/[^\s:'\"]+"), "<tmp>"),
     (re.compile(r"pid[ =]\d+"), "pid <n>"),
+    (re.compile(r"run-[0-9]+-[0-9a-f]+|run-[0-9a-f]{8,}"), "<cgroup>"),
 ]
 _SALIENT = re.compile(r"(error|fail|assert|exception|traceback|expected|panic)", re.IGNORECASE)
+
+
+class VerifyUnavailable(Exception):
+    """The check could not be run at all (no sandbox, sandbox failed): no verdict is written, so
+    the doer is not charged with it; the eval-agent retries on its next tick."""
+
+    def __init__(self, message: str, *, code: str):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -68,8 +78,9 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
         try:
             res = runner.run(command, cwd, timeout_s, max_output)
             code, text, timed_out = res.exit_code, res.output, res.timed_out
-        except Exception as exc:  # noqa: BLE001 - a coded sandbox refusal fails the check, loudly
-            code, text, timed_out = None, f"error[{getattr(exc, 'code', 'sandbox_error')}]: {exc}", False
+        except Exception as exc:  # noqa: BLE001 - the verifier's own failure, not the doer's
+            raise VerifyUnavailable(f"verify command could not run: {exc}",
+                                    code=getattr(exc, "code", None) or "sandbox_error") from exc
         passed = code == 0 and not timed_out
         return CheckResult(
             name=command, command=command, passed=passed, exit_code=None if timed_out else code, timed_out=timed_out,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import orjson
 
-from roles.eval_agent.checks import CheckResult, run_check
+from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from state_db.errors import NotFound, StateError
 from state_db.home import OrgHome
 from state_db.vocab import StopReason, VerdictOutcome, WorkStatus
@@ -43,7 +43,7 @@ def feedback_of(checks: list[CheckResult], protected: list[str]) -> str:
                      "Do not edit tests to make them pass; change the code under test.")
     for c in checks:
         if not c.passed and c.name != PROTECTED_CHECK:
-            why = "timed out" if c.timed_out else f"exit {c.exit_code}"
+            why = "timed out" if c.timed_out else ("could not run" if c.exit_code is None else f"exit {c.exit_code}")
             tail = "\n".join(c.output_tail.strip().splitlines()[-15:])
             parts.append(f"Check `{c.command}` failed ({why}):\n{tail}")
     return "\n\n".join(parts) if parts else "All checks passed."
@@ -97,7 +97,17 @@ class Verifier:
             history.discard_snapshot(snapshot)     # left half-written by a killed eval-agent
             protected = history.materialize(it["checkpoint"], snapshot, paths=paths)
         runner = self.runner_factory(snapshot) if self.runner_factory else None
-        checks = [run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner) for cmd in orjson.loads(work["verify"])]
+        try:
+            checks = [run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner)
+                      for cmd in orjson.loads(work["verify"])]
+        except VerifyUnavailable as exc:
+            if exc.code != "sandbox_unavailable":
+                raise                       # transient (the sandbox failed to start): retried later
+            # permanent until bubblewrap is installed: say so in a verdict instead of waiting forever
+            checks = [CheckResult(name="sandbox", command="(run verify commands in the sandbox)", passed=False,
+                                  exit_code=None, timed_out=False, signature="sandbox_unavailable",
+                                  output_tail=str(exc), duration_ms=0.0)]
+            return self.record(work_id, n, checks, [], outcome=VerdictOutcome.ERROR)
         if protected:
             checks.append(CheckResult(name=PROTECTED_CHECK, command="(compare with baseline)", passed=False,
                                       exit_code=None, timed_out=False, signature="protected:" + ",".join(protected),
@@ -107,8 +117,9 @@ class Verifier:
                              hint="submit with at least one --verify command")
         return self.record(work_id, n, checks, protected)
 
-    def record(self, work_id: str, n: int, checks: list[CheckResult], protected: list[str]) -> Verdict:
-        outcome = VerdictOutcome.PASS if all(c.passed for c in checks) else VerdictOutcome.FAIL
+    def record(self, work_id: str, n: int, checks: list[CheckResult], protected: list[str],
+               outcome: str | None = None) -> Verdict:
+        outcome = outcome or (VerdictOutcome.PASS if all(c.passed for c in checks) else VerdictOutcome.FAIL)
         vid = f"v-{uuid.uuid4().hex[:12]}"
         feedback = feedback_of(checks, protected)
         goal_met = False

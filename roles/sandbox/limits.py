@@ -123,7 +123,7 @@ class PidsCgroup:
         if base is None or limits.max_procs is None:
             return None
         _sweep(base)
-        path = base / f"run-{uuid.uuid4().hex[:12]}"
+        path = base / f"run-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         try:
             path.mkdir()
             (path / "pids.max").write_text(str(limits.max_procs + _BWRAP_OWN_PROCS))
@@ -181,13 +181,17 @@ def _rmdir(path: Path) -> bool:
 
 
 def _sweep(base: Path) -> None:
-    """Remove empty run groups left by a crashed parent (rmdir refuses a populated group)."""
+    """Remove empty run groups left by a crashed parent: only groups whose creating process is
+    gone (``run-<pid>-<hex>``), never one another live process just made and has not joined yet
+    (rmdir also refuses a populated group)."""
     try:
         stale = [p for p in base.iterdir() if p.name.startswith("run-")]
     except OSError:
         return
     for p in stale[:50]:
-        _rmdir(p)
+        parts = p.name.split("-")
+        if len(parts) == 3 and parts[1].isdigit() and not Path(f"/proc/{parts[1]}").exists():
+            _rmdir(p)
 
 
 @lru_cache(maxsize=1)

@@ -145,7 +145,10 @@ class Supervisor:
                               last_exit="lost with an earlier supervisor")
             if current != RoleStatus.STARTING:
                 tx.set_status("role_instances", name, RoleStatus.STARTING, updated_at=now)
-        out = open(self.home.logs_dir / f"{name}.out", "ab")
+        out_path = self.home.logs_dir / f"{name}.out"
+        if out_path.exists() and out_path.stat().st_size > self.cfg["logs.max_bytes"]:
+            out_path.replace(out_path.with_name(out_path.name + ".1"))     # stdout/stderr of a role: rotated
+        out = open(out_path, "ab")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORG_KEY")}
         child.proc = subprocess.Popen(
             [self.python, "-m", child.spec.module, "--home", str(self.home.root), "--instance", name],

@@ -24,6 +24,8 @@ Outcome statuses (closed set, ``ACT_STATUSES``):
 """
 from __future__ import annotations
 
+from state_db.errors import StateError
+
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -31,15 +33,10 @@ from typing import Any, Callable, Protocol
 ACT_STATUSES = ("ok", "budget_exhausted", "model_error", "failed")
 
 
-class BackendError(Exception):
+class BackendError(StateError):
     """Base error of the act backends. ``code`` is machine-readable; the message says what to do."""
 
     code = "backend_error"
-
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        if code is not None:
-            self.code = code
 
 
 class BackendConfigError(BackendError):

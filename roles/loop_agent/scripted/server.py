@@ -195,6 +195,9 @@ class MessagesServer:
         raise NotImplementedError
 
 
+LOG_MAX_BYTES = 10 * 2**20
+
+
 class ScriptedServer(MessagesServer):
     """Serves ``script`` (a ``Script`` or a path to a script file); logs JSONL to ``log_path``."""
 
@@ -243,6 +246,11 @@ class ScriptedServer(MessagesServer):
         line = json.dumps({"ts": time.time(), **entry}) + "\n"
         with self._log_lock:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                if self.log_path.stat().st_size > LOG_MAX_BYTES:   # rotate: one previous file kept
+                    self.log_path.replace(self.log_path.with_name(self.log_path.name + ".1"))
+            except FileNotFoundError:
+                pass
             with open(self.log_path, "a", encoding="utf-8") as f:
                 f.write(line)
 
