@@ -107,8 +107,10 @@ def test_a_second_item_on_a_busy_workspace_waits_then_runs(org):
 def test_kill_9_of_a_loop_agent_mid_run_completes_without_an_iteration_twice(org, tmp_path):
     slow = tmp_path / "slow.json"
     script = json.loads((DEMO / "script.json").read_text())
-    # a long act in iteration 2: many read turns, so the kill lands mid-act
-    reads = [{"tool_uses": [{"name": "read_file", "input": {"path": "textstats.py"}}]} for _ in range(15)]
+    # a slow act in iteration 2 (the model takes seconds to answer its later turns), so the kill
+    # lands mid-act; the re-attempt is served the same way
+    reads = [{"tool_uses": [{"name": "read_file", "input": {"path": "textstats.py"}}], "delay_s": 0.4}
+             for _ in range(8)]
     script["acts"][1] = reads + script["acts"][1]
     slow.write_text(json.dumps(script))
     ws = demo_workspace(org)

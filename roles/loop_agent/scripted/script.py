@@ -21,7 +21,8 @@ Format (JSON, UTF-8)::
 Turn fields: ``text`` (string) and/or ``tool_uses`` (list of ``{name, input}``; ``input`` any JSON
 value, so a script can also feed malformed tool input); ``usage`` (optional; defaults
 ``input_tokens`` 100, ``output_tokens`` 20, cache fields 0); ``stop_reason`` (optional; default
-``tool_use`` when the turn has tool uses, else ``end_turn``). Unknown fields are errors (typos must
+``tool_use`` when the turn has tool uses, else ``end_turn``); ``delay_s`` (optional: the server
+waits that long before answering, like a slow model). Unknown fields are errors (typos must
 not pass silently). ``default`` and ``repeat_last`` exclude each other.
 
 Step selection is stateless, so a crashed and re-attempted act is served exactly as before:
@@ -77,6 +78,7 @@ class Turn:
     tool_uses: tuple[ToolUse, ...]
     usage: dict[str, int]
     stop_reason: str
+    delay_s: float = 0.0          # the server waits this long before answering (a slow model)
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,10 @@ def _act(value: Any, where: str) -> tuple[Turn, ...]:
 
 def _turn(value: Any, where: str) -> Turn:
     _require(isinstance(value, dict), "a turn must be an object", where)
-    _known(value, {"text", "tool_uses", "usage", "stop_reason"}, where)
+    _known(value, {"text", "tool_uses", "usage", "stop_reason", "delay_s"}, where)
+    delay = value.get("delay_s", 0)
+    _require(isinstance(delay, (int, float)) and not isinstance(delay, bool) and 0 <= delay <= 600,
+             "'delay_s' must be a number of seconds from 0 to 600", f"{where}.delay_s")
     text = value.get("text")
     _require(text is None or isinstance(text, str), "'text' must be a string", f"{where}.text")
     raw_uses = value.get("tool_uses", [])
@@ -180,7 +185,8 @@ def _turn(value: Any, where: str) -> Turn:
     _require(bool(text) or bool(uses), "a turn needs 'text' or 'tool_uses'", where)
     stop = value.get("stop_reason", "tool_use" if uses else "end_turn")
     _require(stop in STOP_REASONS, f"'stop_reason' must be one of {', '.join(STOP_REASONS)}", f"{where}.stop_reason")
-    return Turn(text=text, tool_uses=uses, usage=_usage(value.get("usage", {}), f"{where}.usage"), stop_reason=stop)
+    return Turn(text=text, tool_uses=uses, usage=_usage(value.get("usage", {}), f"{where}.usage"), stop_reason=stop,
+                delay_s=float(delay))
 
 
 def _tool_use(value: Any, where: str) -> ToolUse:

@@ -220,6 +220,8 @@ class ScriptedServer(MessagesServer):
         except ScriptError as exc:
             return self._refuse(exchange, headers, 400, "invalid_request_error", f"scripted server: {exc}",
                                 code=exc.code)
+        if turn.delay_s:
+            time.sleep(turn.delay_s)
         model = f"{SERVED_BY}/{body.get('model', 'unknown')}"
         message = message_body(model=model, content=turn_blocks(turn, iteration, turn_index),
                                stop_reason=turn.stop_reason, usage=turn.usage)
