@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -103,7 +104,7 @@ def hist(tmp_path, ws) -> WorkspaceHistory:
 # -- git's exact objects -------------------------------------------------------------------------
 
 _NAMES = st.sampled_from([b"a", b"a.b", b"a-b", b"a b", b"b", b"B", b"\xe9t\xe9", b"\xff", b".hidden",
-                          b".gitignore", b".github", b"z~", b"x\ny"])
+                          b".gitignore", b".github", b"z~", b"x\ny", b"a\\b"])
 _FILE = st.tuples(st.just("file"), st.binary(max_size=40), st.booleans())
 _LINK = st.tuples(st.just("link"), st.sampled_from([b"a", b"../nowhere", b"/abs"]), st.just(False))
 _TREE = st.recursive(
@@ -171,6 +172,11 @@ def test_a_history_written_in_process_is_sound_for_git(hist, ws, tmp_path, spawn
     assert git(*gd, "rev-parse", "HEAD").strip() == c2
     assert git_tree_of(ws, tmp_path) == hist.tree_id(c2)
     assert "loop-org: checkpoint of iteration 2" in git(*gd, "reflog", "show", "refs/heads/checkpoints")
+    archive = tmp_path / "archived"
+    archive.mkdir()
+    tar = subprocess.run(["git", *gd, "archive", c2], env=GIT_ENV, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(archive)], input=tar, check=True)
+    assert files_of(archive) == files_of(ws)
     assert hist.changed_paths(base, c2) == sorted(
         p.decode() for p in git(*gd, "diff", "--name-only", "-z", base, c2).encode().split(b"\0") if p)
 
@@ -222,7 +228,7 @@ def test_a_reset_with_nothing_to_do_writes_nothing(hist, ws, spawned):
 def test_a_reset_rewrites_only_what_differs(hist, ws):
     base = hist.baseline()
     expected = files_of(ws)
-    keep = os.lstat(ws / "src" / "deep" / "x.bin").st_ino
+    keep = os.lstat(ws / "README").st_ino
     (ws / "src" / "calc.py").write_text("broken\n")
     (ws / "run.sh").chmod(0o644)
     (ws / "link").unlink()
@@ -230,12 +236,35 @@ def test_a_reset_rewrites_only_what_differs(hist, ws):
     (ws / "tests").rename(ws / "moved")
     (ws / "extra" / "empty").mkdir(parents=True)
     (ws / "src" / "deep" / "new.pyc").write_bytes(b"\0")
+    outside = ws.parent / "outside"
+    outside.mkdir()
+    (outside / "calc.py").write_text("not the workspace's\n")
+    shutil.move(ws / "src", ws.parent / "src-moved")
+    (ws / "src").symlink_to(outside)  # a directory replaced by a symlink leading out
+    shutil.move(ws.parent / "src-moved" / "deep", outside / "deep")
     hist.reset_to(base)
-    assert os.lstat(ws / "src" / "deep" / "x.bin").st_ino == keep
+    assert os.lstat(ws / "README").st_ino == keep  # untouched files stay as they are
     assert os.readlink(ws / "link") == "src/calc.py" and os.access(ws / "run.sh", os.X_OK)
     assert not (ws / "moved").exists() and not (ws / "extra").exists()
     assert (ws / "tests" / "test_calc.py").exists() and not (ws / "src" / "deep" / "new.pyc").exists()
     assert hist.fingerprint_of_workspace() == hist.tree_id(base) and files_of(ws) == expected
+    assert (outside / "calc.py").read_text() == "not the workspace's\n"
+    assert not (ws / "src").is_symlink()
+
+
+def test_changed_paths_are_gits_name_only_diff(hist, ws):
+    base = hist.baseline()
+    (ws / "run.sh").chmod(0o644)
+    (ws / "README").unlink()
+    (ws / "README").mkdir()
+    (ws / "README" / "inner").write_text("a directory where a file was\n")
+    (ws / "link").unlink()
+    (ws / "link").write_text("src/calc.py")  # same bytes, now a file
+    (ws / "src" / "deep" / "x.bin").unlink()
+    c1 = hist.checkpoint(1)
+    raw = git("--git-dir", str(hist.git_dir), "diff", "--name-only", "-z", "--no-renames", base, c1)
+    assert hist.changed_paths(base, c1) == sorted(p for p in raw.split("\0") if p)
+    assert hist.changed_paths(c1, base) == hist.changed_paths(base, c1)
 
 
 # -- racily clean entries and cache validity -----------------------------------------------------
@@ -273,6 +302,20 @@ def test_a_racily_clean_file_is_read_again_and_a_clean_one_is_trusted(tmp_path):
     assert (top / "f").read_bytes() == b"old content"  # read, found different, rewritten
 
 
+def test_a_synced_directory_records_what_it_now_holds(tmp_path):
+    store = objects.ObjectStore(tmp_path / "h.git")
+    top = tmp_path / "d"
+    top.mkdir()
+    (top / "a").write_text("a\n")
+    (top / "b").write_text("b\n")
+    _, before = Recorder(store, 0).record(os.fsencode(top), None)
+    blob = store.write(b"blob", b"c\n")
+    tree = store.write_tree({b"a": (objects.FILE, before[1][b"a"][1]), b"c": (objects.FILE, blob)})
+    after = Syncer(store, 0, snapshot=True).sync(os.fsencode(top), tree, before)
+    assert sorted(after[1]) == [b"a", b"c"] and after[0] == tree
+    assert sorted(os.listdir(top)) == ["a", "c"] and (top / "c").read_text() == "c\n"
+
+
 def test_a_cache_that_does_not_match_the_refs_is_discarded(hist, ws, tmp_path):
     base = hist.baseline()
     (ws / "README").write_text("one\n")
@@ -285,6 +328,21 @@ def test_a_cache_that_does_not_match_the_refs_is_discarded(hist, ws, tmp_path):
     assert hist.tree_id(c2) == git_tree_of(ws, tmp_path)
     assert git("--git-dir", str(hist.git_dir), "rev-parse", f"{c2}^").strip() == base
     assert statcache.load(hist.git_dir / CACHE_NAME).meta["head"] == c2
+
+
+def test_a_cache_written_piecemeal_reads_back_whole(hist, ws):
+    """Chunks of unchanged directories are reused when the cache is written again: what a new
+    process reads back is exactly the cache the writer holds."""
+    hist.baseline()
+    for n in range(1, 4):
+        (ws / "src" / "deep" / "x.bin").write_bytes(bytes([n]) * 9)
+        (ws / "tests" / f"t{n}.py").write_text("x\n")
+        hist.checkpoint(n)
+    path = hist.git_dir / CACHE_NAME
+    held = statcache.load(path)
+    statcache._MEMORY.clear()
+    read = statcache.load(path)
+    assert read is not held and read.root == held.root and read.meta == held.meta
 
 
 @pytest.mark.parametrize("damage", ["torn", "garbage", "empty"])
@@ -335,14 +393,18 @@ def test_a_nested_repository_is_recorded_by_git_as_before(hist, ws, tmp_path, sp
     assert not (ws / "vendor").exists()
 
 
-def test_gitattributes_conversions_stay_gits(hist, ws, tmp_path):
+def test_gitattributes_conversions_stay_gits(hist, ws, tmp_path, spawned):
     hist.baseline()
-    (ws / ".gitattributes").write_text("*.txt text eol=lf\n")
+    (ws / ".gitattributes").write_text("*.txt text eol=crlf\n")
     (ws / "dos.txt").write_bytes(b"one\r\ntwo\r\n")
     c1 = hist.checkpoint(1)
     assert hist.tree_id(c1) == git_tree_of(ws, tmp_path)
     blob = git("--git-dir", str(hist.git_dir), "cat-file", "-p", f"{c1}:dos.txt")
-    assert blob == "one\ntwo\n"
+    assert blob == "one\ntwo\n"  # git normalised it on the way in
+    (ws / "dos.txt").write_bytes(b"changed\n")
+    spawned.clear()
+    hist.reset_to(c1)  # and converts it back on the way out
+    assert (ws / "dos.txt").read_bytes() == b"one\r\ntwo\r\n" and spawned
 
 
 def test_a_fifo_makes_git_do_the_step(hist, ws, tmp_path, spawned):

@@ -45,7 +45,6 @@ class Syncer:
         want = self.store.tree(tree)
         old_entries = old[1] if old is not None and len(old) == 2 else _EMPTY
         entries = {}
-        racy_ns = self.racy_ns
         with os.scandir(path) as it:
             found = list(it)
         for de in found:
@@ -59,40 +58,47 @@ class Syncer:
             st = de.stat(follow_symlinks=False)
             fmt = st.st_mode & S_IFMT
             w = want.get(name)
-            prev = old_entries.get(name)
             if fmt == S_IFDIR:
                 if w is not None and w[0] == TREE:
-                    entries[name] = self._dir(de.path, w[1], prev, False)
+                    entries[name] = self._dir(de.path, w[1], old_entries.get(name), False)
                     continue
-                self._remove_tree(de.path)
+                self.changes += 1
+                shutil.rmtree(de.path)
             elif fmt == S_IFREG or fmt == S_IFLNK:
                 if w is not None and w[0] != TREE:
-                    ctime = st.st_ctime_ns
-                    if (prev is not None and len(prev) == 6 and prev[2] == st.st_mtime_ns
-                            and prev[3] == ctime and prev[0] == st.st_mode and prev[4] == st.st_size
-                            and prev[5] == st.st_ino and not racy(ctime, racy_ns)):
-                        if prev[1] == w[1] and git_mode(prev[0]) == w[0]:
-                            entries[name] = prev
-                            continue
-                    elif git_mode(st.st_mode) == w[0]:
-                        rec = file_record(self.store, de.path, st)
-                        self.changes += 1
-                        if rec[1] == w[1]:
-                            entries[name] = rec
-                            continue
+                    rec = self._kept(de.path, st, w, old_entries.get(name))
+                    if rec is not None:
+                        entries[name] = rec
+                        continue
                 os.unlink(de.path)
                 self.changes += 1
             elif self.snapshot:
                 os.unlink(de.path)
                 self.changes += 1
             else:
-                raise FastPathUnavailable(f"a special file (socket, fifo, device) at {de.path!r}")
+                raise FastPathUnavailable(f"a special file (socket, fifo) at {de.path!r}")
             if w is not None:
                 entries[name] = self._create(de.path, w)
         for name, w in want.items():
             if name not in entries:
                 entries[name] = self._create(path + b"/" + name, w)
+        if (old is not None and old[0] == tree and len(entries) == len(old_entries)
+                and all(old_entries.get(n, _EMPTY) is e for n, e in entries.items())):
+            return old  # untouched: the same node, so its encoded cache chunk is reused
         return (tree, entries)
+
+    def _kept(self, path: bytes, st: os.stat_result, want: tuple[int, bytes],
+              prev: tuple | None) -> tuple | None:
+        """The cache entry of a file that already holds ``want`` (mode, blob), else None."""
+        if (prev is not None and len(prev) == 6 and prev[2] == st.st_mtime_ns
+                and prev[3] == st.st_ctime_ns and prev[0] == st.st_mode and prev[4] == st.st_size
+                and prev[5] == st.st_ino and not racy(st.st_ctime_ns, self.racy_ns)):
+            return prev if prev[1] == want[1] and git_mode(prev[0]) == want[0] else None
+        if git_mode(st.st_mode) != want[0]:
+            return None
+        rec = file_record(self.store, path, st, keep=False)  # unknown or racy: read it
+        self.changes += 1
+        return rec if rec[1] == want[1] else None
 
     def _create(self, path: bytes, entry: tuple[int, bytes]) -> Node:
         mode, sha = entry
@@ -105,14 +111,11 @@ class Syncer:
             os.symlink(data, path)
             st = os.lstat(path)
         else:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o777 if mode == EXEC else 0o666)
+            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          0o777 if mode == EXEC else 0o666)
             try:
-                write_all(fd, data)
-                st = os.fstat(fd)
+                write_all(out, data)
+                st = os.fstat(out)
             finally:
-                os.close(fd)
+                os.close(out)
         return (st.st_mode, sha, st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
-
-    def _remove_tree(self, path: bytes) -> None:
-        self.changes += 1
-        shutil.rmtree(path)

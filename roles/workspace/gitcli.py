@@ -48,10 +48,17 @@ class GitCli:
     def __init__(self, git_dir: Path, exe: str = "git") -> None:
         self.git_dir = git_dir
         self.exe = exe
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-        env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, GIT_TERMINAL_PROMPT="0",
-                   **IDENTITY)
-        self.env = env
+        self._env: dict[str, str] | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment git runs with (built on first use: the steady state runs no git)."""
+        if self._env is None:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+            env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
+                       GIT_TERMINAL_PROMPT="0", **IDENTITY)
+            self._env = env
+        return self._env
 
     def run(
         self,
@@ -95,6 +102,11 @@ class GitCli:
                     section, name = key.split(".")
                     f.write(f"[{section}]\n\t{name} = {value}\n")
             self.run(["symbolic-ref", "HEAD", head_ref], git_dir=tmp)
+            # Every fan-out directory now, once: creating one costs as much as a few loose
+            # objects on a journaling filesystem, and would otherwise land on the checkpoints
+            # of a young history, one in two of them.
+            for n in range(256):
+                os.mkdir(tmp / "objects" / f"{n:02x}")
             try:
                 os.rename(tmp, self.git_dir)
             except OSError:

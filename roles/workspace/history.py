@@ -14,13 +14,16 @@ runs no git process: objects are written and read in-process as loose objects in
 format (``objects``), refs are moved under git's lock protocol (``refs``), and a stat cache in
 the git dir (``statcache``) lets a checkpoint read only files whose stat changed and rebuild
 only their trees (``scan``), and lets a reset or a snapshot rewrite only what differs
-(``checkout``). Whatever the in-process path does not reproduce exactly — nested repositories,
-``.gitattributes``, special files, packed objects, a cache that does not match the refs — is
-handed to git, as before: the history and its trees are the same either way.
+(``checkout``, ``snapshot``). Whatever the in-process path does not reproduce exactly — nested
+repositories, ``.gitattributes``, sockets and fifos, packed objects, revisions in git's own
+syntax — is handed to git, as before (``gitpath``): the history and its trees are the same
+either way, and git reads, diffs and archives what was written in-process as its own.
 
-Crash safety (kill -9 at any point): objects and refs are written to temp/lock files and
-renamed; the stat cache is written after the refs and records the ``HEAD`` it was written
-with, so a cache that does not match the refs is discarded and rebuilt from the files.
+Crash safety (kill -9 at any point): objects and refs are written to temp or lock files and
+renamed into place; the stat cache is written after the refs, carries a checksum (a torn one
+is ignored) and names the ``HEAD`` it was written with, so a cache that does not match the
+refs is discarded and the files are read again, once. A killed writer's ref locks are cleared
+when the run or an attempt restarts (``baseline``, ``reset_to``).
 
 Refs: ``refs/loop-org/baseline``, ``refs/iterations/<n>`` per committed iteration,
 ``refs/heads/checkpoints`` (HEAD, the parent of the next checkpoint), and
@@ -41,7 +44,7 @@ from roles.workspace.errors import (  # noqa: F401 - re-exported: callers import
     FastPathUnavailable, GitFailed, GitMissing, HistoryError, NoBaseline, RefConflict,
     RefLocked, UnknownCommit, WorkspaceMissing,
 )
-from roles.workspace.gitcli import GitCli
+from roles.workspace.gitcli import IDENTITY, GitCli
 from roles.workspace.gitpath import GitPath
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
 from roles.workspace.refs import Refs, clear_stale_locks, resolve
@@ -90,7 +93,6 @@ class WorkspaceHistory:
                 code="history_inside_workspace",
             )
         self._git = GitCli(self.git_dir, git)
-        self._env = self._git.env
         self._step = on_step or (lambda step: None)
         self._refs = Refs(self.git_dir, self._ident, self._step)
         self._gitpath = GitPath(self._git, HEAD_REF, BASELINE_REF)
@@ -103,7 +105,7 @@ class WorkspaceHistory:
         return objects.store_for(self.git_dir)
 
     def _ident(self) -> str:
-        return objects.ident(self._env["GIT_COMMITTER_NAME"], self._env["GIT_COMMITTER_EMAIL"])
+        return objects.ident(IDENTITY["GIT_COMMITTER_NAME"], IDENTITY["GIT_COMMITTER_EMAIL"])
 
     def _fallback(self, operation: str, exc: Exception) -> None:
         log.info("history_git_fallback", operation=operation, reason=str(exc),
@@ -146,7 +148,7 @@ class WorkspaceHistory:
         return self._store().commit(bytes.fromhex(commit))[0]
 
     def _write_commit(self, tree: str, parents: list[str], message: str) -> str:
-        commit = objects.write_commit(self._store(), tree, parents, message, self._env)
+        commit = objects.write_commit(self._store(), tree, parents, message, IDENTITY)
         self._step("commit_written")
         return commit
 

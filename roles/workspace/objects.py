@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 import zlib
 from binascii import hexlify
@@ -22,7 +23,6 @@ TREE = 0o40000
 FILE = 0o100644
 EXEC = 0o100755
 LINK = 0o120000
-GITLINK = 0o160000
 EMPTY_TREE = bytes.fromhex("4b825dc642cb6eb9a060e54bf8d69288fbee4904")
 _PLAIN_MODES = frozenset((TREE, FILE, EXEC, LINK))
 _CACHE_LIMIT = 50_000  # parsed objects kept per repository before the caches start over
@@ -30,9 +30,12 @@ _CACHE_LIMIT = 50_000  # parsed objects kept per repository before the caches st
 Entries = dict  # name (bytes) -> (mode, sha (20 bytes))
 
 
-def read_file(path: bytes | str, size: int = 0) -> bytes:
-    """Whole content of a file (plain ``os`` calls: a third of the syscalls of ``open()``)."""
-    fd = os.open(path, os.O_RDONLY)
+def read_file(path: bytes | str, size: int = 0, *, nofollow: bool = False) -> bytes:
+    """Whole content of a file (plain ``os`` calls: a third of the syscalls of ``open()``).
+
+    ``size``: the expected size (one read); ``nofollow``: refuse a symlink (ELOOP).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NOFOLLOW if nofollow else 0))
     try:
         chunks = []
         while True:
@@ -42,6 +45,13 @@ def read_file(path: bytes | str, size: int = 0) -> bytes:
             chunks.append(chunk)
     finally:
         os.close(fd)
+
+
+def object_id(kind: bytes, body: bytes) -> bytes:
+    """The 20-byte id git gives an object of this kind and body."""
+    h = hashlib.sha1(b"%s %d\0" % (kind, len(body)))
+    h.update(body)
+    return h.digest()
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -113,10 +123,7 @@ class ObjectStore:
 
     def write(self, kind: bytes, body: bytes) -> bytes:
         """Store an object (if absent) and return its 20-byte sha1."""
-        header = b"%s %d\0" % (kind, len(body))
-        h = hashlib.sha1(header)
-        h.update(body)
-        sha = h.digest()
+        sha = object_id(kind, body)
         if sha in self._present:
             return sha
         d, path = self._path(sha)
@@ -128,7 +135,7 @@ class ObjectStore:
                 os.makedirs(d, exist_ok=True)
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
             try:
-                write_all(fd, zlib.compress(header + body, 1))
+                write_all(fd, zlib.compress(b"%s %d\0" % (kind, len(body)) + body, 1))
             except BaseException:
                 os.close(fd)
                 os.unlink(tmp)
@@ -282,22 +289,23 @@ class ObjectStore:
 
 _STORES: dict[str, ObjectStore] = {}
 _STORES_KEPT = 16
+_STORES_LOCK = threading.Lock()
 
 
 def store_for(git_dir: Path) -> ObjectStore:
     """The process-wide store of ``git_dir`` (caches are shared by every history object)."""
     key = os.fspath(git_dir)
-    store = _STORES.get(key)
-    if store is None:
-        if len(_STORES) >= _STORES_KEPT:
-            del _STORES[next(iter(_STORES))]  # the longest unused: work items come and go
-        store = ObjectStore(git_dir)
-    else:
-        del _STORES[key]
-    _STORES[key] = store
-    return store
+    with _STORES_LOCK:  # a loop-agent runs several engines, one thread each
+        store = _STORES.pop(key, None)
+        if store is None:
+            if len(_STORES) >= _STORES_KEPT:
+                del _STORES[next(iter(_STORES))]  # the longest unused: work items come and go
+            store = ObjectStore(git_dir)
+        _STORES[key] = store
+        return store
 
 
 def forget(git_dir: Path) -> None:
     """Drop the caches of a repository that was deleted."""
-    _STORES.pop(os.fspath(git_dir), None)
+    with _STORES_LOCK:
+        _STORES.pop(os.fspath(git_dir), None)

@@ -58,6 +58,7 @@ class Refs:
     def __init__(self, git_dir: Path, ident: Callable[[], str],
                  on_step: Callable[[str], None] | None = None) -> None:
         self.git_dir = Path(git_dir)
+        self._root = os.fspath(git_dir) + os.sep  # plain strings: refs are read on every call
         self._ident = ident
         self._step = on_step or (lambda step: None)
         self._packed_sig: tuple | None = None
@@ -69,7 +70,7 @@ class Refs:
         Raises FastPathUnavailable for a symbolic or unreadable ref (git answers those).
         """
         try:
-            raw = read_file(os.path.join(self.git_dir, name))
+            raw = read_file(self._root + name)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return self._packed_refs().get(name)
         value = raw.strip().decode("ascii", "replace")
@@ -78,7 +79,7 @@ class Refs:
         return value
 
     def _packed_refs(self) -> dict[str, str]:
-        path = self.git_dir / "packed-refs"
+        path = self._root + "packed-refs"
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -86,7 +87,7 @@ class Refs:
         sig = (st.st_ino, st.st_mtime_ns, st.st_size)
         if sig != self._packed_sig:
             packed = {}
-            for line in path.read_bytes().decode("utf-8", "surrogateescape").splitlines():
+            for line in read_file(path).decode("utf-8", "surrogateescape").splitlines():
                 if line and line[0] not in "#^":
                     oid, _, ref = line.partition(" ")
                     packed[ref] = oid
@@ -105,16 +106,16 @@ class Refs:
             also_log: other reflogs to append the same line to (``HEAD`` for its branch).
         Raises: RefLocked (the lock exists), RefConflict (``expect`` did not hold).
         """
-        path = self.git_dir / name
-        lock = path.with_name(path.name + ".lock")
+        path = self._root + name
+        lock = path + ".lock"
         try:
             try:
-                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
             except FileNotFoundError:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         except FileExistsError:
-            raise RefLocked(str(lock)) from None
+            raise RefLocked(lock) from None
         try:
             try:
                 os.write(fd, f"{new}\n".encode())
@@ -131,20 +132,23 @@ class Refs:
                                  create=reflog or log != name)
             os.rename(lock, path)
         except BaseException:
-            lock.unlink(missing_ok=True)
+            try:
+                os.unlink(lock)
+            except FileNotFoundError:
+                pass
             raise
         self._step(f"ref_updated:{name}")
         return old
 
     def _append_log(self, log: str, line: bytes, *, create: bool) -> None:
-        path = self.git_dir / "logs" / log
-        flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0)
+        path = self._root + "logs/" + log
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         try:
             fd = os.open(path, flags, 0o666)
         except FileNotFoundError:
             if not create:
                 return
-            path.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             fd = os.open(path, flags, 0o666)
         try:
             os.write(fd, line)
@@ -153,11 +157,8 @@ class Refs:
 
 
 def clear_stale_locks(git_dir: Path) -> list[Path]:
-    """Remove lock files and temp files a killed writer left; return the locks removed.
-
-    Looks at the repository's top level (``index.lock``, ``HEAD.lock``, ``packed-refs.lock``
-    and the history's own temp files) and every ``*.lock`` below ``refs/``.
-    """
+    """Remove the lock files a killed writer left and return them: ``index.lock``,
+    ``HEAD.lock``, ``packed-refs.lock`` at the top and every ``*.lock`` below ``refs/``."""
     removed: list[Path] = []
     try:
         top = list(os.scandir(git_dir))
@@ -166,8 +167,6 @@ def clear_stale_locks(git_dir: Path) -> list[Path]:
     for entry in top:
         if entry.name in ("index.lock", "HEAD.lock", "packed-refs.lock"):
             removed.append(Path(entry.path))
-        elif entry.name.startswith(".") and entry.name.endswith(".tmp"):
-            os.unlink(entry.path)  # a stat cache being written when the writer died
     stack = [os.path.join(git_dir, "refs")]
     while stack:
         try:

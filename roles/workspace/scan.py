@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 
 from roles.workspace.errors import FastPathUnavailable
-from roles.workspace.objects import EXEC, FILE, LINK, TREE, ObjectStore, read_file
-from roles.workspace.statcache import Node, racy
+from roles.workspace.objects import EXEC, FILE, LINK, TREE, ObjectStore, object_id, read_file
+from roles.workspace.statcache import COARSE_SLACK_NS, Node
 
 S_IFMT, S_IFDIR, S_IFREG, S_IFLNK = 0o170000, 0o040000, 0o100000, 0o120000
 _EMPTY: dict = {}
+LARGE_FILE = 128 * 1024 * 1024
 
 
 def git_mode(st_mode: int) -> int:
@@ -44,22 +45,30 @@ def refused_name(name: bytes, is_link: bool) -> str | None:
     return None
 
 
-def file_record(store: ObjectStore, path: bytes, st: os.stat_result) -> tuple:
-    """Hash (and store) a file or symlink; return its cache entry."""
+def file_record(store: ObjectStore, path: bytes, st: os.stat_result, *, keep: bool = True) -> tuple:
+    """Hash a file or symlink (and store the blob if ``keep``); return its cache entry.
+
+    Raises: FastPathUnavailable for a file too large to hold in memory (git streams it).
+    """
+    if st.st_size > LARGE_FILE:
+        raise FastPathUnavailable(f"{path!r} is larger than {LARGE_FILE} bytes")
     if st.st_mode & S_IFMT == S_IFLNK:
         data = os.readlink(path)
     else:
-        data = read_file(path, st.st_size)
+        data = read_file(path, st.st_size, nofollow=True)
     size = st.st_size
     if len(data) != size:
         size = -1  # it changed while being read: never trust this entry, read it again next time
-    return (st.st_mode, store.write(b"blob", data), st.st_mtime_ns, st.st_ctime_ns, size, st.st_ino)
+    sha = store.write(b"blob", data) if keep else object_id(b"blob", data)
+    return (st.st_mode, sha, st.st_mtime_ns, st.st_ctime_ns, size, st.st_ino)
 
 
 class Recorder:
     """One walk of a directory against its previous cache.
 
     After ``record``: ``hashed`` files were read; ``dirty`` says the cache changed (save it).
+    A directory where nothing changed keeps its cache node (the same object), so the cache
+    writer can reuse that directory's encoded chunk.
     """
 
     def __init__(self, store: ObjectStore, racy_ns: int) -> None:
@@ -75,17 +84,21 @@ class Recorder:
 
     def _dir(self, path: bytes, old: Node | None, top: bool) -> tuple[bytes | None, Node | None]:
         old_entries = old[1] if old is not None else _EMPTY
-        changed = old is None or old[0] is None
+        changed = old is None or old[0] is None  # the tree differs from the cached one
+        same = not changed  # every cache entry is the cached object: the old node is reused
         entries = {}
         racy_ns = self.racy_ns
+        coarse_floor = racy_ns - COARSE_SLACK_NS
         with os.scandir(path) as it:
             for de in it:
                 name = de.name
                 st = de.stat(follow_symlinks=False)
                 mode = st.st_mode
                 fmt = mode & S_IFMT
+                prev = old_entries.get(name)
                 c = name[0]
-                if c == 46 or c == 103 or c == 71 or 92 in name:  # '.', 'g', 'G', '\\'
+                # names already recorded passed this check; '.', 'g', 'G' and '\\' may concern git
+                if (prev is None or fmt == S_IFLNK) and (c == 46 or c == 103 or c == 71 or 92 in name):
                     if name == b".git":
                         if top:
                             continue
@@ -93,7 +106,6 @@ class Recorder:
                     why = refused_name(name, fmt == S_IFLNK)
                     if why:
                         raise FastPathUnavailable(f"{why} at {de.path!r}")
-                prev = old_entries.get(name)
                 if fmt == S_IFDIR:
                     sub_old = prev if prev is not None and len(prev) == 2 else None
                     sha, node = self._dir(de.path, sub_old, False)
@@ -101,28 +113,34 @@ class Recorder:
                         changed = changed or prev is not None
                         continue
                     entries[name] = node
-                    if sub_old is None or sub_old[0] != sha:
-                        changed = True
+                    if node is not sub_old:
+                        same = False
+                        changed = changed or sub_old is None or sub_old[0] != sha
                 elif fmt == S_IFREG or fmt == S_IFLNK:
                     ctime = st.st_ctime_ns
                     if (prev is not None and len(prev) == 6 and prev[2] == st.st_mtime_ns
                             and prev[3] == ctime and prev[0] == mode and prev[4] == st.st_size
-                            and prev[5] == st.st_ino and not racy(ctime, racy_ns)):
-                        entries[name] = prev
+                            and prev[5] == st.st_ino
+                            and (ctime < coarse_floor or (ctime < racy_ns and ctime % 1_000_000))):
+                        entries[name] = prev  # clean, and not racily so (see statcache.racy)
                         continue
                     rec = file_record(self.store, de.path, st)
                     self.hashed += 1
-                    self.dirty = True
+                    same = False
                     entries[name] = rec
-                    if prev is None or len(prev) != 6 or prev[1] != rec[1] or git_mode(prev[0]) != git_mode(mode):
+                    if (prev is None or len(prev) != 6 or prev[1] != rec[1]
+                            or git_mode(prev[0]) != git_mode(mode)):
                         changed = True
                 else:
-                    raise FastPathUnavailable(f"a special file (socket, fifo, device) at {de.path!r}")
+                    raise FastPathUnavailable(f"a special file (socket, fifo) at {de.path!r}")
         if len(entries) != len(old_entries):
             changed = True
         if not entries and not top:
             return None, None
         if not changed:
+            if same:
+                return old[0], old
+            self.dirty = True
             return old[0], (old[0], entries)
         self.dirty = True
         tree = {name: (TREE, node[0]) if len(node) == 2 else (git_mode(node[0]), node[1])
