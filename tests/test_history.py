@@ -298,11 +298,11 @@ def test_delete_removes_the_history_and_leaves_the_workspace(hist, ws):
     assert hist.baseline_commit() is None
 
 
-def test_checkpoint_timing_on_10k_files_is_measured(tmp_path):
-    """Prints the figures bench/loop.py reports; timing is not asserted here."""
-    figures = bench_checkpoint(tmp_path, files=10_000, repeats=3)
-    print("history bench:", figures)
-    assert figures["files"] == 10_000
+def test_the_checkpoint_bench_runs_on_a_large_workspace(tmp_path):
+    """The function bench/loop.py calls works on thousands of files (its 10,000-file figure is
+    measured there, not asserted here)."""
+    figures = bench_checkpoint(tmp_path, files=2_000, repeats=3)
+    assert figures["files"] == 2_000
     assert all(v > 0 for k, v in figures.items() if k.endswith("_ms_10k_files"))
 
 
