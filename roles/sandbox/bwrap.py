@@ -240,7 +240,12 @@ def run_sandboxed(command: Sequence[str] | str, *, workspace: Path, timeout_s: f
                   max_procs: int | None = 256, max_output: int = 1_000_000, network: bool = False,
                   hide: Sequence[Path] = (), cwd: Path | None = None, stdin: bytes | None = None,
                   separate_stderr: bool = False, bwrap: str | None = None) -> Captured:
-    """Run one command in a sandbox built for it; see ``BwrapRunner`` for the parameters and errors."""
+    """Run one command in a sandbox built for it; see ``BwrapRunner`` for the parameters and errors.
+
+    The project's code and the running Python stay visible read-only (as with
+    ``runner_from_config``), even when they live under the sandbox's private ``/tmp``."""
+    from roles.sandbox.mode import default_visible
+    readonly_binds = (*default_visible(), *readonly_binds)
     runner = BwrapRunner(workspace, writable=writable, readonly_binds=readonly_binds, hide=hide,
                          limits=Limits(cpu_s, memory_mb, max_procs, max_output), network=network,
                          env=env, bwrap=bwrap)
