@@ -62,9 +62,11 @@ def settle(writer, work_id: str, workspace: str, runner: GateRunner, *, wait: Ca
                               (work_id, D.APPROVED, D.EDITED)).fetchall():
             _execute(writer, dict(d), workspace, runner)
         if pending == 0:
-            with writer.transaction() as tx:
-                if tx.get("work_items", work_id)["status"] == WorkStatus.PAUSED:
-                    tx.set_status("work_items", work_id, WorkStatus.RUNNING)
+            paused = conn.execute("SELECT status = ? FROM work_items WHERE id = ?", (WorkStatus.PAUSED, work_id)).fetchone()[0]
+            if paused:                      # only then a write: the common case costs one read
+                with writer.transaction() as tx:
+                    if tx.get("work_items", work_id)["status"] == WorkStatus.PAUSED:
+                        tx.set_status("work_items", work_id, WorkStatus.RUNNING)
             return True
         if not wait():
             return False
