@@ -52,6 +52,9 @@ class Lesson:
         return cls(str(data["text"]), int(data["iteration"]), str(data.get("source", "derived")))
 
 
+_SALIENT = re.compile(r"(Error|error:|assert|FAIL|Exception|expected)")
+
+
 def derive_lesson(
     failing: Sequence[tuple[str, str]],
     feedback: str = "",
@@ -74,7 +77,10 @@ def derive_lesson(
     else:
         head = "Verification failed without a named check."
         advice = "Read the feedback and change approach."
-    first = next((ln.strip() for ln in feedback.splitlines() if ln.strip()), "")
+    lines = [ln.strip() for ln in feedback.splitlines() if ln.strip()]
+    # quote what the failure says (an assertion or error line) rather than the check's heading
+    first = next((ln for ln in lines if _SALIENT.search(ln) and not ln.startswith("Check `")),
+                 lines[0] if lines else "")
     hint = f" Feedback: {first}" if first else ""
     # Keep the advice whole: cut the quoted feedback first, then the head.
     budget = max_chars - len(advice) - 1
