@@ -7,15 +7,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from roles.supervisor import control, procs
-from state_db.bootstrap import init_home
-from state_db.home import OrgHome
-from tests.support.org import cleanup, query, roles, short_home_dir, wait_for, write_config
+from roles.supervisor import procs
+from tests.support.org import query, roles, wait_for, running_org
 
 DEMO = Path(__file__).resolve().parents[1] / "scripts" / "demo"
 CONFIG = """
@@ -30,15 +27,9 @@ stop_timeout_s = 6.0
 
 @pytest.fixture
 def org(monkeypatch):
-    root = short_home_dir()
-    home = OrgHome(root / "org")
-    write_config(home, CONFIG)
-    init_home(home)
-    monkeypatch.setenv("ORG_HOME", str(home.root))
-    control.start_background(home, timeout_s=20)
-    yield home
-    cleanup(home)
-    shutil.rmtree(root, ignore_errors=True)
+    with running_org(CONFIG) as home:
+        monkeypatch.setenv("ORG_HOME", str(home.root))
+        yield home
 
 
 def cli(home, *argv, check=True):

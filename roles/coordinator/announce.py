@@ -68,6 +68,4 @@ def announce(writer: StateWriter, reannounce_after_s: float) -> list[str]:
             tx.update("decisions", d["id"], announced_at=tx.now)
             tx.journal("announce", d["id"], {"text": text, "source": "reannounce", "upto": upto})
             texts.append(text)
-        if not new and not stale and upto > after:
-            pass  # nothing to say; the cursor only moves with announcements
     return texts

@@ -24,11 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from roles.supervisor import control
 from skills.skillmd import SECTIONS, parse
-from state_db.bootstrap import init_home
-from state_db.home import OrgHome
-from tests.support.org import cleanup, query, short_home_dir, wait_for, write_config
+from tests.support.org import query, wait_for, running_org
 
 CONFIG = """
 [org]
@@ -164,15 +161,9 @@ def ended(home, ids: list[str], timeout: float) -> list[dict]:
 
 @pytest.fixture
 def org(monkeypatch):
-    root = short_home_dir()
-    home = OrgHome(root / "org")
-    write_config(home, CONFIG)
-    init_home(home)
-    monkeypatch.setenv("ORG_HOME", str(home.root))
-    control.start_background(home, timeout_s=20)
-    yield home
-    cleanup(home)
-    shutil.rmtree(root, ignore_errors=True)
+    with running_org(CONFIG) as home:
+        monkeypatch.setenv("ORG_HOME", str(home.root))
+        yield home
 
 
 def test_recurring_failures_become_an_approved_skill_that_the_next_matching_run_carries_and_counts(org, tmp_path):

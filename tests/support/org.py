@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from roles.supervisor import procs
@@ -75,3 +76,22 @@ def env_for(home) -> dict:
     env = dict(os.environ)
     env["ORG_HOME"] = str(home.root)
     return env
+
+
+@contextmanager
+def running_org(config_text: str):
+    """An initialised org in a short home, started in the background; killed and removed after."""
+    from roles.supervisor import control
+    from state_db.bootstrap import init_home
+    from state_db.home import OrgHome
+
+    root = short_home_dir()
+    home = OrgHome(root / "org")
+    write_config(home, config_text)
+    init_home(home)
+    try:
+        control.start_background(home, timeout_s=20)
+        yield home
+    finally:
+        cleanup(home)
+        shutil.rmtree(root, ignore_errors=True)
