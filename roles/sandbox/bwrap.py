@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -166,13 +167,15 @@ class BwrapRunner:
         limits = limits or self.limits
         cgroup = PidsCgroup.create(limits)
         status_r, status_w = os.pipe()
+        alive_r, alive_w = os.pipe()  # only this process holds alive_w: EOF inside means we died
         try:
-            full = [*_lifeline(), *(cgroup.join_prefix() if cgroup else []), *outer_prefix(limits), bwrap,
+            full = [*_outer_stage(alive_r, cgroup), *outer_prefix(limits), bwrap,
                     *namespace_args(network=self.network), *mounts, "--chdir", workdir,
-                    "--json-status-fd", str(status_w), "--", *inner_prefix(limits), *_backstop(timeout_s), *argv]
+                    "--json-status-fd", str(status_w), "--", *_watch_parent(alive_r), *inner_prefix(limits),
+                    *_backstop(timeout_s), *argv]
             got = run_bounded(full, cwd="/", env=clean_env({**self.env, **(env or {})}), timeout_s=timeout_s,
                               max_output=max_output or limits.max_output, stdin=stdin,
-                              separate_stderr=separate_stderr, pass_fds=(status_w,),
+                              separate_stderr=separate_stderr, pass_fds=(status_w, alive_r),
                               preexec=preexec_rlimits(limits), should_stop=should_stop, poll_s=poll_s,
                               on_timeout=cgroup.kill_all if cgroup else None)
             os.close(status_w)
@@ -181,7 +184,8 @@ class BwrapRunner:
         finally:
             if status_w >= 0:
                 os.close(status_w)
-            os.close(status_r)
+            for fd in (status_r, alive_r, alive_w):
+                os.close(fd)
             if cgroup is not None:
                 cgroup.close()
         if not started and not (got.timed_out or got.stopped):
@@ -189,11 +193,33 @@ class BwrapRunner:
         return got
 
 
-def _lifeline() -> list[str]:
-    """Arms the parent-death signal at the first exec. bubblewrap arms --die-with-parent only
-    after its own start-up; a parent killed before that left the sandbox's monitor orphaned."""
-    binary = shutil.which("setpriv")
-    return [binary, "--pdeathsig", "KILL", "--"] if binary else []
+def _outer_stage(alive_fd: int, cgroup: PidsCgroup | None) -> list[str]:
+    """The first process of a run: armed with the parent-death signal at its first exec
+    (bubblewrap arms --die-with-parent only after its own start-up), it starts a watcher, joins
+    the run's pids cgroup and execs the rest, so the whole tree starts inside the group.
+
+    The watcher stays outside the group and outside the sandbox; once ``alive_fd`` reads EOF
+    (this process ended the run, or died), it kills the group and the run's process group. That
+    catches what no parent-death signal does: a sandbox child still starting when its bubblewrap
+    died blocks forever on an eventfd, before the in-sandbox watcher exists."""
+    setpriv = shutil.which("setpriv")
+    kill = f"echo 1 > {shlex.quote(str(cgroup.kill_file))}; " if cgroup else ""
+    join = f"echo $$ > {shlex.quote(str(cgroup.procs))} || exit 126; " if cgroup else ""
+    script = (f"{{ read _ </proc/self/fd/{alive_fd}; {kill}kill -KILL -$$; }} </dev/null >/dev/null 2>&1 & "
+              f"{join}exec \"$@\"")
+    return [*([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []), "/bin/sh", "-c", script, "sh"]
+
+
+def _watch_parent(fd: int) -> list[str]:
+    """A watcher inside the sandbox that kills every process in it once ``fd`` (a pipe whose only
+    write end this process holds) reads EOF. bubblewrap's own --die-with-parent leaves a gap: a
+    parent killed between bubblewrap's clone and its child arming the signal left that child (the
+    sandbox's pid 1, which waits for all its descendants) running the command as an orphan. The
+    watcher starts after that gap, and a parent already gone means an immediate EOF. (The
+    command inherits the read end too, which can only ever read EOF; ``/bin/sh`` may not handle
+    two-digit descriptors, hence the path.)"""
+    script = f"{{ read _ </proc/self/fd/{fd}; kill -KILL -1; }} </dev/null >/dev/null 2>&1 & exec \"$@\""
+    return ["/bin/sh", "-c", script, "sh"]
 
 
 def _backstop(timeout_s: float) -> list[str]:

@@ -30,7 +30,7 @@ import structlog
 log = structlog.get_logger("sandbox.limits")
 
 CGROUP_DIR = "loop-org-sandbox"
-_BWRAP_OWN_PROCS = 3  # bubblewrap's monitor, the namespace's init and the backstop timer
+_BWRAP_OWN_PROCS = 4  # bubblewrap's monitor, the namespace's init, the parent watcher, the backstop timer
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def inner_prefix(limits: Limits) -> list[str]:
 
 
 class PidsCgroup:
-    """One run's pids cgroup. ``join_prefix()`` moves the spawned process in before it execs
+    """One run's pids cgroup. The spawned process writes itself into ``procs`` before it execs
     bubblewrap; ``close()`` kills what is left and removes the group."""
 
     def __init__(self, path: Path) -> None:
@@ -134,12 +134,16 @@ class PidsCgroup:
             return None
         return cls(path)
 
-    def join_prefix(self) -> list[str]:
-        # `sh` writes its own pid, then execs the rest: the whole tree starts inside the group
-        return ["/bin/sh", "-c", 'echo $$ > "$0" || exit 126; exec "$@"', str(self.path / "cgroup.procs")]
+    @property
+    def procs(self) -> Path:
+        return self.path / "cgroup.procs"
+
+    @property
+    def kill_file(self) -> Path:
+        return self.path / "cgroup.kill"
 
     def kill_all(self) -> None:
-        kill = self.path / "cgroup.kill"
+        kill = self.kill_file
         if kill.exists():  # cgroup v2: atomic, catches processes forked while we iterate
             try:
                 kill.write_text("1")
