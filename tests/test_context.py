@@ -269,3 +269,18 @@ def test_default_caps_bound_the_variable_part_whatever_the_input():
     goal, knowledge, history, feedback, lessons, headers = 8000, 4000, 2000, 4000, 600, 300
     assert len(p.variable) <= goal + knowledge + history + feedback + lessons + headers
     assert p.manifest["recent_iterations"] and p.manifest["summarized_iterations"] >= 1
+
+
+_LESSON_TEXTS = st.sampled_from(["Failed: verify (x). Fix it.", "failed verify x fix it", "Failed: lint (E501).",
+                                 "Failed: test_a.", "", "  ", "Failed: test_b; Fix this cause directly." * 12])
+
+
+@given(st.lists(_LESSON_TEXTS, max_size=25), st.integers(min_value=1, max_value=6))
+def test_a_book_built_from_the_newest_end_equals_one_added_to_lesson_by_lesson(texts, max_lessons):
+    entries = [(t, i + 1) for i, t in enumerate(texts)]
+    added = LessonBook(max_lessons=max_lessons)
+    for text, n in entries:
+        added = added.add(text, n)
+    latest = LessonBook.latest(entries, max_lessons)
+    assert [(x.text, x.iteration) for x in latest.lessons] == [(x.text, x.iteration) for x in added.lessons]
+    assert latest.encode() == added.encode()

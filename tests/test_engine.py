@@ -214,3 +214,40 @@ def test_editing_a_protected_test_never_reaches_goal_met(org_home, ws):
     assert decision.reason != "goal_met"
     v = query(org_home, "SELECT protected_changed, outcome FROM verdicts ORDER BY iteration")
     assert v[0]["outcome"] == "fail" and "tests/test_calc.py" in v[0]["protected_changed"]
+
+
+def test_a_crash_between_a_verdict_and_its_reflection_is_reflected_identically_on_resume(org_home, tmp_path):
+    """The reflection (lesson, feedback, fingerprint) rides on the next transaction; a run that
+    dies before it leaves a verdict alone, and the next run derives exactly the same reflection."""
+    acts = [[BAD], [{"write": {"calc.py": BUGGY + "# 2\n"}}], [GOOD]]
+    ws_a = make_workspace(tmp_path / "a")
+    submit(org_home, ws_a, work_id="wa")
+    engine(org_home, "wa", ScriptedActs(acts)).run()
+    ws_b = make_workspace(tmp_path / "b")
+    submit(org_home, ws_b, work_id="wb")
+    crashing = engine(org_home, "wb", ScriptedActs(acts))
+    real_verify = crashing.verify
+
+    def verify_then_die(work_id, n):
+        real_verify(work_id, n)
+        if n == 2:
+            raise RuntimeError("killed after the verdict")
+    crashing.verify = verify_then_die
+    with pytest.raises(RuntimeError):
+        crashing.run()
+    left = its(org_home, "wb")
+    assert [r["n"] for r in left] == [1, 2] and left[0]["verdict_id"] and left[1]["verdict_id"] is None
+    assert query(org_home, "SELECT COUNT(*) AS c FROM verdicts WHERE work_id='wb' AND iteration=2")[0]["c"] == 1
+    engine(org_home, "wb", ScriptedActs(acts)).run()
+
+    def reflections(wid):
+        return [(r["n"], r["lesson"], r["fingerprint"], r["feedback"] is not None, r["verdict_id"] is not None)
+                for r in its(org_home, wid)]
+    assert work(org_home, "wb")["stop_reason"] == work(org_home, "wa")["stop_reason"] == "goal_met"
+    a, b = reflections("wa"), reflections("wb")
+    assert [x[0] for x in a] == [1, 2, 3] and all(x[3] and x[4] for x in a + b)
+    assert [x[1:3] for x in a] == [x[1:3] for x in b]
+    assert a[1][1] and "Failed" in a[1][1]                  # iteration 2 failed: it has a lesson
+    prompts = {wid: [json.loads(r["prompt"]) for r in its(org_home, wid)] for wid in ("wa", "wb")}
+    # what the run kept in memory and what a new run read from state.db built the same prompts
+    assert [m["sha256"] for m in prompts["wa"]] == [m["sha256"] for m in prompts["wb"]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from state_db.vocab import StopReason, VerdictOutcome, WorkStatus
 from state_db.writer import StateWriter
 
 PROTECTED_CHECK = "protected files unchanged"
+_KEEP_HISTORIES = 8
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,19 @@ class Verifier:
         self.timeout_s = timeout_s
         self.history_factory = history_factory
         self.runner_factory = runner_factory
+        self._histories: OrderedDict[tuple[str, str], object] = OrderedDict()
+
+    def _history(self, work_id: str, workspace: str):
+        """The work item's shadow history, kept for the next iteration (its object caches make
+        the next snapshot cheaper); the few most recent work items only."""
+        key = (work_id, workspace)
+        history = self._histories.pop(key, None)
+        if history is None:
+            history = self.history_factory(self.home.history_dir / f"{work_id}.git", Path(workspace))
+        self._histories[key] = history
+        while len(self._histories) > _KEEP_HISTORIES:
+            self._histories.popitem(last=False)
+        return history
 
     def existing(self, work_id: str, n: int) -> dict | None:
         row = self.writer.conn.execute("SELECT * FROM verdicts WHERE work_id=? AND iteration=? ORDER BY at DESC LIMIT 1",
@@ -85,7 +100,7 @@ class Verifier:
         found = self.existing(work_id, n)
         if found:
             return _from_row(found, work["stop_reason"] == StopReason.GOAL_MET)
-        history = self.history_factory(self.home.history_dir / f"{work_id}.git", Path(work["workspace"]))
+        history = self._history(work_id, work["workspace"])
         snapshot = self.home.root / "eval" / work_id
         patterns = orjson.loads(work["protect"]) or None
         paths = history.protected_paths(patterns=patterns) if patterns else None

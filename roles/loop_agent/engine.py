@@ -100,6 +100,8 @@ class LoopEngine:
         self.interrupt = interrupt or threading.Event()
         self.pause = pause or threading.Event()
         self._needs_reset = True          # the first attempt of every engine (a new process) resets
+        self._reflected = prog.Reflected()
+        self._unwritten: tuple[int, dict] | None = None   # a reflection the next transaction writes
         self.clock = clock
         self.log = structlog.get_logger("loop").bind(work_id=work_id, instance=writer.instance)
 
@@ -118,9 +120,13 @@ class LoopEngine:
         """Run until a stop condition fires (returns it), or until ``pause`` (at the next safe
         boundary) or ``interrupt`` (at once, discarding the act) is set: then returns None."""
         try:
-            return self._run()
+            decision = self._run()
         except VerifyInterrupted:
-            return None
+            decision = None
+        if self._unwritten is not None:            # paused, interrupted, or ended by the eval-agent
+            with self.w.transaction() as tx:
+                self._write_reflection(tx)
+        return decision
 
     def _run(self) -> StopDecision | None:
         work = self.work()
@@ -133,7 +139,8 @@ class LoopEngine:
             if work["status"] == WorkStatus.ENDED:
                 return StopDecision(StopReason(work["stop_reason"]), work["stop_detail"] or "")
             progress, its, verdicts = prog.load(self.w.conn, work, org_limit=self._org_spend_over(),
-                                                human_rejected=gate.rejected_with_stop(self.w.conn, self.work_id))
+                                                human_rejected=gate.rejected_with_stop(self.w.conn, self.work_id),
+                                                reflected=self._reflected, unwritten=self._unwritten)
             if its and its[-1]["n"] not in verdicts:
                 self._verify_and_reflect(its[-1])          # resumed between commit and verdict
                 continue
@@ -177,6 +184,7 @@ class LoopEngine:
         n = progress.iterations + 1
         attempt = work["attempt"] + 1
         with self.w.transaction() as tx:
+            self._write_reflection(tx)
             tx.update("work_items", self.work_id, attempt=attempt, updated_at=tx.now)
             tx.insert("attempts", {"work_id": self.work_id, "attempt": attempt, "iteration": n,
                                    "instance": self.w.instance, "started_at": tx.now})
@@ -189,7 +197,7 @@ class LoopEngine:
             self._needs_reset = False
         prompt = assemble(
             work["goal"] + _verify_note(work), self.settings.instructions, self.settings.skills,
-            self.settings.knowledge, prog.digests(its, verdicts), prog.lessons(its, self.settings.lessons_max),
+            self.settings.knowledge, prog.digests(its, verdicts, self._reflected), prog.lessons(its, self.settings.lessons_max, self._reflected),
             _feedback(self.w.conn, self.work_id, its, verdicts), n,
             k_recent=self.settings.recent_iterations, summary_cap_chars=self.settings.summary_cap_chars)
         ctx = ActContext(self.work_id, n, attempt, Path(work["workspace"]), prompt.system_prefix, prompt.variable,
@@ -277,7 +285,7 @@ class LoopEngine:
 
     def _verify_and_reflect(self, it: dict) -> None:
         self.verify(self.work_id, it["n"])
-        verdict = prog.verdicts_by_iteration(self.w.conn, self.work_id).get(it["n"])
+        verdict = prog.verdict_of(self.w.conn, self.work_id, it["n"])
         if verdict is None:
             raise Conflict(f"no eval-agent verdict for iteration {it['n']} of {self.work_id}",
                            hint="the eval-agent must verify every committed iteration")
@@ -288,10 +296,18 @@ class LoopEngine:
         lesson = None if summary.passed else derive_lesson(summary.failing, verdict["feedback"])
         outcome = "pass" if summary.passed else ";".join(f"{c}:{s}" for c, s in summary.failing)
         fp = fingerprint(self.history.tree_id(it["checkpoint"]), outcome)
-        with self.w.transaction() as tx:
-            tx.update("iterations", (self.work_id, it["n"]), verdict_id=verdict["id"], feedback=verdict["feedback"][:4000],
-                      lesson=lesson, fingerprint=fp)
+        # written with the next transaction (the next attempt's start, or the run's end): a
+        # crash before that leaves a verdict without its reflection, which the next run derives
+        # again, identically
+        self._unwritten = (it["n"], {"verdict_id": verdict["id"], "feedback": verdict["feedback"][:4000],
+                                     "lesson": lesson, "fingerprint": fp})
         self.log.info("reflected", iteration=it["n"], verdict=verdict["outcome"], lesson=bool(lesson))
+
+    def _write_reflection(self, tx) -> None:
+        if self._unwritten is not None:
+            n, columns = self._unwritten
+            tx.update("iterations", (self.work_id, n), **columns)
+            self._unwritten = None
 
     def _close_attempt(self, attempt: int, outcome: str) -> None:
         with self.w.transaction() as tx:
@@ -310,6 +326,7 @@ class LoopEngine:
     def _end(self, decision: StopDecision) -> StopDecision:
         with self.w.transaction() as tx:
             work = tx.get("work_items", self.work_id)
+            self._write_reflection(tx)
             if work["status"] == WorkStatus.ENDED:
                 return StopDecision(StopReason(work["stop_reason"]), work["stop_detail"] or "")
             tx.set_status("work_items", self.work_id, WorkStatus.ENDED, stop_reason=decision.reason,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Sequence
 
 DEFAULT_MAX_LESSONS = 5
@@ -39,10 +40,15 @@ class Lesson:
     iteration: int
     source: str = "derived"  # "derived" (deterministic) or "model"
 
+    @cached_property
+    def key(self) -> str:
+        """The text as compared for duplicates."""
+        return normalize(self.text)
+
     @property
     def id(self) -> str:
         """Stable id of the lesson's content (recorded in prompt manifests)."""
-        return "L" + hashlib.sha256(normalize(self.text).encode()).hexdigest()[:10]
+        return "L" + hashlib.sha256(self.key.encode()).hexdigest()[:10]
 
     def encode(self) -> dict[str, Any]:
         return {"text": self.text, "iteration": self.iteration, "source": self.source}
@@ -95,12 +101,14 @@ class LessonBook:
     lessons: tuple[Lesson, ...] = ()
     max_lessons: int = DEFAULT_MAX_LESSONS
     max_chars: int = DEFAULT_MAX_CHARS
-    _keys: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_lessons < 1 or self.max_chars < 20:
             raise ValueError("a lesson book keeps at least 1 lesson of at least 20 characters")
-        object.__setattr__(self, "_keys", frozenset(normalize(x.text) for x in self.lessons))
+
+    @cached_property
+    def _keys(self) -> frozenset[str]:
+        return frozenset(x.key for x in self.lessons)
 
     def add(self, text: str, iteration: int, *, source: str = "derived") -> LessonBook:
         """A new book with ``text`` first (clipped to ``max_chars``).
@@ -112,9 +120,28 @@ class LessonBook:
         key = normalize(text)
         if not key:
             return self
-        kept = tuple(x for x in self.lessons if normalize(x.text) != key)
+        kept = tuple(x for x in self.lessons if x.key != key)
         new = (Lesson(text, iteration, source),) + kept
         return replace(self, lessons=new[: self.max_lessons])
+
+    @classmethod
+    def latest(cls, entries, max_lessons: int = DEFAULT_MAX_LESSONS,
+               max_chars: int = DEFAULT_MAX_CHARS) -> LessonBook:
+        """The book that ``add``-ing ``entries`` ((text, iteration), oldest first) would give,
+        built from the newest end: the cost grows with the entries read until the book is full,
+        not with every ``add`` of a long run."""
+        empty = cls(max_lessons=max_lessons, max_chars=max_chars)
+        kept: list[Lesson] = []
+        seen: set[str] = set()
+        for text, iteration in reversed(entries):
+            text = clip(text, max_chars)
+            key = normalize(text)
+            if key and key not in seen:
+                seen.add(key)
+                kept.append(Lesson(text, iteration))
+                if len(kept) == max_lessons:
+                    break
+        return replace(empty, lessons=tuple(kept)) if kept else empty
 
     def __contains__(self, text: str) -> bool:
         return normalize(clip(text, self.max_chars)) in self._keys

@@ -14,16 +14,30 @@ from roles.loop_agent.lessons import LessonBook
 from roles.loop_agent.stop import RunProgress, VerdictSummary
 from state_db.vocab import Actor, VerdictOutcome
 
-_VERDICTS = f"""SELECT * FROM verdicts WHERE work_id = ? AND written_by LIKE '{Actor.EVAL_AGENT}%'
+_VERDICTS = f"""SELECT * FROM verdicts WHERE work_id = ? AND iteration > ? AND written_by LIKE '{Actor.EVAL_AGENT}%'
                 ORDER BY iteration, at"""
 
 
-def verdicts_by_iteration(conn: sqlite3.Connection, work_id: str) -> dict[int, dict]:
-    """The latest eval-agent verdict of each iteration (verdicts by anyone else do not count)."""
+# what the stop conditions and the gather read (not the prompt manifests, which only grow)
+_ITERATION_COLUMNS = ("work_id, n, attempt, act_status, act_summary, tool_calls, changed_paths, fingerprint, "
+                      "checkpoint, verdict_id, feedback, lesson, elapsed_s, committed_at")
+
+
+def verdicts_by_iteration(conn: sqlite3.Connection, work_id: str, *, after: int = 0) -> dict[int, dict]:
+    """The latest eval-agent verdict of each iteration after ``after`` (verdicts by anyone else
+    do not count)."""
     out: dict[int, dict] = {}
-    for row in conn.execute(_VERDICTS, (work_id,)):
+    for row in conn.execute(_VERDICTS, (work_id, after)):
         out[row["iteration"]] = dict(row)
     return out
+
+
+def verdict_of(conn: sqlite3.Connection, work_id: str, n: int) -> dict | None:
+    """The latest eval-agent verdict of iteration ``n``, or None."""
+    row = conn.execute(f"""SELECT * FROM verdicts WHERE work_id = ? AND iteration = ?
+                           AND written_by LIKE '{Actor.EVAL_AGENT}%' ORDER BY at DESC LIMIT 1""",
+                       (work_id, n)).fetchone()
+    return dict(row) if row else None
 
 
 def summary_of(verdict: dict | None) -> VerdictSummary | None:
@@ -44,45 +58,90 @@ def outcome_line(verdict: dict | None) -> str:
     return "fail: " + ", ".join(names[:3])
 
 
+class Reflected:
+    """What ``load`` read of the iterations already reflected (their verdict recorded): those
+    rows never change again (only this loop-agent writes them, once), so a long run reads each
+    once. Kept by the engine; a new engine (a resumed run) starts empty and reads them all."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []              # iterations 1..k, each with its verdict_id set
+        self.verdicts: dict[int, dict] = {}
+        self.summaries: list[VerdictSummary] = []
+        self.digests: dict[int, IterationDigest] = {}
+        self.book: tuple[int, LessonBook] | None = None   # the lessons of rows[:int]
+
+    def keep(self, its: list[dict], verdicts: dict[int, dict]) -> None:
+        for r in its[len(self.rows):]:
+            verdict = verdicts.get(r["n"])
+            if r["n"] != len(self.rows) + 1 or r["verdict_id"] is None or verdict is None:
+                return
+            self.rows.append(r)
+            self.verdicts[r["n"]] = verdict
+            self.summaries.append(summary_of(verdict))
+
+
 def load(conn: sqlite3.Connection, work: sqlite3.Row | dict, *, running_s: float = 0.0,
-         org_limit: bool = False, model_error: bool = False, human_rejected: bool = False) -> tuple[RunProgress, list[dict], dict[int, dict]]:
+         org_limit: bool = False, model_error: bool = False, human_rejected: bool = False,
+         reflected: Reflected | None = None,
+         unwritten: tuple[int, dict] | None = None) -> tuple[RunProgress, list[dict], dict[int, dict]]:
     """Return (progress, iteration rows, verdicts by iteration) for ``work``.
 
-    ``running_s`` is time spent in the current, uncommitted attempt (counts toward timeout).
+    ``running_s`` is time spent in the current, uncommitted attempt (counts toward timeout);
+    ``reflected`` (one per run) spares reading the reflected iterations again; ``unwritten``
+    is ``(n, columns)`` of a reflection the engine will write with its next transaction, read
+    as if written.
     """
     work_id = work["id"]
-    its = [dict(r) for r in conn.execute("SELECT * FROM iterations WHERE work_id = ? ORDER BY n", (work_id,))]
-    verdicts = verdicts_by_iteration(conn, work_id)
+    reflected = reflected if reflected is not None else Reflected()
+    k = len(reflected.rows)
+    its = reflected.rows + [dict(r) for r in conn.execute(
+        f"SELECT {_ITERATION_COLUMNS} FROM iterations WHERE work_id = ? AND n > ? ORDER BY n", (work_id, k))]
+    if unwritten is not None:
+        for r in its[k:]:
+            if r["n"] == unwritten[0] and r["verdict_id"] is None:
+                r.update(unwritten[1])
+    verdicts = {**reflected.verdicts, **verdicts_by_iteration(conn, work_id, after=k)}
     usage = conn.execute("""SELECT COALESCE(SUM(input_tokens + output_tokens + cache_write_tokens + cache_read_tokens), 0),
                                    COALESCE(SUM(cost_usd), 0) FROM model_calls WHERE work_id = ?""", (work_id,)).fetchone()
     progress = RunProgress(
         iterations=len(its), tokens=int(usage[0]), cost_usd=float(usage[1]),
         elapsed_s=float(work["elapsed_s"]) + running_s,
         fingerprints=tuple(r["fingerprint"] or "" for r in its),
-        verdicts=tuple(summary_of(verdicts.get(r["n"])) for r in its),
+        verdicts=(*reflected.summaries, *(summary_of(verdicts.get(r["n"])) for r in its[k:])),
         cancelled=bool(work["cancel_requested"]), org_limit=org_limit, model_error=model_error,
         human_rejected=human_rejected,
     )
+    reflected.keep(its, verdicts)
     return progress, its, verdicts
 
 
-def digests(its: list[dict], verdicts: dict[int, dict]) -> list[IterationDigest]:
+def digests(its: list[dict], verdicts: dict[int, dict], reflected: Reflected | None = None) -> list[IterationDigest]:
     out = []
     for r in its:
-        calls = orjson.loads(r["tool_calls"])
-        out.append(IterationDigest(
-            iteration=r["n"], summary=r["act_summary"], outcome=outcome_line(verdicts.get(r["n"])),
-            tool_calls=tuple(_call_line(c) for c in calls[:8]),
-            changed_paths=tuple(orjson.loads(r["changed_paths"]))))
+        known = reflected.digests.get(r["n"]) if reflected is not None else None
+        if known is None:
+            calls = orjson.loads(r["tool_calls"])
+            known = IterationDigest(
+                iteration=r["n"], summary=r["act_summary"], outcome=outcome_line(verdicts.get(r["n"])),
+                tool_calls=tuple(_call_line(c) for c in calls[:8]),
+                changed_paths=tuple(orjson.loads(r["changed_paths"])))
+            if reflected is not None and r["n"] <= len(reflected.rows):
+                reflected.digests[r["n"]] = known
+        out.append(known)
     return out
 
 
-def lessons(its: list[dict], max_lessons: int) -> LessonBook:
-    """The current lessons, rebuilt from the iterations that recorded one (oldest first)."""
-    book = LessonBook(max_lessons=max(1, max_lessons))
-    for r in its:
+def lessons(its: list[dict], max_lessons: int, reflected: Reflected | None = None) -> LessonBook:
+    """The current lessons, as if added from the iterations that recorded one (oldest first)."""
+    if reflected is None or len(its) != len(reflected.rows):
+        return LessonBook.latest([(r["lesson"], r["n"]) for r in its if r["lesson"]], max(1, max_lessons))
+    upto, book = reflected.book if reflected.book is not None else (0, None)
+    if book is None or book.max_lessons != max(1, max_lessons) or upto > len(its):
+        upto, book = len(its), lessons(its, max_lessons)
+    for r in its[upto:]:                        # the same book, one add per new iteration
         if r["lesson"]:
             book = book.add(r["lesson"], r["n"])
+    reflected.book = (len(its), book)
     return book
 
 
