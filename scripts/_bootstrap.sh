@@ -1,4 +1,5 @@
-# Sourced by scripts/start-org and scripts/test: make .venv and install the project once.
+# Sourced by scripts/start-org and scripts/test: make .venv and install the project once (and, for
+# scripts/test, the pinned Claude Code CLI; see ensure_claude_code below).
 # A stamp file holding a hash of pyproject.toml says the install is current, so later starts
 # skip pip entirely (a pip no-op costs ~0.5 s). Never runs a system package manager.
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -41,4 +42,41 @@ ensure_installed() {  # $1: extras ("" or "test")
     exit 1
   fi
   echo "$want" > "$stamp"
+}
+
+# The real Claude Code CLI for tests/test_claude_code_real.py, pinned to one exact version and
+# cached in the checkout (visible read-only inside the sandbox, where the real home is hidden).
+# 2.1.112 is the last release whose npm package is plain JavaScript (cli.js, Node >= 18); later
+# ones ship a native binary per platform. Optional dependencies (image codecs) are left out.
+claude_code_version="2.1.112"
+claude_code_dir="$root/.cache/claude-code/$claude_code_version"
+
+ensure_claude_code() {  # installs once; a failure fails the run under CI=true, else one warning line
+  local stamp="$claude_code_dir/.installed" log="$claude_code_dir.install.log" tmp problem=""
+  [ -f "$stamp" ] && [ -x "$claude_code_dir/node_modules/.bin/claude" ] && return 0
+  if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
+    problem="node and npm are not installed"
+  elif ! node -e 'process.exit(parseInt(process.versions.node, 10) < 18 ? 1 : 0)' 2>/dev/null; then
+    problem="node $(node --version) is older than 18"
+  else
+    echo "loop-org: installing @anthropic-ai/claude-code@$claude_code_version into $claude_code_dir (once)" >&2
+    mkdir -p "$(dirname "$claude_code_dir")"
+    tmp="$(mktemp -d "$claude_code_dir.tmp-XXXXXX")" && chmod 755 "$tmp"
+    if npm install --prefix "$tmp" --no-save --no-audit --no-fund --ignore-scripts --omit=optional \
+         --loglevel=error "@anthropic-ai/claude-code@$claude_code_version" >"$log" 2>&1 \
+       && [ "$(HOME="$tmp" "$tmp/node_modules/.bin/claude" --version 2>>"$log" | cut -d' ' -f1)" = "$claude_code_version" ]; then
+      rm -rf "$claude_code_dir" "$log"
+      mv "$tmp" "$claude_code_dir"
+      date -u +%FT%TZ > "$stamp"
+      return 0
+    fi
+    rm -rf "$tmp"
+    problem="npm could not install @anthropic-ai/claude-code@$claude_code_version (see $log)"
+  fi
+  if [ "${CI:-}" = "true" ]; then
+    [ -f "$log" ] && cat "$log" >&2
+    echo "error[claude_code_install_failed]: $problem — the real-CLI test needs it under CI=true" >&2
+    exit 1
+  fi
+  echo "warning[claude_code_missing]: $problem; the real Claude Code test will be skipped" >&2
 }

@@ -4,7 +4,8 @@
 bound into the sandbox) that forwards each request to the configured upstream — the real API,
 a local model server, the scripted server — and sets the credentials itself. The sandbox holds
 only a placeholder key: the org's key never enters it, so agent code cannot read it from the
-environment or from the CLI's memory. Only paths under ``allowed_prefixes`` (``/v1/``) pass.
+environment or from the CLI's memory. Only paths under ``allowed_prefixes`` (``/v1/``) pass;
+``HEAD /`` (a client's connection warm-up) is answered here with an empty 200.
 
 Inside the sandbox, ``endpoint_relay.py`` listens on 127.0.0.1 in the sandbox's own network
 namespace and relays bytes to that socket, because HTTP clients speak TCP, not Unix sockets.
@@ -87,6 +88,7 @@ class ModelEndpoint:
         self.timeout_s = timeout_s
         self.requests = 0
         self.refused = 0
+        self.warmups = 0
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -119,6 +121,11 @@ class ModelEndpoint:
 
     def forward(self, req: BaseHTTPRequestHandler) -> None:
         path = req.path if req.path.startswith("/") else "/" + req.path
+        if req.command == "HEAD" and path == "/":
+            # Claude Code's connection warm-up: a HEAD of the base URL whose answer it ignores.
+            # Answered here, so nothing goes upstream and no refusal is logged for every run.
+            self.warmups += 1
+            return _reply(req, 200, b"", "text/plain")
         if not path.startswith(self.allowed) or ".." in path.split("?", 1)[0]:
             self.refused += 1
             log.warning("sandbox asked for a path outside the model API; refused", method=req.command, path=path[:200])
@@ -169,10 +176,15 @@ class ModelEndpoint:
 
 
 def _error(req: BaseHTTPRequestHandler, status: int, kind: str, message: str) -> None:
-    data = json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+    _reply(req, status, json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode(),
+           "application/json")
+
+
+def _reply(req: BaseHTTPRequestHandler, status: int, data: bytes, content_type: str) -> None:
     req.send_response(status)
-    req.send_header("Content-Type", "application/json")
+    req.send_header("Content-Type", content_type)
     req.send_header("Content-Length", str(len(data)))
     req.send_header("Connection", "close")
     req.end_headers()
-    req.wfile.write(data)
+    if req.command != "HEAD":
+        req.wfile.write(data)

@@ -61,7 +61,8 @@ class CommandConfig:
     ``ANTHROPIC_BASE_URL`` or the Anthropic API); ``path_prepend``/``readonly_binds``: folders
     the CLI needs that the sandbox hides (e.g. a node installation under a home directory);
     ``memory_mb``: address-space limit of the CLI (None: off — JavaScript engines reserve large
-    virtual ranges); ``poll_s``: how often ``budget_left`` is asked while the CLI runs.
+    virtual ranges; Claude Code 2.1.112 on Node 20 hangs silently, before any request, under a
+    limit of 8 GB or less); ``poll_s``: how often ``budget_left`` is asked while the CLI runs.
     """
 
     binary: str = "claude"
@@ -164,7 +165,8 @@ class CommandBackend:
             shutil.rmtree(sock_dir, ignore_errors=True)
         outcome = self._outcome(ctx, got, stop_code, on_usage)
         log.info("cli ended", status=outcome.status, error_code=outcome.error_code, exit_code=got.exit_code,
-                 duration_s=round(got.duration_s, 2), requests=endpoint.requests, **fields)
+                 duration_s=round(got.duration_s, 2), requests=endpoint.requests, refused=endpoint.refused,
+                 **fields)
         return outcome
 
     # -- preparing the run -------------------------------------------------------------------
