@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 from roles.loop_agent.lessons import Lesson, LessonBook, clip
@@ -50,6 +51,14 @@ class IterationDigest:
 
     def one_line(self, max_chars: int = SUMMARY_LINE_CHARS) -> str:
         """``#N | outcome | changed paths | summary`` on one line of at most ``max_chars``."""
+        return self._summary_line if max_chars == SUMMARY_LINE_CHARS else self._line(max_chars)
+
+    @cached_property
+    def _summary_line(self) -> str:
+        # every later gather shows this line again: a long run renders it once
+        return self._line(SUMMARY_LINE_CHARS)
+
+    def _line(self, max_chars: int) -> str:
         parts = [f"#{self.iteration}", clip(self.outcome, 50) or "no verdict"]
         paths = self.changed_paths
         if paths:
