@@ -105,6 +105,48 @@ def test_only_the_workspace_is_writable(org, tmp_path):
     assert got.output.count("Read-only file system") >= 2, got.output
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root's own files are at stake: run as root")
+def test_root_private_paths_are_found_by_their_mode_bits(tmp_path):
+    from roles.sandbox.mode import root_private_paths
+    top = tmp_path / "etc"
+    (top / "ssl" / "private").mkdir(parents=True)
+    (top / "ssl" / "private").chmod(0o700)
+    (top / "ssl" / "certs").mkdir()
+    (top / "ssl" / "certs" / "ca.pem").write_text("public")
+    (top / "shadow").write_text("root:$6$secret")
+    (top / "shadow").chmod(0o640)
+    (top / "passwd").write_text("root:x:0:0")
+    (top / "deep" / "a" / "b" / "c").mkdir(parents=True)
+    (top / "deep" / "a" / "key").write_text("k")
+    (top / "deep" / "a" / "key").chmod(0o600)
+    (top / "deep" / "a" / "b" / "c" / "too-deep").write_text("k")
+    (top / "deep" / "a" / "b" / "c" / "too-deep").chmod(0o600)
+    (top / "link-to-shadow").symlink_to(top / "shadow")
+    found = root_private_paths((str(top),), max_depth=3)
+    assert found == tuple(sorted([top / "deep" / "a" / "key", top / "shadow", top / "ssl" / "private"]))
+
+
+@needs_bwrap
+def test_files_only_the_hosts_root_may_read_are_hidden(org, tmp_path):
+    """As root, the sandbox's uid maps to the host's root: owner bits alone would let it read
+    /etc/shadow. Hidden files read as empty, hidden folders as empty and read-only."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "key").write_text("PRIVATE-KEY-MATERIAL")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET-FILE-CONTENT")
+    secret.chmod(0o600)
+    home, ws = org
+    r = BwrapRunner(ws, hide=[*default_hidden(home), private, secret], readonly_binds=default_visible())
+    shadow = Path("/etc/shadow")
+    got = sh(r, f"cat {private}/key {secret}; ls -A {private}; cat /etc/shadow; echo done")
+    assert "PRIVATE-KEY-MATERIAL" not in got.output and "SECRET-FILE-CONTENT" not in got.output, got.output
+    assert got.output.rstrip().endswith("done")
+    if shadow.exists() and os.geteuid() == 0 and not shadow.stat().st_mode & 0o004:
+        first = shadow.read_text().split(":", 1)[0]
+        assert f"{first}:" not in got.output, "the host's /etc/shadow was readable in the sandbox"
+
+
 @needs_bwrap
 def test_org_home_is_hidden_even_by_absolute_path_while_a_workspace_inside_it_stays_writable(org):
     home, ws = org

@@ -10,7 +10,8 @@ on timeout, as a whole (killing bubblewrap tears down the pid namespace).
 
 Running as root, uid 65534 inside still maps to host uid 0: files owned by root look owned by the
 sandbox, so what keeps them safe is that they are read-only or hidden, not their mode bits. That
-is why the real home and ``/run`` (root-owned sockets) are hidden by default in ``mode``.
+is why the real home, ``/run`` (root-owned sockets) and every file or folder only root's user or
+group may read (``/etc/shadow``, private keys: ``mode.root_private_paths``) are hidden by default.
 """
 from __future__ import annotations
 
@@ -79,11 +80,16 @@ def mount_args(workspace: Path, *, writable: Sequence[Path] = (), readonly: Sequ
                 raise SandboxConfigError(f"sandbox path {real} does not exist; create it or drop it from the binds")
             entries[real] = max(entries.get(real, 0), kind)
     args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", home]
+    folders = set()
     for path, kind in sorted(entries.items(), key=lambda e: (len(Path(e[0]).parts), e[1], e[0])):
+        if kind == 0 and not os.path.isdir(path):
+            args += ["--ro-bind", "/dev/null", path]      # a hidden file reads as empty
+            continue
+        folders.add(path)
         args += (["--tmpfs", path], ["--ro-bind", path, path], ["--bind", path, path])[kind]
     # empty *and* read-only: writes to a hidden place must fail, not vanish into a tmpfs
     for path, kind in entries.items():
-        if kind == 0:
+        if kind == 0 and path in folders:
             args += ["--remount-ro", path]
     return args
 

@@ -7,7 +7,9 @@
 """
 from __future__ import annotations
 
+import functools
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -19,6 +21,7 @@ from roles.sandbox.errors import SandboxError, SandboxUnavailable
 from roles.sandbox.limits import Limits, process_limit_kind
 
 _ALWAYS_HIDDEN = ("/run",)  # sockets of the host's services; as root the sandbox could connect to them
+_PRIVATE_ROOTS = ("/etc", "/var", "/opt", "/srv", "/boot", "/usr/local")
 
 
 def unsandboxed_allowed(cfg) -> bool:
@@ -26,9 +29,57 @@ def unsandboxed_allowed(cfg) -> bool:
 
 
 def default_hidden(org_home: Path) -> list[Path]:
-    """What no agent command may see: the org home, the real home, /run."""
-    hidden = [Path(org_home), Path.home(), *map(Path, _ALWAYS_HIDDEN)]
+    """What no agent command may see: the org home, the real home, /run, and what only the
+    host's root user or group may read (``root_private_paths``)."""
+    hidden = [Path(org_home), Path.home(), *map(Path, _ALWAYS_HIDDEN), *root_private_paths()]
     return [p for p in hidden if str(p) not in ("/", "")]
+
+
+@functools.lru_cache(maxsize=4)
+def root_private_paths(roots: tuple[str, ...] = _PRIVATE_ROOTS, max_depth: int = 4) -> tuple[Path, ...]:
+    """Files and folders under ``roots`` that only the host's root user or group may read.
+
+    Running as root, the sandbox's uid and gid map to the host's root: without capabilities it
+    cannot pass another user's permission bits, but a root-owned file's owner bits (or a
+    root-group file's group bits) let it through — /etc/shadow, /etc/ssl/private, host keys.
+    Those are hidden, found by their mode bits rather than listed by name, down to
+    ``max_depth`` levels below each root, on the root's own file system. A hidden folder is
+    not walked; symbolic links are not followed. Computed once per process (a file made
+    private later is hidden from the next process on).
+    """
+    found: list[Path] = []
+    stack: list[tuple[str, int, int]] = []
+    for root in roots:
+        try:
+            st = os.stat(root, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            stack.append((root, 1, st.st_dev))
+    while stack:
+        top, depth, dev = stack.pop()
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_uid != 0 and st.st_gid != 0:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if st.st_mode & _OTHERS_ENTER != _OTHERS_ENTER:
+                    found.append(Path(entry.path))
+                elif depth < max_depth and st.st_dev == dev:
+                    stack.append((entry.path, depth + 1, dev))
+            elif stat.S_ISREG(st.st_mode) and not st.st_mode & stat.S_IROTH:
+                found.append(Path(entry.path))
+    return tuple(sorted(found))
+
+
+_OTHERS_ENTER = stat.S_IROTH | stat.S_IXOTH
 
 
 def default_visible() -> list[Path]:
