@@ -154,6 +154,14 @@ def test_a_successful_run_reports_usage_and_cost_from_the_cli_json(org, api, fak
     private = org[0] / "run" / "cli" / "w-1" / "home"
     assert env["HOME"] == str(private) and env["CLAUDE_CONFIG_DIR"] == str(private / ".claude")
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert "CLAUDE_CODE_MAX_RETRIES" not in env                   # the CLI's own default unless set
+
+
+def test_the_orgs_retry_setting_reaches_the_cli(org, api, fake_cli):
+    api.enqueue(text_turn("ok", usage=MODEL_USAGE))
+    outcome, _ = act(backend_for(org, api, fake_cli(), max_retries=2), context(org))
+    assert outcome.status == "ok", outcome
+    assert report(org)["env"]["CLAUDE_CODE_MAX_RETRIES"] == "2"
 
 
 def test_the_cli_never_sees_the_key_and_reaches_only_the_model_endpoint(org, api, fake_cli):

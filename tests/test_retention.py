@@ -64,3 +64,16 @@ def test_org_gc_dry_run_changes_nothing(org_home, capsys):
     assert cli.main(["gc", "--json"]) == 0
     assert conn.execute("SELECT COUNT(*) FROM model_calls").fetchone()[0] == 1
     conn.close()
+
+
+def test_org_gc_removes_the_cli_homes_of_ended_runs_only(org_home, capsys):
+    _seed(org_home, time.time() - 40 * DAY)
+    homes = {wid: org_home.run_dir / "cli" / "loop-agent-1" / wid for wid in ("old", "live")}
+    for d in homes.values():
+        (d / "home" / ".claude" / "projects").mkdir(parents=True)
+        (d / "home" / ".claude" / "projects" / "session.jsonl").write_text('{"prompt": "..."}\n')
+    assert cli.main(["gc", "--dry-run", "--json"]) == 0
+    assert '"cli_homes": 1' in capsys.readouterr().out
+    assert all(d.exists() for d in homes.values())
+    assert cli.main(["gc", "--json"]) == 0
+    assert not homes["old"].exists() and homes["live"].exists()

@@ -1,6 +1,7 @@
 """Applying retention to an org home: state.db bookkeeping and the files beside it."""
 from __future__ import annotations
 
+import re
 import shutil
 import time
 
@@ -19,11 +20,19 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
             "SELECT id, ended_at FROM work_items WHERE status = 'ended'")}
     finally:
         writer.close()
-    files = {"eval_snapshots": 0, "histories": 0, "quarantine": 0}
+    files = {"eval_snapshots": 0, "histories": 0, "quarantine": 0, "cli_homes": 0}
     eval_dir = home.root / "eval"
     for d in eval_dir.iterdir() if eval_dir.is_dir() else []:
         if d.name in ended and now - ended[d.name] > cfg["retention.eval_snapshots_days"] * DAY:
             files["eval_snapshots"] += 1
+            if not dry_run:
+                shutil.rmtree(d, ignore_errors=True)
+    # the command backend's private CLI homes (session transcripts: prompts and tool output)
+    by_dir = {re.sub(r"[^A-Za-z0-9_.-]", "_", wid): at for wid, at in ended.items()}
+    for d in (home.run_dir / "cli").glob("*/*"):
+        at = by_dir.get(d.name)
+        if d.is_dir() and at is not None and now - at > cfg["retention.eval_snapshots_days"] * DAY:
+            files["cli_homes"] += 1
             if not dry_run:
                 shutil.rmtree(d, ignore_errors=True)
     if history:

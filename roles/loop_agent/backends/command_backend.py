@@ -62,7 +62,9 @@ class CommandConfig:
     the CLI needs that the sandbox hides (e.g. a node installation under a home directory);
     ``memory_mb``: address-space limit of the CLI (None: off — JavaScript engines reserve large
     virtual ranges; Claude Code 2.1.112 on Node 20 hangs silently, before any request, under a
-    limit of 8 GB or less); ``poll_s``: how often ``budget_left`` is asked while the CLI runs.
+    limit of 8 GB or less); ``max_retries``: how often the CLI itself retries a failed model request
+    (Claude Code's ``CLAUDE_CODE_MAX_RETRIES``; None: the CLI's default, which backs off for
+    minutes on a 5xx); ``poll_s``: how often ``budget_left`` is asked while the CLI runs.
     """
 
     binary: str = "claude"
@@ -77,6 +79,7 @@ class CommandConfig:
     path_prepend: tuple[str, ...] = ()
     readonly_binds: tuple[str, ...] = ()
     memory_mb: int | None = None
+    max_retries: int | None = None
     placeholder_key: str = "sandbox-placeholder-key"
     relay_python: str = field(default_factory=lambda: sys.executable)
     poll_s: float = 1.0
@@ -187,8 +190,11 @@ class CommandBackend:
         return args + list(c.extra_args)
 
     def _env(self, home: Path, path: str) -> dict[str, str]:
-        return {"PATH": path, "HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude"),
-                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "ANTHROPIC_API_KEY": self.config.placeholder_key}
+        env = {"PATH": path, "HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "ANTHROPIC_API_KEY": self.config.placeholder_key}
+        if self.config.max_retries is not None:
+            env["CLAUDE_CODE_MAX_RETRIES"] = str(self.config.max_retries)
+        return env
 
     def _private_home(self, work_id: str) -> Path:
         home = self.state_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", work_id) / "home"

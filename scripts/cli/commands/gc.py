@@ -4,7 +4,8 @@ from __future__ import annotations
 from scripts.cli.output import add_json, emit_json, home_of
 
 NAME = "gc"
-HELP = "prune old bookkeeping (journal, per-call usage, ledger, snapshots, quarantine); --history drops shadow histories"
+HELP = ("prune old bookkeeping (journal, per-call usage, ledger, snapshots, quarantine, CLI homes); "
+        "--history drops shadow histories")
 
 
 def add_arguments(p) -> None:
@@ -29,5 +30,5 @@ def run(args) -> int:
         print(f"{verb}: {result['events']} journal events, {result['model_calls']} model-call rows "
               f"({result['runs_summarized']} runs summarized), {result['ledger_ids']} ledger ids, "
               f"{result['eval_snapshots']} eval snapshots, {result['histories']} histories, "
-              f"{result['quarantine']} quarantined files")
+              f"{result['quarantine']} quarantined files, {result['cli_homes']} CLI homes")
     return 0
