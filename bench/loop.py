@@ -11,7 +11,9 @@ Usage: ``bench/loop.py --json [--iterations N]`` (default run ≤ 45 s).
 - ``checkpoint_ms_10k_files``: one file changed in a 10,000-file workspace.
 - ``fs_ref_update_us_p50``/``fs_new_file_us_p50``: the disk's own cost, measured in the same run
   beside the others (a checkpoint updates two refs and writes about three objects; on this
-  machine's virtual disk a ref update costs ~150 µs, ten times what it costs on tmpfs).
+  machine's virtual disk a ref update costs ~150 µs, ten times what it costs on tmpfs), and
+  ``overhead_ms_per_iteration_tmpfs``, the same loop with the org home in /dev/shm: what the
+  engine costs apart from the disk. Only the on-disk figure is held to the target.
 Targets: overhead ≤ 5 ms, ratio ≤ 1.3, checkpoint ≤ 100 ms.
 """
 from __future__ import annotations
@@ -201,6 +203,13 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="lo-bench-") as tmp:
         figures = bench_loop(Path(tmp) / "loop", args.iterations)
         figures.update(fs_baseline(Path(tmp) / "fs"))
+    if os.access("/dev/shm", os.W_OK):
+        # the same run with the org home and workspace in memory: the engine's own cost, apart
+        # from the disk's (reported, not a target)
+        with tempfile.TemporaryDirectory(prefix="lo-bench-", dir="/dev/shm") as tmp:
+            in_memory = bench_loop(Path(tmp) / "loop", args.iterations)
+        figures["overhead_ms_per_iteration_tmpfs"] = in_memory["overhead_ms_per_iteration"]
+    with tempfile.TemporaryDirectory(prefix="lo-bench-") as tmp:
         figures.update(bench_checkpoint(Path(tmp) / "ckpt", files=args.files))
     figures["targets"] = TARGETS
     figures["pass"] = {k: figures.get(k) is not None and figures[k] <= v for k, v in TARGETS.items()}
