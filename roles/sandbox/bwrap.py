@@ -200,19 +200,20 @@ class BwrapRunner:
 
 
 def _outer_stage(alive_fd: int, cgroup: PidsCgroup | None) -> list[str]:
-    """The first process of a run: armed with the parent-death signal at its first exec
-    (bubblewrap arms --die-with-parent only after its own start-up), it starts a watcher, joins
-    the run's pids cgroup and execs the rest, so the whole tree starts inside the group.
+    """The first process of a run: a shell armed with the parent-death signal at its first exec
+    (bubblewrap arms --die-with-parent only after its own start-up). It starts a watcher, joins
+    the run's pids cgroup (the watcher stays outside it), runs the rest, then stops the watcher
+    and exits with the rest's status: it reaps both, so a finished run leaves no process behind.
 
-    The watcher stays outside the group and outside the sandbox; once ``alive_fd`` reads EOF
-    (this process ended the run, or died), it kills the group and the run's process group. That
-    catches what no parent-death signal does: a sandbox child still starting when its bubblewrap
-    died blocks forever on an eventfd, before the in-sandbox watcher exists."""
+    Once ``alive_fd`` reads EOF while the run goes on (this process died), the watcher kills
+    the group and the run's process group. That catches what no parent-death signal does: a
+    sandbox child still starting when its bubblewrap died blocks forever on an eventfd, before
+    the in-sandbox watcher exists."""
     setpriv = shutil.which("setpriv")
     kill = f"echo 1 > {shlex.quote(str(cgroup.kill_file))}; " if cgroup else ""
-    join = f"echo $$ > {shlex.quote(str(cgroup.procs))} || exit 126; " if cgroup else ""
+    join = f"echo $$ > {shlex.quote(str(cgroup.procs))} || {{ kill $w; exit 126; }}; " if cgroup else ""
     script = (f"{{ read _ </proc/self/fd/{alive_fd}; {kill}kill -KILL -$$; }} </dev/null >/dev/null 2>&1 & "
-              f"{join}exec \"$@\"")
+              f"w=$!; {join}\"$@\"; s=$?; kill $w 2>/dev/null; wait $w 2>/dev/null; exit $s")
     return [*([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []), "/bin/sh", "-c", script, "sh"]
 
 

@@ -30,7 +30,7 @@ import structlog
 log = structlog.get_logger("sandbox.limits")
 
 CGROUP_DIR = "loop-org-sandbox"
-_BWRAP_OWN_PROCS = 4  # bubblewrap's monitor, the namespace's init, the parent watcher, the backstop timer
+_BWRAP_OWN_PROCS = 5  # the run's shell, bubblewrap's monitor, the namespace's init, the watcher inside, the timer
 
 
 @dataclass(frozen=True)
