@@ -159,9 +159,11 @@ class LoopEngine:
                 return self._end(decision)
             if self.interrupt.is_set() or self.pause.is_set():
                 return None
-            committed = self._attempt(work, progress, its, verdicts, policy)
-            if committed is None:
-                return None if self.interrupt.is_set() else self._end_from_act()
+            result = self._attempt(work, progress, its, verdicts, policy)
+            if isinstance(result, StopDecision):
+                return self._end(result)
+            if not result:
+                return None                                 # cut by an interrupt: discarded
 
     def _wait_for_human(self) -> bool:
         """Wait a little for a decision; False if the loop must give up (pause/interrupt)."""
@@ -180,7 +182,9 @@ class LoopEngine:
                                        (self.work_id,)).fetchall():
                 tx.update("attempts", (self.work_id, row["attempt"]), ended_at=tx.now, outcome="discarded")
 
-    def _attempt(self, work, progress, its, verdicts, policy) -> bool | None:
+    def _attempt(self, work, progress, its, verdicts, policy) -> StopDecision | bool:
+        """One attempt at the next iteration: committed and verified (True), cut by an interrupt
+        (discarded; False), or discarded because the run ends (the reason)."""
         n = progress.iterations + 1
         attempt = work["attempt"] + 1
         with self.w.transaction() as tx:
@@ -234,16 +238,15 @@ class LoopEngine:
             self.history.reset_to(last)
             self._needs_reset = False
             if outcome.error_code == StopReason.CANCELLED:
-                self._end(StopDecision(StopReason.CANCELLED, "cancelled during an act; the act was discarded"))
-            elif outcome.error_code == StopReason.ORG_LIMIT:
-                self._end(StopDecision(StopReason.ORG_LIMIT, "the org-wide spend cap was reached"))
-            return None
+                return StopDecision(StopReason.CANCELLED, "cancelled during an act; the act was discarded")
+            if outcome.error_code == StopReason.ORG_LIMIT:
+                return StopDecision(StopReason.ORG_LIMIT, "the org-wide spend cap was reached")
+            return False
         if outcome.status == "model_error":
             self._close_attempt(attempt, f"model_error:{outcome.error_code}")
             self.history.reset_to(last)
             self._needs_reset = False
-            self._pending_end = StopDecision(StopReason.MODEL_ERROR, f"{outcome.error_code}: {outcome.error}")
-            return None
+            return StopDecision(StopReason.MODEL_ERROR, f"{outcome.error_code}: {outcome.error}")
         self._commit(work, n, attempt, outcome, prompt.manifest, elapsed, last)
         return True
 
@@ -312,16 +315,6 @@ class LoopEngine:
     def _close_attempt(self, attempt: int, outcome: str) -> None:
         with self.w.transaction() as tx:
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=outcome)
-
-    _pending_end: StopDecision | None = None
-
-    def _end_from_act(self) -> StopDecision | None:
-        work = self.work()
-        if work["status"] == WorkStatus.ENDED:
-            return StopDecision(StopReason(work["stop_reason"]), work["stop_detail"] or "")
-        if self._pending_end is not None:
-            return self._end(self._pending_end)
-        return None
 
     def _end(self, decision: StopDecision) -> StopDecision:
         with self.w.transaction() as tx:
