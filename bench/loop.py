@@ -82,7 +82,6 @@ def bench_loop(root: Path, iterations: int) -> dict:
     from roles.loop_agent.backends.factory import build
     from roles.loop_agent.engine import LoopEngine, LoopSettings
     from roles.workspace.history import WorkspaceHistory
-    from state_db import config as config_mod
     from state_db.bootstrap import init_home
     from state_db.home import OrgHome
     from state_db.writer import StateWriter

@@ -32,13 +32,8 @@ TARGETS = {"dispatch_to_first_act_ms_p50": 50.0, "iteration_overhead_ms_p50": 25
 
 
 def _q(home, sql, params=()):
-    import sqlite3
-    conn = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=10)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql, params)]
-    finally:
-        conn.close()
+    from state_db.connection import read_rows
+    return read_rows(home.db_path, sql, params)
 
 
 def _wait(pred, timeout, what):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,12 +125,8 @@ def submit_item(home, cfg, template: Path, workspace: Path, script: Path, spec: 
 
 
 def query(home, sql: str, params=()) -> list[dict]:
-    conn = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=10)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql, params)]
-    finally:
-        conn.close()
+    from state_db.connection import read_rows
+    return read_rows(home.db_path, sql, params)
 
 
 def wait(predicate, timeout: float, what: str, interval: float = 0.02):
@@ -155,18 +150,5 @@ def unfinished(home, ids: list[str]) -> list[str]:
 
 def kill_everything(home) -> None:
     """Kill -9 the supervisor and every role process recorded for ``home`` (pid + start time)."""
-    import signal
-
     from roles.supervisor import procs
-
-    if not home.db_path.exists():
-        return
-    sup = procs.read_pidfile(home.run_dir / "supervisor.pid")
-    if sup:
-        procs.signal_if_same(sup[0], sup[1], signal.SIGKILL)
-    try:
-        rows = query(home, "SELECT pid, pid_start FROM role_instances")
-    except sqlite3.Error:
-        rows = []
-    for r in rows:
-        procs.signal_if_same(r["pid"], r["pid_start"], signal.SIGKILL)
+    procs.kill_org(home)

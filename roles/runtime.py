@@ -18,7 +18,7 @@ from state_db.home import OrgHome
 from state_db.logsetup import configure
 from state_db.vocab import RoleStatus
 from state_db.writer import StateWriter
-from transport.envelope import Envelope, Limits
+from transport.envelope import Envelope
 from transport.kinds import Kind, role_of
 
 

@@ -7,7 +7,7 @@ from state_db.config import Config
 from state_db.home import OrgHome
 from transport.envelope import Envelope
 from transport.keys import keyring_path
-from transport.ledger import Counters, Ledger
+from transport.ledger import Ledger
 from transport.node import open_node, open_sender
 
 

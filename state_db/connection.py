@@ -41,3 +41,14 @@ def connect(db_path: str | Path, *, readonly: bool = False, create: bool = False
         raise StateError(f"{path} is not a usable SQLite database: {exc}", code="db_unreadable",
                          hint="restore it from backups/ in the org home, or move it aside") from exc
     return conn
+
+
+def read_rows(db_path: str | Path, sql: str, params=()) -> list[dict]:
+    """Run one read-only query on its own short-lived connection and return plain dicts (for
+    watchers outside the org: tests, benchmarks, audits)."""
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, params)]
+    finally:
+        conn.close()

@@ -22,7 +22,7 @@ from state_db.connection import connect
 from state_db.errors import Conflict, IllegalTransition, NotAllowed, NotFound, StateError
 from state_db.migrations import check_version
 from state_db.secrets import redact_text
-from state_db.rules import KEYS, RAW_WRITABLE, RESERVED, TRANSITIONS, WRITERS, allowed_transition
+from state_db.rules import KEYS, RAW_WRITABLE, RESERVED, WRITERS, allowed_transition
 from state_db.vocab import Actor, StopReason, VerdictOutcome, WorkStatus
 
 # Fields whose change alone is bookkeeping, not a domain change: no journal event.

@@ -5,7 +5,6 @@ import hashlib
 import json
 import random
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 

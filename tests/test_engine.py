@@ -10,7 +10,7 @@ import pytest
 
 from roles.loop_agent.engine import LoopSettings
 from tests.support.loop import BUGGY, FIXED, ScriptedActs, engine, make_workspace, submit
-from tests.support.org import query, wait_for
+from tests.support.org import query
 
 BAD = {"write": {"calc.py": BUGGY.replace("a - b", "a * b")}}
 GOOD = {"write": {"calc.py": FIXED}}

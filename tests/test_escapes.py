@@ -14,7 +14,6 @@ import pytest
 
 from roles.loop_agent.tools import WorkspaceTools
 from roles.sandbox import bubblewrap, runner_from_config
-from state_db import config
 from state_db.bootstrap import init_home
 from state_db.home import OrgHome
 from tests.support.org import short_home_dir

@@ -9,7 +9,7 @@ import pytest
 from roles.loop_agent.engine import LoopSettings
 from roles.operations.decide import decide
 from state_db import config
-from tests.support.loop import BUGGY, FIXED, ScriptedActs, engine, make_workspace, submit
+from tests.support.loop import FIXED, ScriptedActs, engine, make_workspace, submit
 from tests.support.org import query, wait_for
 
 ASK = {"request": {"kind": "network", "command": "echo fetched >> fetched.txt", "reason": "need the upstream file"}}
@@ -23,7 +23,6 @@ def ws(tmp_path):
 
 def run_until_decided(org_home, verdict, text=None, stop=False, runner=None, acts=None):
     """Run the engine in a thread; decide the first pending decision; return (decision, engine result)."""
-    runs = []
     settings = LoopSettings(gate_runner=runner or (lambda c, k, w: (0, "ran")))
     backend = ScriptedActs(acts or [[ASK], [GOOD]])
     result = {}

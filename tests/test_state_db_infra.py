@@ -5,14 +5,13 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from state_db.connection import connect
 from state_db.errors import SchemaTooNew
-from state_db.home import OrgHome, project_root, resolve_home
+from state_db.home import project_root, resolve_home
 from state_db.migrations import migrate
 from state_db.schema import MIGRATIONS
 

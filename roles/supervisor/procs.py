@@ -59,3 +59,27 @@ def read_pidfile(path: Path) -> tuple[int, str | None] | None:
         return int(parts[0]), (parts[1] if len(parts) > 1 else None)
     except (OSError, ValueError, IndexError):
         return None
+
+
+def kill_org(home) -> None:
+    """SIGKILL the supervisor and every role process recorded for ``home`` (each checked by pid
+    and start time, so a reused pid is never hit): a hard stop that runs no code of theirs."""
+    import sqlite3
+
+    from state_db.connection import read_rows
+
+    if not home.db_path.exists():
+        return
+    sup = read_pidfile(home.run_dir / "supervisor.pid")
+    if sup:
+        signal_if_same(sup[0], sup[1], signal.SIGKILL)
+    try:
+        rows = read_rows(home.db_path, "SELECT pid, pid_start FROM role_instances")
+    except sqlite3.Error:
+        rows = []
+    for r in rows:
+        signal_if_same(r["pid"], r["pid_start"], signal.SIGKILL)
+    for pidfile in home.run_dir.glob("*.pid"):
+        info = read_pidfile(pidfile)
+        if info:
+            signal_if_same(info[0], info[1], signal.SIGKILL)

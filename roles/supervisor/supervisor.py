@@ -16,7 +16,6 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import structlog
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import sqlite3
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from roles.supervisor import procs
+from state_db.connection import read_rows
 
 
 def short_home_dir() -> Path:
@@ -19,12 +18,7 @@ def short_home_dir() -> Path:
 
 
 def query(home, sql, params=()):
-    conn = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=10)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql, params)]
-    finally:
-        conn.close()
+    return read_rows(home.db_path, sql, params)
 
 
 def wait_for(predicate, timeout=15.0, interval=0.05, what="condition"):
@@ -45,21 +39,7 @@ def roles(home) -> dict[str, dict]:
 
 def kill_everything(home) -> None:
     """Kill the supervisor and every role process recorded for this home (by pid + start time)."""
-    if not home.db_path.exists():
-        return
-    sup = procs.read_pidfile(home.run_dir / "supervisor.pid")
-    if sup:
-        procs.signal_if_same(sup[0], sup[1], signal.SIGKILL)
-    try:
-        rows = query(home, "SELECT pid, pid_start FROM role_instances")
-    except sqlite3.Error:
-        rows = []
-    for r in rows:
-        procs.signal_if_same(r["pid"], r["pid_start"], signal.SIGKILL)
-    for pidfile in home.run_dir.glob("*.pid"):
-        info = procs.read_pidfile(pidfile)
-        if info:
-            procs.signal_if_same(info[0], info[1], signal.SIGKILL)
+    procs.kill_org(home)
 
 
 def write_config(home, text: str) -> None:
