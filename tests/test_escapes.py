@@ -63,6 +63,11 @@ def run(world, command, timeout_s=10):
     return res.content, res.is_error
 
 
+def between(out: str, begin: str, end: str) -> list[str]:
+    """The words a command printed between two marker lines."""
+    return out.split(begin + "\n", 1)[1].split(end, 1)[0].split()
+
+
 def db_tables(home):
     conn = sqlite3.connect(home.db_path)
     try:
@@ -173,3 +178,35 @@ def test_the_real_home_shows_only_the_read_only_toolchain(world):
     assert entries <= allowed, f"the real home shows {entries - allowed}"
     run(world, f"touch {home}/.escape-probe")
     assert not (home / ".escape-probe").exists()
+
+
+def test_cannot_read_what_only_the_hosts_root_may_read(world):
+    """Running as root, the sandbox's uid maps to the host's root underneath: owner bits alone
+    would let it read /etc/shadow and private keys."""
+    from pathlib import Path
+
+    out, _ = run(world, "cat /etc/shadow /etc/gshadow; echo BEGIN; ls -A /etc/ssl/private; echo END")
+    shadow = Path("/etc/shadow")
+    if os.geteuid() == 0 and shadow.exists() and not shadow.stat().st_mode & 0o004:
+        first_user = shadow.read_text().split(":", 1)[0]
+        assert f"{first_user}:" not in out, "the host's /etc/shadow was readable"
+    private = Path("/etc/ssl/private")
+    if private.is_dir() and not private.stat().st_mode & 0o004:
+        assert between(out, "BEGIN", "END") == [], "a root-only folder was listed"
+
+
+def test_org_processes_cannot_be_found(world):
+    out, _ = run(world, f"ls /proc; cat /proc/{world['victim'].pid}/cmdline; echo; ps -eo pid,args 2>&1")
+    pids = {int(x) for x in out.split() if x.isdigit()}
+    assert world["victim"].pid not in pids and str(os.getpid()) not in out.split()
+    assert "sleep(120)" not in out
+
+
+def test_cannot_reach_host_service_sockets(world):
+    """/run (and /var/run through its link) holds the host's service sockets — docker's among
+    them, which would be root on the host."""
+    out, _ = run(world, "for s in /var/run/docker.sock /run/docker.sock /run/dbus/system_bus_socket; do "
+                        "python3 -c \"import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+                        "print('CONNECTED', sys.argv[1])\" $s 2>/dev/null; done; echo BEGIN; ls -A /run; echo END")
+    assert "CONNECTED" not in out
+    assert between(out, "BEGIN", "END") == [], "the host's /run is visible in the sandbox"
