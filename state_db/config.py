@@ -92,6 +92,8 @@ binary = "claude"               # Claude Code: claude -p --output-format json
 permission_mode = "acceptEdits"
 allowed_tools = ["Read", "Edit", "Write", "Glob", "Grep", "Bash"]
 timeout_s = 1800
+path_prepend = []               # folders put first on the CLI's PATH and shown read-only (a node under ~/.nvm)
+readonly_binds = []             # more folders the CLI needs that the sandbox hides, shown read-only
 
 [gate]
 ask_for = ["network", "outside_workspace"]
@@ -150,6 +152,10 @@ def _str_list(v) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
+def _abs_paths(v) -> bool:
+    return _str_list(v) and all(x.startswith("/") for x in v)
+
+
 NUM = (int, float)
 SCHEMA: dict[str, Field] = {
     "org.loop_agents": Field(int, lambda v: 1 <= v <= 64, "an integer from 1 to 64", "ORG_LOOP_AGENTS"),
@@ -180,6 +186,8 @@ SCHEMA: dict[str, Field] = {
     "command.permission_mode": Field(str, bool, "a Claude Code permission mode, e.g. acceptEdits"),
     "command.allowed_tools": Field(list, _str_list, "a list of tool names"),
     "command.timeout_s": Field(NUM, _positive, "a number of seconds > 0"),
+    "command.path_prepend": Field(list, _abs_paths, "a list of absolute folder paths"),
+    "command.readonly_binds": Field(list, _abs_paths, "a list of absolute folder paths"),
     "sandbox.cpu_seconds": Field(int, _positive, "an integer ≥ 1"),
     "sandbox.memory_mb": Field(int, lambda v: v >= 64, "an integer ≥ 64"),
     "sandbox.max_processes": Field(int, _positive, "an integer ≥ 1"),

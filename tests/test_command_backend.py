@@ -306,3 +306,32 @@ def test_endpoint_streams_sse_through_and_replaces_the_credentials(api):
         refused.request("GET", "/v1/../admin")
         assert refused.getresponse().status == 403 and endpoint.refused == 1 and len(api.requests) == 1
         refused.close()
+
+
+def test_a_cli_in_a_hidden_folder_runs_once_org_toml_shows_it(org, api, fake_cli, monkeypatch):
+    """A CLI installed where the sandbox hides (node under ~/.nvm, here inside the org home) is
+    missing until ``command.path_prepend`` shows its folder read-only and first on PATH."""
+    import shutil as _shutil
+
+    from roles.loop_agent.backends.factory import build
+    from state_db.home import OrgHome
+
+    source = fake_cli()
+    hidden = org[0] / "tools" / "bin"
+    hidden.mkdir(parents=True)
+    for f in ("claude", "fake.json"):
+        _shutil.copy2(source.parent / f, hidden / f)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", REAL_KEY)
+
+    def built(**command):
+        data = defaults()
+        data["model"]["base_url"] = api.base_url
+        data["command"].update({"binary": "claude", "timeout_s": 20, **command})
+        return build("command", Config(data), OrgHome(org[0]), "loop-agent-1")
+
+    outcome, _ = act(built().backend, context(org))
+    assert outcome.status == "model_error" and outcome.error_code == "cli_missing", outcome
+    api.enqueue(text_turn("found it", usage=MODEL_USAGE))
+    outcome, usages = act(built(path_prepend=[str(hidden)]).backend, context(org))
+    assert outcome.status == "ok" and outcome.summary == "done: found it", outcome
+    assert report(org)["env"]["PATH"].split(":")[0] == str(hidden) and len(usages) == 1

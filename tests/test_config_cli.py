@@ -28,6 +28,7 @@ from state_db.errors import ConfigError
     ("[sandbox]\nmode = 'unsandboxed'\n", "sandbox.mode"),
     ("[transport]\nendpoint = 'tcp:/nope'\n", "transport.endpoint"),
     ("[gate]\nask_for = [1, 2]\n", "gate.ask_for"),
+    ("[command]\npath_prepend = ['relative/bin']\n", "command.path_prepend"),
 ])
 def test_bad_config_values_give_coded_errors_naming_the_key(tmp_path, text, key):
     path = tmp_path / "org.toml"

@@ -58,7 +58,9 @@ def build(spec: str, cfg: Config, home: OrgHome, instance: str, *, runner=None) 
         conf = CommandConfig(binary=cfg["command.binary"], model=cfg["model.name"],
                              permission_mode=cfg["command.permission_mode"],
                              allowed_tools=tuple(cfg["command.allowed_tools"]), timeout_s=cfg["command.timeout_s"],
-                             upstream=cfg["model.base_url"] or None, max_retries=cfg["model.max_retries"])
+                             upstream=cfg["model.base_url"] or None, max_retries=cfg["model.max_retries"],
+                             path_prepend=tuple(cfg["command.path_prepend"]),
+                             readonly_binds=tuple(cfg["command.readonly_binds"]))
         backend = CommandBackend(conf, cfg.prices, make_runner=lambda ws: runner_from_config(cfg, home, ws),
                                  state_dir=home.run_dir / "cli" / instance)
         return BuiltBackend(backend, f"command: {cfg['command.binary']} in the sandbox", lambda: None)
