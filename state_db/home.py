@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from state_db.errors import HomeNotFound, UnsupportedPlatform
+from state_db.errors import HomeNotFound, StateError, UnsupportedPlatform
 
 ENV_HOME = "ORG_HOME"
 
@@ -114,9 +114,13 @@ class OrgHome:
 
 
 def resolve_home(explicit: str | os.PathLike | None = None, *, env=os.environ) -> OrgHome:
-    """Apply the path rule. Pure: touches no file system state."""
-    if explicit:
-        return OrgHome(Path(explicit).expanduser().resolve())
-    if env.get(ENV_HOME):
-        return OrgHome(Path(env[ENV_HOME]).expanduser().resolve())
+    """Apply the path rule. Pure: touches no file system state.
+
+    Raises: StateError ``bad_home`` for a path no file system can hold (a NUL byte)."""
+    for given, source in ((explicit, "--home"), (env.get(ENV_HOME), ENV_HOME)):
+        if given:
+            if "\0" in os.fspath(given):
+                raise StateError(f"{source} holds a NUL byte, which no path can contain", code="bad_home",
+                                 hint="give the org home as a plain path")
+            return OrgHome(Path(given).expanduser().resolve())
     return OrgHome(project_root() / ".org")

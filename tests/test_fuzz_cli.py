@@ -119,7 +119,9 @@ def test_random_argv_gives_an_exit_code_and_one_coded_line_on_failure(org, monke
 
     @given(argv_for(org))
     def check(argv):
-        command = next((a for a in argv if not a.startswith("-")), None) if argv else None
+        # the first word that is neither an option nor the value of --home (or an abbreviation of it)
+        words = [a for i, a in enumerate(argv) if not (i and "--home".startswith(argv[i - 1]) and argv[i - 1].startswith("--ho"))]
+        command = next((a for a in words if not a.startswith("-")), None)
         before = everything_but_the_journal(db)
         code, out, err = run_cli(argv)
         if code is None:
@@ -155,3 +157,9 @@ def test_a_workspace_inside_the_org_home_is_refused(org, monkeypatch):
     code, _, err = run_cli(["submit", "read the keys", "--workspace", str(org["home"].run_dir), "--verify", "true"])
     assert code == 1 and CODED_LINE.match(err), err
     assert everything_but_the_journal(org["home"].db_path) == before
+
+
+@pytest.mark.parametrize("argv", [["--home", "a\x00b", "status"], ["--ho", "\x00"]])
+def test_a_home_path_with_a_nul_byte_is_a_coded_error(argv):
+    code, _, err = run_cli(argv)
+    assert code == 1 and CODED_LINE.match(err.strip()) and "bad_home" in err, (code, err)
