@@ -37,13 +37,11 @@ def _q(home, sql, params=()):
 
 
 def _wait(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise SystemExit(f"bench/org.py: timed out waiting for {what}")
+    from transport.probe import wait_until
+    try:
+        return wait_until(pred, timeout=timeout, what=what)
+    except TimeoutError as exc:
+        raise SystemExit(f"bench/org.py: {exc}") from None
 
 
 def bench_org(root: Path, iterations: int, items: int) -> dict:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,14 +130,8 @@ def query(home, sql: str, params=()) -> list[dict]:
 
 def wait(predicate, timeout: float, what: str, interval: float = 0.02):
     """Poll ``predicate`` until truthy; raise TimeoutError naming ``what`` and the last value."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
+    from transport.probe import wait_until
+    return wait_until(predicate, timeout=timeout, what=what, interval=interval)
 
 
 def unfinished(home, ids: list[str]) -> list[str]:

@@ -23,6 +23,7 @@ from roles.sandbox import (BwrapRunner, Limits, RefusingRunner, SandboxFailed, S
 from roles.sandbox import mode as sandbox_mode
 from roles.sandbox.bwrap import mount_args
 from state_db.config import Config, defaults
+from tests.support.org import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -71,13 +72,7 @@ def procs_with(token: str, argv0: str | None = None) -> list[int]:
 
 
 def wait_until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last seen: {predicate()!r}")
+    return wait_for(predicate, timeout=timeout_s, what=what)
 
 
 # -- identity and file system ---------------------------------------------------------------

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from roles.supervisor import procs
 from state_db.connection import read_rows
+from transport.probe import wait_until
 
 
 def short_home_dir() -> Path:
@@ -23,14 +23,10 @@ def query(home, sql, params=()):
 
 def wait_for(predicate, timeout=15.0, interval=0.05, what="condition"):
     """Poll ``predicate`` until it returns a truthy value; fail with the last value seen."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+    try:
+        return wait_until(predicate, timeout=timeout, what=what, interval=interval)
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 def roles(home) -> dict[str, dict]:
