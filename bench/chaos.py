@@ -20,7 +20,6 @@ histories and the scripted servers' logs. Exit 1 when a count is not zero, integ
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -253,10 +252,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # run the cleanup below when stopped
     seed = args.seed if args.seed is not None else int(time.time() * 1000) % 1_000_000
-    from state_db.logsetup import configure
-    configure(None, "bench", "bench")
-    import logging
-    logging.getLogger().setLevel(logging.WARNING)
+    from bench.common import quiet_logs
+    quiet_logs()
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="lo-"))
     try:
         figures = run(root, items=args.items, kills=args.kills, seconds=args.seconds, suspends=args.suspends,
@@ -268,10 +265,9 @@ def main(argv=None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     figures["seed"] = seed
     figures["home"] = str(root) if args.keep else None
-    figures["targets"] = targets(args.kills, args.suspends)
-    figures["pass"] = passes(figures, args.kills, args.suspends)
-    print(json.dumps(figures, indent=None if args.json else 2))
-    return 0 if all(figures["pass"].values()) else 1
+    from bench.common import finish
+    return finish(figures, targets(args.kills, args.suspends), passes(figures, args.kills, args.suspends),
+                  as_json=args.json)
 
 
 if __name__ == "__main__":

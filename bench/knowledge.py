@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import random
 import re
 import statistics
@@ -391,20 +390,16 @@ def main(argv=None) -> int:
     p.add_argument("--queries", type=int, default=200, help="work items whose skills are chosen (warm figure)")
     p.add_argument("--seed", type=int, default=7, help="seed of the generated notes and skills")
     args = p.parse_args(argv)
-    from state_db.logsetup import configure
-    configure(None, "bench", "bench")
-    import logging
-    logging.getLogger().setLevel(logging.WARNING)
+    from bench.common import quiet_logs
+    quiet_logs()
 
     with tempfile.TemporaryDirectory(prefix="lo-bench-") as tmp:
         figures = bench_consolidate(Path(tmp) / "org", args.seed, args.notes)
         home = figures.pop("home")
         figures.update(bench_select(home, args.seed, args.skills, args.queries))
     figures["seed"] = args.seed
-    figures["targets"] = TARGETS
-    figures["pass"] = {k: figures.get(k) is not None and figures[k] <= v for k, v in TARGETS.items()}
-    print(json.dumps(figures, ensure_ascii=False, indent=None if args.json else 2))
-    return 0 if all(figures["pass"].values()) else 1
+    from bench.common import at_most, finish
+    return finish(figures, TARGETS, at_most(figures, TARGETS), as_json=args.json)
 
 
 if __name__ == "__main__":

@@ -193,10 +193,8 @@ def main(argv=None) -> int:
     p.add_argument("--iterations", type=int, default=30, help="iterations of the overhead run (≥ 30 for the ratio)")
     p.add_argument("--files", type=int, default=10_000, help="workspace size for the checkpoint figure")
     args = p.parse_args(argv)
-    from state_db.logsetup import configure
-    configure(None, "bench", "bench")
-    import logging
-    logging.getLogger().setLevel(logging.WARNING)
+    from bench.common import quiet_logs
+    quiet_logs()
     from roles.workspace.history_bench import bench_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="lo-bench-") as tmp:
@@ -210,10 +208,8 @@ def main(argv=None) -> int:
         figures["overhead_ms_per_iteration_tmpfs"] = in_memory["overhead_ms_per_iteration"]
     with tempfile.TemporaryDirectory(prefix="lo-bench-") as tmp:
         figures.update(bench_checkpoint(Path(tmp) / "ckpt", files=args.files))
-    figures["targets"] = TARGETS
-    figures["pass"] = {k: figures.get(k) is not None and figures[k] <= v for k, v in TARGETS.items()}
-    print(json.dumps(figures, indent=None if args.json else 2))
-    return 0 if all(figures["pass"].values()) else 1
+    from bench.common import at_most, finish
+    return finish(figures, TARGETS, at_most(figures, TARGETS), as_json=args.json)
 
 
 if __name__ == "__main__":

@@ -119,10 +119,8 @@ def main(argv=None) -> int:
     p.add_argument("--files", type=int, default=10_000, help="workspace size for the eval snapshot figure")
     args = p.parse_args(argv)
     from roles.workspace.history_bench import bench_checkpoint
-    from state_db.logsetup import configure
-    configure(None, "bench", "bench")
-    import logging
-    logging.getLogger().setLevel(logging.WARNING)
+    from bench.common import quiet_logs
+    quiet_logs()
     tmp = Path(tempfile.mkdtemp(prefix="lo-"))
     try:
         figures = bench_org(tmp / "o", args.iterations, args.items)
@@ -130,10 +128,8 @@ def main(argv=None) -> int:
         figures["eval_snapshot_ms_10k_files"] = snap["materialize_reused_ms_10k_files"]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    figures["targets"] = TARGETS
-    figures["pass"] = {k: figures.get(k) is not None and figures[k] <= v for k, v in TARGETS.items()}
-    print(json.dumps(figures, indent=None if args.json else 2))
-    return 0 if all(figures["pass"].values()) else 1
+    from bench.common import at_most, finish
+    return finish(figures, TARGETS, at_most(figures, TARGETS), as_json=args.json)
 
 
 if __name__ == "__main__":

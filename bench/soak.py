@@ -25,7 +25,6 @@ and the total's growth are reported beside it. Also checked: usage totals surviv
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -217,10 +216,8 @@ def main(argv=None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the org home (path printed)")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # run the cleanup below when stopped
-    from state_db.logsetup import configure
-    configure(None, "bench", "bench")
-    import logging
-    logging.getLogger().setLevel(logging.WARNING)
+    from bench.common import quiet_logs
+    quiet_logs()
     root = Path(tempfile.mkdtemp(prefix="lo-"))
     try:
         figures = soak(root, args.seconds, args.gc_every, not args.keep_history, args.seed, args.warmup)
@@ -230,14 +227,13 @@ def main(argv=None) -> int:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     figures["home"] = str(root) if args.keep else None
-    figures["targets"] = TARGETS
-    figures["pass"] = {"bounded": figures["bounded"] is True,
-                       "growth_ratio": figures["growth_ratio"] is not None and figures["growth_ratio"] <= BOUND,
-                       "wal_max_bytes": figures["wal_max_bytes"] <= WAL_MAX,
-                       "usage_conserved": figures["usage_conserved"] is True,
-                       "items_ended": figures["items_ended"] >= 20}
-    print(json.dumps(figures, indent=None if args.json else 2))
-    return 0 if all(figures["pass"].values()) else 1
+    from bench.common import finish
+    return finish(figures, TARGETS, {
+        "bounded": figures["bounded"] is True,
+        "growth_ratio": figures["growth_ratio"] is not None and figures["growth_ratio"] <= BOUND,
+        "wal_max_bytes": figures["wal_max_bytes"] <= WAL_MAX,
+        "usage_conserved": figures["usage_conserved"] is True,
+        "items_ended": figures["items_ended"] >= 20}, as_json=args.json)
 
 
 if __name__ == "__main__":
