@@ -505,7 +505,7 @@ def _killed_at(at: str, call: str, hist: WorkspaceHistory, ws: Path) -> None:
 
 @pytest.mark.parametrize("at", ["commit_written", "ref_locked:refs/iterations/2",
                                 "ref_updated:refs/iterations/2", "ref_locked:refs/heads/checkpoints",
-                                "ref_updated:refs/heads/checkpoints"])
+                                "ref_swapped:refs/heads/checkpoints", "ref_updated:refs/heads/checkpoints"])
 def test_a_checkpoint_killed_midway_leaves_a_usable_history(hist, ws, tmp_path, at):
     hist.baseline()
     c1 = hist.checkpoint(1)

@@ -2,11 +2,22 @@
 
 An update creates ``<ref>.lock`` exclusively (so it fails, like git, while a lock is held or
 was left by a killed writer), checks the old value under the lock, writes the new value
-there, appends the reflog line and renames the lock over the ref: a reader sees the old or
+there, appends the reflog line and puts the lock in the ref's place: a reader sees the old or
 the new value, never a torn one. A loose ref shadows the same name in ``packed-refs``.
+
+An existing ref is replaced by swapping it with its lock (``renameat2`` with
+``RENAME_EXCHANGE``) and then removing the lock, which now holds the old value. A plain
+rename over an existing file makes ext4 write the new file's data out at once
+(``auto_da_alloc``); measured here, that is 200–250 µs per ref update against 35 µs for the
+swap. A writer killed between the swap and the removal leaves the ref updated and its lock
+held, exactly like one killed while holding the lock: ``clear_stale_locks`` removes it. Where
+the swap is not supported (another file system, an old kernel) the lock is renamed over the
+ref, as git does.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import re
 from pathlib import Path
@@ -20,6 +31,42 @@ ANY = object()  # ``expect`` value: move the ref whatever it holds
 _HEX = re.compile(r"[0-9a-f]{40}")
 # Full ref names the in-process path answers; anything fancier (``@{1}``, ``~2``...) goes to git.
 REF_NAME = re.compile(r"refs/(?:[A-Za-z0-9_-][A-Za-z0-9_.-]*/)*[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_swap_works: bool | None = None  # unknown until the first swap
+
+
+def _renameat2():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _renameat2()
+
+
+def swap(a: str, b: str) -> bool:
+    """Exchange files ``a`` and ``b`` atomically; False if ``b`` does not exist or the file
+    system cannot (then nothing changed)."""
+    global _swap_works
+    if _RENAMEAT2 is None or _swap_works is False:
+        return False
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        _swap_works = True
+        return True
+    err = ctypes.get_errno()
+    if err == errno.ENOENT:
+        return False
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV, errno.EPERM):
+        _swap_works = False
+        return False
+    raise OSError(err, os.strerror(err), a)
 
 
 def plain_ref_name(name: str) -> bool:
@@ -130,7 +177,11 @@ class Refs:
             for log in (name, *also_log):
                 self._append_log(log, line.encode("utf-8", "surrogateescape"),
                                  create=reflog or log != name)
-            os.rename(lock, path)
+            if old is not None and swap(lock, path):
+                self._step(f"ref_swapped:{name}")
+                os.unlink(lock)  # it holds the old value now
+            else:
+                os.rename(lock, path)
         except BaseException:
             try:
                 os.unlink(lock)
