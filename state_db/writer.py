@@ -21,7 +21,7 @@ import orjson
 from state_db.connection import connect
 from state_db.errors import Conflict, IllegalTransition, NotAllowed, NotFound, StateError
 from state_db.migrations import check_version
-from state_db.secrets import redact_text
+from state_db.secrets import redact_text, secret_values
 from state_db.rules import KEYS, RAW_WRITABLE, RESERVED, WRITERS, allowed_transition
 from state_db.vocab import Actor, StopReason, VerdictOutcome, WorkStatus
 
@@ -33,8 +33,10 @@ _RAW_WRITE = re.compile(r"^\s*(?:INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE(?:\s+OR\s+
 Hook = Callable[["StateWriter", list[dict]], None]
 
 
-def dumps(value: Any) -> str:
-    return redact_text(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode())
+def dumps(value: Any, secrets: list[str] | None = None) -> str:
+    """JSON text of ``value`` with secrets redacted (``secrets``: the values to hide, read from
+    the environment when not given)."""
+    return redact_text(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode(), secrets)
 
 
 class Transaction:
@@ -45,6 +47,7 @@ class Transaction:
         self.conn = conn
         self.now = now
         self.changes: list[dict] = []
+        self.secrets = secret_values()  # read once: every value written is redacted with them
 
     # -- raw access -------------------------------------------------------------------------
     def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
@@ -71,7 +74,7 @@ class Transaction:
         self.conn.execute(
             "INSERT INTO events(at, actor, instance, os_user, kind, subject, data) VALUES (?,?,?,?,?,?,?)",
             (self.now, self._w.actor, self._w.instance, self._w.os_user, kind, subject,
-             dumps(data or {})))
+             dumps(data or {}, self.secrets)))
         self.changes.append({"kind": kind, "subject": subject})
 
     # -- checked domain writes --------------------------------------------------------------
@@ -85,11 +88,11 @@ class Transaction:
         marks = ", ".join("?" for _ in row)
         try:
             self.conn.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})",
-                              [_sql_value(v) for v in row.values()])
+                              [_sql_value(v, self.secrets) for v in row.values()])
         except sqlite3.IntegrityError as exc:
             raise Conflict(f"{table}: {exc}", hint="the row exists already or breaks a constraint") from exc
         if journal:
-            self.journal(f"{table}.created", _subject(table, row), _public(row))
+            self.journal(f"{table}.created", _subject(table, row), _public(row, self.secrets))
 
     def update(self, table: str, key: Any, **fields: Any) -> None:
         """Change non-status fields of one row; journals ``<table>.updated`` unless the change
@@ -100,7 +103,7 @@ class Transaction:
         self._check_reserved(table, fields)
         self._apply(table, key, fields)
         if set(fields) - QUIET_FIELDS:
-            self.journal(f"{table}.updated", _key_text(key), _public(fields))
+            self.journal(f"{table}.updated", _key_text(key), _public(fields, self.secrets))
 
     def set_status(self, table: str, key: Any, new: str, **fields: Any) -> str | None:
         """Move a row to ``new`` status if the transition is allowed; returns the old status.
@@ -117,7 +120,7 @@ class Transaction:
             raise IllegalTransition(table, _key_text(key), old, str(new))
         self._special_status(table, key, row, new, fields)
         self._apply(table, key, {"status": new, **fields})
-        self.journal(f"{table}.{new}", _key_text(key), {"from": old, "to": str(new), **_public(fields)})
+        self.journal(f"{table}.{new}", _key_text(key), {"from": old, "to": str(new), **_public(fields, self.secrets)})
         return old
 
     def delete(self, table: str, key: Any) -> None:
@@ -190,7 +193,7 @@ class Transaction:
         where, params = _where(table, key)
         sets = ", ".join(f"{c} = ?" for c in fields)
         cur = self.conn.execute(f"UPDATE {table} SET {sets} WHERE {where}",
-                                [_sql_value(v) for v in fields.values()] + params)
+                                [_sql_value(v, self.secrets) for v in fields.values()] + params)
         if cur.rowcount == 0:
             raise NotFound(f"{table} {_key_text(key)} does not exist")
 
@@ -257,7 +260,7 @@ class StateWriter:
                 return orjson.loads(row["result"]), True
             result = fn(tx)
             tx.conn.execute("INSERT INTO idempotency(key, actor, os_user, command, result, at) VALUES (?,?,?,?,?,?)",
-                            (key, self.actor, self.os_user, command, dumps(result), tx.now))
+                            (key, self.actor, self.os_user, command, dumps(result, tx.secrets), tx.now))
             return result, False
 
     def _after_commit(self, changes: list[dict]) -> None:
@@ -301,25 +304,25 @@ def _subject(table: str, row: dict) -> str | None:
     return None if value is None else str(value)
 
 
-def _sql_value(value: Any) -> Any:
+def _sql_value(value: Any, secrets: list[str]) -> Any:
     if isinstance(value, (dict, list, tuple)):
-        return dumps(value)
+        return dumps(value, secrets)
     if isinstance(value, str):
-        return redact_text(value)
+        return redact_text(value, secrets)
     return value
 
 
 _BULKY = 400
 
 
-def _public(fields: dict) -> dict:
+def _public(fields: dict, secrets: list[str]) -> dict:
     """What a journal event keeps of a row: scalars, with long text cut."""
     out = {}
     for k, v in fields.items():
         if isinstance(v, str) and len(v) > _BULKY:
             v = v[:_BULKY] + "…"
         elif isinstance(v, (dict, list, tuple)):
-            text = dumps(v)
+            text = dumps(v, secrets)
             v = orjson.loads(text) if len(text) <= _BULKY else text[:_BULKY] + "…"
         out[k] = v
     return out

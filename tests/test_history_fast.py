@@ -448,6 +448,34 @@ def test_materialize_repairs_tampering_and_removes_everything_else(hist, ws, tmp
     assert spawned == []
 
 
+def test_materialize_rewrites_its_own_files_in_place_and_replaces_any_other(hist, ws, tmp_path):
+    base = hist.baseline()
+    snap = tmp_path / "snap"
+    hist.materialize(base, snap)
+    inode = {name: (snap / name).stat().st_ino for name in ("README", "src/calc.py", "run.sh")}
+    (snap / "src" / "link").hardlink_to(snap / "src" / "calc.py")   # a verify command's doing
+    (snap / "run.sh").chmod(0o600)
+    (ws / "README").write_text("shorter\n")
+    (ws / "src" / "calc.py").write_text("def add(a, b):\n    return a + b  # changed\n")
+    (ws / "run.sh").write_text("#!/bin/sh\necho changed\n")
+    c1 = hist.checkpoint(1)
+    hist.materialize(c1, snap)
+    assert files_of(snap) == files_of(ws)
+    # README was as written: rewritten in place (and cut to its new, shorter length)
+    assert (snap / "README").stat().st_ino == inode["README"]
+    # a second link or a changed mode: replaced by a new file; nothing else is written through it
+    assert (snap / "src" / "calc.py").stat().st_ino != inode["src/calc.py"]
+    assert (snap / "run.sh").stat().st_ino != inode["run.sh"] and os.access(snap / "run.sh", os.X_OK)
+    assert not (snap / "src" / "link").exists()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the snapshot's\n")
+    (snap / "README").unlink()
+    (snap / "README").symlink_to(outside)                      # swapped for a symlink
+    (ws / "README").write_text("again\n")
+    hist.materialize(hist.checkpoint(2), snap)
+    assert files_of(snap) == files_of(ws) and outside.read_text() == "not the snapshot's\n"
+
+
 def test_materialize_into_a_snapshot_git_wrote_continues_in_process(hist, ws, tmp_path):
     base = hist.baseline()
     snap = tmp_path / "snap"

@@ -12,6 +12,7 @@ compared. ``flock`` on the sidecar keeps a second writer out.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -31,8 +32,10 @@ log = structlog.get_logger("loop_agent.history")
 _MATCHES: dict[tuple, list[str]] = {}
 
 
+@functools.lru_cache(maxsize=256)
 def key_of(dest: Path) -> str:
-    """The sidecar name of a snapshot directory (stable for its real path)."""
+    """The sidecar name of a snapshot directory (stable for its real path; remembered per path,
+    as the eval-agent writes the same few snapshot directories again and again)."""
     return hashlib.sha1(os.path.realpath(dest).encode("utf-8", "surrogateescape")).hexdigest()[:20]
 
 
