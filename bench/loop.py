@@ -133,7 +133,7 @@ def bench_loop(root: Path, iterations: int) -> dict:
         marks[n] = time.perf_counter()
 
     writer = StateWriter(home.db_path, "loop-agent", "loop-agent-1")
-    history = WorkspaceHistory(home.history_dir / "b1.git", ws)
+    history = WorkspaceHistory(home.history_dir / "b1.git", ws, defer=True)  # as the loop-agent runs it
     engine = LoopEngine(writer, "b1", TimedBackend(), verify, history,
                         LoopSettings(no_progress=(iterations + 1, iterations + 1)))
     t_start = time.perf_counter()

@@ -120,13 +120,27 @@ class LoopEngine:
         """Run until a stop condition fires (returns it), or until ``pause`` (at the next safe
         boundary) or ``interrupt`` (at once, discarding the act) is set: then returns None."""
         try:
-            decision = self._run()
-        except VerifyInterrupted:
-            decision = None
-        if self._unwritten is not None:            # paused, interrupted, or ended by the eval-agent
-            with self.w.transaction() as tx:
-                self._write_reflection(tx)
-        return decision
+            try:
+                decision = self._run()
+            except VerifyInterrupted:
+                decision = None
+            if self._unwritten is not None:            # paused, interrupted, or ended by the eval-agent
+                with self.w.transaction() as tx:
+                    self._write_reflection(tx)
+            return decision
+        finally:
+            self._flush_history()
+
+    def _flush_history(self) -> None:
+        """Write the history's deferred objects and refs out as git's own (a killed run's are
+        written by the next run, at its start)."""
+        flush = getattr(self.history, "flush_pending", None)
+        if flush is None:
+            return
+        try:
+            flush()
+        except Exception as exc:  # noqa: BLE001 - pending refs stay readable and are retried
+            self.log.warning("history_not_flushed", error=str(exc), next="the next run writes it out")
 
     def _run(self) -> StopDecision | None:
         work = self.work()

@@ -112,7 +112,7 @@ class LoopAgentProcess(RoleProcess):
             log.info("loop_starting", backend=built.label)
             self.verifier = RemoteVerify(connect(self.home.db_path, readonly=True), sender.send,
                                          (self.interrupt, self.pause))
-            history = WorkspaceHistory(self.home.history_dir / f"{work_id}.git", workspace)
+            history = WorkspaceHistory(self.home.history_dir / f"{work_id}.git", workspace, defer=True)
             settings = LoopSettings.from_config(self.cfg)
             settings.gate_runner = gate_runner(self.cfg, self.home)
             from skills import select

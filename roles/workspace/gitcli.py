@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from roles.workspace.errors import GitFailed, GitMissing, WorkspaceMissing
 
@@ -49,6 +49,7 @@ class GitCli:
         self.git_dir = git_dir
         self.exe = exe
         self._env: dict[str, str] | None = None
+        self.before_run: Callable[[], None] | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -71,6 +72,8 @@ class GitCli:
         git_dir: Path | None = None,
     ) -> subprocess.CompletedProcess[bytes]:
         """Run one git command. Raises: GitMissing, WorkspaceMissing, GitFailed."""
+        if self.before_run is not None:
+            self.before_run()  # e.g. write deferred refs out: git must see the current ones
         cmd = [self.exe, f"--git-dir={git_dir or self.git_dir}"]
         if work_tree is not None:
             cmd.append(f"--work-tree={work_tree}")

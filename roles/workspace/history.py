@@ -77,13 +77,18 @@ class WorkspaceHistory:
         on_step: called with the name of each durable write step (``commit_written``,
             ``ref_locked:<ref>``, ``ref_updated:<ref>``, ``cache_written``,
             ``snapshot_writing``); tests kill the process there to prove crash safety.
+        defer: append new objects and ref updates to pending files and write them out as
+            git's own later (``pending``, ``refs``): for the one writer of a running loop,
+            which calls ``flush_pending`` when it stops. Readers (other instances, other
+            processes) find pending objects and refs at once; git is given them before it
+            runs on the repository.
 
     Raises:
         HistoryError(code="history_inside_workspace"): ``git_dir`` is inside the workspace.
     """
 
     def __init__(self, git_dir: Path, workspace: Path, *, git: str = "git",
-                 on_step: Callable[[str], None] | None = None) -> None:
+                 on_step: Callable[[str], None] | None = None, defer: bool = False) -> None:
         self.git_dir = Path(git_dir).absolute()
         self.workspace = Path(workspace).absolute()
         if _inside(self.git_dir, self.workspace):
@@ -94,7 +99,9 @@ class WorkspaceHistory:
             )
         self._git = GitCli(self.git_dir, git)
         self._step = on_step or (lambda step: None)
-        self._refs = Refs(self.git_dir, self._ident, self._step)
+        self._defer = defer
+        self._refs = self._make_refs()
+        self._git.before_run = self._before_git
         self._gitpath = GitPath(self._git, HEAD_REF, BASELINE_REF)
         self._cache = WorkspaceCache(self.git_dir, self.workspace, self._step)
         self._ready = (self.git_dir / "HEAD").exists()
@@ -102,7 +109,22 @@ class WorkspaceHistory:
     # -- plumbing -------------------------------------------------------------------------
 
     def _store(self) -> objects.ObjectStore:
-        return objects.store_for(self.git_dir)
+        store = objects.store_for(self.git_dir)
+        if self._defer:
+            store.defer_writes = True
+        return store
+
+    def _make_refs(self) -> Refs:
+        return Refs(self.git_dir, self._ident, self._step, deferred=self._defer,
+                    before_flush=lambda: self._store().publish_pending(drop=True))
+
+    def _before_git(self) -> None:
+        """Git reads objects and refs from its own files: write pending ones out first (a
+        reader writes out the objects only; the writer drops what it wrote out)."""
+        if self._defer:
+            self._refs.flush()
+        else:
+            self._store().publish_pending(drop=False)
 
     def _ident(self) -> str:
         return objects.ident(IDENTITY["GIT_COMMITTER_NAME"], IDENTITY["GIT_COMMITTER_EMAIL"])
@@ -161,6 +183,12 @@ class WorkspaceHistory:
         """
         for lock in clear_stale_locks(self.git_dir):
             log.warning("history_stale_lock_removed", lock=str(lock))
+        self._refs.flush()  # a killed writer's pending objects and refs, if this one defers
+
+    def flush_pending(self) -> None:
+        """Write deferred objects and refs out as git's own (``defer``); cheap when there are
+        none. The loop calls it when it stops."""
+        self._refs.flush()
 
     # -- recording --------------------------------------------------------------------------
 
@@ -420,6 +448,7 @@ class WorkspaceHistory:
     def delete(self) -> None:
         """Remove the whole shadow history (the workspace is untouched)."""
         shutil.rmtree(self.git_dir, ignore_errors=True)
+        self._refs = self._make_refs()
         objects.forget(self.git_dir)
         statcache.forget_under(self.git_dir)
         self._ready = False

@@ -6,6 +6,10 @@ place (read-only, like git), so a killed writer never leaves a torn object and g
 as its own. Only loose objects are read here: one missing (or packed by a manual ``git gc``)
 raises FastPathUnavailable and the caller asks git instead. Objects never change, so parsed
 trees and commits are cached for the life of the process.
+
+A store with ``defer_writes`` set (the running loop's) appends new objects to the pending file
+instead (``pending``); every store reads an object there when it is not loose, and
+``publish_pending`` writes them out as loose objects.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from binascii import hexlify
 from pathlib import Path
 
 from roles.workspace.errors import FastPathUnavailable
+from roles.workspace.pending import PendingObjects
 
 TREE = 0o40000
 FILE = 0o100644
@@ -106,6 +111,8 @@ class ObjectStore:
 
     def __init__(self, git_dir: Path) -> None:
         self.root = os.fsencode(git_dir) + b"/objects/"
+        self.pending = PendingObjects(os.fsencode(git_dir))
+        self.defer_writes = False  # set by the history's one writer (the running loop)
         self._present: set[bytes] = set()
         self._trees: dict[bytes, Entries] = {}
         self._commits: dict[bytes, tuple[bytes, tuple[bytes, ...]]] = {}
@@ -126,29 +133,49 @@ class ObjectStore:
         sha = object_id(kind, body)
         if sha in self._present:
             return sha
-        d, path = self._path(sha)
-        if not os.path.exists(path):
-            tmp = b"%s/tmp_obj_%d_%s" % (d, os.getpid(), hexlify(os.urandom(6)))
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
-            except FileNotFoundError:
-                os.makedirs(d, exist_ok=True)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
-            try:
-                write_all(fd, zlib.compress(b"%s %d\0" % (kind, len(body)) + body, 1))
-            except BaseException:
-                os.close(fd)
-                os.unlink(tmp)
-                raise
-            os.close(fd)
-            os.rename(tmp, path)
+        if self.defer_writes:
+            if not self.pending.has(sha) and not os.path.exists(self._path(sha)[1]):
+                self.pending.append(sha, zlib.compress(b"%s %d\0" % (kind, len(body)) + body, 1))
+        else:
+            self._write_loose(sha, None, kind, body)
         self._present.add(sha)
         return sha
+
+    def _write_loose(self, sha: bytes, data: bytes | None, kind: bytes = b"", body: bytes = b"") -> None:
+        """Write the loose file of ``sha`` (``data``: its compressed bytes) unless it exists."""
+        d, path = self._path(sha)
+        if os.path.exists(path):
+            return
+        tmp = b"%s/tmp_obj_%d_%s" % (d, os.getpid(), hexlify(os.urandom(6)))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+        except FileNotFoundError:
+            os.makedirs(d, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+        try:
+            write_all(fd, data if data is not None else zlib.compress(b"%s %d\0" % (kind, len(body)) + body, 1))
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
+        os.rename(tmp, path)
+
+    def publish_pending(self, *, drop: bool) -> int:
+        """Write the pending objects out as loose objects (git reads only those); ``drop``
+        (the writer only) removes the pending file afterwards. Returns how many there were."""
+        return self.pending.publish(lambda sha, data: self._write_loose(sha, data), drop=drop)
 
     def read(self, sha: bytes) -> tuple[bytes, bytes]:
         """(kind, body) of a loose object. Raises FastPathUnavailable if it is not loose."""
         try:
-            data = zlib.decompress(read_file(self._path(sha)[1]))
+            try:
+                raw = read_file(self._path(sha)[1])
+            except FileNotFoundError:
+                raw = self.pending.get(sha)
+                if raw is None:
+                    raw = read_file(self._path(sha)[1])  # written out meanwhile, or missing
+            data = zlib.decompress(raw)
         except (OSError, zlib.error) as exc:
             raise FastPathUnavailable(f"object {sha.hex()} is not a readable loose object") from exc
         nul = data.index(b"\0")
@@ -162,7 +189,7 @@ class ObjectStore:
     def kind(self, sha: bytes) -> bytes:
         """Object type (``commit``, ``tree``, ...) of a loose object; checks it still exists."""
         kind = self._kinds.get(sha)
-        if kind is None or not os.path.exists(self._path(sha)[1]):
+        if kind is None or not (self.pending.has(sha) or os.path.exists(self._path(sha)[1])):
             kind = self.read(sha)[0]
         return kind
 

@@ -87,7 +87,7 @@ class ScriptedActs:
 def engine(home, work_id, backend, instance="loop-agent-1", settings=None, interrupt=None, pause=None):
     work = StateWriter(home.db_path, Actor.LOOP_AGENT, instance)
     ws = Path(work.conn.execute("SELECT workspace FROM work_items WHERE id=?", (work_id,)).fetchone()[0])
-    history = WorkspaceHistory(home.history_dir / f"{work_id}.git", ws)
+    history = WorkspaceHistory(home.history_dir / f"{work_id}.git", ws, defer=True)
     verifier = Verifier(home, StateWriter(home.db_path, Actor.EVAL_AGENT, "eval-agent"), timeout_s=30)
     return LoopEngine(work, work_id, backend, lambda w, n: verifier.verify(w, n), history,
                       settings or LoopSettings(), interrupt=interrupt, pause=pause)
