@@ -112,17 +112,29 @@ def test_a_killed_deferred_writer_leaves_what_the_next_one_writes_out(tmp_path, 
     git(*gd, "fsck", "--strict", "--no-dangling")
 
 
-def test_pending_updates_are_written_out_every_few_dozen(tmp_path, ws, monkeypatch):
-    monkeypatch.setattr(refs, "FLUSH_EVERY", 6)
+def test_a_reader_follows_the_pending_refs_as_they_grow_and_are_written_out(tmp_path, ws):
     writer = WorkspaceHistory(tmp_path / "h.git", ws, defer=True)
-    writer.baseline()                         # two ref updates
-    for n in (1, 2):                          # two more each
+    reader = WorkspaceHistory(writer.git_dir, ws)
+    base = writer.baseline()
+    assert reader.baseline_commit() == base
+    pending = writer.git_dir / refs.PENDING
+    commits = []
+    for n in (1, 2, 3):
         (ws / "README").write_text(f"r{n}\n")
-        writer.checkpoint(n)
-    assert _pending(writer.git_dir) == []     # the sixth update wrote all six out
+        commits.append(writer.checkpoint(n))
+        assert reader.iteration_commit(n) == commits[-1]
+        assert reader._refs._pending_at[1] == pending.stat().st_size   # read up to the end, once
+    with open(pending, "ab") as f:
+        f.write(b'["refs/iterations/4"')                               # being appended right now
+    assert reader.iteration_commit(4) is None and reader.iteration_commit(3) == commits[-1]
+    pending.write_bytes(pending.read_bytes()[: reader._refs._pending_at[1]])
+    writer.flush_pending()                    # the run stops: git's own refs, the file gone
+    assert not pending.exists() and reader.iteration_commit(3) == commits[-1]
+    (ws / "README").write_text("r4\n")
+    c4 = writer.checkpoint(4)                 # a new pending file: read from its start
+    assert reader.iteration_commit(4) == c4 and reader.iteration_commit(1) == commits[0]
     gd = ["--git-dir", str(writer.git_dir)]
-    assert git(*gd, "rev-parse", iteration_ref(2)).strip() == writer.iteration_commit(2)
-    git(*gd, "fsck", "--strict", "--no-dangling")
+    assert git(*gd, "rev-parse", iteration_ref(3)).strip() == commits[-1]
 
 
 def test_git_run_by_the_writer_sees_its_pending_refs(tmp_path, ws):

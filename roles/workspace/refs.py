@@ -21,8 +21,9 @@ append 5–50 µs; two ref updates per checkpoint were a quarter of the loop's o
 ``Refs`` reads the pending lines over the loose and packed refs, so in-process readers (and the
 eval-agent in its own process) see the new values at once. ``flush`` writes them out as loose
 refs with their reflog lines and removes the file: before git runs on the repository, when a
-run stops, every ``FLUSH_EVERY`` updates, and when a restarted writer clears a killed one's
-leftovers. A torn last line (a writer killed mid-append) is ignored; a writer killed mid-flush
+run stops, and when a restarted writer clears a killed one's leftovers — never in the middle
+of a run, where it would only move the cost of the files into one iteration in a few dozen.
+Readers in other processes read only what was appended since they last looked. A torn last line (a writer killed mid-append) is ignored; a writer killed mid-flush
 leaves the file, and the next flush writes the same values again (its reflog lines may then
 appear twice). Only one writer may defer: the loop-agent that holds the run.
 """
@@ -42,7 +43,6 @@ from roles.workspace.objects import ObjectStore, read_file
 
 ZERO = "0" * 40
 PENDING = "loop-org-pending-refs"
-FLUSH_EVERY = 64  # pending updates kept before they are written out as loose refs
 ANY = object()  # ``expect`` value: move the ref whatever it holds
 _HEX = re.compile(r"[0-9a-f]{40}")
 # Full ref names the in-process path answers; anything fancier (``@{1}``, ``~2``...) goes to git.
@@ -130,12 +130,10 @@ class Refs:
         self.deferred = deferred
         self._before_flush = before_flush or (lambda: None)  # objects the pending refs name
         self._pending_path = self._root + PENDING
-        self._pending_sig: tuple | None = None
         self._pending: dict[str, str] = {}
-        self._pending_count = 0
+        self._pending_at: tuple[int, int] | None = None   # (inode, bytes read) of the file
         if deferred:
             self._pending = {e[0]: e[2] for e in self._pending_entries(cut_torn=True)}  # a killed writer's
-            self._pending_count = len(self._pending)
 
     # -- pending (deferred) updates ------------------------------------------------------------
 
@@ -147,16 +145,7 @@ class Refs:
             raw = read_file(self._pending_path)
         except FileNotFoundError:
             return []
-        out, good = [], 0
-        for line in raw.split(b"\n")[:-1]:  # the part after the last newline is torn
-            try:
-                entry = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                break
-            if not (isinstance(entry, list) and len(entry) == 6 and _HEX.fullmatch(str(entry[2]))):
-                break
-            out.append(entry)
-            good += len(line) + 1
+        out, good = _parse_pending(raw)
         if cut_torn and good < len(raw):
             os.truncate(self._pending_path, good)
         return out
@@ -165,14 +154,22 @@ class Refs:
         if self.deferred:
             return self._pending       # the only writer: what it appended is what is there
         try:
-            st = os.stat(self._pending_path)
+            fd = os.open(self._pending_path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            self._pending_sig, self._pending = None, {}
+            self._pending, self._pending_at = {}, None
             return self._pending
-        sig = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if sig != self._pending_sig:
-            self._pending = {e[0]: e[2] for e in self._pending_entries()}
-            self._pending_sig = sig
+        try:
+            st = os.fstat(fd)
+            at = self._pending_at
+            if at is None or at[0] != st.st_ino or at[1] > st.st_size:
+                self._pending, at = {}, (st.st_ino, 0)     # a new file: read it from the start
+            if st.st_size > at[1]:
+                entries, good = _parse_pending(os.pread(fd, st.st_size - at[1], at[1]))
+                self._pending.update((e[0], e[2]) for e in entries)
+                at = (at[0], at[1] + good)
+            self._pending_at = at
+        finally:
+            os.close(fd)
         return self._pending
 
     def _defer(self, name: str, new: str, expect: object, message: str, reflog: bool,
@@ -192,10 +189,7 @@ class Refs:
         finally:
             os.close(fd)
         self._pending[name] = new
-        self._pending_count += 1
         self._step(f"ref_updated:{name}")
-        if self._pending_count >= FLUSH_EVERY:
-            self.flush()
         return old
 
     def flush(self) -> None:
@@ -220,7 +214,7 @@ class Refs:
             os.unlink(self._pending_path)
         except FileNotFoundError:
             pass
-        self._pending, self._pending_count = {}, 0
+        self._pending = {}
 
     # -- reading and writing -------------------------------------------------------------------
 
@@ -328,6 +322,22 @@ class Refs:
             os.write(fd, line)
         finally:
             os.close(fd)
+
+
+def _parse_pending(raw: bytes) -> tuple[list[list], int]:
+    """The whole lines of pending-refs bytes and how many bytes they take; the part after the
+    last newline, or from the first line that does not parse, is torn (or being written)."""
+    out, good = [], 0
+    for line in raw.split(b"\n")[:-1]:
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            break
+        if not (isinstance(entry, list) and len(entry) == 6 and _HEX.fullmatch(str(entry[2]))):
+            break
+        out.append(entry)
+        good += len(line) + 1
+    return out, good
 
 
 def clear_stale_locks(git_dir: Path) -> list[Path]:
