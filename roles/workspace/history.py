@@ -25,6 +25,13 @@ is ignored) and names the ``HEAD`` it was written with, so a cache that does not
 refs is discarded and the files are read again, once. A killed writer's ref locks are cleared
 when the run or an attempt restarts (``baseline``, ``reset_to``).
 
+The running loop's history (``defer=True``) appends its new objects and ref updates to two
+pending files instead of creating files (``pending``, ``refs``): a checkpoint then creates no
+file at all, where it used to create five. Every reader finds pending objects and refs at once;
+they become git's own files before git runs on the repository, when the run stops
+(``flush_pending``) and when a restarted run clears a killed one's leftovers. Both files are
+written before state.db records the checkpoint, as the loose files were.
+
 Refs: ``refs/loop-org/baseline``, ``refs/iterations/<n>`` per committed iteration,
 ``refs/heads/checkpoints`` (HEAD, the parent of the next checkpoint), and
 ``refs/discarded/<n>/<commit>`` for a checkpoint replaced by a later attempt of iteration n.
