@@ -103,7 +103,9 @@ def write_commit(store: "ObjectStore", tree: str, parents: list[str], message: s
     body = encode_commit(tree, parents,
                          ident(env["GIT_AUTHOR_NAME"], env["GIT_AUTHOR_EMAIL"], now),
                          ident(env["GIT_COMMITTER_NAME"], env["GIT_COMMITTER_EMAIL"], now), message)
-    return store.write(b"commit", body).hex()
+    sha = store.write(b"commit", body)
+    store.remember_commit(sha, bytes.fromhex(tree), tuple(bytes.fromhex(p) for p in parents))
+    return sha.hex()
 
 
 class ObjectStore:
@@ -233,6 +235,12 @@ class ObjectStore:
             self._bounded()
             parsed = self._commits[sha] = (tree, parents)
         return parsed
+
+    def remember_commit(self, sha: bytes, tree: bytes, parents: tuple[bytes, ...]) -> None:
+        """Cache what ``commit`` would parse from a commit this process just wrote."""
+        self._bounded()
+        self._commits.setdefault(sha, (tree, parents))
+        self._kinds[sha] = b"commit"
 
     def write_tree(self, entries: Entries) -> bytes:
         sha = self.write(b"tree", encode_tree(entries))
