@@ -69,9 +69,13 @@ def scripted_log(logs_dir: Path) -> dict:
 
 
 def trails(git_dir: Path, checkpoints: list[str]) -> dict[str, str | None]:
-    """``trail.txt`` at each checkpoint commit (None if missing), with one ``git cat-file``."""
+    """``trail.txt`` at each checkpoint commit (None if missing), with one ``git cat-file``.
+    Objects a killed loop-agent left pending are written out first, as every reader that runs
+    git does (``org diff``)."""
     if not checkpoints:
         return {}
+    from roles.workspace import objects
+    objects.store_for(git_dir).publish_pending(drop=False)
     query = "".join(f"{c}:trail.txt\n" for c in checkpoints).encode()
     out = subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "--batch"], input=query,
                          capture_output=True, check=False).stdout
