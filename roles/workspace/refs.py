@@ -21,11 +21,13 @@ append 5–50 µs; two ref updates per checkpoint were a quarter of the loop's o
 ``Refs`` reads the pending lines over the loose and packed refs, so in-process readers (and the
 eval-agent in its own process) see the new values at once. ``flush`` writes them out as loose
 refs with their reflog lines and removes the file: before git runs on the repository, when a
-run stops, and when a restarted writer clears a killed one's leftovers — never in the middle
+run stops, and when a restarted writer clears a killed one's leftovers; never in the middle
 of a run, where it would only move the cost of the files into one iteration in a few dozen.
-Readers in other processes read only what was appended since they last looked. A torn last line (a writer killed mid-append) is ignored; a writer killed mid-flush
-leaves the file, and the next flush writes the same values again (its reflog lines may then
-appear twice). Only one writer may defer: the loop-agent that holds the run.
+Readers in other processes read only what was appended since they last looked. A torn last
+line (a writer killed mid-append) is ignored, and the next writer cuts it off before it
+appends; a writer killed mid-flush leaves the file, and the next flush writes the same values
+again (its reflog lines may then appear twice). Only one writer may defer: the loop-agent that
+holds the run.
 """
 from __future__ import annotations
 
