@@ -4,6 +4,11 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from pathlib import Path
+
+# A run that ended this long ago has no loop-agent left that could still append to its history
+# (one notices the end within a step, and an act is bounded by the model's timeouts).
+PENDING_QUIET_S = 3600.0
 
 
 def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, actor: str = "human") -> dict:
@@ -16,11 +21,12 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
         out = prune(writer, events_days=cfg["retention.events_days"], model_calls_days=cfg["retention.model_calls_days"],
                     ledger_keep_s=Limits.from_config(cfg.data["transport"]).ledger_keep_s, dry_run=dry_run)
         now = time.time()
-        ended = {r["id"]: r["ended_at"] for r in writer.conn.execute(
-            "SELECT id, ended_at FROM work_items WHERE status = 'ended'")}
+        rows = writer.conn.execute("SELECT id, ended_at, workspace FROM work_items WHERE status = 'ended'").fetchall()
+        ended = {r["id"]: r["ended_at"] for r in rows}
+        workspaces = {r["id"]: r["workspace"] for r in rows}
     finally:
         writer.close()
-    files = {"eval_snapshots": 0, "histories": 0, "quarantine": 0, "cli_homes": 0}
+    files = {"eval_snapshots": 0, "histories": 0, "quarantine": 0, "cli_homes": 0, "histories_written_out": 0}
     eval_dir = home.root / "eval"
     for d in eval_dir.iterdir() if eval_dir.is_dir() else []:
         if d.name in ended and now - ended[d.name] > cfg["retention.eval_snapshots_days"] * DAY:
@@ -35,6 +41,20 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
             files["cli_homes"] += 1
             if not dry_run:
                 shutil.rmtree(d, ignore_errors=True)
+    # objects and refs a killed loop-agent left pending in an ended run's history: readers see
+    # them, but git's own files would lag for good, as no run of that item starts again
+    for wid, at in ended.items():
+        git_dir = home.history_dir / f"{wid}.git"
+        if now - at > PENDING_QUIET_S and any(git_dir.glob("loop-org-pending-*")):
+            files["histories_written_out"] += 1
+            if not dry_run:
+                from roles.workspace.history import WorkspaceHistory
+                try:
+                    WorkspaceHistory(git_dir, Path(workspaces[wid]), defer=True).flush_pending()
+                except Exception as exc:  # noqa: BLE001 - readers still see them; the next pass retries
+                    import structlog
+                    structlog.get_logger("retention").warning("history_not_written_out", work_id=wid,
+                                                              error=str(exc), next="the next gc retries")
     if history:
         for wid, at in ended.items():
             git_dir = home.history_dir / f"{wid}.git"
