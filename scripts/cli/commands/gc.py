@@ -30,5 +30,7 @@ def run(args) -> int:
         print(f"{verb}: {result['events']} journal events, {result['model_calls']} model-call rows "
               f"({result['runs_summarized']} runs summarized), {result['ledger_ids']} ledger ids, "
               f"{result['eval_snapshots']} eval snapshots, {result['histories']} histories, "
-              f"{result['quarantine']} quarantined files, {result['cli_homes']} CLI homes")
+              f"{result['quarantine']} quarantined files, {result['cli_homes']} CLI homes; "
+              f"{'would write' if args.dry_run else 'wrote'} out {result['histories_written_out']} "
+              "histories a killed loop-agent left pending")
     return 0
