@@ -148,3 +148,25 @@ def test_git_run_by_the_writer_sees_its_pending_refs(tmp_path, ws):
     gd = ["--git-dir", str(writer.git_dir)]
     assert git(*gd, "rev-list", HEAD_REF).split() == [c2, c1, base]
     assert writer.tree_id(c2) == git_tree_of(ws, tmp_path)
+
+
+def test_a_reader_tells_a_new_pending_file_from_the_old_one_whatever_its_inode(tmp_path, ws):
+    from roles.workspace.pending import PendingObjects
+
+    git_dir = tmp_path / "h.git"
+    writer = WorkspaceHistory(git_dir, ws, defer=True)
+    writer.baseline()
+    other = PendingObjects(os.fsencode(git_dir))      # another process's view of the objects
+    reader = WorkspaceHistory(git_dir, ws)            # and of the refs
+    store = objects.store_for(git_dir)
+    seen = []
+    for n in range(1, 5):
+        (ws / "README").write_text(f"r{n}\n" * n)
+        commit = writer.checkpoint(n)
+        assert reader.iteration_commit(n) == commit
+        assert other.get(bytes.fromhex(commit)) == store.pending.get(bytes.fromhex(commit))
+        seen.append(commit)
+        writer.flush_pending()                        # written out; the next file is a new one
+    assert other.get(bytes.fromhex(seen[0])) is None  # gone from the pending file: loose now
+    assert [reader.iteration_commit(n) for n in range(1, 5)] == seen
+    git(*["--git-dir", str(git_dir)], "fsck", "--strict", "--no-dangling")

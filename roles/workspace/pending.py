@@ -7,7 +7,8 @@ object: on this machine's ext4 disk a new file costs 60–800 µs depending on l
 loose objects later (before git runs on the repository, when the run stops, and every few
 dozen checkpoints with the refs; see ``refs``), and the writer then drops the file.
 
-A record is ``magic | payload length | sha1 | payload | crc32``. Readers in any process find
+The file starts with a random generation; then each record is ``magic | payload length |
+sha1 | payload | crc32``. Readers in any process find
 an object here when it is not (yet) loose; a record torn by a killed writer fails its length
 or checksum and ends the readable part. The writer (one per history: the loop-agent holding the
 run) cuts such a tail off before its first append, so nothing is ever appended behind garbage.
@@ -23,6 +24,18 @@ PENDING_OBJECTS = "loop-org-pending-objects"
 _HEAD = struct.Struct(">4sI20s")
 _MAGIC = b"LOOB"
 _CRC = struct.Struct(">I")
+# The file starts with a generation: a new file (after a write-out) is told from the old one by
+# it, not by its inode number, which the file system hands out again at once.
+_GEN = struct.Struct(">4s16s")
+_GEN_MAGIC = b"LOOG"
+
+
+def _generation(fd: int) -> bytes | None:
+    head = os.pread(fd, _GEN.size, 0)
+    if len(head) < _GEN.size:
+        return None
+    magic, gen = _GEN.unpack(head)
+    return gen if magic == _GEN_MAGIC else None
 
 
 def _records(fd: int, start: int) -> tuple[list[tuple[bytes, int, int]], int]:
@@ -51,15 +64,19 @@ class PendingObjects:
     def __init__(self, git_dir: bytes) -> None:
         self.path = git_dir + b"/" + PENDING_OBJECTS.encode()
         self._index: dict[bytes, tuple[int, int]] = {}
-        self._ino: int | None = None      # the file the index describes
+        self._gen: bytes | None = None    # the file the index describes
         self._scanned = 0
         self._tail_checked = False
         self._lock = threading.Lock()
 
-    def _scan(self, fd: int) -> None:
-        st = os.fstat(fd)
-        if st.st_ino != self._ino:
-            self._index, self._ino, self._scanned = {}, st.st_ino, 0
+    def _reset(self, gen: bytes | None) -> None:
+        self._index, self._gen, self._scanned = {}, gen, _GEN.size
+
+    def _scan(self, fd: int, gen: bytes | None) -> None:
+        if gen != self._gen:
+            self._reset(gen)
+        if gen is None:
+            return
         found, self._scanned = _records(fd, self._scanned)
         for sha, offset, length in found:
             self._index[sha] = (offset, length)
@@ -74,11 +91,12 @@ class PendingObjects:
             try:
                 fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
-                self._index, self._ino, self._scanned = {}, None, 0
+                self._reset(None)
                 return None
             try:
-                if sha not in self._index or os.fstat(fd).st_ino != self._ino:
-                    self._scan(fd)
+                gen = _generation(fd)
+                if sha not in self._index or gen != self._gen:
+                    self._scan(fd, gen)
                 loc = self._index.get(sha)
                 return None if loc is None else os.pread(fd, loc[1], loc[0])
             finally:
@@ -89,8 +107,15 @@ class PendingObjects:
         with self._lock:
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                if not self._tail_checked or os.fstat(fd).st_ino != self._ino:
-                    self._scan(fd)  # index what is there, and cut a killed writer's torn tail
+                gen = _generation(fd)
+                if gen is None:                   # a new file (or one torn before its first record)
+                    os.ftruncate(fd, 0)
+                    gen = os.urandom(16)
+                    os.write(fd, _GEN.pack(_GEN_MAGIC, gen))
+                    self._reset(gen)
+                    self._tail_checked = True
+                elif not self._tail_checked or gen != self._gen:
+                    self._scan(fd, gen)   # index what is there, and cut a killed writer's torn tail
                     if os.fstat(fd).st_size > self._scanned:
                         os.ftruncate(fd, self._scanned)
                     self._tail_checked = True
@@ -114,7 +139,7 @@ class PendingObjects:
             except FileNotFoundError:
                 return 0
             try:
-                found, _ = _records(fd, 0)
+                found = _records(fd, _GEN.size)[0] if _generation(fd) is not None else []
                 for sha, offset, length in found:
                     write_loose(sha, os.pread(fd, length, offset))
             finally:
@@ -124,5 +149,6 @@ class PendingObjects:
                     os.unlink(self.path)
                 except FileNotFoundError:
                     pass
-                self._index, self._ino, self._scanned, self._tail_checked = {}, None, 0, False
+                self._reset(None)
+                self._tail_checked = False
             return len(found)

@@ -45,6 +45,10 @@ from roles.workspace.objects import ObjectStore, read_file
 
 ZERO = "0" * 40
 PENDING = "loop-org-pending-refs"
+# First line of a pending-refs file: its random generation. A new file (after a write-out) is
+# told from the old one by it, not by its inode number, which the file system hands out again.
+_HEADER = b'["loop-org-pending-refs","'
+_HEADER_LEN = len(_HEADER) + 32 + 3
 ANY = object()  # ``expect`` value: move the ref whatever it holds
 _HEX = re.compile(r"[0-9a-f]{40}")
 # Full ref names the in-process path answers; anything fancier (``@{1}``, ``~2``...) goes to git.
@@ -133,7 +137,7 @@ class Refs:
         self._before_flush = before_flush or (lambda: None)  # objects the pending refs name
         self._pending_path = self._root + PENDING
         self._pending: dict[str, str] = {}
-        self._pending_at: tuple[int, int] | None = None   # (inode, bytes read) of the file
+        self._pending_at: tuple[bytes, int] | None = None   # (generation, bytes read) of the file
         if deferred:
             self._pending = {e[0]: e[2] for e in self._pending_entries(cut_torn=True)}  # a killed writer's
 
@@ -147,7 +151,8 @@ class Refs:
             raw = read_file(self._pending_path)
         except FileNotFoundError:
             return []
-        out, good = _parse_pending(raw)
+        out, good = _parse_pending(raw[_HEADER_LEN:]) if _generation(raw) else ([], -_HEADER_LEN)
+        good += _HEADER_LEN
         if cut_torn and good < len(raw):
             os.truncate(self._pending_path, good)
         return out
@@ -161,14 +166,18 @@ class Refs:
             self._pending, self._pending_at = {}, None
             return self._pending
         try:
-            st = os.fstat(fd)
+            gen = _generation(os.pread(fd, _HEADER_LEN, 0))
             at = self._pending_at
-            if at is None or at[0] != st.st_ino or at[1] > st.st_size:
-                self._pending, at = {}, (st.st_ino, 0)     # a new file: read it from the start
-            if st.st_size > at[1]:
-                entries, good = _parse_pending(os.pread(fd, st.st_size - at[1], at[1]))
+            if gen is None:
+                self._pending, self._pending_at = {}, None   # nothing readable yet
+                return self._pending
+            if at is None or at[0] != gen:
+                self._pending, at = {}, (gen, _HEADER_LEN)   # a new file: read it from the start
+            size = os.fstat(fd).st_size
+            if size > at[1]:
+                entries, good = _parse_pending(os.pread(fd, size - at[1], at[1]))
                 self._pending.update((e[0], e[2]) for e in entries)
-                at = (at[0], at[1] + good)
+                at = (gen, at[1] + good)
             self._pending_at = at
         finally:
             os.close(fd)
@@ -187,6 +196,8 @@ class Refs:
         entry = orjson.dumps([name, old or ZERO, new, reflog, list(also_log), line]) + b"\n"
         fd = os.open(self._pending_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
         try:
+            if os.fstat(fd).st_size == 0:         # a new file: its generation first
+                entry = _HEADER + os.urandom(16).hex().encode() + b'"]\n' + entry
             os.write(fd, entry)
         finally:
             os.close(fd)
@@ -324,6 +335,13 @@ class Refs:
             os.write(fd, line)
         finally:
             os.close(fd)
+
+
+def _generation(head: bytes) -> bytes | None:
+    """The generation a pending-refs file starts with, or None (empty, or torn)."""
+    if len(head) < _HEADER_LEN or not head.startswith(_HEADER) or head[_HEADER_LEN - 3:_HEADER_LEN] != b'"]\n':
+        return None
+    return head[len(_HEADER):_HEADER_LEN - 3]
 
 
 def _parse_pending(raw: bytes) -> tuple[list[list], int]:
