@@ -28,7 +28,7 @@ def prune(writer: StateWriter, *, events_days: float, model_calls_days: float, l
     with writer.transaction(render=False) as tx:
         c = tx.conn
         kinds = {r[0]: r[1] for r in c.execute(
-            f"""SELECT kind, COUNT(*) FROM events WHERE at < ? AND kind != 'announce'
+            """SELECT kind, COUNT(*) FROM events WHERE at < ? AND kind != 'announce'
                  AND (subject IS NULL OR subject NOT IN (SELECT id FROM work_items WHERE status != 'ended'))
                GROUP BY kind""", (ev_cut,))}
         runs = [r[0] for r in c.execute(ended_before + " AND id IN (SELECT work_id FROM model_calls WHERE at < ?)",

@@ -89,7 +89,7 @@ def test_cannot_read_state_db_by_absolute_path(world):
 
 
 def test_find_cannot_locate_the_org(world):
-    out, _ = run(world, f"find / -name state.db -not -path '/proc/*' 2>/dev/null | head", timeout_s=20)
+    out, _ = run(world, "find / -name state.db -not -path '/proc/*' 2>/dev/null | head", timeout_s=20)
     assert str(world["home"].db_path) not in out
 
 
