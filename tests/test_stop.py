@@ -5,11 +5,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from roles.loop_agent.conditions import (
+    Cancelled, CostBudget, GoalMet, HumanRejected, MaxIterations, ModelError, NoProgress, OrgLimit,
+    RepeatedFailure, Timeout, TokenBudget, decode_condition,
+)
+from roles.loop_agent.policy import StopPolicy, policy_from_caps
 from roles.loop_agent.stop import (
-    AllOf, AnyOf, Cancelled, CostBudget, GoalMet, HumanRejected, MaxIterations, ModelError,
-    NoProgress, OrgLimit, RepeatedFailure, RunProgress, StopConfigError, StopDecision,
-    StopPolicy, Timeout, TokenBudget, VerdictSummary, decode_condition, fingerprint,
-    policy_from_caps,
+    AllOf, AnyOf, RunProgress, StopConfigError, StopDecision, VerdictSummary, fingerprint,
 )
 from state_db.vocab import StopReason
 

@@ -28,7 +28,8 @@ from roles.loop_agent.backends.base import ActContext, ActOutcome, Backend, Usag
 from roles.loop_agent.context import assemble
 from roles.loop_agent.lessons import derive_lesson
 from roles.loop_agent.remote_verify import VerifyInterrupted
-from roles.loop_agent.stop import StopDecision, StopPolicy, fingerprint, policy_from_caps
+from roles.loop_agent.policy import StopPolicy, policy_from_caps
+from roles.loop_agent.stop import StopDecision, fingerprint
 from state_db.errors import Conflict
 from state_db.vocab import StopReason, WorkStatus
 from state_db.writer import StateWriter

@@ -1,0 +1,203 @@
+"""The built-in stop conditions, each with its reason code (``stop`` has the base classes and
+the precedence rules): goal_met, the hard caps (iterations, tokens, cost, time), no_progress,
+repeated_failure and the flags the engine raises (human_rejected, cancelled, model_error,
+org_limit). ``decode_condition`` reads one back from its encoded form."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, ClassVar
+
+from roles.loop_agent.stop import (
+    AllOf, AnyOf, RunProgress, StopCondition, StopConfigError, StopDecision,
+)
+from state_db.vocab import StopReason
+
+def _positive(name: str, value: float, *, integer: bool = False) -> None:
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    # NaN and infinity would be accepted as caps that can never fire.
+    if isinstance(value, bool) or not ok or not math.isfinite(value) or value <= 0:
+        kind = "a positive integer" if integer else "a positive number"
+        raise StopConfigError(f"{name} must be {kind}, got {value!r}", code="bad_cap")
+
+
+class GoalMet(StopCondition):
+    """The latest committed iteration carries a passing verdict written by the eval-agent."""
+
+    kind = "goal_met"
+
+    def check(self, p: RunProgress) -> StopDecision | None:
+        v = p.verdicts[-1] if p.iterations and p.verdicts else None
+        if v is not None and v.passed and v.by_eval_agent:
+            return StopDecision(StopReason.GOAL_MET,
+                                f"iteration {p.iterations} passed verification by the eval-agent")
+        return None
+
+
+class _Cap(StopCondition):
+    """Fires when a counter of the run reaches ``limit``."""
+
+    hard_cap = True
+    field: ClassVar[str]        # the RunProgress attribute compared
+    reason: ClassVar[StopReason]
+    integer: ClassVar[bool] = False
+    says: ClassVar[str]         # detail, formatted with ``value`` and ``limit``
+
+    def __init__(self, limit: float) -> None:
+        _positive(self.kind, limit, integer=self.integer)
+        self.limit = limit
+
+    def params(self) -> dict[str, Any]:
+        return {"limit": self.limit}
+
+    def check(self, p: RunProgress) -> StopDecision | None:
+        value = getattr(p, self.field)
+        if value >= self.limit:
+            return StopDecision(self.reason, self.says.format(value=value, limit=self.limit))
+        return None
+
+
+class MaxIterations(_Cap):
+    kind = "max_iterations"
+    field, reason, integer = "iterations", StopReason.MAX_ITERATIONS, True
+    says = "{value} iterations committed, cap {limit}"
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+
+
+class TokenBudget(_Cap):
+    budget = True
+    kind = "token_budget"
+    field, reason, integer = "tokens", StopReason.TOKEN_BUDGET, True
+    says = "{value} tokens used, budget {limit}"
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+
+
+class CostBudget(_Cap):
+    budget = True
+    kind = "cost_budget"
+    field, reason = "cost_usd", StopReason.COST_BUDGET
+    says = "${value:.4f} spent, budget ${limit:.4f}"
+
+    def __init__(self, usd: float) -> None:
+        super().__init__(usd)
+
+
+class Timeout(_Cap):
+    budget = True
+    kind = "timeout"
+    field, reason = "elapsed_s", StopReason.TIMEOUT
+    says = "{value:.1f} s elapsed, limit {limit} s"
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+
+
+class NoProgress(StopCondition):
+    """The same fingerprint ``repeat`` times within the last ``window`` iterations (adjacency
+    not required: A B A C A is no progress for repeat=3, window=5)."""
+
+    kind = "no_progress"
+
+    def __init__(self, repeat: int = 3, window: int = 5) -> None:
+        _positive("no_progress repeat", repeat, integer=True)
+        _positive("no_progress window", window, integer=True)
+        if repeat < 2 or window < repeat:
+            raise StopConfigError(
+                f"no_progress needs 2 <= repeat <= window, got repeat={repeat} window={window}",
+                code="bad_cap")
+        self.repeat, self.window = repeat, window
+
+    def params(self) -> dict[str, Any]:
+        return {"repeat": self.repeat, "window": self.window}
+
+    def check(self, p: RunProgress) -> StopDecision | None:
+        recent = p.fingerprints[-self.window:]
+        if not recent:
+            return None
+        fp, count = Counter(recent).most_common(1)[0]
+        if count >= self.repeat:
+            return StopDecision(StopReason.NO_PROGRESS,
+                                f"fingerprint {fp[:12]} seen {count} times in the last "
+                                f"{len(recent)} iterations")
+        return None
+
+
+class RepeatedFailure(StopCondition):
+    """The same failing check with the same signature on the last two committed iterations."""
+
+    kind = "repeated_failure"
+
+    def check(self, p: RunProgress) -> StopDecision | None:
+        if p.iterations < 2 or len(p.verdicts) < 2:
+            return None
+        before, latest = p.verdicts[-2], p.verdicts[-1]
+        if before is None or latest is None or before.passed or latest.passed:
+            return None
+        same = [f for f in latest.failing if f in set(before.failing)]
+        if same:
+            check, signature = same[0]
+            return StopDecision(StopReason.REPEATED_FAILURE,
+                                f"check {check!r} failed with the same signature {signature!r} "
+                                f"on iterations {p.iterations - 1} and {p.iterations}")
+        return None
+
+
+class _Flag(StopCondition):
+    flag: ClassVar[str]
+    reason: ClassVar[StopReason]
+    says: ClassVar[str]
+
+    def check(self, p: RunProgress) -> StopDecision | None:
+        return StopDecision(self.reason, self.says) if getattr(p, self.flag) else None
+
+
+class HumanRejected(_Flag):
+    kind = flag = "human_rejected"
+    reason, says = StopReason.HUMAN_REJECTED, "a human rejected the run's gated action"
+
+
+class Cancelled(_Flag):
+    kind = flag = "cancelled"
+    reason, says = StopReason.CANCELLED, "the work item was cancelled"
+
+
+class ModelError(_Flag):
+    kind = flag = "model_error"
+    reason, says = StopReason.MODEL_ERROR, "the model service could not give a usable answer"
+
+
+class OrgLimit(_Flag):
+    kind = flag = "org_limit"
+    reason, says = StopReason.ORG_LIMIT, "an org-wide limit was reached"
+
+
+_LEAVES: dict[str, type[StopCondition]] = {
+    c.kind: c for c in (GoalMet, MaxIterations, TokenBudget, CostBudget, Timeout, NoProgress,
+                        RepeatedFailure, HumanRejected, Cancelled, ModelError, OrgLimit)
+}
+
+
+def decode_condition(data: dict[str, Any]) -> StopCondition:
+    """Inverse of ``StopCondition.encode``. Raises: StopConfigError(code="unknown_condition")."""
+    if not isinstance(data, dict) or len(data) != 1:
+        raise StopConfigError(f"a condition is a one-key object, got {data!r}",
+                              code="unknown_condition")
+    (kind, arg), = data.items()
+    if kind in ("any", "all"):
+        members = [decode_condition(d) for d in arg]
+        return AnyOf(*members) if kind == "any" else AllOf(*members)
+    if kind not in _LEAVES:
+        raise StopConfigError(f"unknown stop condition {kind!r}; known: {sorted(_LEAVES)}",
+                              code="unknown_condition")
+    try:
+        cls = _LEAVES[kind]
+        if issubclass(cls, _Cap):
+            return cls(arg["limit"])
+        return cls(**(arg or {}))
+    except (TypeError, KeyError) as exc:
+        raise StopConfigError(f"bad parameters for {kind!r}: {arg!r} ({exc})",
+                              code="bad_cap") from exc
