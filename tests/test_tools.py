@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from roles.loop_agent.tools import SubprocessRunner, ToolLimits, WorkspaceTools, summarize_call
+from roles.loop_agent.commands import SubprocessRunner
+from roles.loop_agent.tools import ToolLimits, WorkspaceTools, summarize_call
 
 
 @pytest.fixture

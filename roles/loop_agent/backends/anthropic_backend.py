@@ -32,7 +32,8 @@ import structlog
 from roles.loop_agent.backends.base import ActContext, ActOutcome, BackendConfigError, Usage
 from roles.loop_agent.backends.retry import Failure, MemoryRateGate, RateGate, Retrier, RetryPolicy, parse_retry_after
 from roles.loop_agent.pricing import PriceTable
-from roles.loop_agent.tools import CommandRunner, ToolLimits, WorkspaceTools, summarize_call
+from roles.loop_agent.commands import CommandRunner
+from roles.loop_agent.tools import ToolLimits, WorkspaceTools, summarize_call
 
 log = structlog.get_logger("loop_agent.anthropic")
 
