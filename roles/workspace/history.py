@@ -26,8 +26,8 @@ refs is discarded and the files are read again, once. A killed writer's ref lock
 when the run or an attempt restarts (``baseline``, ``reset_to``).
 
 The running loop's history (``defer=True``) appends its new objects and ref updates to two
-pending files instead of creating files (``pending``, ``refs``): a checkpoint then creates no
-file at all, where it used to create five. Every reader finds pending objects and refs at once;
+pending files instead of creating files (``pending``, ``refs``): after the run's first, a
+checkpoint creates no file at all, where it used to create five. Every reader finds pending objects and refs at once;
 they become git's own files before git runs on the repository, when the run stops
 (``flush_pending``) and when a restarted run clears a killed one's leftovers. Both files are
 written before state.db records the checkpoint, as the loose files were.
@@ -56,7 +56,6 @@ from roles.workspace.views import BASELINE_REF, HEAD_REF, HistoryViews, inside  
 from roles.workspace.workspace_cache import WorkspaceCache
 
 log = structlog.get_logger("loop_agent.history")
-
 
 
 def iteration_ref(iteration: int) -> str:
@@ -172,7 +171,8 @@ class WorkspaceHistory(HistoryViews):
         return commit
 
     def _clear_stale_locks(self) -> None:
-        """Remove lock files a killed writer left (``index.lock``, ``refs/**.lock``, ...).
+        """Remove lock files a killed writer left (``index.lock``, ``refs/**.lock``, ...) and,
+        in a deferring history, write out the objects and refs it left pending.
 
         Only the loop-agent running the work item writes the index and refs, one process at a
         time; it calls this when it (re)starts a run or an attempt (``baseline``, ``reset_to``),
