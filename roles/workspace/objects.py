@@ -59,6 +59,11 @@ def object_id(kind: bytes, body: bytes) -> bytes:
     return h.digest()
 
 
+def _loose_bytes(kind: bytes, body: bytes) -> bytes:
+    """What a loose object's file holds: the zlib-compressed ``<kind> <size>\\0<body>``."""
+    return zlib.compress(b"%s %d\0" % (kind, len(body)) + body, 1)
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -135,19 +140,17 @@ class ObjectStore:
         sha = object_id(kind, body)
         if sha in self._present:
             return sha
-        if self.defer_writes:
-            if not self.pending.has(sha) and not os.path.exists(self._path(sha)[1]):
-                self.pending.append(sha, zlib.compress(b"%s %d\0" % (kind, len(body)) + body, 1))
-        else:
-            self._write_loose(sha, None, kind, body)
+        if not os.path.exists(self._path(sha)[1]):
+            if not self.defer_writes:
+                self._write_loose(sha, _loose_bytes(kind, body))
+            elif not self.pending.has(sha):
+                self.pending.append(sha, _loose_bytes(kind, body))
         self._present.add(sha)
         return sha
 
-    def _write_loose(self, sha: bytes, data: bytes | None, kind: bytes = b"", body: bytes = b"") -> None:
-        """Write the loose file of ``sha`` (``data``: its compressed bytes) unless it exists."""
+    def _write_loose(self, sha: bytes, data: bytes) -> None:
+        """Write the loose file of ``sha`` (``data``: its compressed bytes)."""
         d, path = self._path(sha)
-        if os.path.exists(path):
-            return
         tmp = b"%s/tmp_obj_%d_%s" % (d, os.getpid(), hexlify(os.urandom(6)))
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
@@ -155,7 +158,7 @@ class ObjectStore:
             os.makedirs(d, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
         try:
-            write_all(fd, data if data is not None else zlib.compress(b"%s %d\0" % (kind, len(body)) + body, 1))
+            write_all(fd, data)
         except BaseException:
             os.close(fd)
             os.unlink(tmp)
@@ -166,7 +169,11 @@ class ObjectStore:
     def publish_pending(self, *, drop: bool) -> int:
         """Write the pending objects out as loose objects (git reads only those); ``drop``
         (the writer only) removes the pending file afterwards. Returns how many there were."""
-        return self.pending.publish(lambda sha, data: self._write_loose(sha, data), drop=drop)
+        def write_out(sha: bytes, data: bytes) -> None:
+            if not os.path.exists(self._path(sha)[1]):
+                self._write_loose(sha, data)
+
+        return self.pending.publish(write_out, drop=drop)
 
     def read(self, sha: bytes) -> tuple[bytes, bytes]:
         """(kind, body) of a loose object. Raises FastPathUnavailable if it is not loose."""
