@@ -13,8 +13,8 @@ Usage: ``bench/loop.py --json [--iterations N]`` (default run ≤ 45 s).
 - ``checkpoint_ms_10k_files``: one file changed in a 10,000-file workspace.
 - ``fs_ref_update_us_p50``/``fs_new_file_us_p50``/``fs_append_us_p50``: the disk's own cost,
   measured in the same run beside the others: a git ref update, a new file, and an append to an
-  existing file (what a checkpoint does now; on this machine's virtual disk a new file costs
-  60–800 µs, an append a tenth of that), and ``overhead_ms_per_iteration_tmpfs``, the same loop
+  existing file (what a running loop's checkpoint does; on this machine's virtual disk a new
+  file costs 60–800 µs, an append 4–50 µs), and ``overhead_ms_per_iteration_tmpfs``, the same loop
   with the org home in /dev/shm: what the engine costs apart from the disk. Only the on-disk
   figure is held to the target.
 Targets: overhead ≤ 5 ms, ratio ≤ 1.3, checkpoint ≤ 100 ms.
