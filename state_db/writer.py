@@ -86,13 +86,13 @@ class Transaction:
         self._special_insert(table, row)
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
+        values = [_sql_value(v, self.secrets) for v in row.values()]
         try:
-            self.conn.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})",
-                              [_sql_value(v, self.secrets) for v in row.values()])
+            self.conn.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", values)
         except sqlite3.IntegrityError as exc:
             raise Conflict(f"{table}: {exc}", hint="the row exists already or breaks a constraint") from exc
         if journal:
-            self.journal(f"{table}.created", _subject(table, row), _public(row, self.secrets))
+            self.journal(f"{table}.created", _subject(table, row), _public(row, self.secrets, values))
 
     def update(self, table: str, key: Any, **fields: Any) -> None:
         """Change non-status fields of one row; journals ``<table>.updated`` unless the change
@@ -315,14 +315,15 @@ def _sql_value(value: Any, secrets: list[str]) -> Any:
 _BULKY = 400
 
 
-def _public(fields: dict, secrets: list[str]) -> dict:
-    """What a journal event keeps of a row: scalars, with long text cut."""
+def _public(fields: dict, secrets: list[str], encoded: list | None = None) -> dict:
+    """What a journal event keeps of a row: scalars, with long text cut. ``encoded``: the
+    values as ``_sql_value`` already wrote them (JSON text is not made twice)."""
     out = {}
-    for k, v in fields.items():
+    for i, (k, v) in enumerate(fields.items()):
         if isinstance(v, str) and len(v) > _BULKY:
             v = v[:_BULKY] + "…"
         elif isinstance(v, (dict, list, tuple)):
-            text = dumps(v, secrets)
+            text = encoded[i] if encoded is not None else dumps(v, secrets)
             v = orjson.loads(text) if len(text) <= _BULKY else text[:_BULKY] + "…"
         out[k] = v
     return out

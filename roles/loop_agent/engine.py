@@ -298,8 +298,7 @@ class LoopEngine:
             gate.record_requests(tx, self.work_id, n, outcome.requests)
         self.log.info("iteration_committed", iteration=n, attempt=attempt, act=outcome.status,
                       changed=len(changed), next="verify by the eval-agent")
-        row = dict(self.w.conn.execute("SELECT * FROM iterations WHERE work_id=? AND n=?", (self.work_id, n)).fetchone())
-        self._verify_and_reflect(row)
+        self._verify_and_reflect({"n": n, "checkpoint": checkpoint})
 
     def _verify_and_reflect(self, it: dict) -> None:
         self.verify(self.work_id, it["n"])

@@ -57,7 +57,7 @@ def check_ours(dest: Path, sidecar: Path, gitindex: Path) -> None:
     if any(p.with_name(p.name + ".lock").exists() for p in (sidecar, gitindex)):
         log.warning("snapshot_torn", snapshot=str(dest), next="written whole")
         discard(dest, sidecar)
-    if not is_empty(dest) and not sidecar.exists() and not gitindex.exists():
+    if not sidecar.exists() and not gitindex.exists() and not is_empty(dest):
         raise HistoryError(f"snapshot directory {dest} is not empty and was not written "
                            "by this history; pass a fresh one", code="dest_not_empty")
 
