@@ -182,13 +182,20 @@ def test_kill_9_mid_act_then_resume_no_iteration_twice_usage_once_workspace_rese
     subprocess.run([*gd, "fsck", "--strict", "--no-dangling"], capture_output=True, check=True)
 
 
+_THREE_ACTS = [[BAD], [{"write": {"calc.py": BUGGY + "# 2\n"}}], [GOOD]]
+
+
+def _reference_run_and_second_item(org_home, tmp_path) -> list:
+    """Run item wa uninterrupted to goal_met (fail, fail, pass) and submit wb, to be run with
+    the same acts and compared; returns the acts."""
+    submit(org_home, make_workspace(tmp_path / "a"), work_id="wa")
+    engine(org_home, "wa", ScriptedActs(_THREE_ACTS)).run()
+    submit(org_home, make_workspace(tmp_path / "b"), work_id="wb")
+    return _THREE_ACTS
+
+
 def test_resume_after_iteration_k_equals_an_uninterrupted_run(org_home, tmp_path):
-    acts = [[BAD], [{"write": {"calc.py": BUGGY + "# 2\n"}}], [GOOD]]
-    ws_a = make_workspace(tmp_path / "a")
-    submit(org_home, ws_a, work_id="wa")
-    engine(org_home, "wa", ScriptedActs(acts)).run()
-    ws_b = make_workspace(tmp_path / "b")
-    submit(org_home, ws_b, work_id="wb")
+    acts = _reference_run_and_second_item(org_home, tmp_path)
 
     class StopAfter(ScriptedActs):
         def act(self, ctx, *, on_usage, budget_left):
@@ -233,12 +240,7 @@ def test_editing_a_protected_test_never_reaches_goal_met(org_home, ws):
 def test_a_crash_between_a_verdict_and_its_reflection_is_reflected_identically_on_resume(org_home, tmp_path):
     """The reflection (lesson, feedback, fingerprint) rides on the next transaction; a run that
     dies before it leaves a verdict alone, and the next run derives exactly the same reflection."""
-    acts = [[BAD], [{"write": {"calc.py": BUGGY + "# 2\n"}}], [GOOD]]
-    ws_a = make_workspace(tmp_path / "a")
-    submit(org_home, ws_a, work_id="wa")
-    engine(org_home, "wa", ScriptedActs(acts)).run()
-    ws_b = make_workspace(tmp_path / "b")
-    submit(org_home, ws_b, work_id="wb")
+    acts = _reference_run_and_second_item(org_home, tmp_path)
     crashing = engine(org_home, "wb", ScriptedActs(acts))
     real_verify = crashing.verify
 

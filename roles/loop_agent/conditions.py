@@ -35,7 +35,8 @@ class GoalMet(StopCondition):
 
 
 class _Cap(StopCondition):
-    """Fires when a counter of the run reaches ``limit``."""
+    """Fires when a counter of the run reaches ``limit`` (iterations, tokens, US dollars or
+    seconds), given as the one argument."""
 
     hard_cap = True
     field: ClassVar[str]        # the RunProgress attribute compared
@@ -62,18 +63,12 @@ class MaxIterations(_Cap):
     field, reason, integer = "iterations", StopReason.MAX_ITERATIONS, True
     says = "{value} iterations committed, cap {limit}"
 
-    def __init__(self, n: int) -> None:
-        super().__init__(n)
-
 
 class TokenBudget(_Cap):
     budget = True
     kind = "token_budget"
     field, reason, integer = "tokens", StopReason.TOKEN_BUDGET, True
     says = "{value} tokens used, budget {limit}"
-
-    def __init__(self, n: int) -> None:
-        super().__init__(n)
 
 
 class CostBudget(_Cap):
@@ -82,18 +77,12 @@ class CostBudget(_Cap):
     field, reason = "cost_usd", StopReason.COST_BUDGET
     says = "${value:.4f} spent, budget ${limit:.4f}"
 
-    def __init__(self, usd: float) -> None:
-        super().__init__(usd)
-
 
 class Timeout(_Cap):
     budget = True
     kind = "timeout"
     field, reason = "elapsed_s", StopReason.TIMEOUT
     says = "{value:.1f} s elapsed, limit {limit} s"
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__(seconds)
 
 
 class NoProgress(StopCondition):
