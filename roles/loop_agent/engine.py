@@ -135,11 +135,8 @@ class LoopEngine:
     def _flush_history(self) -> None:
         """Write the history's deferred objects and refs out as git's own (a killed run's are
         written by the next run, at its start)."""
-        flush = getattr(self.history, "flush_pending", None)
-        if flush is None:
-            return
         try:
-            flush()
+            self.history.flush_pending()
         except Exception as exc:  # noqa: BLE001 - pending refs stay readable and are retried
             self.log.warning("history_not_flushed", error=str(exc), next="the next run writes it out")
 

@@ -43,12 +43,12 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
                 shutil.rmtree(d, ignore_errors=True)
     # objects and refs a killed loop-agent left pending in an ended run's history: readers see
     # them, but git's own files would lag for good, as no run of that item starts again
+    from roles.workspace.history import WorkspaceHistory, has_pending
     for wid, at in ended.items():
         git_dir = home.history_dir / f"{wid}.git"
-        if now - at > PENDING_QUIET_S and any(git_dir.glob("loop-org-pending-*")):
+        if now - at > PENDING_QUIET_S and has_pending(git_dir):
             files["histories_written_out"] += 1
             if not dry_run:
-                from roles.workspace.history import WorkspaceHistory
                 try:
                     WorkspaceHistory(git_dir, Path(workspaces[wid]), defer=True).flush_pending()
                 except Exception as exc:  # noqa: BLE001 - readers still see them; the next pass retries

@@ -51,8 +51,10 @@ from roles.workspace.errors import (  # noqa: F401 - re-exported: callers import
 )
 from roles.workspace.gitcli import IDENTITY, GitCli
 from roles.workspace.gitpath import GitPath
+from roles.workspace.pending import PENDING_OBJECTS
+from roles.workspace.refs import PENDING as PENDING_REFS
 from roles.workspace.refs import Refs, clear_stale_locks, resolve
-from roles.workspace.views import BASELINE_REF, HEAD_REF, HistoryViews, inside  # noqa: F401 - re-exported
+from roles.workspace.views import BASELINE_REF, HEAD_REF, HistoryViews, inside
 from roles.workspace.workspace_cache import WorkspaceCache
 
 log = structlog.get_logger("loop_agent.history")
@@ -60,6 +62,11 @@ log = structlog.get_logger("loop_agent.history")
 
 def iteration_ref(iteration: int) -> str:
     return f"refs/iterations/{iteration}"
+
+
+def has_pending(git_dir: Path) -> bool:
+    """Whether a deferring writer left objects or refs in ``git_dir`` not yet written out."""
+    return (git_dir / PENDING_OBJECTS).exists() or (git_dir / PENDING_REFS).exists()
 
 
 class WorkspaceHistory(HistoryViews):

@@ -3,8 +3,8 @@
 An object is ``<type> <size>\\0<body>``, named by its sha1 and stored zlib-compressed at
 ``objects/<2 hex>/<38 hex>``; written to a temp file in the same directory and renamed into
 place (read-only, like git), so a killed writer never leaves a torn object and git reads ours
-as its own. Only loose objects are read here: one missing (or packed by a manual ``git gc``)
-raises FastPathUnavailable and the caller asks git instead. Objects never change, so parsed
+as its own. Only loose (and pending, below) objects are read here: one missing (or packed by a
+manual ``git gc``) raises FastPathUnavailable and the caller asks git instead. Objects never change, so parsed
 trees and commits are cached for the life of the process.
 
 A store with ``defer_writes`` set (the running loop's) appends new objects to the pending file
@@ -176,7 +176,8 @@ class ObjectStore:
         return self.pending.publish(write_out, drop=drop)
 
     def read(self, sha: bytes) -> tuple[bytes, bytes]:
-        """(kind, body) of a loose object. Raises FastPathUnavailable if it is not loose."""
+        """(kind, body) of a loose or pending object. Raises FastPathUnavailable if it is
+        neither (packed by git, or missing)."""
         try:
             try:
                 raw = read_file(self._path(sha)[1])
@@ -196,7 +197,8 @@ class ObjectStore:
         return kind, data[nul + 1 :]
 
     def kind(self, sha: bytes) -> bytes:
-        """Object type (``commit``, ``tree``, ...) of a loose object; checks it still exists."""
+        """Object type (``commit``, ``tree``, ...) of a loose or pending object; checks it
+        still exists."""
         kind = self._kinds.get(sha)
         if kind is None or not (self.pending.has(sha) or os.path.exists(self._path(sha)[1])):
             kind = self.read(sha)[0]

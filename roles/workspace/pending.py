@@ -3,7 +3,7 @@
 The loop-agent's checkpoints append their new objects (each exactly the bytes of its loose
 file) to one file, ``<git_dir>/loop-org-pending-objects``, instead of creating a file per
 object: on this machine's ext4 disk a new file costs 60–800 µs depending on load, an append
-5–50 µs, and a checkpoint makes at least three objects. ``publish`` writes them out as git's
+4–50 µs, and a checkpoint makes at least three objects. ``publish`` writes them out as git's
 loose objects later (before git runs on the repository, when the run stops, and every few
 dozen checkpoints with the refs; see ``refs``), and the writer then drops the file.
 

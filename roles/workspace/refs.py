@@ -8,7 +8,7 @@ the new value, never a torn one. A loose ref shadows the same name in ``packed-r
 An existing ref is replaced by swapping it with its lock (``renameat2`` with
 ``RENAME_EXCHANGE``) and then removing the lock, which now holds the old value. A plain
 rename over an existing file makes ext4 write the new file's data out at once
-(``auto_da_alloc``); measured here, that is 200–250 µs per ref update against 35 µs for the
+(``auto_da_alloc``); measured here, that is 200–300 µs per ref update against 35 µs for the
 swap. A writer killed between the swap and the removal leaves the ref updated and its lock
 held, exactly like one killed while holding the lock: ``clear_stale_locks`` removes it. Where
 the swap is not supported (another file system, an old kernel) the lock is renamed over the
@@ -17,7 +17,7 @@ ref, as git does.
 Deferred refs (``Refs(deferred=True)``, the loop-agent's checkpoints): an update is one line
 appended to ``loop-org-pending-refs`` in the git dir instead of a new lock file, a rename and
 reflog writes. On this machine's ext4 disk a new file costs 60–800 µs depending on load, an
-append 5–50 µs; two ref updates per checkpoint were a quarter of the loop's overhead. Every
+append 4–50 µs; two ref updates per checkpoint were a quarter of the loop's overhead. Every
 ``Refs`` reads the pending lines over the loose and packed refs, so in-process readers (and the
 eval-agent in its own process) see the new values at once. ``flush`` writes them out as loose
 refs with their reflog lines and removes the file: before git runs on the repository, when a
