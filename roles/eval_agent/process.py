@@ -45,7 +45,7 @@ class EvalAgentProcess(RoleProcess):
         sender = self.transport.thread_sender()
         from roles.sandbox import runner_from_config
         verifier = Verifier(self.home, writer, timeout_s=float(self.cfg["sandbox.cpu_seconds"]),
-                            runner_factory=lambda snapshot: runner_from_config(self.cfg, self.home, snapshot))
+                            runner_factory=lambda snapshot, workspace: runner_from_config(self.cfg, self.home, snapshot))
         try:
             while not self.stopping:
                 self.more.wait(1.0)

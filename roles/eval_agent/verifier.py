@@ -59,7 +59,8 @@ class Verifier:
         writer: a StateWriter with actor eval-agent.
         timeout_s: per verify command.
         history_factory: (git_dir, workspace) -> history (injectable).
-        runner_factory: snapshot dir -> command runner (the sandbox); None runs plain processes.
+        runner_factory: (snapshot dir, the work item's workspace) -> command runner (the sandbox);
+            None runs plain processes.
     """
 
     def __init__(self, home: OrgHome, writer: StateWriter, *, timeout_s: float = 300.0, history_factory=None,
@@ -111,7 +112,7 @@ class Verifier:
                 raise
             history.discard_snapshot(snapshot)     # left half-written by a killed eval-agent
             protected = history.materialize(it["checkpoint"], snapshot, paths=paths)
-        runner = self.runner_factory(snapshot) if self.runner_factory else None
+        runner = self.runner_factory(snapshot, Path(work["workspace"])) if self.runner_factory else None
         try:
             checks = [run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner)
                       for cmd in orjson.loads(work["verify"])]

@@ -24,7 +24,7 @@ import orjson
 import structlog
 
 from roles.loop_agent import gate, progress as prog
-from roles.loop_agent.backends.base import ActContext, ActOutcome, Backend, Usage
+from roles.loop_agent.backends.base import ActContext, ActOutcome, Backend, Remaining, Usage
 from roles.loop_agent.context import assemble
 from roles.loop_agent.lessons import derive_lesson
 from roles.loop_agent.remote_verify import VerifyInterrupted
@@ -216,10 +216,19 @@ class LoopEngine:
             self.settings.knowledge, prog.digests(its, verdicts, self._reflected), prog.lessons(its, self.settings.lessons_max, self._reflected),
             _feedback(self.w.conn, self.work_id, its, verdicts), n,
             k_recent=self.settings.recent_iterations, summary_cap_chars=self.settings.summary_cap_chars)
-        ctx = ActContext(self.work_id, n, attempt, Path(work["workspace"]), prompt.system_prefix, prompt.variable,
-                         max_turns=self.settings.max_turns)
         t0 = self.clock()
         spent = {"tokens": progress.tokens, "cost": progress.cost_usd}
+        caps = orjson.loads(work["caps"]) if isinstance(work["caps"], str) else work["caps"]
+
+        def remaining() -> Remaining:
+            def left(cap, used):
+                return None if cap is None else max(0, cap - used)
+            return Remaining(tokens=left(caps.get("budget_tokens"), spent["tokens"]),
+                             cost_usd=left(caps.get("budget_usd"), spent["cost"]),
+                             seconds=left(caps.get("timeout_s"), progress.elapsed_s + self.clock() - t0))
+
+        ctx = ActContext(self.work_id, n, attempt, Path(work["workspace"]), prompt.system_prefix, prompt.variable,
+                         max_turns=self.settings.max_turns, remaining=remaining)
 
         def on_usage(u: Usage) -> None:
             self._commit_usage(u, n, attempt)

@@ -80,6 +80,21 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class Remaining:
+    """What a run has left at the moment it is asked, per cap; ``None`` where the run has no such
+    cap. Backends bound each model request (``max_tokens``, its timeout) and each tool command's
+    time limit by it, so a cap cuts inside a call rather than after it."""
+
+    tokens: int | None = None
+    cost_usd: float | None = None
+    seconds: float | None = None
+
+
+def unbounded() -> Remaining:
+    return Remaining()
+
+
+@dataclass(frozen=True)
 class ActContext:
     """What one act works from.
 
@@ -95,6 +110,7 @@ class ActContext:
     system_prefix: str
     variable_prompt: str
     max_turns: int = 20
+    remaining: Callable[[], Remaining] = field(default=unbounded, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
