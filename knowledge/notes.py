@@ -15,7 +15,7 @@ import orjson
 
 from knowledge.errors import NoteInvalid, RetroExists, RunNotEnded
 from state_db.errors import Conflict
-from state_db.vocab import NoteStatus, WorkStatus
+from state_db.vocab import StopReason, NoteStatus, WorkStatus
 
 PARTS = ("fact", "judgment", "rationale", "applicability")
 PART_MAX_CHARS = 2000
@@ -134,11 +134,14 @@ def has_retro(conn: sqlite3.Connection, run_id: str) -> bool:
 
 
 def runs_without_retro(conn: sqlite3.Connection, limit: int = 50) -> list[str]:
-    """Ended runs whose retro is not written yet, oldest first."""
+    """Ended runs whose retro is not written yet, oldest first. A run that ended because its
+    verify commands could not run (``verify_unrunnable``) taught nothing about the work: the
+    machine failed, not the doer, so it never becomes lessons, knowledge or skills."""
     rows = conn.execute(
         """SELECT w.id FROM work_items w WHERE w.status = ?
+             AND w.stop_reason IS NOT ?
              AND NOT EXISTS (SELECT 1 FROM raw_notes r WHERE r.run_id = w.id)
-           ORDER BY w.ended_at, w.id LIMIT ?""", (WorkStatus.ENDED, limit)).fetchall()
+           ORDER BY w.ended_at, w.id LIMIT ?""", (WorkStatus.ENDED, StopReason.VERIFY_UNRUNNABLE, limit)).fetchall()
     return [r[0] for r in rows]
 
 

@@ -52,7 +52,7 @@ TRANSITIONS: dict[str, dict[str, set[str]]] = {
 # Primary key column of each table that has a status.
 KEYS = {"work_items": "id", "org_session": "id", "role_instances": "instance", "decisions": "id",
         "skill_candidates": "id", "candidate_batches": "id", "raw_notes": "id", "skills": "name",
-        "iterations": ("work_id", "n"), "verdicts": "id", "model_calls": "request_id",
+        "iterations": ("work_id", "n"), "verdicts": "id", "preflights": "work_id", "model_calls": "request_id",
         "curated_notes": "id", "workspace_locks": "workspace", "attempts": ("work_id", "attempt")}
 
 H, SUP, CO, LA, EV, CU = (Actor.HUMAN, Actor.SUPERVISOR, Actor.COORDINATOR, Actor.LOOP_AGENT,
@@ -74,7 +74,8 @@ WRITERS: dict[tuple[str, str], set[str]] = {
     ("iterations", "update"): {LA},
     ("model_calls", "insert"): {LA, CO, CU},
     ("verdicts", "insert"): {EV},
-    ("decisions", "insert"): {LA},
+    ("preflights", "insert"): {EV},
+    ("decisions", "insert"): {LA, EV},
     ("decisions", "status"): {H, CO, LA},
     ("decisions", "update"): {CO, LA},
     ("raw_notes", "insert"): {CU},

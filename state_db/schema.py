@@ -209,7 +209,31 @@ CREATE INDEX skill_candidates_status ON skill_candidates(status);
 CREATE INDEX skill_candidates_name ON skill_candidates(name);
 """
 
+# Verify commands are run once on the baseline before the first act (the preflight); a verdict
+# says what was held back from verification; --no-default-protect is remembered per work item.
+VERIFIER = """
+CREATE TABLE preflights (
+    work_id TEXT PRIMARY KEY REFERENCES work_items(id),
+    outcome TEXT NOT NULL,
+    checks TEXT NOT NULL DEFAULT '[]',
+    detail TEXT NOT NULL DEFAULT '',
+    written_by TEXT NOT NULL,
+    at REAL NOT NULL
+);
+ALTER TABLE verdicts ADD COLUMN held_back TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE verdicts ADD COLUMN evidence TEXT NOT NULL DEFAULT '';
+ALTER TABLE work_items ADD COLUMN default_protect INTEGER NOT NULL DEFAULT 1;
+"""
+
+# The submitter's toolchain (PATH, HOME, paths the work item names): what the sandbox shows
+# its commands (roles/sandbox/toolchains.py).
+SANDBOX_PATH = """
+ALTER TABLE work_items ADD COLUMN toolchain TEXT NOT NULL DEFAULT '{}';
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
     ("0002_knowledge", KNOWLEDGE),
+    ("0003_verifier", VERIFIER),
+    ("0004_sandbox_path", SANDBOX_PATH),
 ]

@@ -35,6 +35,7 @@ class StopReason(StrEnum):
     CANCELLED = "cancelled"
     MODEL_ERROR = "model_error"
     ORG_LIMIT = "org_limit"
+    VERIFY_UNRUNNABLE = "verify_unrunnable"   # a verify command cannot start: the machine's fault, not the doer's
 
 
 class WorkStatus(StrEnum):
@@ -87,6 +88,14 @@ class VerdictOutcome(StrEnum):
     PASS = "pass"
     FAIL = "fail"
     ERROR = "error"
+
+
+class PreflightOutcome(StrEnum):
+    """What running the verify commands on the baseline showed, before the first act."""
+
+    READY = "ready"                  # every command ran, and the baseline does not pass yet
+    ALREADY_PASSES = "already_passes"  # the goal looks met before any work: a human decides
+    UNRUNNABLE = "unrunnable"        # a command cannot start: the run ends verify_unrunnable
 
 
 class NoteStatus(StrEnum):

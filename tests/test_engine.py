@@ -75,7 +75,8 @@ def test_no_progress_fires_on_repeated_results_within_the_window_not_only_adjace
 def test_max_iterations_is_a_hard_cap(org_home, ws):
     (ws / "state").write_text("start")
     submit(org_home, ws, caps={"max_iterations": 3}, verify=(SHOW_AND_FAIL,))
-    acts = [[{"write": {"state": f"attempt {i}"}}] for i in range(1, 10)]
+    # distinct words, not numbers: numbers that change from run to run are noise to the signature
+    acts = [[{"write": {"state": f"attempt {'abcdefghi'[i]}"}}] for i in range(9)]
     decision = engine(org_home, "w1", ScriptedActs(acts)).run()
     assert decision.reason == "max_iterations"
     assert len(its(org_home)) == 3
@@ -182,7 +183,9 @@ def test_kill_9_mid_act_then_resume_no_iteration_twice_usage_once_workspace_rese
     subprocess.run([*gd, "fsck", "--strict", "--no-dangling"], capture_output=True, check=True)
 
 
-_THREE_ACTS = [[BAD], [{"write": {"calc.py": BUGGY + "# 2\n"}}], [GOOD]]
+# the second act fails differently (a word, not another wrong number): the same assertion failing
+# with another number would be the same failure, and end the run at repeated_failure
+_THREE_ACTS = [[BAD], [{"write": {"calc.py": "def add(a, b):\n    return \"wrong\"\n"}}], [GOOD]]
 
 
 def _reference_run_and_second_item(org_home, tmp_path) -> list:

@@ -23,6 +23,8 @@ _NOISE = [
     (re.compile(r"pid[ =]\d+"), "pid <n>"),
     (re.compile(r"run-[0-9]+-[0-9a-f]+|run-[0-9a-f]{8,}"), "<cgroup>"),
 ]
+_NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)*(?:[eE][-+]?\d+)?")
+_ERROR_KIND = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Failure|Interrupt|Exit))\b")
 _SALIENT = re.compile(r"(error|fail|assert|exception|traceback|expected|panic)", re.IGNORECASE)
 
 
@@ -45,23 +47,44 @@ class CheckResult:
     signature: str | None
     output_tail: str
     duration_ms: float
+    tests: dict | None = None       # the runner's summary (``evidence.TestCounts``), when one was read
+    evidence: str = ""              # "tests" / "exit_code" (what a pass rests on); "" before a judgement
+    code: str | None = None         # why the check could not run (``verify_unrunnable``, ``sandbox_failed``, …)
 
     def encode(self) -> dict:
         return asdict(self)
 
     @classmethod
     def decode(cls, data: dict) -> "CheckResult":
-        return cls(**data)
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def counts(self):
+        from roles.eval_agent.evidence import TestCounts
+        return TestCounts.decode(self.tests)
 
 
 def failure_signature(output: str, exit_code: int | None, timed_out: bool, snapshot: Path) -> str:
-    """A short hash of what the failure says, with run-to-run noise removed."""
+    """A short hash of what the failure is, with run-to-run noise removed.
+
+    Where the runner names the failing tests, the signature is those ids and the kinds of error
+    raised (``AssertionError``, ``TypeError``): whatever a message prints — a time, a random
+    number, a word — the same tests failing the same way is the same failure. Otherwise it is the
+    salient lines of the output with timings, addresses, temporary paths and every number left out.
+    """
+    from roles.eval_agent.evidence import failing_ids
     text = output.replace(str(snapshot), "<ws>")
     for pattern, repl in _NOISE:
         text = pattern.sub(repl, text)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     salient = [ln for ln in lines if _SALIENT.search(ln)][-20:] or lines[-5:]
-    basis = f"exit={exit_code} timeout={timed_out}\n" + "\n".join(salient)
+    ids = failing_ids(output)
+    if ids:
+        kinds = sorted({m for ln in salient for m in _ERROR_KIND.findall(ln)})
+        basis = f"exit={exit_code} timeout={timed_out}\nids=" + ",".join(ids) + "\nkinds=" + ",".join(kinds)
+    else:
+        basis = f"exit={exit_code} timeout={timed_out}\n" + "\n".join(_NUMBER.sub("<n>", ln) for ln in salient)
     return hashlib.sha256(basis.encode()).hexdigest()[:16]
 
 
@@ -85,7 +108,8 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
         return CheckResult(
             name=command, command=command, passed=passed, exit_code=None if timed_out else code, timed_out=timed_out,
             signature=None if passed else failure_signature(text, code, timed_out, cwd),
-            output_tail=text[-OUTPUT_TAIL:], duration_ms=round((time.monotonic() - t0) * 1000, 2))
+            output_tail=text[-OUTPUT_TAIL:], duration_ms=round((time.monotonic() - t0) * 1000, 2),
+            tests=_summary(text))
     proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                             env=env if env is not None else _clean_env())
@@ -102,7 +126,14 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
         name=command, command=command, passed=passed,
         exit_code=None if timed_out else proc.returncode, timed_out=timed_out,
         signature=None if passed else failure_signature(text, proc.returncode, timed_out, cwd),
-        output_tail=text[-OUTPUT_TAIL:], duration_ms=round((time.monotonic() - t0) * 1000, 2))
+        output_tail=text[-OUTPUT_TAIL:], duration_ms=round((time.monotonic() - t0) * 1000, 2),
+        tests=_summary(text))
+
+
+def _summary(text: str) -> dict | None:
+    from roles.eval_agent.evidence import parse
+    counts = parse(text)
+    return counts.encode() if counts is not None else None
 
 
 def _clean_env() -> dict:

@@ -1,28 +1,52 @@
-"""The eval-agent's judgement of one committed iteration.
+"""The eval-agent's judgement of one committed iteration, and the preflight before the first act.
 
 It verifies checkpoint n in its own snapshot — never the live workspace the doer can still
-change — with protected files restored from the baseline, runs every verify command there, and
-writes the verdict as the eval-agent. A passing verdict on the latest committed iteration ends
-the run with ``goal_met`` in the same transaction: nobody else can.
+change — with protected files (tests) restored from the baseline and everything that changes how
+a check runs held to the baseline (``held``), runs every verify command there, and writes the
+verdict as the eval-agent. A check passes only with an exit code of 0 *and* evidence that its
+tests ran as many as on the baseline (``evidence``). A passing verdict on the latest committed
+iteration ends the run with ``goal_met`` in the same transaction: nobody else can.
+
+Before the first act (``preflight``), every verify command runs once on the baseline, in the
+same sandbox. A command that cannot start (exit 126/127, the shell's "not found", a missing
+module, the sandbox failing, a timeout) ends the work item with ``verify_unrunnable`` before any
+model call, with a message that names the command and quotes what it said. The baseline's
+result is kept: later verdicts compare their test counts with it. A baseline that already passes
+asks a human (a pending ``baseline_passes`` decision) whether to go on.
+
+A check that cannot start during the run is never blamed on the doer: the verdict is ``error``,
+its check carries the code (``verify_unrunnable``, ``sandbox_failed``, ``verifier_error``), and
+the run ends ``verify_unrunnable`` in the same transaction (it does not pause for a decision: the
+machine has to be fixed first, and ``org show`` says what to change).
 """
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import orjson
 
+from roles.eval_agent import evidence, held as held_rules
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
+from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
 from state_db.errors import NotFound, StateError
 from state_db.home import OrgHome
-from state_db.vocab import StopReason, VerdictOutcome, WorkStatus
+from state_db.vocab import (DecisionStatus, PreflightOutcome, StopReason, VerdictOutcome, WorkStatus)
 from state_db.writer import StateWriter
 
 PROTECTED_CHECK = "protected files unchanged"
 _KEEP_HISTORIES = 8
+# What an interpreter or a build tool says when the *command* cannot start (the shell's own "not
+# found" is exit 127, "not executable" 126). Kept narrow: a test that fails on a missing file
+# prints "No such file or directory" too, and that is a failure, not an unrunnable command.
+_CANNOT_START = re.compile(r"^(?:\S*/)?python[\d.]*: (?:No module named|can't open file)|"
+                           r"^npm (?:ERR!|error) Missing script|No rule to make target|no makefile found|"
+                           r"^error: no such command|^bwrap: ", re.MULTILINE)
+UNRUNNABLE_CODES = ("verify_unrunnable", "sandbox_failed", "sandbox_unavailable", "sandbox_error", "verifier_error")
 
 
 @dataclass(frozen=True)
@@ -35,20 +59,68 @@ class Verdict:
     feedback: str
     protected_changed: tuple[str, ...]
     goal_met: bool
+    held_back: tuple[dict, ...] = ()
+    ended: str | None = None            # the stop reason this verdict ended the run with, if any
 
 
-def feedback_of(checks: list[CheckResult], protected: list[str]) -> str:
+@dataclass(frozen=True)
+class Preflight:
+    work_id: str
+    outcome: str
+    checks: tuple[CheckResult, ...]
+    detail: str
+    ended: str | None = None
+
+
+def feedback_of(checks: list[CheckResult], protected: list[str], held: list | None = None) -> str:
     """Specific, actionable feedback for the next gather: which check failed and how."""
     parts = []
     if protected:
         parts.append(f"Protected files were changed and were restored for verification: {', '.join(protected)}. "
                      "Do not edit tests to make them pass; change the code under test.")
+    if held:
+        parts.append(held_rules.note_for_doer(held))
     for c in checks:
         if not c.passed and c.name != PROTECTED_CHECK:
-            why = "timed out" if c.timed_out else ("could not run" if c.exit_code is None else f"exit {c.exit_code}")
+            if c.code:
+                why = f"could not run: {c.code}"
+            elif c.timed_out:
+                why = "timed out"
+            elif c.exit_code == 0:
+                why = "exit 0, but not a pass"
+            else:
+                why = "could not run" if c.exit_code is None else f"exit {c.exit_code}"
             tail = "\n".join(c.output_tail.strip().splitlines()[-15:])
             parts.append(f"Check `{c.command}` failed ({why}):\n{tail}")
     return "\n\n".join(parts) if parts else "All checks passed."
+
+
+def cannot_start(check: CheckResult, *, baseline: bool = False) -> str | None:
+    """Why ``check`` shows that its command could not start at all (None: it ran).
+
+    On the baseline (``baseline``) a timeout and an interpreter's "no module named" count too;
+    during the run they are the doer's (a hang, a deleted virtual environment) and fail the check.
+    """
+    if check.code:
+        return check.code
+    if check.exit_code in (126, 127):
+        return f"exit {check.exit_code}"
+    if baseline and check.timed_out:
+        return f"timed out after {check.duration_ms / 1000:.0f} s"
+    if baseline and check.exit_code not in (0, None) and check.tests is None \
+            and _CANNOT_START.search(check.output_tail[-1500:]):
+        return f"exit {check.exit_code}"
+    return None
+
+
+def unrunnable_message(check: CheckResult, why: str, *, where: str) -> str:
+    said = " / ".join(ln.strip() for ln in check.output_tail.strip().splitlines()[-3:] if ln.strip())[:400]
+    hint = ("make the command's program reachable in the sandbox: use a path inside the workspace "
+            "(e.g. .venv/bin/python -m pytest), add its folder to sandbox.readonly_binds in org.toml, "
+            "or check it with 'org doctor'")
+    if check.timed_out:
+        hint = "raise sandbox.cpu_seconds in org.toml, or verify with a faster command"
+    return f"verify command `{check.command}` cannot run {where} ({why}): {said or 'no output'} — {hint}"
 
 
 class Verifier:
@@ -91,69 +163,241 @@ class Verifier:
                                        (work_id, n)).fetchone()
         return dict(row) if row else None
 
-    def verify(self, work_id: str, n: int) -> Verdict:
-        """Verify committed iteration ``n`` of ``work_id`` (idempotent: an existing verdict is returned)."""
+    def _work(self, work_id: str):
+        work = self.writer.conn.execute("SELECT * FROM work_items WHERE id=?", (work_id,)).fetchone()
+        if work is None:
+            raise NotFound(f"work item {work_id} does not exist")
+        return work
+
+    def _snapshot(self, history, commit: str, snapshot: Path, paths: list[str]) -> list[str]:
+        try:
+            return history.materialize(commit, snapshot, paths=paths)
+        except Exception as exc:
+            if getattr(exc, "code", None) != "dest_not_empty":
+                raise
+            history.discard_snapshot(snapshot)     # left half-written by a killed eval-agent
+            return history.materialize(commit, snapshot, paths=paths)
+
+    def _run(self, work, snapshot: Path) -> list[CheckResult]:
+        """Run every verify command in ``snapshot``. Raises VerifyUnavailable (the sandbox)."""
+        runner = self.runner_factory(snapshot, Path(work["workspace"])) if self.runner_factory else None
+        commands = orjson.loads(work["verify"])
+        if not [c for c in commands if c.strip()]:
+            raise StateError(f"{work['id']} has no verify command", code="no_verify_command",
+                             hint="submit with at least one --verify command")
+        return [run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner) for cmd in commands]
+
+    def verify(self, work_id: str, n: int) -> Verdict | Preflight:
+        """Verify committed iteration ``n`` of ``work_id`` (idempotent: an existing verdict is
+        returned); ``n == 0`` is the preflight on the baseline."""
+        if n == 0:
+            return self.preflight(work_id)
         conn = self.writer.conn
-        work = conn.execute("SELECT * FROM work_items WHERE id=?", (work_id,)).fetchone()
+        work = self._work(work_id)
         it = conn.execute("SELECT * FROM iterations WHERE work_id=? AND n=?", (work_id, n)).fetchone()
-        if work is None or it is None:
+        if it is None:
             raise NotFound(f"iteration {n} of {work_id} is not committed", hint="verify only committed iterations")
         found = self.existing(work_id, n)
         if found:
             return _from_row(found, work["stop_reason"] == StopReason.GOAL_MET)
         history = self._history(work_id, work["workspace"])
         snapshot = self.home.root / "eval" / work_id
-        patterns = orjson.loads(work["protect"]) or None
-        paths = history.protected_paths(patterns=patterns) if patterns else None
+        patterns = (*(DEFAULT_PROTECTED_PATTERNS if work["default_protect"] else ()), *orjson.loads(work["protect"]))
+        paths = history.protected_paths(patterns=patterns) if patterns else []
+        protected = self._snapshot(history, it["checkpoint"], snapshot, paths)
+        held = self._hold_back(history, it["checkpoint"], snapshot, orjson.loads(work["verify"]), paths)
         try:
-            protected = history.materialize(it["checkpoint"], snapshot, paths=paths)
-        except Exception as exc:
-            if getattr(exc, "code", None) != "dest_not_empty":
-                raise
-            history.discard_snapshot(snapshot)     # left half-written by a killed eval-agent
-            protected = history.materialize(it["checkpoint"], snapshot, paths=paths)
-        runner = self.runner_factory(snapshot, Path(work["workspace"])) if self.runner_factory else None
-        try:
-            checks = [run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner)
-                      for cmd in orjson.loads(work["verify"])]
+            checks = self._run(work, snapshot)
         except VerifyUnavailable as exc:
             if exc.code != "sandbox_unavailable":
-                raise                       # transient (the sandbox failed to start): retried later
-            # permanent until bubblewrap is installed: say so in a verdict instead of waiting forever
-            checks = [CheckResult(name="sandbox", command="(run verify commands in the sandbox)", passed=False,
-                                  exit_code=None, timed_out=False, signature="sandbox_unavailable",
-                                  output_tail=str(exc), duration_ms=0.0)]
-            return self.record(work_id, n, checks, [], outcome=VerdictOutcome.ERROR)
+                raise                       # transient (the sandbox failed to start): retried, then an error
+            return self.record_error(work_id, n, exc.code, str(exc))
+        baseline = self._baseline_counts(work_id)
+        checks = [_judged(c, baseline) for c in checks]
+        unrunnable = [(c, why) for c in checks if (why := cannot_start(c))]
+        if unrunnable:
+            c, why = unrunnable[0]
+            coded = [replace(x, code=x.code or "verify_unrunnable") if cannot_start(x) else x for x in checks]
+            return self.record(work_id, n, coded, protected, held=held, outcome=VerdictOutcome.ERROR,
+                               end_detail=unrunnable_message(c, why, where="in the sandbox during the run"))
         if protected:
             checks.append(CheckResult(name=PROTECTED_CHECK, command="(compare with baseline)", passed=False,
                                       exit_code=None, timed_out=False, signature="protected:" + ",".join(protected),
                                       output_tail="changed: " + ", ".join(protected), duration_ms=0.0))
-        if not checks:
-            raise StateError(f"{work_id} has no verify command", code="no_verify_command",
-                             hint="submit with at least one --verify command")
-        return self.record(work_id, n, checks, protected)
+        return self.record(work_id, n, checks, protected, held=held)
+
+    def _hold_back(self, history, commit: str, snapshot: Path, commands: list[str], protected: list[str]) -> list:
+        """Hold runner configuration, start-up hooks, shadowing modules, environment files and
+        invoked scripts to the baseline in ``snapshot``; return what was held."""
+        base_ids, target_ids = history.file_ids(None), history.file_ids(commit)
+        kinds = held_rules.candidates(set(base_ids) | set(target_ids), commands, base_ids)
+        kinds = {p: k for p, k in kinds.items() if base_ids.get(p) != target_ids.get(p)}
+        base = {p: history.read_path(None, p) for p in kinds if p in base_ids}
+        target = {p: history.read_path(commit, p) for p in kinds if p in target_ids}
+        held, edits = held_rules.held_back(kinds, base, target, protected)
+        root = snapshot.resolve()
+        for path, content in edits.items():
+            dest = (snapshot / path)
+            if not dest.resolve().is_relative_to(root):
+                continue                                   # a symlinked folder: never write outside
+            if content is None:
+                if dest.is_symlink() or dest.is_file():
+                    dest.unlink()
+            else:
+                if dest.is_symlink():
+                    dest.unlink()
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(content)
+        return held
+
+    def _baseline_counts(self, work_id: str) -> dict[str, evidence.TestCounts | None] | None:
+        row = self.writer.conn.execute("SELECT checks FROM preflights WHERE work_id = ?", (work_id,)).fetchone()
+        if row is None:
+            return None
+        return {c["command"]: evidence.TestCounts.decode(c.get("tests")) for c in orjson.loads(row["checks"])}
+
+    # -- the preflight ----------------------------------------------------------------------------
+
+    def preflight(self, work_id: str) -> Preflight:
+        """Run every verify command on the baseline once (idempotent)."""
+        row = self.writer.conn.execute("SELECT * FROM preflights WHERE work_id = ?", (work_id,)).fetchone()
+        if row is not None:
+            return Preflight(work_id, row["outcome"], tuple(CheckResult.decode(c) for c in orjson.loads(row["checks"])),
+                             row["detail"])
+        work = self._work(work_id)
+        history = self._history(work_id, work["workspace"])
+        snapshot = self.home.root / "eval" / work_id
+        self._snapshot(history, history.baseline_commit() or history.baseline(), snapshot, [])
+        try:
+            checks = self._run(work, snapshot)
+        except VerifyUnavailable as exc:
+            if exc.code != "sandbox_unavailable":
+                raise
+            return self.record_preflight_error(work_id, exc.code, str(exc))
+        for c in checks:
+            why = cannot_start(c, baseline=True)
+            if why:
+                coded = [replace(x, code="verify_unrunnable") if cannot_start(x, baseline=True) else x for x in checks]
+                return self._write_preflight(work_id, PreflightOutcome.UNRUNNABLE, coded,
+                                             unrunnable_message(c, why, where="on the baseline"))
+        if all(c.passed for c in checks) and all(evidence.judge(c.counts, None, baseline_known=False).problem is None
+                                                 for c in checks):
+            return self._write_preflight(work_id, PreflightOutcome.ALREADY_PASSES, checks,
+                                         "baseline: every check passes already (" + _counts_line(checks) + ")")
+        return self._write_preflight(work_id, PreflightOutcome.READY, checks, "baseline: " + _counts_line(checks)
+                                     + ", as expected before any work")
+
+    def record_preflight_error(self, work_id: str, code: str, message: str) -> Preflight:
+        check = CheckResult(name="preflight", command="(run the verify commands on the baseline)", passed=False,
+                            exit_code=None, timed_out=False, signature=code, output_tail=message[-2000:],
+                            duration_ms=0.0, code=code)
+        return self._write_preflight(work_id, PreflightOutcome.UNRUNNABLE, [check],
+                                     f"the verify commands could not run on the baseline ({code}): {message[:400]}"
+                                     " — fix the machine (see 'org doctor'), then submit again")
+
+    def _write_preflight(self, work_id: str, outcome: str, checks: list[CheckResult], detail: str) -> Preflight:
+        ended = None
+        with self.writer.transaction() as tx:
+            if tx.one("SELECT 1 FROM preflights WHERE work_id = ?", (work_id,)):
+                row = tx.get("preflights", work_id)
+                return Preflight(work_id, row["outcome"], tuple(CheckResult.decode(c) for c in orjson.loads(row["checks"])),
+                                 row["detail"])
+            tx.insert("preflights", {"work_id": work_id, "outcome": str(outcome), "checks": [c.encode() for c in checks],
+                                     "detail": detail[:2000], "written_by": self.writer.instance, "at": time.time()})
+            work = tx.get("work_items", work_id)
+            if outcome == PreflightOutcome.UNRUNNABLE and work["status"] != WorkStatus.ENDED:
+                tx.set_status("work_items", work_id, WorkStatus.ENDED, stop_reason=StopReason.VERIFY_UNRUNNABLE,
+                              stop_detail=detail[:1000])
+                ended = StopReason.VERIFY_UNRUNNABLE
+            elif outcome == PreflightOutcome.ALREADY_PASSES and work["status"] != WorkStatus.ENDED:
+                action = {"kind": "baseline_passes", "command": "",
+                          "reason": "every verify command passes on the baseline, before any work"}
+                tx.insert("decisions", {"id": f"d-{uuid.uuid4().hex[:8]}", "work_id": work_id, "iteration": 0,
+                                        "kind": "baseline_passes", "action": action,
+                                        "question": (f"{detail}. Go on with the run anyway? approve: go on; "
+                                                     "reject: end it (human_rejected)")[:1000],
+                                        "status": DecisionStatus.PENDING, "created_at": tx.now})
+        return Preflight(work_id, str(outcome), tuple(checks), detail, ended)
+
+    # -- writing verdicts -------------------------------------------------------------------------
+
+    def record_error(self, work_id: str, n: int, code: str, message: str) -> Verdict:
+        """An ``error`` verdict: the check could not run, for a reason that is not the doer's."""
+        if n == 0:
+            return self.record_preflight_error(work_id, code, message)
+        check = CheckResult(name="verifier", command="(run the verify commands)", passed=False, exit_code=None,
+                            timed_out=False, signature=code, output_tail=message[-2000:], duration_ms=0.0, code=code)
+        return self.record(work_id, n, [check], [], outcome=VerdictOutcome.ERROR,
+                           end_detail=f"iteration {n} could not be verified ({code}): {message[:400]} — "
+                                      "fix the machine (see 'org doctor'); the doer is not charged with it")
 
     def record(self, work_id: str, n: int, checks: list[CheckResult], protected: list[str],
-               outcome: str | None = None) -> Verdict:
+               outcome: str | None = None, *, held: list | None = None, end_detail: str | None = None) -> Verdict:
         outcome = outcome or (VerdictOutcome.PASS if all(c.passed for c in checks) else VerdictOutcome.FAIL)
         vid = f"v-{uuid.uuid4().hex[:12]}"
-        feedback = feedback_of(checks, protected)
-        goal_met = False
+        held = list(held or [])
+        feedback = feedback_of(checks, protected, held)
+        goal_met, ended = False, None
         with self.writer.transaction() as tx:
             tx.insert("verdicts", {"id": vid, "work_id": work_id, "iteration": n, "outcome": outcome,
                                    "checks": [c.encode() for c in checks], "feedback": feedback,
                                    "protected_changed": protected, "written_by": self.writer.instance,
+                                   "held_back": [h.encode() for h in held], "evidence": evidence_line(checks),
                                    "at": time.time()})
             work = tx.get("work_items", work_id)
             latest = tx.one("SELECT MAX(n) FROM iterations WHERE work_id=?", (work_id,))[0]
             if outcome == VerdictOutcome.PASS and latest == n and work["status"] != WorkStatus.ENDED:
                 tx.set_status("work_items", work_id, WorkStatus.ENDED, stop_reason=StopReason.GOAL_MET,
-                              stop_detail=f"iteration {n} passed every check")
+                              stop_detail=f"iteration {n} passed every check ({evidence_line(checks)})")
                 goal_met = True
-        return Verdict(vid, work_id, n, outcome, tuple(checks), feedback, tuple(protected), goal_met)
+            elif outcome == VerdictOutcome.ERROR and work["status"] != WorkStatus.ENDED:
+                tx.set_status("work_items", work_id, WorkStatus.ENDED, stop_reason=StopReason.VERIFY_UNRUNNABLE,
+                              stop_detail=(end_detail or feedback)[:1000])
+                ended = StopReason.VERIFY_UNRUNNABLE
+        return Verdict(vid, work_id, n, outcome, tuple(checks), feedback, tuple(protected), goal_met,
+                       tuple(h.encode() for h in held), ended or (StopReason.GOAL_MET if goal_met else None))
+
+
+def _judged(check: CheckResult, baseline: dict | None) -> CheckResult:
+    """``check`` with its evidence judged against the baseline's run of the same command."""
+    counts = check.counts
+    base = baseline.get(check.command) if baseline is not None else None
+    basis = "tests" if counts is not None else "exit_code"
+    if not check.passed:
+        return replace(check, evidence=basis)
+    ev = evidence.judge(counts, base, baseline_known=baseline is not None and check.command in baseline)
+    if ev.problem is None:
+        return replace(check, evidence=ev.basis)
+    note = f"\n[eval-agent] not a pass: the check {ev.problem}"
+    return replace(check, passed=False, evidence=ev.basis, signature="evidence:" + ev.problem.split(" (")[0],
+                   output_tail=(check.output_tail + note)[-2000:])
+
+
+def _counts_line(checks) -> str:
+    parts = []
+    for c in checks:
+        counts = c.counts
+        if counts is not None:
+            parts.append(f"`{c.command}`: {counts.failed + counts.errors} of {counts.ran} tests fail"
+                         + (f", {counts.skipped} skipped" if counts.skipped else ""))
+        else:
+            parts.append(f"`{c.command}`: exit {c.exit_code} (no test summary: its pass will rest on the exit code)")
+    return "; ".join(parts)
+
+
+def evidence_line(checks) -> str:
+    """One line: what the verdict's pass (or fail) rests on."""
+    parts = []
+    for c in checks:
+        if c.name == PROTECTED_CHECK or c.code:
+            continue
+        counts = c.counts
+        parts.append(counts.line() if counts is not None else f"`{c.command}`: exit code only")
+    return "; ".join(parts)
 
 
 def _from_row(row: dict, goal_met: bool) -> Verdict:
     checks = tuple(CheckResult.decode(c) for c in orjson.loads(row["checks"]))
     return Verdict(row["id"], row["work_id"], row["iteration"], row["outcome"], checks, row["feedback"],
-                   tuple(orjson.loads(row["protected_changed"])), goal_met)
+                   tuple(orjson.loads(row["protected_changed"])), goal_met,
+                   tuple(orjson.loads(row.get("held_back") or "[]")))

@@ -27,7 +27,7 @@ from roles.loop_agent import gate, progress as prog
 from roles.loop_agent.backends.base import ActContext, ActOutcome, Backend, Remaining, Usage
 from roles.loop_agent.context import assemble
 from roles.loop_agent.lessons import derive_lesson
-from roles.loop_agent.remote_verify import VerifyInterrupted
+from roles.loop_agent.remote_verify import VerifyAbandoned, VerifyInterrupted
 from roles.loop_agent.policy import StopPolicy, policy_from_caps
 from roles.loop_agent.stop import StopDecision, fingerprint
 from state_db.errors import Conflict
@@ -125,6 +125,8 @@ class LoopEngine:
                 decision = self._run()
             except VerifyInterrupted:
                 decision = None
+            except VerifyAbandoned as exc:
+                decision = self._end(StopDecision(StopReason(exc.reason), exc.detail))
             if self._unwritten is not None:            # paused, interrupted, or ended by the eval-agent
                 with self.w.transaction() as tx:
                     self._write_reflection(tx)
@@ -153,6 +155,11 @@ class LoopEngine:
             progress, its, verdicts = prog.load(self.w.conn, work, org_limit=self._org_spend_over(),
                                                 human_rejected=gate.rejected_with_stop(self.w.conn, self.work_id),
                                                 reflected=self._reflected, unwritten=self._unwritten)
+            if not its and not prog.preflight_done(self.w.conn, self.work_id):
+                # the verify commands run once on the baseline before the first model call: one
+                # that cannot start ends the run (verify_unrunnable) before a token is spent
+                self.verify(self.work_id, 0)
+                continue
             if its and its[-1]["n"] not in verdicts:
                 self._verify_and_reflect(its[-1])          # resumed between commit and verdict
                 continue

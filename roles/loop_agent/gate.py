@@ -18,6 +18,9 @@ from typing import Callable
 
 from state_db.vocab import DecisionStatus as D, WorkStatus
 
+# The eval-agent's question when every verify command passes on the baseline (approve: go on).
+BASELINE_PASSES = "baseline_passes"
+
 # Runs an approved action: (command, kind, workspace) -> (exit code or None, output).
 GateRunner = Callable[[str, str, str], tuple]
 
@@ -76,6 +79,11 @@ def _execute(writer, d: dict, workspace: str, runner: GateRunner) -> None:
     import orjson
     action = orjson.loads(d["action"])
     command = d["answer"] if d["status"] == D.EDITED and d["answer"] else action["command"]
+    if d["kind"] == BASELINE_PASSES:        # nothing to run: the human chose to go on
+        with writer.transaction() as tx:
+            tx.set_status("decisions", d["id"], D.EXECUTING)
+            tx.set_status("decisions", d["id"], D.EXECUTED, result="the human chose to go on")
+        return
     with writer.transaction() as tx:
         tx.set_status("decisions", d["id"], D.EXECUTING)          # the marker, committed before running
     t0 = time.monotonic()
@@ -101,5 +109,6 @@ def feedback_for(conn, work_id: str, n: int) -> str:
 
 
 def rejected_with_stop(conn, work_id: str) -> bool:
-    return conn.execute("SELECT 1 FROM decisions WHERE work_id = ? AND status = ? AND stop_run = 1",
-                        (work_id, D.REJECTED)).fetchone() is not None
+    """A rejection that ends the run: ``reject --stop``, or rejecting a run whose baseline passes."""
+    return conn.execute("SELECT 1 FROM decisions WHERE work_id = ? AND status = ? AND (stop_run = 1 OR kind = ?)",
+                        (work_id, D.REJECTED, BASELINE_PASSES)).fetchone() is not None

@@ -40,6 +40,12 @@ def verdict_of(conn: sqlite3.Connection, work_id: str, n: int) -> dict | None:
     return dict(row) if row else None
 
 
+def preflight_done(conn: sqlite3.Connection, work_id: str) -> bool:
+    """True once the eval-agent ran the verify commands on the baseline (the preflight)."""
+    return conn.execute(f"SELECT 1 FROM preflights WHERE work_id = ? AND written_by LIKE '{Actor.EVAL_AGENT}%'",
+                        (work_id,)).fetchone() is not None
+
+
 def summary_of(verdict: dict | None) -> VerdictSummary | None:
     if verdict is None:
         return None

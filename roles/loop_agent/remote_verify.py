@@ -14,6 +14,35 @@ class VerifyInterrupted(Exception):
     code = "verify_interrupted"
 
 
+class VerifyAbandoned(Exception):
+    """The run must end while it waits for a verdict (cancelled, or past its timeout):
+    ``reason`` is the stop reason, ``detail`` says why."""
+
+    code = "verify_abandoned"
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+def wait_check(conn, work_id: str, waited_s: float) -> tuple[str, str] | None | bool:
+    """While a loop-agent waits for a verdict: ``True`` if the run ended meanwhile (the eval-agent
+    ended it), ``(reason, detail)`` if it must end now (cancel requested; the act time plus this
+    wait passed the run's timeout), else None."""
+    import orjson
+    row = conn.execute("SELECT status, cancel_requested, caps, elapsed_s FROM work_items WHERE id = ?",
+                       (work_id,)).fetchone()
+    if row is None or row["status"] == "ended":
+        return True
+    if row["cancel_requested"]:
+        return ("cancelled", "cancelled while waiting for the eval-agent's verdict")
+    timeout = (orjson.loads(row["caps"]) or {}).get("timeout_s")
+    if timeout is not None and row["elapsed_s"] + waited_s > timeout:
+        return ("timeout", f"{row['elapsed_s'] + waited_s:.1f} s elapsed (acts plus the wait for a verdict), "
+                           f"limit {timeout} s")
+    return None
+
+
 class RemoteVerify:
     """``verify(work_id, n)`` for a loop-agent process.
 
@@ -33,14 +62,26 @@ class RemoteVerify:
         self.arrived = threading.Event()
 
     def _found(self, work_id: str, n: int) -> bool:
+        if n == 0:      # the preflight: the verify commands on the baseline
+            return self.conn.execute("SELECT 1 FROM preflights WHERE work_id=? AND written_by LIKE 'eval-agent%'",
+                                     (work_id,)).fetchone() is not None
         return self.conn.execute("SELECT 1 FROM verdicts WHERE work_id=? AND iteration=? AND written_by LIKE 'eval-agent%'",
                                  (work_id, n)).fetchone() is not None
 
     def __call__(self, work_id: str, n: int) -> None:
+        """Wait for the verdict of iteration ``n`` (0: the preflight). Returns when it is in
+        state.db or the run ended; raises VerifyInterrupted (suspend, shutdown) or
+        VerifyAbandoned (cancel, timeout)."""
         next_send = 0.0
+        t0 = time.monotonic()
         while not self._found(work_id, n):
             if any(e.is_set() for e in self.interrupt):
                 raise VerifyInterrupted(f"stopped waiting for the verdict of {work_id} #{n}")
+            verdict = wait_check(self.conn, work_id, time.monotonic() - t0)
+            if verdict is True:
+                return
+            if verdict:
+                raise VerifyAbandoned(*verdict)
             if time.monotonic() >= next_send:
                 self.send("eval-agent", "verify_request", {"work_id": work_id, "iteration": n})
                 next_send = time.monotonic() + self.resend_s

@@ -5,7 +5,10 @@ every file whose stat matches its cache entry and is not racily clean, hashes an
 others, and rebuilds only the trees of directories whose content changed. The result is the
 tree ``git add --all --force && git write-tree`` would write from a private index: every
 regular file (mode 100644, or 100755 if the owner may execute it) and symlink (120000, the
-target as content); ``.git`` at the top left out; empty directories not recorded.
+target as content); ``.git`` at the top left out; empty directories not recorded; build caches
+(``CACHE_DIRS``: ``__pycache__``, ``.pytest_cache``, …) left out at any depth, as git's own path
+leaves them out with exclude pathspecs (``gitpath.CACHE_EXCLUDES``): they are not the doer's work,
+change on every run, and would make every checkpoint — and the no-progress fingerprint — differ.
 
 Whatever git would treat differently is refused with FastPathUnavailable so the caller asks
 git: a nested repository (a ``.git`` below the top), a ``.gitattributes`` (conversions and
@@ -22,6 +25,7 @@ from roles.workspace.statcache import COARSE_SLACK_NS, Node
 S_IFMT, S_IFDIR, S_IFREG, S_IFLNK = 0o170000, 0o040000, 0o100000, 0o120000
 _EMPTY: dict = {}
 LARGE_FILE = 128 * 1024 * 1024
+CACHE_DIRS = frozenset({b"__pycache__", b".pytest_cache", b".mypy_cache", b".ruff_cache"})
 
 
 def git_mode(st_mode: int) -> int:
@@ -107,6 +111,9 @@ class Recorder:
                     if why:
                         raise FastPathUnavailable(f"{why} at {de.path!r}")
                 if fmt == S_IFDIR:
+                    if name in CACHE_DIRS:
+                        changed = changed or prev is not None
+                        continue
                     sub_old = prev if prev is not None and len(prev) == 2 else None
                     sha, node = self._dir(de.path, sub_old, False)
                     if node is None:

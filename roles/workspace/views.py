@@ -69,6 +69,33 @@ class HistoryViews:
             raw = self._gitpath.changed(ca, cb)
         return sorted(p.decode("utf-8", "surrogateescape") for p in raw)
 
+    # -- files of a commit ----------------------------------------------------------------------
+
+    def file_ids(self, commit: str | None = None) -> dict[str, str]:
+        """Every file of ``commit`` (default: the baseline): path -> object id (hex) and mode,
+        as ``"<mode> <oid>"``; equal values mean equal files."""
+        commit = self._commit_of(commit or BASELINE_REF)
+        try:
+            return {p.decode("utf-8", "surrogateescape"): f"{mode:o} {sha.hex()}"
+                    for p, (mode, sha) in self._store().files(self._tree_of(commit)).items()}
+        except FastPathUnavailable:
+            out = {}
+            for path, entry in self._gitpath.ls_tree(commit).items():
+                mode, _kind, oid = entry.split(b"\t", 1)[0].split(b" ")
+                out[path] = f"{int(mode, 8):o} {oid.decode()}"
+            return out
+
+    def read_path(self, commit: str | None, path: str) -> bytes | None:
+        """The content of ``path`` in ``commit`` (default: the baseline), or None if absent."""
+        oid = self.file_ids(commit).get(path)
+        if oid is None:
+            return None
+        sha = oid.split(" ", 1)[1]
+        try:
+            return self._store().blob(bytes.fromhex(sha))
+        except FastPathUnavailable:
+            return self._git.run(["cat-file", "blob", sha]).stdout
+
     # -- protected paths and snapshots ---------------------------------------------------------
 
     def protected_paths(

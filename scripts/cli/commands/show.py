@@ -23,7 +23,32 @@ def load(conn, work_id: str) -> dict:
     item["iterations_detail"] = queries.iterations(conn, work_id)
     item["verdicts"] = queries.rows(conn, "SELECT * FROM verdicts WHERE work_id = ? ORDER BY iteration, at", (work_id,))
     item["attempts"] = queries.rows(conn, "SELECT * FROM attempts WHERE work_id = ? ORDER BY attempt", (work_id,))
+    for v in item["verdicts"]:
+        for col in ("checks", "protected_changed", "held_back"):
+            v[col] = orjson.loads(v[col]) if isinstance(v.get(col), str) else v.get(col)
+    pre = queries.rows(conn, "SELECT * FROM preflights WHERE work_id = ?", (work_id,))
+    item["preflight"] = pre[0] if pre else None
+    if item["preflight"]:
+        item["preflight"]["checks"] = orjson.loads(item["preflight"]["checks"])
     return item
+
+
+def _evidence(verdict: dict) -> str:
+    """What the verdict rests on: test counts read from the runner, or the exit code alone."""
+    parts = []
+    for c in verdict["checks"]:
+        if c.get("code"):
+            parts.append(f"`{c['command']}` could not run ({c['code']})")
+        elif c.get("tests"):
+            t = c["tests"]
+            ran = t["passed"] + t["failed"] + t["errors"]
+            parts.append(f"`{c['command']}`: {t['runner']} ran {ran}, {t['passed']} passed"
+                         + (f", {t['skipped']} skipped" if t["skipped"] else ""))
+        elif c.get("command", "").startswith("("):
+            continue
+        else:
+            parts.append(f"`{c['command']}`: the exit code alone (no test summary to read)")
+    return "; ".join(parts) or "-"
 
 
 def run(args) -> int:
@@ -40,6 +65,9 @@ def run(args) -> int:
     print(f"goal: {item['goal']}")
     print(f"workspace: {item['workspace']}  backend: {item['backend']}  assigned: {item['assigned_to'] or '-'}")
     print(f"caps: {item['caps']}  used: {item['tokens']} tokens, ${item['cost_usd']:.4f}, {item['elapsed_s']:.1f}s")
+    pre = item["preflight"]
+    print("baseline: " + (pre["detail"] if pre else "not checked yet (the eval-agent runs the verify commands "
+                                                     "on the baseline before the first act)"))
     verdicts = {v["iteration"]: v for v in item["verdicts"]}
     rows = []
     for it in item["iterations_detail"]:
@@ -51,6 +79,13 @@ def run(args) -> int:
     if rows:
         print()
         print(table(rows, ["ITER", "ATTEMPT", "ACT", "TOKENS", "VERDICT", "CHANGED", "LESSON"]))
-    if item["verdicts"] and item["verdicts"][-1]["outcome"] != "pass":
-        print("\nlatest feedback:\n" + item["verdicts"][-1]["feedback"][:1500])
+    if item["verdicts"]:
+        last = item["verdicts"][-1]
+        print(f"\nlatest verdict (iteration {last['iteration']}): {last['outcome']}; evidence: "
+              + _evidence(last))
+        if last["held_back"]:
+            print("held back from verification: " + ", ".join(f"{h['path']} ({h['kind']}: {h['treatment']})"
+                                                              for h in last["held_back"]))
+        if last["outcome"] != "pass":
+            print("\nlatest feedback:\n" + last["feedback"][:1500])
     return 0

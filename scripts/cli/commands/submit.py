@@ -1,6 +1,8 @@
 """``org submit``: give the org a goal, a workspace and the commands that verify it."""
 from __future__ import annotations
 
+import sys
+
 from scripts.cli.output import add_json, emit_json, home_of
 
 NAME = "submit"
@@ -13,13 +15,20 @@ def add_arguments(p) -> None:
     p.add_argument("--verify", action="append", default=[], metavar="CMD",
                    help="a command that exits 0 when the goal is met (repeatable); run by the eval-agent")
     p.add_argument("--protect", action="append", default=[], metavar="GLOB",
-                   help="files the agent may not change to pass (default: the usual test files)")
+                   help="more files the agent may not change to pass, added to the usual test files "
+                        "(globs; ** spans folders)")
+    p.add_argument("--no-default-protect", action="store_true",
+                   help="protect only the --protect globs, not the usual test files")
     p.add_argument("--max-iterations", type=int, help="hard cap on iterations")
     p.add_argument("--budget-tokens", type=int, help="hard cap on tokens")
     p.add_argument("--budget-usd", type=float, help="hard cap on cost in USD")
     p.add_argument("--timeout", type=float, help="hard cap on working time in seconds")
     p.add_argument("--backend", help="anthropic | command | scripted:FILE (default from org.toml)")
     p.add_argument("--worktree", action="store_true", help="work in a new git worktree and branch of the workspace")
+    p.add_argument("--no-wait", action="store_true",
+                   help="return at once instead of waiting for the verify commands' preflight on the baseline")
+    p.add_argument("--wait-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds to wait for the preflight (default 120)")
     p.add_argument("--idempotency-key", help="the same key twice submits once (default: a fresh key)")
     add_json(p)
 
@@ -32,11 +41,17 @@ def run(args) -> int:
     cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
     result = submit(home, cfg, SubmitRequest(
         goal=args.goal, workspace=args.workspace, verify=args.verify, protect=args.protect,
+        default_protect=not args.no_default_protect,
         max_iterations=args.max_iterations, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
         timeout_s=args.timeout, backend=args.backend, worktree=args.worktree, idempotency_key=args.idempotency_key))
+    preflight = None
+    if not args.no_wait and not result["replayed"]:
+        from roles.operations.submit import wait_for_preflight
+        preflight = wait_for_preflight(home, result["id"], timeout_s=max(0.0, args.wait_timeout))
+    result["preflight"] = preflight
     if args.json:
         emit_json(result)
-        return 0
+        return 0 if not preflight or preflight["outcome"] != "unrunnable" else 3
     caps = ", ".join(f"{k}={v}" for k, v in result["caps"].items())
     print(f"{'already submitted' if result['replayed'] else 'submitted'} {result['id']} ({result['status']})")
     print(f"  caps: {caps}" + ("  (defaults from org.toml)" if result["defaults_applied"] else ""))
@@ -44,5 +59,13 @@ def run(args) -> int:
         print(f"  waiting: the workspace is busy with {result['waiting_for']} (use --worktree to work in parallel)")
     if result["wake"] not in ("push", "outbox"):
         print(f"  the coordinator was not reached ({result['wake']}); it picks the item up when the org runs")
+    if preflight is not None:
+        if preflight["outcome"] == "unrunnable":
+            print(f"error[verify_unrunnable]: {preflight['detail']}", file=sys.stderr)
+            print(f"  {result['id']} ended before any model call; nothing was spent")
+            return 3
+        print(f"  preflight: {preflight['detail']}")
+        if preflight["outcome"] == "already_passes":
+            print(f"  every check passes already: decide whether to go on with 'org decisions' / 'org decide'")
     print(f"  follow it: org show {result['id']}")
     return 0
