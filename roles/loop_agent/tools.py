@@ -3,7 +3,9 @@
 Tools: ``list_files``, ``read_file`` (ranged), ``write_file``, ``edit_file`` (exact string
 replace, must match exactly once), ``search_files`` (substring or regex, bounded) and
 ``run_command`` (time- and output-bounded, executed by an injected ``CommandRunner`` from
-``commands``: the sandbox's, or ``SubprocessRunner`` where no sandbox is asked for).
+``commands``: the sandbox's, or ``SubprocessRunner`` where no sandbox is asked for). A command's
+time limit is the smallest of what the model asks, the org's per-command cap and the time the run
+has left (``time_left``), so a run's timeout cuts a command short instead of waiting for it.
 
 Every problem the model causes — a bad path, a path leading out of the workspace (``../``, an
 absolute path, a symlink pointing outside), malformed input, an ambiguous edit — comes back as a
@@ -119,14 +121,17 @@ class WorkspaceTools:
     """The tools of one workspace.
 
     Params: ``root`` the workspace directory; ``runner`` executes ``run_command`` (default: plain
-    subprocess); ``limits`` bounds reads, listings, searches and commands.
+    subprocess); ``limits`` bounds reads, listings, searches and commands; ``time_left`` returns
+    the seconds the run has left (None: no timeout) and bounds each command too.
     """
 
     def __init__(self, root: Path, runner: CommandRunner | None = None,
-                 limits: ToolLimits | None = None) -> None:
+                 limits: ToolLimits | None = None, *,
+                 time_left: Callable[[], float | None] = lambda: None) -> None:
         self.root = Path(root).resolve()
         self.runner = runner if runner is not None else SubprocessRunner()
         self.limits = limits or ToolLimits()
+        self.time_left = time_left
         self._handlers: dict[str, Callable[..., str]] = {
             "list_files": self._list, "read_file": self._read, "write_file": self._write,
             "edit_file": self._edit, "search_files": self._search, "run_command": self._run,
@@ -315,8 +320,15 @@ class WorkspaceTools:
         if not command.strip():
             raise ToolError("bad_tool_input", "command must not be empty")
         timeout = min(timeout_s or self.limits.command_timeout_s, self.limits.command_timeout_s)
+        left = self.time_left()
+        run_bound = left is not None and left < timeout
+        if run_bound and left <= 0:
+            raise ToolError("run_timeout", "the run's time limit is reached; the command was not started")
+        if run_bound:
+            timeout = left
         res = self.runner.run(command, self.root, timeout, self.limits.command_max_output_bytes)
-        head = (f"timed out after {timeout:g}s (process killed)" if res.timed_out
+        head = (f"timed out after {timeout:.3g}s (process killed"
+                + ("; the run's time limit is reached)" if run_bound else ")") if res.timed_out
                 else f"exit code {res.exit_code}")
         if res.truncated:
             head += f" (output truncated to {self.limits.command_max_output_bytes} bytes)"

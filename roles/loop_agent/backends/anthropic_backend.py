@@ -12,6 +12,25 @@ The SDK's own retries are off (``max_retries=0``); ``Retrier`` retries instead, 
 too many turns → ``failed``; ``refusal``, exhausted retries and non-retryable API errors →
 ``model_error``.
 
+Caps cut inside a call. Before each request the run's ``Remaining`` (``ActContext.remaining``)
+bounds it: ``max_tokens`` ≤ the tokens left and ≤ the cost left ÷ the model's output price per
+token; the request timeout ≤ the seconds left, and no retry wait sleeps past them (``Retrier``'s
+``time_left``); a streamed response is also cut when the run's time runs out between two events.
+A cap already reached ends the act ``budget_exhausted`` with its stop code (``token_budget``,
+``cost_budget``, ``timeout``) before the request is sent. What a cap cannot bound is the input:
+the budget is checked before each call, and a call's input tokens are known only once it is
+sent, so a run can exceed a token or cost budget by at most one request's input (plus, for
+cost, one output token when less than one output token's price was left: the API needs
+``max_tokens`` ≥ 1). Counting the input first with the count-tokens endpoint would cost a round
+trip per turn and is not offered by every compatible server, so it is not used.
+
+The request timeout applies to each phase of the HTTP exchange (connect, each read): a hung
+server is cut when the run's time is up. A stream, which may never fall silent, has its socket
+shut down when the bound passes. A non-streamed body trickled byte by byte is bounded per read
+only (a real API sends the body at once, after a silent generation the read timeout cuts). A call cut by the timeout may have been billed
+for what the server generated; that usage is counted when the response says it (a cut stream's
+``message_start``), and is otherwise unknowable.
+
 The API key comes only from ``ANTHROPIC_API_KEY`` in the environment, is read when the client is
 built, and is never logged or kept in any record. ``base_url`` comes from the configuration or
 ``ANTHROPIC_BASE_URL``; a loopback server (local model, scripted server) needs no key.
@@ -19,19 +38,23 @@ built, and is never logged or kept in any record. ``base_url`` comes from the co
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
+import socket
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import urlparse
 
 import structlog
 
-from roles.loop_agent.backends.base import ActContext, ActOutcome, BackendConfigError, Usage
+from roles.loop_agent.backends.base import ActContext, ActOutcome, BackendConfigError, Remaining, Usage
 from roles.loop_agent.backends.retry import Failure, MemoryRateGate, RateGate, Retrier, RetryPolicy, parse_retry_after
-from roles.loop_agent.pricing import PriceTable
+from roles.loop_agent.pricing import Price, PriceTable
 from roles.loop_agent.commands import CommandRunner
 from roles.loop_agent.tools import ToolLimits, WorkspaceTools, summarize_call
 
@@ -50,6 +73,9 @@ _STATUS = {
     529: ("overloaded", True),
 }
 _OK_STOPS = frozenset({"end_turn", "stop_sequence"})
+# a request needs some time to fail fast when the run's last fraction of a second is all it has
+_MIN_TIMEOUT_S = 0.1
+_PER_MILLION = 1_000_000
 _FAILED_STOPS = {"max_tokens": "max_tokens", "model_context_window_exceeded": "context_window"}
 
 
@@ -64,6 +90,46 @@ class AnthropicConfig:
     stream: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     tool_limits: ToolLimits = field(default_factory=ToolLimits)
+
+
+@dataclass(frozen=True)
+class RequestBounds:
+    """What one request may ask for: ``max_tokens`` and its timeout in seconds."""
+
+    max_tokens: int
+    timeout_s: float
+
+
+def cap_reached(remaining: Remaining) -> str | None:
+    """The stop code of a cap with nothing left (``token_budget``, ``cost_budget``, ``timeout``),
+    or None. The engine's ``budget_left`` normally says so first; this guards the request itself."""
+    if remaining.tokens is not None and remaining.tokens < 1:
+        return "token_budget"
+    if remaining.cost_usd is not None and remaining.cost_usd <= 0:
+        return "cost_budget"
+    if remaining.seconds is not None and remaining.seconds <= 0:
+        return "timeout"
+    return None
+
+
+def request_bounds(config: AnthropicConfig, price: Price, remaining: Remaining) -> RequestBounds:
+    """Bound one request by what the run has left.
+
+    Params: ``config`` gives the configured ``max_tokens`` and ``timeout_s``; ``price`` the
+    model's output price; ``remaining`` the run's caps left (None: no such cap).
+    Returns: ``max_tokens`` ≤ the tokens left and ≤ the cost left ÷ the output price per token,
+    at least 1 (the API's minimum); ``timeout_s`` ≤ the seconds left, at least ``_MIN_TIMEOUT_S``.
+    Call it only when ``cap_reached`` says None.
+    """
+    max_tokens = config.max_tokens
+    if remaining.tokens is not None:
+        max_tokens = min(max_tokens, remaining.tokens)
+    if remaining.cost_usd is not None and price.output > 0:
+        max_tokens = min(max_tokens, math.floor(remaining.cost_usd * _PER_MILLION / price.output))
+    timeout = config.timeout_s
+    if remaining.seconds is not None:
+        timeout = min(timeout, remaining.seconds)
+    return RequestBounds(max(1, int(max_tokens)), max(_MIN_TIMEOUT_S, timeout))
 
 
 class AnthropicBackend:
@@ -107,15 +173,31 @@ class AnthropicBackend:
         """Run one act; see ``backends.base.Backend.act``. Never raises for model, API or tool
         problems; exceptions from ``on_usage`` propagate."""
         fields = {"work_id": ctx.work_id, "iteration": ctx.iteration, "attempt": ctx.attempt}
-        run = _Act(ctx, WorkspaceTools(ctx.workspace, self._runner, self.config.tool_limits))
+
+        def seconds_left() -> float | None:
+            return ctx.remaining().seconds
+
+        run = _Act(ctx, WorkspaceTools(ctx.workspace, self._runner, self.config.tool_limits, time_left=seconds_left))
         try:
             client = self._client_or_new()
         except Exception as exc:  # noqa: BLE001 — a client that cannot be built is a coded outcome
             return run.end("model_error", None, "client_error", f"cannot build the SDK client: {type(exc).__name__}")
         schemas = run.tools.schemas()
+
+        def before_call() -> str | None:
+            code = budget_left()
+            return code if code is not None else cap_reached(ctx.remaining())
+
+        def cut(message: Any, request_id: str) -> None:
+            on_usage(self._usage(message, request_id))
+
+        def call() -> tuple[Any, str]:
+            bounds = request_bounds(self.config, self._price, ctx.remaining())
+            return self._create(client, ctx.system_prefix, run.messages, schemas, bounds, on_cut=cut)
+
         while run.turns < ctx.max_turns:
-            got = self._retrier.call(lambda: self._create(client, ctx.system_prefix, run.messages, schemas),
-                                     classify_error, before_attempt=budget_left, log_fields=fields)
+            got = self._retrier.call(call, classify_error, before_attempt=before_call, time_left=seconds_left,
+                                     log_fields=fields)
             if got.stopped is not None:
                 return run.end("budget_exhausted", run.stop_reason, got.stopped,
                                f"budget reached before model call {run.turns + 1}: {got.stopped}")
@@ -146,16 +228,28 @@ class AnthropicBackend:
                 max_retries=0, timeout=self.config.timeout_s)
         return self._client
 
-    def _create(self, client: Any, system_prefix: str, messages: list, tools: list) -> tuple[Any, str]:
-        kwargs: dict[str, Any] = {"model": self.config.model, "max_tokens": self.config.max_tokens,
-                                  "messages": messages, "tools": tools}
+    def _create(self, client: Any, system_prefix: str, messages: list, tools: list, bounds: RequestBounds, *,
+                on_cut: Callable[[Any, str], None]) -> tuple[Any, str]:
+        """One request within ``bounds``. ``on_cut`` gets the partial message of a stream cut at
+        the deadline (its usage so far), so what the server reported is counted before the
+        ``StreamDeadline`` is raised."""
+        kwargs: dict[str, Any] = {"model": self.config.model, "max_tokens": bounds.max_tokens,
+                                  "messages": messages, "tools": tools, "timeout": bounds.timeout_s}
         if system_prefix:
             kwargs["system"] = [{"type": "text", "text": system_prefix, "cache_control": {"type": "ephemeral"}}]
         if self.config.stream:
-            with client.messages.stream(**kwargs) as stream:
-                stream.until_done()
+            with client.messages.stream(**kwargs) as stream, _cut_at(bounds.timeout_s, stream.response) as cut:
+                try:
+                    stream.until_done()
+                except Exception:
+                    if not cut.is_set():
+                        raise
                 message = stream.current_message_snapshot if _stream_started(stream) else None
                 request_id = stream.request_id
+                if cut.is_set() and (message is None or message.stop_reason is None):
+                    if message is not None:
+                        on_cut(message, request_id or f"local-{uuid.uuid4().hex}")
+                    raise StreamDeadline(f"the stream ran past its {bounds.timeout_s:.3g} s bound")
             if message is None or message.stop_reason is None:
                 raise BadResponse("the response stream ended before message_stop")
         else:
@@ -177,6 +271,35 @@ class AnthropicBackend:
 
 class BadResponse(Exception):
     """A response that cannot be used (a stream cut before its end, no usage); retried as bad_response."""
+
+
+class StreamDeadline(Exception):
+    """A stream still running when the request's time bound passed; classified as ``timeout``."""
+
+
+@contextmanager
+def _cut_at(seconds: float, response: Any) -> Iterator[threading.Event]:
+    """Shut the response's socket down after ``seconds``: a stream that keeps sending (events,
+    or pings the SDK never shows) is never silent long enough for the read timeout. The event
+    tells whether it fired. A response without a reachable socket is left to the read timeout."""
+    fired = threading.Event()
+
+    def cut() -> None:
+        stream = getattr(response, "extensions", {}).get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            fired.set()
+            try:
+                sock.shutdown(socket.SHUT_RDWR)   # wakes the blocked read; close() would not
+            except OSError:
+                pass
+    timer = threading.Timer(seconds, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield fired
+    finally:
+        timer.cancel()
 
 
 def _stream_started(stream: Any) -> bool:
@@ -251,7 +374,7 @@ def classify_error(exc: BaseException) -> Failure:
     import anthropic  # lazy, see _client_or_new
     import httpx2
 
-    if isinstance(exc, anthropic.APITimeoutError) or isinstance(exc, httpx2.TimeoutException):
+    if isinstance(exc, (anthropic.APITimeoutError, httpx2.TimeoutException, StreamDeadline)):
         return Failure("timeout", True, "the model call timed out")
     if isinstance(exc, anthropic.APIConnectionError) or isinstance(exc, httpx2.TransportError):
         return Failure("connection", True, f"connection to the model service failed: {type(exc).__name__}")

@@ -8,6 +8,10 @@ next call. ``FileRateGate`` shares the gate between processes through a small fi
 
 The retrier knows nothing of the SDK: the caller passes a ``classify`` function turning an
 exception into a ``Failure`` (code, retryable, retry-after).
+
+A caller bound by a deadline (the run's timeout) passes ``time_left``: no backoff or gate wait
+sleeps past it. A wait that would end later sleeps only until the deadline, and the next
+``before_attempt`` then reports the cap that was reached.
 """
 from __future__ import annotations
 
@@ -211,16 +215,31 @@ class Retrier:
 
     def call(self, fn: Callable[[], T], classify: Callable[[BaseException], Failure], *,
              before_attempt: Callable[[], str | None] | None = None,
+             time_left: Callable[[], float | None] | None = None,
              log_fields: Mapping[str, object] | None = None) -> Attempted[T]:
         """Call ``fn`` until it succeeds, a failure is not retryable, or the bounds are reached.
 
         Params: ``classify`` maps an exception raised by ``fn`` to a ``Failure``;
-        ``before_attempt`` is called before every attempt and a non-None return stops at once.
+        ``before_attempt`` is called before every attempt and a non-None return stops at once;
+        ``time_left`` returns the seconds the caller has left (None: no deadline) and bounds
+        every wait, so the caller's deadline is reached asleep at worst, never overslept.
         Errors: none from ``fn`` (all are classified); exceptions from ``classify`` or
         ``before_attempt`` propagate.
         Returns: ``Attempted`` with the value, the last failure, or the stop code.
         """
         fields = dict(log_fields or {})
+
+        def until_deadline(wait: float) -> float | None:
+            """When ``wait`` would end past the deadline, sleep only until it and return the time
+            slept (the caller's cap, now reached, takes precedence over the retry bounds)."""
+            left = time_left() if time_left is not None else None
+            if left is None or wait < left:
+                return None
+            left = max(0.0, left)
+            log.info("model call wait cut at the deadline", wait_s=round(wait, 3), left_s=round(left, 3), **fields)
+            self._sleep(left)
+            return left
+
         p = self.policy
         waited = 0.0
         last: Failure | None = None
@@ -228,7 +247,11 @@ class Retrier:
             if before_attempt is not None and (code := before_attempt()) is not None:
                 return Attempted(stopped=code, attempts=attempt - 1, waited_s=waited)
             gate_wait = self.gate.not_before() - self._clock()
-            if gate_wait > 0:
+            if gate_wait > 0 and (slept := until_deadline(gate_wait)) is not None:
+                waited += slept
+                if before_attempt is not None and (code := before_attempt()) is not None:
+                    return Attempted(stopped=code, attempts=attempt - 1, waited_s=waited)
+            elif gate_wait > 0:
                 if waited + gate_wait > p.max_total_wait_s:
                     last = last or Failure("rate_limited", True, "the shared rate gate stays closed "
                                            "longer than the retry wait bound")
@@ -248,6 +271,11 @@ class Retrier:
                             call_try=attempt, retryable=last.retryable, error=last.message, **fields)
                 return Attempted(failure=last, attempts=attempt, waited_s=waited)
             delay = self.delay_for(attempt, last)
+            if (slept := until_deadline(delay)) is not None:
+                if last.code in GATE_CODES:
+                    self.gate.push_back(self._clock() + delay - slept)   # the others still wait
+                waited += slept
+                continue                    # before_attempt now reports the cap reached
             if waited + delay > p.max_total_wait_s:
                 log.warning("model call failed, retry wait bound reached", code=last.code,
                             call_try=attempt, waited_s=round(waited, 3), next_delay_s=round(delay, 3), **fields)
