@@ -49,7 +49,7 @@ usage = {{"input_tokens": 0, "output_tokens": 0}}
 text = ""
 if conf.get("call_model", True):
     base = os.environ["ANTHROPIC_BASE_URL"]
-    body = json.dumps({{"model": "claude-sonnet-4-5", "max_tokens": 64,
+    body = json.dumps({{"model": conf.get("model", "claude-sonnet-4-5"), "max_tokens": 64,
                         "messages": [{{"role": "user", "content": prompt}}]}}).encode()
     req = urllib.request.Request(base + "/v1/messages", data=body, headers={{
         "content-type": "application/json", "anthropic-version": "2023-06-01",
@@ -136,15 +136,16 @@ def report(org) -> dict:
     return json.loads((org[1] / "cli-report.json").read_text())
 
 
-def test_a_successful_run_reports_usage_and_cost_from_the_cli_json(org, api, fake_cli):
-    api.enqueue(text_turn("patched it", usage=MODEL_USAGE))
+def test_a_successful_run_reports_the_usage_the_endpoint_metered_priced_from_the_table(org, api, fake_cli):
+    """The CLI's own totals (cost 0.0123) are a cross-check only: the response is what counts."""
+    api.enqueue(text_turn("patched it", usage=MODEL_USAGE, request_id="req_fake_success"))
     outcome, usages = act(backend_for(org, api, fake_cli()), context(org))
     assert outcome.status == "ok" and outcome.summary == "done: patched it" and outcome.turns == 2, outcome
     assert len(usages) == 1
     u = usages[0]
-    assert u.request_id == "cli:sess-123:w-1:1:1"
+    assert u.request_id == "req_fake_success" and u.model == "claude-sonnet-4-5"
     assert (u.input_tokens, u.output_tokens, u.cache_creation_input_tokens, u.cache_read_input_tokens) == (100, 20, 7, 50)
-    assert u.cost_usd == pytest.approx(0.0123)
+    assert u.cost_usd == pytest.approx((100 * 3.0 + 20 * 15.0 + 7 * 3.75 + 50 * 0.3) / 1_000_000)
     seen = report(org)
     assert seen["argv"][:6] == ["-p", "--output-format", "json", "--permission-mode", "acceptEdits", "--allowedTools"]
     assert seen["argv"][6:] == ["Read,Edit,Write,Glob,Grep,Bash", "--max-turns", "7"]
@@ -187,7 +188,7 @@ def test_the_cli_never_sees_the_key_and_reaches_only_the_model_endpoint(org, api
         other.close()
 
 
-def test_cost_is_priced_from_the_table_when_the_cli_reports_none_and_a_re_attempt_is_a_new_key(org, api, fake_cli):
+def test_cost_is_priced_from_the_table_whatever_the_cli_reports_and_each_response_is_its_own_key(org, api, fake_cli):
     api.enqueue(text_turn("a", usage=MODEL_USAGE), text_turn("b", usage=MODEL_USAGE))
     backend = backend_for(org, api, fake_cli(cost=None), model="claude-sonnet-4-5")
     first, u1 = act(backend, context(org, attempt=1))
@@ -199,11 +200,12 @@ def test_cost_is_priced_from_the_table_when_the_cli_reports_none_and_a_re_attemp
     assert report(org)["argv"][-2:] == ["--model", "claude-sonnet-4-5"]
 
 
-def test_usage_without_cost_or_a_priced_model_ends_the_run_rather_than_counting_it_free(org, api, fake_cli):
+def test_a_request_for_a_model_without_a_price_is_refused_before_it_is_sent(org, api, fake_cli):
+    """An unknown price never counts as free: the call is not made and the run ends."""
     api.enqueue(text_turn("a", usage=MODEL_USAGE))
-    outcome, usages = act(backend_for(org, api, fake_cli(cost=None)), context(org))
-    assert outcome.status == "model_error" and outcome.error_code == "unpriced_usage"
-    assert usages[0].input_tokens == 100  # the tokens still count against the token budget
+    outcome, usages = act(backend_for(org, api, fake_cli(cost=None, model="no-such-model")), context(org))
+    assert outcome.status == "model_error" and outcome.error_code == "unpriced_model", outcome
+    assert not usages and not api.requests
 
 
 def test_a_missing_binary_is_a_coded_outcome(org, api):

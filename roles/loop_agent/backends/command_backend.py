@@ -1,7 +1,8 @@
 """The ``command`` act backend: an agent CLI (Claude Code by default) run once per act in the sandbox.
 
 One act is one run of the CLI in the workspace, inside the sandbox, with the assembled prompt
-(stable prefix, then the variable prompt) on its stdin, bounded by ``timeout_s``. The sandbox has
+(stable prefix, then the variable prompt) on its stdin, bounded by ``timeout_s`` and by the time the
+run has left (``ActContext.remaining``). The sandbox has
 no network; the CLI reaches exactly the model endpoint through a ``ModelEndpoint`` (a Unix socket
 in a private folder bound into the sandbox, relayed to 127.0.0.1 inside), which adds the org's
 credentials outside — the CLI itself only ever holds a placeholder key.
@@ -12,22 +13,33 @@ per-work folder (outside the workspace, bound writable) and
 ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1``, then reads its JSON result: ``usage``,
 ``total_cost_usd``, ``num_turns``, ``subtype``, ``is_error``, ``result``, ``session_id``.
 
+Metering: the endpoint reads the usage of every model response itself (``sandbox.metering``) and
+the backend reports each through ``on_usage`` keyed by the response's request id, from the act's
+own thread while the CLI runs (at each ``poll_s``) and once more when it ends — so a CLI that dies,
+or code that calls the model behind the CLI's back, loses nothing. The CLI's final JSON is only a
+cross-check (a warning when it claims more than was metered); it is never counted. Each request is
+admitted against what the run has left (``ActContext.remaining``): its ``max_tokens`` is lowered
+to fit, and once the budget is spent, or ``budget_left()`` names a stop code, further requests are
+refused. The endpoint's refusals (by code) are logged with each act and summed in ``refusals``.
+
 Status mapping (see ``backends.base``): ``success`` → ``ok``; ``error_max_turns`` → ``failed``
 (``max_turns``); another ``error_*`` subtype → ``failed`` (code = subtype); ``is_error`` with a
 success subtype (the CLI gave up on the API) → ``model_error`` (``cli_error``); a non-zero exit
 without a result → ``failed`` (``cli_exit``); no JSON → ``failed`` (``bad_output``); the time
-limit → ``failed`` (``timeout``); the CLI or the sandbox missing → ``model_error``
-(``cli_missing`` / the sandbox's code: nothing will change by iterating). Usage is reported once
-per run through ``on_usage`` keyed ``cli:<session>:<work>:<iteration>:<attempt>``, so a
-re-attempt is a new key; a CLI killed mid-run reports no usage (its calls are not counted).
+limit → ``failed`` (``timeout``); a request refused for the budget → ``budget_exhausted`` (the stop
+code); a request for a model without a price → ``model_error`` (``unpriced_model``); the CLI or
+the sandbox missing → ``model_error`` (``cli_missing`` / the sandbox's code: nothing will change
+by iterating).
 """
 from __future__ import annotations
 
 import os
+import queue
 import re
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -36,9 +48,10 @@ from urllib.parse import urlparse
 import structlog
 
 from roles.loop_agent.backends.base import ActContext, ActOutcome, BackendConfigError, Usage
-from roles.loop_agent.pricing import PriceTable, PricingError
+from roles.loop_agent.pricing import PriceTable
 from roles.sandbox import Captured, SandboxError, clean_env
 from roles.sandbox.endpoint import MAX_SOCKET_PATH, RELAY_SCRIPT, ModelEndpoint
+from roles.sandbox.metering import Ledger, Rates, Served
 
 log = structlog.get_logger("loop_agent.command")
 
@@ -56,15 +69,17 @@ class CommandConfig:
 
     ``binary``: the CLI (name on the sandbox PATH, or absolute path); ``preset``: ``claude``
     (Claude Code's JSON result) or ``plain`` (exit code and text only: no usage, so budgets in
-    tokens and USD cannot see it); ``model``: passed as ``--model`` and used to price usage when
-    the CLI reports no ``total_cost_usd``; ``upstream``: the model endpoint outside (default
+    tokens and USD see only what the endpoint metered); ``model``: passed as ``--model``;
+    ``upstream``: the model endpoint outside (default
     ``ANTHROPIC_BASE_URL`` or the Anthropic API); ``path_prepend``/``readonly_binds``: folders
     the CLI needs that the sandbox hides (e.g. a node installation under a home directory);
     ``memory_mb``: address-space limit of the CLI (None: off — JavaScript engines reserve large
     virtual ranges; Claude Code 2.1.112 on Node 20 hangs silently, before any request, under a
     limit of 8 GB or less); ``max_retries``: how often the CLI itself retries a failed model request
     (Claude Code's ``CLAUDE_CODE_MAX_RETRIES``; None: the CLI's default, which backs off for
-    minutes on a 5xx); ``poll_s``: how often ``budget_left`` is asked while the CLI runs.
+    minutes on a 5xx); ``poll_s``: how often metered usage is reported and ``budget_left`` asked
+    while the CLI runs; ``drain_s``: how long responses still in flight when the CLI ends are
+    read for their usage before they are cut.
     """
 
     binary: str = "claude"
@@ -83,6 +98,7 @@ class CommandConfig:
     placeholder_key: str = "sandbox-placeholder-key"
     relay_python: str = field(default_factory=lambda: sys.executable)
     poll_s: float = 1.0
+    drain_s: float = 5.0
 
 
 class CommandBackend:
@@ -116,6 +132,7 @@ class CommandBackend:
                                      "(keys are read from the environment only)", code="missing_api_key")
         self._make_runner = make_runner
         self.state_dir = Path(state_dir)
+        self.refusals: Counter[str] = Counter()  # the endpoint's refusals over every act, by code
 
     def __repr__(self) -> str:
         return f"CommandBackend(binary={self.config.binary!r}, preset={self.config.preset!r}, upstream={self.upstream!r})"
@@ -141,22 +158,44 @@ class CommandBackend:
             return _end("model_error", "cli_setup", f"cannot prepare the CLI's private folders under "
                         f"{self.state_dir}: {exc.strerror or exc}")
         stop_code: list[str] = []
+        served: queue.SimpleQueue[Served] = queue.SimpleQueue()
+        metered: list[Served] = []
+        left = ctx.remaining()
+        ledger = Ledger(left.tokens, left.cost_usd, self._rates)
+        # the CLI never outlives the run's time: its limit is the smaller of its own and what is left
+        timeout_s = self.config.timeout_s if left.seconds is None else max(1.0, min(self.config.timeout_s,
+                                                                                      left.seconds))
+
+        def report() -> None:
+            # on_usage runs here, in the act's thread, never in the endpoint's: the engine's
+            # database connection belongs to this thread
+            while True:
+                try:
+                    s = served.get_nowait()
+                except queue.Empty:
+                    return
+                metered.append(s)
+                on_usage(Usage(s.request_id, s.model, s.input_tokens, s.output_tokens,
+                               s.cache_creation_input_tokens, s.cache_read_input_tokens, s.cost_usd))
 
         def should_stop() -> bool:
+            report()
             code = budget_left()
             if code is not None:
+                ledger.stop(code)
                 stop_code.append(code)
             return code is not None
 
         log.info("cli starting", binary=binary, preset=self.config.preset, **fields)
         try:
             endpoint = ModelEndpoint(self.upstream, sock_dir / "model.sock", api_key=self._api_key,
-                                     auth_token=self._auth_token, timeout_s=self.config.timeout_s)
+                                     auth_token=self._auth_token, ledger=ledger, on_served=served.put,
+                                     timeout_s=self.config.timeout_s, drain_s=self.config.drain_s)
             argv = [self.config.relay_python, "-I", str(RELAY_SCRIPT), str(endpoint.socket_path), "--",
                     binary, *self._preset_args(ctx)]
             with endpoint:
                 got = runner.execute(
-                    argv, cwd=ctx.workspace, timeout_s=self.config.timeout_s, max_output=self.config.max_output_bytes,
+                    argv, cwd=ctx.workspace, timeout_s=timeout_s, max_output=self.config.max_output_bytes,
                     stdin=_prompt(ctx).encode("utf-8"), env=self._env(home, path), writable=[home, sock_dir],
                     readonly_binds=self._readonly(binary), separate_stderr=True,
                     limits=_cli_limits(runner, self.config.memory_mb), should_stop=should_stop,
@@ -166,11 +205,23 @@ class CommandBackend:
             return _end("model_error", exc.code, str(exc))
         finally:
             shutil.rmtree(sock_dir, ignore_errors=True)
-        outcome = self._outcome(ctx, got, stop_code, on_usage)
+            report()  # what the endpoint metered after the last poll, or before a failure
+        self.refusals.update(endpoint.refusals)
+        outcome = self._outcome(got, stop_code, ledger, endpoint, budget_left, metered, timeout_s)
         log.info("cli ended", status=outcome.status, error_code=outcome.error_code, exit_code=got.exit_code,
                  duration_s=round(got.duration_s, 2), requests=endpoint.requests, refused=endpoint.refused,
-                 **fields)
+                 refusals=dict(endpoint.refusals), metered_tokens=sum(s.total_tokens for s in metered),
+                 metered_cost_usd=round(sum(s.cost_usd for s in metered), 6), **fields)
         return outcome
+
+    def _rates(self, model: str) -> Rates | None:
+        """Per-token prices of ``model``, or of the table's model it is a dated snapshot of
+        (``claude-sonnet-4-5-20250929`` → ``claude-sonnet-4-5``); None when unpriced."""
+        known = [m for m in self.prices.models() if model == m or model.startswith(m + "-")]
+        if not known:
+            return None
+        p = self.prices.price(max(known, key=len))
+        return Rates(p.input / 1e6, p.output / 1e6, p.cache_write / 1e6, p.cache_read / 1e6)
 
     # -- preparing the run -------------------------------------------------------------------
 
@@ -210,14 +261,20 @@ class CommandBackend:
 
     # -- reading the result ------------------------------------------------------------------
 
-    def _outcome(self, ctx: ActContext, got: Captured, stop_code: list[str],
-                 on_usage: Callable[[Usage], None]) -> ActOutcome:
+    def _outcome(self, got: Captured, stop_code: list[str], ledger: Ledger, endpoint: ModelEndpoint,
+                 budget_left: Callable[[], str | None], metered: list[Served], timeout_s: float) -> ActOutcome:
         tail = (got.stderr or got.output)[-_TAIL:].strip()
         if got.stopped:
             code = stop_code[-1] if stop_code else "stopped"
             return _end("budget_exhausted", code, f"the CLI was stopped mid-run: {code}")
         if got.timed_out:
-            return _end("failed", "timeout", f"the CLI ran past {self.config.timeout_s:g}s and was killed")
+            return _end("failed", "timeout", f"the CLI ran past {timeout_s:g}s and was killed")
+        if ledger.refused is not None:
+            code = budget_left() or ledger.refused
+            return _end("budget_exhausted", code, f"the model endpoint refused a request: {code}")
+        if endpoint.refusals["unpriced_model"]:
+            return _end("model_error", "unpriced_model", "the CLI asked for a model the price table lacks; add its "
+                        f"[prices] entry to org.toml or set model.name to a priced model: {tail}")
         if got.exit_code == 127 and parse_result(got.output) is None:
             return _end("model_error", "cli_missing", f"the CLI could not be executed: {tail}")
         if self.config.preset == "plain":
@@ -229,31 +286,22 @@ class CommandBackend:
             if got.exit_code != 0:
                 return _end("failed", "cli_exit", f"the CLI exited with {got.exit_code}: {tail}")
             return _end("failed", "bad_output", f"the CLI printed no JSON result: {got.output[-_TAIL:].strip()}")
-        usage, problem = self._usage(ctx, data)
-        if usage is not None:
-            on_usage(usage)
-        if problem is not None:
-            return _end("model_error", problem[0], problem[1], turns=_int(data.get("num_turns")))
+        _cross_check(data, metered)
         return claude_outcome(data)
 
-    def _usage(self, ctx: ActContext, data: dict) -> tuple[Usage | None, tuple[str, str] | None]:
-        raw = data.get("usage")
-        if not isinstance(raw, dict):
-            return None, None
-        counts = {k: _int(raw.get(k)) for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
-                                                  "cache_read_input_tokens")}
-        model_usage = data.get("modelUsage")
-        model = self.config.model or (next(iter(model_usage), None) if isinstance(model_usage, dict) else None) \
-            or "claude-code"
-        request_id = f"cli:{data.get('session_id') or 'no-session'}:{ctx.work_id}:{ctx.iteration}:{ctx.attempt}"
-        cost = data.get("total_cost_usd")
-        problem = None
-        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
-            try:
-                cost = self.prices.cost(model, **counts)
-            except PricingError as exc:
-                cost, problem = 0.0, ("unpriced_usage", f"the CLI reported no total_cost_usd and {exc}")
-        return Usage(request_id=request_id, model=model, cost_usd=float(cost), **counts), problem
+
+def _cross_check(data: dict, metered: list[Served]) -> None:
+    """Warn when the CLI's own totals exceed what the endpoint metered: then a model call went
+    uncounted, which the endpoint is there to make impossible."""
+    raw = data.get("usage")
+    if not isinstance(raw, dict):
+        return
+    claimed = sum(_int(raw.get(k)) for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
+                                             "cache_read_input_tokens"))
+    counted = sum(s.total_tokens for s in metered)
+    if claimed > counted:
+        log.warning("cli reports more usage than the endpoint metered", cli_tokens=claimed, metered_tokens=counted,
+                    next="only the metered usage counts; check the upstream reports usage on every response")
 
 
 def parse_result(stdout: str) -> dict | None:
