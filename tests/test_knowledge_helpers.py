@@ -13,7 +13,7 @@ from tests.support.loop import BUGGY, FIXED, ScriptedActs, engine, make_workspac
 
 BAD = {"write": {"calc.py": BUGGY.replace("a - b", "a * b")}}          # add(2, 3) == 6
 BAD_AGAIN = {"write": {"calc.py": BUGGY.replace("a - b", "a * b") + "\n# again\n"}}  # same failure
-BAD2 = {"write": {"calc.py": BUGGY + "\n# v2\n"}}                       # add(2, 3) == -1
+BAD2 = {"write": {"calc.py": "def add(a, b):\n    return \"wrong\"\n"}}   # fails differently: a word, not a number
 GOOD = {"write": {"calc.py": FIXED}}
 
 

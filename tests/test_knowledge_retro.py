@@ -102,16 +102,17 @@ def test_used_means_an_act_refers_to_the_item_even_when_the_run_fails(org_home, 
     assert c.used and not c.helped and c.evidence == "iteration 2 refers to 'iteration 2 done'"
 
 
-def test_a_goal_whose_checks_cannot_run_is_judged_not_verifiable(org_home, tmp_path, writer_for, curator):
-    from tests.support.loop import engine, make_workspace, submit
-    from tests.support.loop import ScriptedActs
+def test_a_run_whose_checks_cannot_run_ends_before_any_act_and_never_becomes_knowledge(org_home, tmp_path, curator):
+    """A verify command that cannot start is the machine's fault: the preflight ends the run
+    (verify_unrunnable) before any act, and the curator writes no retro of it."""
+    from tests.support.loop import ScriptedActs, engine, make_workspace, submit
     ws = make_workspace(tmp_path / "w1")
     submit(org_home, ws, work_id="w1", verify=("no-such-command-xyz",), caps={"max_iterations": 2})
-    engine(org_home, "w1", ScriptedActs([[BAD], [BAD2]])).run()
-    curator.retros()
-    out = notes_of(curator.w, "w1")["outcome"]
-    assert "Goal verifiable as stated: no — no check ever ran to completion" in out["rationale"]
-    assert out["evidence"]["verifiable"] is False
+    decision = engine(org_home, "w1", ScriptedActs([[BAD], [BAD2]])).run()
+    assert decision.reason == "verify_unrunnable" and "no-such-command-xyz" in decision.detail
+    assert rows(curator.w, "SELECT COUNT(*) AS c FROM iterations WHERE work_id='w1'")[0]["c"] == 0
+    assert curator.retros() == []
+    assert rows(curator.w, "SELECT COUNT(*) AS c FROM raw_notes")[0]["c"] == 0
 
 
 def test_a_run_cancelled_before_it_started_gets_a_one_note_retro(writer_for, curator):

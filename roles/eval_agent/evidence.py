@@ -66,7 +66,8 @@ _PYTEST_PART = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfai
 _UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in [\d.]+s$")
 _UNITTEST_END = re.compile(r"^(OK|FAILED)(?: \((.*)\))?$")
 # node --test (TAP): "# tests 3" "# pass 2" "# fail 1" "# skipped 0" "# todo 0" "# cancelled 0"
-_TAP = re.compile(r"^(?:#|ℹ) (tests|pass|fail|skipped|todo|cancelled) (\d+)$")
+_TAP = re.compile(r"^(?:#|ℹ) (\w+) ([\d.]+)$")
+_PYTEST_COLLECTED = re.compile(r"^=*\s*(?:\d+/)?\d+ tests? collected(?: \(.*\))?\s+in\s+[\d.]+\s*s\b")
 # jest: "Tests:       1 failed, 1 skipped, 2 passed, 4 total"; vitest: "Tests  1 failed | 2 passed (3)"
 _JEST = re.compile(r"^Tests:\s+(.*\d+ total)$")
 _VITEST = re.compile(r"^Tests\s+(.*)\((\d+)\)$")
@@ -81,6 +82,8 @@ _GO_PKG = re.compile(r"^(ok|FAIL|\?)\s+\S+\s+(?:[\d.]+s|\[no test files\])")
 
 
 def _pytest(line: str) -> TestCounts | None:
+    if _PYTEST_COLLECTED.match(line):          # --collect-only: nothing ran
+        return TestCounts("pytest")
     m = _PYTEST.match(line)
     if not m:
         return None
@@ -124,7 +127,7 @@ def _summary_at(lines: list[str], i: int) -> TestCounts | None:
         block = {}
         j = i
         while j >= 0 and (t := _TAP.match(lines[j])):
-            block.setdefault(t.group(1), int(t.group(2)))
+            block.setdefault(t.group(1), int(float(t.group(2))))
             j -= 1
         if "tests" in block and "pass" in block:
             return TestCounts("node-test", passed=block["pass"], failed=block.get("fail", 0) + block.get("cancelled", 0),
@@ -178,7 +181,11 @@ def failing_ids(output: str) -> list[str]:
         for rx in _FAILING:
             m = rx.match(line)
             if m:
-                ids.add(".".join(g for g in m.groups()[::-1] if g) if rx is _FAILING[1] else m.group(1))
+                if rx is _FAILING[1]:       # "FAIL: test_a (mod.Class.test_a)" or "(mod.Class)" before 3.11
+                    name, where = m.groups()
+                    ids.add(where if where.endswith("." + name) else f"{where}.{name}")
+                else:
+                    ids.add(m.group(1))
                 break
     return sorted(ids)
 
