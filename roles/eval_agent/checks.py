@@ -89,21 +89,29 @@ def failure_signature(output: str, exit_code: int | None, timed_out: bool, snaps
 
 
 def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_000_000,
-              env: dict | None = None, runner=None) -> CheckResult:
+              env: dict | None = None, runner=None, should_stop=None) -> CheckResult:
     """Run one verify command in ``cwd`` (a snapshot), bounded in time and output.
 
     With ``runner`` (the sandbox org.toml asks for: verify commands run code the agent wrote)
-    the command runs there; a refused sandbox is a failed check with its code. Without one it
+    the command runs there; a refused sandbox raises VerifyUnavailable with its code, and
+    ``should_stop`` (polled while it runs) stops a check whose run ended meanwhile
+    (VerifyUnavailable with code ``run_ended``). Without one it
     runs as a plain process in its own group, killed as a whole on timeout.
     """
     t0 = time.monotonic()
     if runner is not None:
         try:
-            res = runner.run(command, cwd, timeout_s, max_output)
+            if should_stop is not None and hasattr(runner, "execute"):
+                res = runner.execute(command, cwd=cwd, timeout_s=timeout_s, max_output=max_output,
+                                     should_stop=should_stop, poll_s=0.5)
+            else:
+                res = runner.run(command, cwd, timeout_s, max_output)
             code, text, timed_out = res.exit_code, res.output, res.timed_out
         except Exception as exc:  # noqa: BLE001 - the verifier's own failure, not the doer's
             raise VerifyUnavailable(f"verify command could not run: {exc}",
                                     code=getattr(exc, "code", None) or "sandbox_error") from exc
+        if getattr(res, "stopped", False):
+            raise VerifyUnavailable("the run ended while its check ran; the check was stopped", code="run_ended")
         passed = code == 0 and not timed_out
         return CheckResult(
             name=command, command=command, passed=passed, exit_code=None if timed_out else code, timed_out=timed_out,

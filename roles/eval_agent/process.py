@@ -78,8 +78,13 @@ class EvalAgentProcess(RoleProcess):
                     try:
                         result = verifier.verify(row["work_id"], row["n"])
                     except Exception as exc:  # noqa: BLE001 - one bad item must not stop the others
-                        tries += 1
                         code = getattr(exc, "code", None)
+                        if code == "run_ended":      # cancelled or ended while its check ran
+                            self.log.info("verify_abandoned", work_id=row["work_id"], iteration=row["n"],
+                                          next="nothing: the run is over")
+                            failures.pop(key, None)
+                            continue
+                        tries += 1
                         if tries < RETRIES:
                             delay = BACKOFF_S * 2 ** (tries - 1)
                             failures[key] = (tries, time.monotonic() + delay)

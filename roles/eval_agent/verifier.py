@@ -185,7 +185,12 @@ class Verifier:
         if not [c for c in commands if c.strip()]:
             raise StateError(f"{work['id']} has no verify command", code="no_verify_command",
                              hint="submit with at least one --verify command")
-        return [run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner) for cmd in commands]
+        def run_over() -> bool:       # a cancelled or ended run's checks are stopped, not waited for
+            row = self.writer.conn.execute("SELECT status, cancel_requested FROM work_items WHERE id = ?",
+                                           (work["id"],)).fetchone()
+            return row is None or row["status"] == WorkStatus.ENDED or bool(row["cancel_requested"])
+        return [run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner, should_stop=run_over)
+                for cmd in commands]
 
     def verify(self, work_id: str, n: int) -> Verdict | Preflight:
         """Verify committed iteration ``n`` of ``work_id`` (idempotent: an existing verdict is
