@@ -1,12 +1,13 @@
 """Submitting a work item: validate, record the workspace baseline, write it, wake the coordinator."""
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from roles.workspace import safegit
+from roles.workspace.errors import RepositoryError
 from state_db.config import Config
 from state_db.errors import StateError
 from state_db.home import OrgHome
@@ -66,17 +67,20 @@ def _backend(req: SubmitRequest, cfg: Config) -> str:
 
 
 def _worktree(home: OrgHome, ws: Path, work_id: str) -> tuple[Path, str]:
-    top = subprocess.run(["git", "-C", str(ws), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
-    if top.returncode != 0:
-        raise SubmitError(f"--worktree needs a git repository, and {ws} is not one",
-                          hint="drop --worktree, or run 'git init' there")
+    """A new branch ``loop-org/<work_id>`` and a worktree of it under the org home.
+
+    The doer may have written the workspace's repository (hooks, fsmonitor, filter drivers,
+    includes), so libgit2 makes both and the git executable never runs on it (``safegit``).
+    Raises SubmitError with the repository's code (``not_a_repository``, ``no_commit``, ...).
+    """
     branch = f"loop-org/{work_id}"
     dest = home.root / "worktrees" / work_id
     dest.parent.mkdir(exist_ok=True)
-    made = subprocess.run(["git", "-C", str(ws), "worktree", "add", "-q", "-b", branch, str(dest)],
-                          capture_output=True, text=True)
-    if made.returncode != 0:
-        raise SubmitError(f"git worktree add failed: {made.stderr.strip()}")
+    try:
+        safegit.add_worktree(ws, dest, branch)
+    except RepositoryError as exc:
+        hint = "drop --worktree, or run 'git init' there" if exc.code == "not_a_repository" else exc.hint
+        raise SubmitError(f"--worktree: {exc.message}", code=exc.code, hint=hint) from None
     return dest, branch
 
 

@@ -62,6 +62,12 @@ class GitFailed(HistoryError):
         )
 
 
+class RepositoryError(HistoryError):
+    """A user's repository could not be read or extended (``safegit``); ``code`` says why."""
+
+    code = "repository_error"
+
+
 class FastPathUnavailable(Exception):
     """Internal: the in-process path cannot answer exactly as git would; use git instead.
 

@@ -12,10 +12,13 @@ import uuid
 from pathlib import Path
 from typing import Callable, Sequence
 
+from roles.workspace import safegit
 from roles.workspace.errors import GitFailed, GitMissing, WorkspaceMissing
 
 # Repository settings that keep a checkpoint proportional to what changed, and keep user or
-# system configuration (hooks, autocrlf, fsmonitor daemons, excludes) out of the picture.
+# system configuration (hooks, autocrlf, fsmonitor daemons, excludes) out of the picture. The
+# workspace is the doer's: every command also runs with ``safegit``'s environment and ``-c``
+# settings, which outrank this file and reach the git processes git starts itself.
 REPO_CONFIG = (
     ("core.untrackedCache", "true"),
     ("core.fsmonitor", "false"),
@@ -38,7 +41,8 @@ IDENTITY = {"GIT_AUTHOR_NAME": "loop-org", "GIT_AUTHOR_EMAIL": "loop-org@localho
 
 
 class GitCli:
-    """Runs ``git --git-dir=<git_dir>`` with no user or system configuration.
+    """Runs ``git --git-dir=<git_dir>`` with no user or system configuration, no hook, no
+    fsmonitor and no transport (``safegit``).
 
     Args:
         git_dir: the repository.
@@ -55,10 +59,7 @@ class GitCli:
     def env(self) -> dict[str, str]:
         """The environment git runs with (built on first use: the steady state runs no git)."""
         if self._env is None:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-            env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
-                       GIT_TERMINAL_PROMPT="0", **IDENTITY)
-            self._env = env
+            self._env = safegit.environment(**IDENTITY)
         return self._env
 
     def run(
@@ -74,7 +75,7 @@ class GitCli:
         """Run one git command. Raises: GitMissing, WorkspaceMissing, GitFailed."""
         if self.before_run is not None:
             self.before_run()  # e.g. write deferred refs out: git must see the current ones
-        cmd = [self.exe, f"--git-dir={git_dir or self.git_dir}"]
+        cmd = [self.exe, *safegit.CONFIG_ARGS, f"--git-dir={git_dir or self.git_dir}"]
         if work_tree is not None:
             cmd.append(f"--work-tree={work_tree}")
         try:

@@ -60,8 +60,24 @@ class GitPath:
         """
         if last_tree:
             self.cli.run(["read-tree", "-m", last_tree], work_tree=ws)
+        self._forget_gitlinks(ws)
         self.cli.run(["add", "--all", "--force"], work_tree=ws)
         return self.cli.out(["write-tree"], work_tree=ws)
+
+    def _forget_gitlinks(self, ws: Path) -> None:
+        """Drop nested repositories from the private index; ``add`` records each one again.
+
+        For a nested repository already in the index, ``add`` runs ``git status`` inside it,
+        under that repository's own configuration: a filter driver the doer named there would
+        run on the host, and no ``-c`` setting can close a driver by a name it does not know
+        (``safegit``). A nested repository ``add`` finds new is only read (its ``HEAD``).
+        """
+        staged = self.cli.run(["ls-files", "--stage", "-z"], work_tree=ws).stdout
+        gitlinks = [entry.split(b"\t", 1)[1] for entry in staged.split(b"\0")
+                    if entry.startswith(b"160000 ")]
+        if gitlinks:
+            self.cli.run(["update-index", "--force-remove", "-z", "--stdin"], work_tree=ws,
+                         input=b"\0".join(gitlinks) + b"\0")
 
     def baseline(self, ws: Path, last_tree: str | None) -> str:
         tree = self.stage(ws, last_tree)
