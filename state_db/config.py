@@ -86,6 +86,9 @@ cpu_seconds = 300
 memory_mb = 2048
 max_processes = 256
 output_bytes = 1000000
+file_size_mb = 128              # largest file a command may write (RLIMIT_FSIZE)
+disk_mb = 2048                  # the workspace's quota (checked after each command) and the private /tmp's size
+readonly_binds = []             # more folders shown read-only to every agent command (absolute paths)
 
 [command]                       # the command backend: an agent CLI run once per iteration in the sandbox
 binary = "claude"               # Claude Code: claude -p --output-format json
@@ -156,6 +159,10 @@ def _abs_paths(v) -> bool:
     return _str_list(v) and all(x.startswith("/") for x in v)
 
 
+def _bind_paths(v) -> bool:
+    return _abs_paths(v) and all(os.path.normpath(x) != "/" and os.path.exists(x) for x in v)
+
+
 NUM = (int, float)
 SCHEMA: dict[str, Field] = {
     "org.loop_agents": Field(int, lambda v: 1 <= v <= 64, "an integer from 1 to 64", "ORG_LOOP_AGENTS"),
@@ -192,6 +199,9 @@ SCHEMA: dict[str, Field] = {
     "sandbox.memory_mb": Field(int, lambda v: v >= 64, "an integer ≥ 64"),
     "sandbox.max_processes": Field(int, _positive, "an integer ≥ 1"),
     "sandbox.output_bytes": Field(int, _positive, "an integer ≥ 1"),
+    "sandbox.file_size_mb": Field(int, _positive, "an integer ≥ 1"),
+    "sandbox.disk_mb": Field(int, lambda v: v >= 16, "an integer ≥ 16"),
+    "sandbox.readonly_binds": Field(list, _bind_paths, "a list of absolute paths other than / that exist"),
     "gate.ask_for": Field(list, _str_list, "a list of strings"),
     "gate.reannounce_after_s": Field(NUM, _positive, "a number of seconds > 0"),
     "transport.endpoint": Field(str, lambda v: v == "ipc" or v.startswith("tcp://"),

@@ -6,6 +6,7 @@ subdirectory or from a git worktree of the project reaches the same database.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 from dataclasses import dataclass
@@ -96,8 +97,13 @@ class OrgHome:
         return self.db_path.is_file()
 
     def ensure(self) -> "OrgHome":
-        """Create the home and its folders; ``run/`` is owner-only (sockets, keys, pid files)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Create the home and its folders. The home and ``run/`` are owner-only (state.db, sockets,
+        keys, pid files): when the org does not run as root, another org's sandbox — running as
+        its own user — cannot read them. The home is registered (``register_home``) so every
+        org's sandbox on this machine hides it."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        register_home(self.root)
         for d in (self.outbox_dir, self.logs_dir, self.snapshots_dir, self.history_dir,
                   self.knowledge_dir, self.skills_dir, self.backups_dir):
             d.mkdir(exist_ok=True)
@@ -111,6 +117,46 @@ class OrgHome:
             raise HomeNotFound(f"no org at {self.root} (state.db missing)",
                                hint="start one with 'scripts/start-org', or set ORG_HOME / --home")
         return self
+
+
+def registry_path(env=os.environ) -> Path:
+    """The list of org homes this user created (``$XDG_STATE_HOME/loop-org/homes``)."""
+    base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "loop-org" / "homes"
+
+
+def register_home(root: Path) -> None:
+    """Add ``root`` to the registry (one absolute path a line; homes that no longer exist are
+    dropped). Best effort: a registry that cannot be written leaves this home unlisted, which
+    only matters when another org's sandbox shows the folder it is in."""
+    path = registry_path()
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with os.fdopen(os.dup(fd), "r+") as f:
+            listed = [ln.strip() for ln in f if ln.strip().startswith("/")]
+            keep = [p for p in dict.fromkeys([*listed, str(root)]) if os.path.isdir(p)]
+            if keep != listed:
+                f.seek(0)
+                f.truncate()
+                f.write("".join(p + "\n" for p in keep))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def known_homes() -> list[str]:
+    """The org homes in the registry that still exist."""
+    try:
+        lines = registry_path().read_text().splitlines()
+    except OSError:
+        return []
+    return [ln.strip() for ln in lines if ln.strip().startswith("/") and os.path.isdir(ln.strip())]
 
 
 def resolve_home(explicit: str | os.PathLike | None = None, *, env=os.environ) -> OrgHome:

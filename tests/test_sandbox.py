@@ -22,6 +22,8 @@ from roles.sandbox import (BwrapRunner, Limits, RefusingRunner, SandboxFailed, S
                            run_sandboxed, runner_from_config)
 from roles.sandbox import mode as sandbox_mode
 from roles.sandbox.bwrap import mount_args
+from roles.sandbox.toolchains import Exposure
+from roles.sandbox.view import View
 from state_db.config import Config, defaults
 from tests.support.org import wait_for
 
@@ -166,10 +168,11 @@ def test_mounts_put_parents_before_children_whatever_the_argument_order(tmp_path
     home = project / ".org"
     ws = home / "demo" / "ws"
     ws.mkdir(parents=True)
-    args = mount_args(ws, readonly=[project], hide=[home])
+    view = View(readonly=(Exposure(str(project), "test"),), hidden=(), path="/usr/bin")
+    args = mount_args(view, ws, hide=[home])
     order = [args[i + 1] for i, a in enumerate(args) if a in ("--tmpfs", "--ro-bind", "--bind") and args[i + 1] != "/"]
     assert order == ["/tmp", str(project), str(home), str(ws)]
-    assert args[-2:] == ["--remount-ro", str(home)]
+    assert args[-4:] == ["--remount-ro", str(home), "--remount-ro", "/"]
 
 
 # -- network and environment ----------------------------------------------------------------

@@ -84,6 +84,15 @@ def _worktree(home: OrgHome, ws: Path, work_id: str) -> tuple[Path, str]:
     return dest, branch
 
 
+def _toolchain(req: SubmitRequest, ws: Path) -> dict:
+    """The submitter's PATH, HOME and the paths their verify commands name: the sandbox shows
+    these tools to the work item's commands (roles/sandbox/toolchains.py)."""
+    import os
+
+    from roles.sandbox.toolchains import at_submit
+    return at_submit(os.environ, req.verify, ws).encode()
+
+
 def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
     """Create a work item (or return the one this idempotency key created).
 
@@ -107,6 +116,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
         raise SubmitError(f"the org home {home.root} is inside the workspace {ws}; the agent must not reach it",
                           code="workspace_contains_org_home", hint="set ORG_HOME to a folder outside the workspace")
     caps, defaults_applied = _caps(req, cfg)
+    toolchain = _toolchain(req, ws)
     backend = _backend(req, cfg)
     key = req.idempotency_key or uuid.uuid4().hex
     from roles.operations.wake import Waker
@@ -131,6 +141,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
                 "protect": req.protect, "caps": caps, "backend": backend, "status": status,
                 "stop_detail": f"workspace busy with {busy[0]}" if busy else None,
                 "worktree": int(req.worktree), "branch": branch, "created_by": writer.os_user,
+                "toolchain": toolchain,
                 "created_at": tx.now, "updated_at": tx.now})
             if not busy:
                 tx.insert("workspace_locks", {"workspace": str(workspace), "work_id": work_id, "acquired_at": tx.now})

@@ -2,6 +2,7 @@
 
 ``runner_from_config`` picks the runner org.toml asks for; ``run_sandboxed`` runs one command in a
 sandbox built for it; ``describe_mode`` is the one line start-up and ``org doctor`` print.
+``view.exposed`` lists what the sandbox shows and why (``org doctor``).
 ``ModelEndpoint`` gives a sandboxed agent CLI exactly one way out: the model API.
 """
 from __future__ import annotations
@@ -13,12 +14,15 @@ from roles.sandbox.errors import SandboxConfigError, SandboxError, SandboxFailed
 from roles.sandbox.limits import Limits, process_limit_kind
 from roles.sandbox.mode import (RefusingRunner, UnsandboxedRunner, default_hidden, default_visible, describe_mode,
                                 runner_from_config, unsandboxed_allowed)
+from roles.sandbox.toolchains import Toolchain
+from roles.sandbox.view import exposed
 
 SandboxResult = Captured
 
 __all__ = [
     "SANDBOX_GID", "SANDBOX_UID", "BwrapRunner", "Captured", "Limits", "RefusingRunner", "SandboxConfigError",
-    "SandboxError", "SandboxFailed", "SandboxResult", "SandboxUnavailable", "UnsandboxedRunner", "bubblewrap",
+    "SandboxError", "SandboxFailed", "SandboxResult", "SandboxUnavailable", "Toolchain", "UnsandboxedRunner",
+    "bubblewrap", "exposed",
     "clean_env", "default_hidden", "default_visible", "describe_mode", "probe", "process_limit_kind",
     "run_sandboxed", "runner_from_config", "unsandboxed_allowed",
 ]

@@ -1,17 +1,20 @@
 """Agent commands under bubblewrap.
 
 The sandbox: a new user namespace with uid/gid 65534 and no capabilities; new pid, ipc, uts,
-cgroup and (unless lifted) network namespaces; the host file system read-only (``--ro-bind / /``);
-``/proc`` of the sandbox only, a minimal ``/dev``, a private ``/tmp``; hidden paths (the org home,
-the real home, ``/run``) covered by empty read-only tmpfs; the workspace — and any other writable
-path the caller names — bound back writable, even inside a hidden path; a clean environment;
-rlimits and a process limit (``limits``); killed with its parent (``--die-with-parent``) and,
-on timeout, as a whole (killing bubblewrap tears down the pid namespace).
+cgroup and (unless lifted) network namespaces; an allow-listed view of the host, read-only
+(``view``: system folders, the submitter's toolchains, the org's code, org.toml's binds; every
+org home and the deny-list hidden inside them; the rest absent); ``/proc`` of the sandbox only,
+a minimal ``/dev``, a private, size-capped ``/tmp``; the workspace — and any other writable path
+the caller names — bound writable at its own path (or where ``present_at`` says); a clean
+environment; a system-call filter (``seccomp``); rlimits, a process limit and a disk quota
+(``limits``); killed with its parent (``--die-with-parent``) and, on timeout, as a whole
+(killing bubblewrap tears down the pid namespace). bubblewrap reads its options from a
+descriptor (``--args``), so pid 1's command line inside names no host path.
 
 Running as root, uid 65534 inside still maps to host uid 0: files owned by root look owned by the
-sandbox, so what keeps them safe is that they are read-only or hidden, not their mode bits. That
-is why the real home, ``/run`` (root-owned sockets) and every file or folder only root's user or
-group may read (``/etc/shadow``, private keys: ``mode.root_private_paths``) are hidden by default.
+sandbox, so what keeps them safe is that they are absent, hidden or read-only, not their mode
+bits. That is why the view is an allow-list, and why inside it every file or folder only root's
+user or group may read (``/etc/shadow``, private keys: ``mode.root_private_paths``) is hidden.
 """
 from __future__ import annotations
 
@@ -28,7 +31,11 @@ import structlog
 from roles.sandbox.capture import Captured, run_bounded
 from roles.sandbox.environment import SANDBOX_HOME, clean_env
 from roles.sandbox.errors import SandboxConfigError, SandboxFailed, SandboxUnavailable
-from roles.sandbox.limits import Limits, PidsCgroup, inner_prefix, outer_prefix, preexec_rlimits, process_limit_kind
+from roles.sandbox.limits import (Limits, PidsCgroup, inner_prefix, outer_prefix, over_quota, preexec_rlimits,
+                                  process_limit_kind)
+from roles.sandbox.seccomp import memfd, program
+from roles.sandbox.toolchains import SYSTEM, Exposure, Toolchain
+from roles.sandbox.view import View, build
 
 log = structlog.get_logger("sandbox")
 
@@ -56,41 +63,68 @@ def namespace_args(*, network: bool, uid: int = SANDBOX_UID, gid: int = SANDBOX_
     return args + ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
 
 
-def mount_args(workspace: Path, *, writable: Sequence[Path] = (), readonly: Sequence[Path] = (),
-               hide: Sequence[Path] = (), home: str = SANDBOX_HOME) -> list[str]:
-    """bwrap arguments building the file-system view.
+def mount_args(view: View, workspace: Path, *, inside: Path | None = None, writable: Sequence[Path] = (),
+               hide: Sequence[Path] = (), home: str = SANDBOX_HOME, tmp_mb: int | None = None) -> list[str]:
+    """bwrap arguments building the file-system view: nothing but what ``view`` shows.
 
-    Parents are mounted before children (sorted by depth), so a workspace inside a hidden org
-    home, or an org home inside a read-only project, both come out right.
+    ``workspace`` is bound writable at ``inside`` (default: its own path); ``writable`` more
+    writable paths; ``hide`` more paths covered (only where something shown would reveal them);
+    ``tmp_mb`` caps the private ``/tmp``. Parents are mounted before children (sorted by depth),
+    so a workspace inside a hidden org home, or an org home inside a shown folder, both come out
+    right; the root itself is an empty read-only tmpfs.
     Errors: ``SandboxConfigError`` for a relative or missing workspace/bind source.
     """
-    entries: dict[str, int] = {}  # path -> 0 hide, 1 read-only bind, 2 writable bind
-    for p in hide:
+    entries: dict[str, tuple[int, str]] = {}  # destination -> (0 hide | 1 read-only | 2 writable, source)
+    shown = [e.path for e in view.readonly]
+    binds = [(workspace, inside or workspace), *((p, p) for p in writable)]
+    # a hidden place matters where something shown would reveal it, or around a writable bind
+    # (a workspace inside the org home): there it is an empty, read-only folder
+    around = [os.path.normpath(dest) for _, dest in binds]
+    for p in [*(Path(e.path) for e in view.hidden), *hide]:
         real = os.path.realpath(p)
         if real in _UNHIDEABLE:
             raise SandboxConfigError(f"{real} cannot be hidden; hide a folder below it")
-        if os.path.exists(real):
-            entries.setdefault(real, 0)
-    for kind, paths in ((1, readonly), (2, [workspace, *writable])):
-        for p in paths:
-            if not os.path.isabs(p):
-                raise SandboxConfigError(f"sandbox path {str(p)!r} must be absolute")
-            real = os.path.realpath(p)
-            if not os.path.exists(real):
-                raise SandboxConfigError(f"sandbox path {real} does not exist; create it or drop it from the binds")
-            entries[real] = max(entries.get(real, 0), kind)
-    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", home]
+        if os.path.lexists(real) and (_inside_any(real, shown) or any(_inside_any(d, [real]) for d in around)):
+            entries.setdefault(real, (0, real))
+    for path in shown:
+        if path not in entries:
+            entries[path] = (1, path)
+    for source, dest in binds:
+        if not os.path.isabs(source) or not os.path.isabs(dest):
+            raise SandboxConfigError(f"sandbox path {str(source)!r} must be absolute")
+        real = os.path.realpath(source)
+        if not os.path.exists(real):
+            raise SandboxConfigError(f"sandbox path {real} does not exist; create it or drop it from the binds")
+        target = real if dest == source else os.path.normpath(dest)
+        entries[target] = (2, real)
+    args = _system_links() + ["--dev", "/dev", "--proc", "/proc",
+                              *(["--size", str(tmp_mb * 2**20)] if tmp_mb else []), "--tmpfs", "/tmp", "--dir", home]
     folders = set()
-    for path, kind in sorted(entries.items(), key=lambda e: (len(Path(e[0]).parts), e[1], e[0])):
-        if kind == 0 and not os.path.isdir(path):
-            args += ["--ro-bind", "/dev/null", path]      # a hidden file reads as empty
+    for dest, (kind, source) in sorted(entries.items(), key=lambda e: (len(Path(e[0]).parts), e[1][0], e[0])):
+        if kind == 0 and not os.path.isdir(dest):
+            args += ["--ro-bind", "/dev/null", dest]      # a hidden file reads as empty
             continue
-        folders.add(path)
-        args += (["--tmpfs", path], ["--ro-bind", path, path], ["--bind", path, path])[kind]
+        if kind == 1 and not os.path.exists(source):
+            continue
+        folders.add(dest)
+        args += (["--tmpfs", dest], ["--ro-bind", source, dest], ["--bind", source, dest])[kind]
     # empty *and* read-only: writes to a hidden place must fail, not vanish into a tmpfs
-    for path, kind in entries.items():
-        if kind == 0 and path in folders:
-            args += ["--remount-ro", path]
+    for dest, (kind, _) in entries.items():
+        if kind == 0 and dest in folders:
+            args += ["--remount-ro", dest]
+    return args + ["--remount-ro", "/"]
+
+
+def _inside_any(path: str, tops: Sequence[str]) -> bool:
+    return any(path == t or path.startswith(t.rstrip("/") + "/") for t in tops)
+
+
+def _system_links() -> list[str]:
+    """Merged-/usr systems link /bin, /lib… into /usr: the same links inside."""
+    args: list[str] = []
+    for path in SYSTEM:
+        if os.path.islink(path) and path.count("/") == 1:
+            args += ["--symlink", os.readlink(path), path]
     return args
 
 
@@ -112,23 +146,32 @@ class BwrapRunner:
     """Runs commands in one workspace's sandbox; implements the loop-agent's ``CommandRunner``.
 
     Params: ``workspace`` (writable; None: each call's ``cwd`` is the workspace — what
-    ``WorkspaceTools`` passes); ``writable`` more writable paths; ``readonly_binds`` paths
-    shown read-only even inside a hidden path; ``hide`` paths covered by an empty read-only
-    tmpfs; ``limits``; ``network`` lifts the network block; ``env`` extra variables on top of
-    the clean environment; ``bwrap`` the executable (default: found on PATH).
-    Errors (from ``run``/``execute``): ``SandboxUnavailable`` (no bwrap), ``SandboxFailed``
-    (bwrap cannot build the sandbox), ``SandboxConfigError`` (bad paths).
+    ``WorkspaceTools`` passes); ``present_at`` the path the workspace appears at inside (the eval
+    snapshot shown at the work item's workspace path; default its own path); ``writable`` more
+    writable paths; ``readonly_binds`` more paths shown read-only; ``hide`` more paths covered
+    by an empty read-only tmpfs; ``own_home`` this org's home (hidden, as every registered one);
+    ``toolchain_of`` maps the workspace path inside to the ``Toolchain`` recorded for its work
+    item (None, or a None answer: this process's PATH and HOME); ``limits``; ``network`` lifts
+    the network block; ``env`` extra variables on top of the clean environment; ``bwrap`` the
+    executable (default: found on PATH).
+    Errors (from ``run``/``execute``): ``SandboxUnavailable`` (no bwrap, no seccomp),
+    ``SandboxFailed`` (bwrap cannot build the sandbox), ``SandboxConfigError`` (bad paths).
     """
 
     kind = "bubblewrap"
 
     def __init__(self, workspace: Path | None, *, writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
                  hide: Sequence[Path] = (), limits: Limits | None = None, network: bool = False,
-                 env: Mapping[str, str] | None = None, bwrap: str | None = None) -> None:
+                 env: Mapping[str, str] | None = None, bwrap: str | None = None, present_at: Path | None = None,
+                 own_home: Path | None = None,
+                 toolchain_of: Callable[[Path], Toolchain | None] | None = None) -> None:
         self.workspace = Path(workspace) if workspace is not None else None
+        self.present_at = Path(present_at) if present_at is not None else None
         self.writable = tuple(Path(p) for p in writable)
         self.readonly_binds = tuple(Path(p) for p in readonly_binds)
         self.hide = tuple(Path(p) for p in hide)
+        self.own_home = Path(own_home) if own_home is not None else None
+        self.toolchain_of = toolchain_of
         self.limits = limits or Limits()
         self.network = network
         self.env = dict(env or {})
@@ -142,6 +185,12 @@ class BwrapRunner:
         """``CommandRunner.run``: stdout and stderr combined, head and tail kept."""
         return self.execute(command, cwd=cwd, timeout_s=timeout_s, max_output=max_output_bytes)
 
+    def view(self, inside: Path, readonly_binds: Sequence[Path] = ()) -> View:
+        """What a command in the workspace shown at ``inside`` sees (``view.build``)."""
+        toolchain = self.toolchain_of(inside) if self.toolchain_of else None
+        extra = [Exposure(os.path.realpath(p), "asked for by the org") for p in (*self.readonly_binds, *readonly_binds)]
+        return build(toolchain, own_home=self.own_home, readonly=extra)
+
     def execute(self, command: Sequence[str] | str, *, timeout_s: float, cwd: Path | None = None,
                 max_output: int | None = None, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
                 writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
@@ -149,12 +198,14 @@ class BwrapRunner:
                 should_stop: Callable[[], bool] | None = None, poll_s: float = 1.0) -> Captured:
         """Run ``command`` (argv, or a shell line when a str) in the sandbox.
 
-        Params: ``cwd`` (default: the workspace) must be visible inside; ``env`` adds variables
-        for this call; ``writable``/``readonly_binds`` add binds for this call; ``limits``
-        replaces the runner's for this call; ``should_stop`` is polled every ``poll_s`` seconds
-        while the command runs and a True kills it (``Captured.stopped``).
+        Params: ``cwd`` (default: the workspace) must be visible inside — a path in the workspace
+        is translated to where the workspace appears; ``env`` adds variables for this call;
+        ``writable``/``readonly_binds`` add binds for this call; ``limits`` replaces the
+        runner's for this call; ``should_stop`` is polled every ``poll_s`` seconds while the
+        command runs and a True kills it (``Captured.stopped``).
         Returns: ``Captured`` (exit code 128+N when the command died of signal N; 127 with
-        bubblewrap's message when the command cannot be executed).
+        bubblewrap's message when the command cannot be executed; 1 with an
+        ``error[disk_quota]`` line when the workspace outgrew ``limits.disk_mb``).
         """
         bwrap = self.bwrap or bubblewrap()
         if bwrap is None:
@@ -163,25 +214,33 @@ class BwrapRunner:
         problem = probe(bwrap)
         if problem is not None:
             raise SandboxFailed(f"bubblewrap cannot build a sandbox here: {problem}; {_FIX}")
+        filter_bpf = program()
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         workspace = self.workspace or cwd
         if workspace is None:
             raise SandboxConfigError("a sandbox without a workspace needs the cwd of each command")
-        workdir = os.path.realpath(cwd or workspace)
-        mounts = mount_args(Path(workspace), writable=[*self.writable, *writable],
-                            readonly=[*self.readonly_binds, *readonly_binds], hide=self.hide)
+        inside = Path(os.path.normpath(self.present_at or os.path.realpath(workspace)))
+        workdir = _translate(os.path.realpath(cwd or workspace), os.path.realpath(workspace), inside)
         limits = limits or self.limits
+        view = self.view(inside, readonly_binds)
+        hide = [*self.hide, *([self.own_home] if self.own_home else [])]
+        mounts = mount_args(view, Path(workspace), inside=inside, writable=[*self.writable, *writable],
+                            hide=hide, tmp_mb=limits.disk_mb)
         cgroup = PidsCgroup.create(limits)
         status_r, status_w = os.pipe()
         alive_r, alive_w = os.pipe()  # only this process holds alive_w: EOF inside means we died
+        seccomp_fd = memfd(filter_bpf, "seccomp")
+        options = [*namespace_args(network=self.network), *mounts, "--chdir", workdir,
+                   "--json-status-fd", str(status_w), "--seccomp", str(seccomp_fd)]
+        # read from a descriptor, not argv: bubblewrap's argv is pid 1's cmdline inside
+        args_fd = memfd(b"".join(a.encode() + b"\0" for a in options), "bwrap-args")
         try:
-            full = [*_outer_stage(alive_r, cgroup), *outer_prefix(limits), bwrap,
-                    *namespace_args(network=self.network), *mounts, "--chdir", workdir,
-                    "--json-status-fd", str(status_w), "--", *_watch_parent(alive_r), *inner_prefix(limits),
-                    *_backstop(timeout_s), *argv]
-            got = run_bounded(full, cwd="/", env=clean_env({**self.env, **(env or {})}), timeout_s=timeout_s,
-                              max_output=max_output or limits.max_output, stdin=stdin,
-                              separate_stderr=separate_stderr, pass_fds=(status_w, alive_r),
+            full = [*_outer_stage(alive_r, cgroup), *outer_prefix(limits), bwrap, "--args", str(args_fd),
+                    "--", *_watch_parent(alive_r), *inner_prefix(limits), *_backstop(timeout_s), *argv]
+            inner_env = {"PATH": view.path, "PYTHONPYCACHEPREFIX": "/tmp/pycache", **view.env}
+            got = run_bounded(full, cwd="/", env=clean_env({**inner_env, **self.env, **(env or {})}),
+                              timeout_s=timeout_s, max_output=max_output or limits.max_output, stdin=stdin,
+                              separate_stderr=separate_stderr, pass_fds=(status_w, alive_r, seccomp_fd, args_fd),
                               preexec=preexec_rlimits(limits), should_stop=should_stop, poll_s=poll_s,
                               on_timeout=cgroup.kill_all if cgroup else None)
             os.close(status_w)
@@ -190,13 +249,35 @@ class BwrapRunner:
         finally:
             if status_w >= 0:
                 os.close(status_w)
-            for fd in (status_r, alive_r, alive_w):
+            for fd in (status_r, alive_r, alive_w, seccomp_fd, args_fd):
                 os.close(fd)
             if cgroup is not None:
                 cgroup.close()
         if not started and not (got.timed_out or got.stopped):
             return _setup_failure(got)
+        return _quota_checked(got, Path(workspace), limits)
+
+
+def _translate(path: str, workspace: str, inside: Path) -> str:
+    """``path`` as seen inside, where the workspace appears at ``inside``."""
+    if path == workspace or path.startswith(workspace.rstrip("/") + "/"):
+        return str(inside / os.path.relpath(path, workspace))
+    return path
+
+
+def _quota_checked(got: Captured, workspace: Path, limits: Limits) -> Captured:
+    """The workspace's disk quota, checked after each command (a bind mount of the host's file
+    system cannot be capped from inside the sandbox): over it, the command fails with one line
+    saying so, and keeps failing until files are removed."""
+    used = over_quota(workspace, limits)
+    if used is None:
         return got
+    line = (f"\nerror[disk_quota]: the workspace holds {used / 2**20:.0f} MB, over the sandbox's "
+            f"{limits.disk_mb} MB quota — delete files you do not need (org.toml sandbox.disk_mb sets the quota)\n")
+    log.warning("workspace over its disk quota", workspace=str(workspace), used_mb=round(used / 2**20),
+                quota_mb=limits.disk_mb)
+    return Captured(got.exit_code or 1, got.output + line, got.stderr, got.timed_out, got.truncated, got.duration_s,
+                    got.stopped)
 
 
 def _outer_stage(alive_fd: int, cgroup: PidsCgroup | None) -> list[str]:
@@ -276,9 +357,7 @@ def run_sandboxed(command: Sequence[str] | str, *, workspace: Path, timeout_s: f
     """Run one command in a sandbox built for it; see ``BwrapRunner`` for the parameters and errors.
 
     The project's code and the running Python stay visible read-only (as with
-    ``runner_from_config``), even when they live under the sandbox's private ``/tmp``."""
-    from roles.sandbox.mode import default_visible
-    readonly_binds = (*default_visible(), *readonly_binds)
+    ``runner_from_config``, see ``view``), even when they live under the sandbox's private ``/tmp``."""
     runner = BwrapRunner(workspace, writable=writable, readonly_binds=readonly_binds, hide=hide,
                          limits=Limits(cpu_s, memory_mb, max_procs, max_output), network=network,
                          env=env, bwrap=bwrap)

@@ -1,6 +1,7 @@
-"""Resource limits of a sandboxed command: CPU time, address space, process count.
+"""Resource limits of a sandboxed command: CPU time, address space, file size, disk, process count.
 
-CPU time and address space are rlimits set on the process that execs bubblewrap (``prlimit`` as
+CPU time, address space and file size (``RLIMIT_FSIZE``: a write past it fails with ``EFBIG``
+and ``SIGXFSZ``, "File size limit exceeded") are rlimits set on the process that execs bubblewrap (``prlimit`` as
 a wrapper, so no ``preexec_fn`` runs in a threaded parent); every process in the sandbox inherits
 them. CPU time counts per process: a tree of busy processes is bounded by the wall-clock timeout.
 
@@ -14,6 +15,10 @@ host uid is 0, and running as root the sandbox's uid 65534 maps to host uid 0. S
   namespace's creator also caps the host user's whole process count). Enforced when not root.
 - ``none``: neither is possible (root without a writable pids cgroup); the wall-clock timeout
   and the pid namespace still end a fork bomb, and ``describe()`` says so.
+
+Disk: the private ``/tmp`` is a tmpfs of ``disk_mb``; the workspace, a bind of the host's file
+system that no mount option can cap, is measured after each command (``over_quota``) and a
+command that leaves it over ``disk_mb`` fails with ``error[disk_quota]`` (``bwrap``).
 """
 from __future__ import annotations
 
@@ -41,11 +46,14 @@ class Limits:
     memory_mb: int | None = 2048
     max_procs: int | None = 256
     max_output: int = 1_000_000
+    file_size_mb: int | None = 128
+    disk_mb: int | None = 2048
 
     @classmethod
     def from_config(cls, cfg) -> Limits:
         return cls(cpu_s=int(cfg["sandbox.cpu_seconds"]), memory_mb=int(cfg["sandbox.memory_mb"]),
-                   max_procs=int(cfg["sandbox.max_processes"]), max_output=int(cfg["sandbox.output_bytes"]))
+                   max_procs=int(cfg["sandbox.max_processes"]), max_output=int(cfg["sandbox.output_bytes"]),
+                   file_size_mb=int(cfg["sandbox.file_size_mb"]), disk_mb=int(cfg["sandbox.disk_mb"]))
 
 
 def prlimit_binary() -> str | None:
@@ -70,12 +78,15 @@ def _outer_opts(limits: Limits) -> list[str]:
     if limits.memory_mb is not None:
         size = limits.memory_mb * 1024 * 1024
         opts.append(f"--as={size}:{size}")
+    if limits.file_size_mb is not None:
+        size = limits.file_size_mb * 2**20
+        opts.append(f"--fsize={size}:{size}")
     return opts
 
 
 def preexec_rlimits(limits: Limits):
     """The same limits as a ``preexec_fn``, for systems without the prlimit tool (util-linux)."""
-    if prlimit_binary() is not None or (limits.cpu_s is None and limits.memory_mb is None):
+    if prlimit_binary() is not None:
         return None
     import resource
 
@@ -86,7 +97,35 @@ def preexec_rlimits(limits: Limits):
         if limits.memory_mb is not None:
             size = limits.memory_mb * 1024 * 1024
             resource.setrlimit(resource.RLIMIT_AS, (size, size))
+        if limits.file_size_mb is not None:
+            size = limits.file_size_mb * 2**20
+            resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
     return apply
+
+
+def over_quota(folder: Path, limits: Limits) -> int | None:
+    """Bytes ``folder`` holds on disk when that is over ``limits.disk_mb``, else None. The walk
+    stops as soon as the quota is passed; symbolic links are not followed."""
+    if limits.disk_mb is None:
+        return None
+    cap, used, stack = limits.disk_mb * 2**20, 0, [str(folder)]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                used += st.st_blocks * 512
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+        if used > cap:
+            return used
+    return None
 
 
 # -- process count --------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from roles.sandbox.capture import Captured, run_bounded
 from roles.sandbox.environment import clean_env
 from roles.sandbox.errors import SandboxError, SandboxUnavailable
 from roles.sandbox.limits import Limits, process_limit_kind
+from roles.sandbox.toolchains import Toolchain
+from roles.sandbox.view import default_visible
 
 _ALWAYS_HIDDEN = ("/run",)  # sockets of the host's services; as root the sandbox could connect to them
 _PRIVATE_ROOTS = ("/etc", "/var", "/opt", "/srv", "/boot", "/usr/local")
@@ -29,8 +31,9 @@ def unsandboxed_allowed(cfg) -> bool:
 
 
 def default_hidden(org_home: Path) -> list[Path]:
-    """What no agent command may see: the org home, the real home, /run, and what only the
-    host's root user or group may read (``root_private_paths``)."""
+    """Paths no agent command may see even when a caller shows a folder around them: the org
+    home, the real home, /run, and what only the host's root user or group may read
+    (``root_private_paths``). The view hides them anyway where it shows their parents."""
     hidden = [Path(org_home), Path.home(), *map(Path, _ALWAYS_HIDDEN), *root_private_paths()]
     return [p for p in hidden if str(p) not in ("/", "")]
 
@@ -80,19 +83,6 @@ def root_private_paths(roots: tuple[str, ...] = _PRIVATE_ROOTS, max_depth: int =
 
 
 _OTHERS_ENTER = stat.S_IROTH | stat.S_IXOTH
-
-
-def default_visible() -> list[Path]:
-    """Shown read-only even inside a hidden path: the project's code and the Python running it
-    (verify commands and the endpoint relay need them)."""
-    from state_db.home import project_root
-
-    seen: list[Path] = []
-    for p in (project_root(), Path(sys.prefix), Path(sys.base_prefix)):
-        real = Path(os.path.realpath(p))
-        if real.exists() and real not in seen:
-            seen.append(real)
-    return seen
 
 
 class RefusingRunner:
@@ -148,14 +138,18 @@ class UnsandboxedRunner:
 
 
 def runner_from_config(cfg, org_home, workspace: Path | None = None, *, readonly_binds: Sequence[Path] = (),
-                       bwrap: str | None = None):
+                       bwrap: str | None = None, present_at: Path | None = None):
     """The runner for agent commands in ``workspace``.
 
     Params: ``cfg`` the org config; ``org_home`` an ``OrgHome`` or its root path (hidden from the
     sandbox); ``workspace`` the writable folder (None: each command's ``cwd``, which is what
     ``WorkspaceTools`` passes — one runner then serves any workspace); ``readonly_binds`` more
-    folders shown read-only although hidden (e.g. a toolchain under the real home); ``bwrap``
-    overrides the executable found on PATH.
+    folders shown read-only (e.g. a CLI's own folder), on top of org.toml's
+    ``sandbox.readonly_binds``; ``bwrap`` overrides the executable found on PATH; ``present_at``
+    the path the workspace appears at inside (the eval snapshot shown at the work item's own
+    workspace path, so absolute paths recorded there work).
+    The toolchain shown is the one recorded with the work item that holds the workspace
+    (``toolchain_for``), else this process's PATH and HOME.
     Returns: ``BwrapRunner`` | ``UnsandboxedRunner`` | ``RefusingRunner`` (all have ``run`` —
     the ``CommandRunner`` protocol — and ``execute``). Never raises: problems surface, coded, when
     a command is run.
@@ -170,9 +164,29 @@ def runner_from_config(cfg, org_home, workspace: Path | None = None, *, readonly
             "'bubblewrap' package, or — at your own risk — set sandbox.mode = \"unsandboxed\" and "
             "sandbox.allow_unsandboxed = true in org.toml"))
     root = Path(org_home if isinstance(org_home, (str, os.PathLike)) else org_home.root)
-    visible = [*default_visible(), *(Path(p) for p in readonly_binds)]
-    return BwrapRunner(workspace, hide=default_hidden(root), readonly_binds=visible,
-                       limits=limits, bwrap=found)
+    visible = [*(Path(p) for p in cfg["sandbox.readonly_binds"]), *(Path(p) for p in readonly_binds)]
+    return BwrapRunner(workspace, readonly_binds=visible, limits=limits, bwrap=found, present_at=present_at,
+                       own_home=root, toolchain_of=functools.partial(toolchain_for, root / "state.db"))
+
+
+_TOOLCHAIN = """SELECT w.toolchain FROM work_items w LEFT JOIN workspace_locks l ON l.work_id = w.id
+                WHERE w.workspace = ? ORDER BY l.work_id IS NULL, w.created_at DESC LIMIT 1"""
+
+
+def toolchain_for(db_path: Path, workspace: Path) -> Toolchain | None:
+    """The toolchain recorded with the work item holding ``workspace`` (the one with its lock,
+    else the latest), or None (no such item, or a state.db without the column)."""
+    import json
+    import sqlite3
+    try:
+        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            row = conn.execute(_TOOLCHAIN, (str(workspace),)).fetchone()
+        finally:
+            conn.close()
+        return Toolchain.decode(json.loads(row[0])) if row else None
+    except (sqlite3.Error, ValueError, TypeError):
+        return None
 
 
 def describe_mode(cfg) -> str:

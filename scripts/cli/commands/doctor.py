@@ -103,4 +103,8 @@ def diagnose(home, now: float | None = None) -> list[dict]:
         from roles.sandbox import describe_mode
         mode = describe_mode(cfg)
         add("warning" if mode.startswith(("agent commands refused", "unsandboxed")) else "ok", "sandbox", mode)
+        if mode.startswith("sandbox:"):
+            from roles.sandbox import exposed
+            for path, reason in exposed(cfg, home):
+                add("ok", "sandbox view", f"{path}: {reason}")
     return out

@@ -1,0 +1,158 @@
+"""What a sandboxed command sees of the machine: an allow-list, read-only.
+
+Shown read-only:
+
+- the system folders programs need (``toolchains.SYSTEM``: ``/usr``, ``/bin``, ``/sbin``,
+  ``/lib*``, ``/etc``, ``/opt``), with what only root may read hidden (``root_private_paths``);
+- the submitter's toolchains (``toolchains.discover``: every folder on their PATH and what its
+  tools need behind them);
+- the project's code and the Python running the org (``default_visible``);
+- the folders org.toml adds (``sandbox.readonly_binds``) and the caller adds for one command.
+
+Everything else is absent — the real home's other contents, other users' homes, other projects,
+``/srv``, ``/mnt``, ``/media``, ``/var/lib``, ``/run`` — and inside what is shown, these are
+hidden whatever the allow-list says: every org home this machine has registered
+(``state_db.home.known_homes``) plus this org's own, and the deny-list below every home folder
+(``DENY``: keys, credentials, shell histories).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import pwd
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from roles.sandbox.toolchains import SYSTEM, Exposure, Toolchain, discover, is_system
+
+DENY = (
+    ".ssh", ".gnupg", ".aws", ".azure", ".kube", ".config/gcloud", ".docker/config.json", ".netrc", ".npmrc",
+    ".pypirc", ".git-credentials", ".config/git/credentials", ".config/gh", ".cargo/credentials",
+    ".cargo/credentials.toml", ".local/share/keyrings", ".password-store", ".vault-token", ".pgpass",
+    ".my.cnf", ".bash_history", ".zsh_history", ".zhistory", ".history", ".histfile", ".sh_history",
+    ".python_history", ".node_repl_history", ".psql_history", ".mysql_history", ".sqlite_history",
+    ".lesshst", ".local/share/fish/fish_history", ".viminfo",
+)
+
+
+@dataclass(frozen=True)
+class View:
+    """The file-system view of one command: ``readonly`` and ``hidden`` (path, reason) pairs,
+    the PATH and variables that point tools at what is shown."""
+
+    readonly: tuple[Exposure, ...]
+    hidden: tuple[Exposure, ...]
+    path: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def every_home() -> list[str]:
+    """Home folders of this machine's users and of this process."""
+    homes = {str(Path.home())}
+    try:
+        homes.update(p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/") and p.pw_dir != "/")
+    except OSError:
+        pass
+    return sorted(h for h in homes if h not in ("/", ""))
+
+
+def org_homes(own: Path | None) -> list[str]:
+    """Every org home to hide: this org's, the machine's registered ones, ``$ORG_HOME`` and the
+    project's default ``.org``."""
+    from state_db.home import ENV_HOME, known_homes, project_root
+    found = [*known_homes(), str(project_root() / ".org")]
+    if own is not None:
+        found.insert(0, str(own))
+    if os.environ.get(ENV_HOME):
+        found.append(os.environ[ENV_HOME])
+    return list(dict.fromkeys(os.path.realpath(p) for p in found))
+
+
+def default_visible() -> list[Path]:
+    """The project's code and the Python running it (verify commands and the endpoint relay
+    need them), shown even where nothing else would be."""
+    from state_db.home import project_root
+
+    seen: list[Path] = []
+    for p in (project_root(), Path(sys.prefix), Path(sys.base_prefix)):
+        real = Path(os.path.realpath(p))
+        if real.exists() and real not in seen:
+            seen.append(real)
+    return seen
+
+
+def build(toolchain: Toolchain | None, *, own_home: Path | None, readonly: Sequence[Exposure] = (),
+          workspace: Path | None = None) -> View:
+    """The view for a command of ``toolchain`` (None: this process's PATH and HOME).
+
+    ``readonly``: more (path, reason) pairs (org.toml's, the caller's); ``workspace`` is shown
+    writable by the caller and counts as shown here (the deny-list applies below it only when it
+    is a home, which ``submit`` refuses anyway)."""
+    toolchain = toolchain or Toolchain(os.environ.get("PATH", ""), str(Path.home()))
+    homes = every_home()
+    tools, env = _discover(toolchain, tuple(homes))
+    shown = [Exposure(p, "system folder") for p in SYSTEM if os.path.isdir(p) and not os.path.islink(p)]
+    shown += [Exposure(str(p), "the org's code and Python") for p in default_visible()]
+    shown += list(tools)
+    never = org_homes(own_home)
+    folders = [e.path for e in (*shown, *readonly)]
+    denied = _denied(homes + [toolchain.home] + folders, folders)
+    never += [d.path for d in denied]
+    # nothing discovered inside an org home or a denied path is shown; what the org asks for
+    # by name (org.toml, a CLI's own folder) is shown unless denied
+    keep = [e for e in shown if not _under_any(e.path, never)]
+    keep += [e for e in readonly if not _under_any(e.path, [d.path for d in denied])]
+    folders = [e.path for e in keep]
+    hidden = [Exposure(h, "an org home") for h in org_homes(own_home) if _under_any(h, folders)]
+    hidden += [d for d in denied if _under_any(d.path, folders)]
+    hidden += [Exposure(str(p), "only root may read it") for p in root_private_in(folders)]
+    visible = [os.path.realpath(e) for e in toolchain.path.split(os.pathsep) if e.startswith("/")]
+    inside = [p for p in dict.fromkeys(visible)
+              if _under_any(p, [e.path for e in keep]) and not any(_within(p, h.path) for h in hidden)]
+    return View(tuple(keep), tuple(hidden), os.pathsep.join(inside) or "/usr/local/bin:/usr/bin:/bin", env)
+
+
+@functools.lru_cache(maxsize=32)
+def _discover(toolchain: Toolchain, homes: tuple[str, ...]):
+    """Cached per process: a PATH's folders are listed and their scripts' first lines read once."""
+    exposures, env = discover(toolchain, homes)
+    return tuple(exposures), env
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _under_any(path: str, tops: Iterable[str]) -> bool:
+    return any(_within(path, t) for t in tops)
+
+
+def _denied(homes: Iterable[str], shown: Sequence[str]) -> list[Exposure]:
+    """Deny-list entries below each home (and each shown folder, in case it is one) that are
+    inside something shown."""
+    out: dict[str, Exposure] = {}
+    for home in dict.fromkeys(h for h in homes if h):
+        for rel in DENY:
+            path = os.path.join(home, rel)
+            if os.path.lexists(path) and _under_any(path, shown):
+                out.setdefault(path, Exposure(path, "deny-list: keys, credentials or history"))
+    return list(out.values())
+
+
+def root_private_in(folders: Sequence[str]) -> list[Path]:
+    """Files only root may read (``root_private_paths``) inside the shown folders."""
+    from roles.sandbox.mode import root_private_paths
+    return [p for p in root_private_paths() if _under_any(str(p), folders)]
+
+
+def exposed(cfg, org_home, toolchain: Toolchain | None = None) -> list[tuple[str, str]]:
+    """(path, reason) pairs: what a sandboxed command of this org sees, then what it does not
+    although it lies inside (``org doctor``). ``toolchain``: default this process's."""
+    extra = [Exposure(p, "org.toml sandbox.readonly_binds") for p in cfg["sandbox.readonly_binds"]]
+    root = Path(org_home if isinstance(org_home, (str, os.PathLike)) else org_home.root)
+    view = build(toolchain, own_home=root, readonly=extra)
+    return ([(e.path, e.reason) for e in view.readonly]
+            + [(e.path, f"hidden: {e.reason}") for e in view.hidden]
+            + [("/tmp", "private and empty, writable (caches: pip, npm, cargo, __pycache__)")])

@@ -1,0 +1,221 @@
+"""The sandbox's allow-listed view, its system-call filter and its file and disk limits, tried as a
+hostile doer would, through real bubblewrap. Each refusal has a positive control: the same read
+or call works outside the sandbox (or for a shown neighbour), so the test can fail."""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from roles.sandbox import Toolchain, bubblewrap, exposed, runner_from_config
+from state_db.bootstrap import init_home
+from state_db.config import Config, ConfigError, defaults, load
+from state_db.home import OrgHome
+
+pytestmark = pytest.mark.skipif(bubblewrap() is None, reason="bubblewrap (bwrap) is not installed")
+PY = sys.executable
+SECRET = "sk-ant-secret-of-another-org"
+
+
+def config(**sandbox) -> Config:
+    data = defaults()
+    data["sandbox"].update(sandbox)
+    return Config(data)
+
+
+def sh(runner, line: str, cwd: Path | None = None, timeout_s: float = 20.0) -> str:
+    got = runner.run(line, cwd or runner.workspace, timeout_s, 200_000)
+    return got.output
+
+
+@pytest.fixture
+def org_b(tmp_path):
+    """This org (B): its home, and a workspace outside it."""
+    home = OrgHome(tmp_path / "b")
+    init_home(home)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return home, ws
+
+
+def test_a_second_org_home_is_hidden_even_inside_a_folder_the_sandbox_shows(tmp_path, org_b):
+    """Org A's home lies in a folder org B's org.toml shows read-only: its state.db is still absent."""
+    shared = tmp_path / "shared"
+    a = OrgHome(shared / "org-a")
+    init_home(a)
+    (shared / "tool.txt").write_text("a shown neighbour\n")
+    (a.root / "notes.txt").write_text(SECRET)
+    home, ws = org_b
+    runner = runner_from_config(config(readonly_binds=[str(shared)]), home, ws)
+    out = sh(runner, f"cat {shared}/tool.txt; head -c 16 {a.db_path}; cat {a.root}/notes.txt; ls -A {a.root}; "
+                     f"head -c 16 {home.db_path}")
+    assert "a shown neighbour" in out                            # control: the folder is shown
+    assert a.db_path.read_bytes().startswith(b"SQLite format 3")   # control: readable outside
+    assert "SQLite format 3" not in out and SECRET not in out, out
+
+
+def test_another_project_in_the_real_home_is_absent(org_b):
+    project = Path(tempfile.mkdtemp(prefix="other-project-", dir=Path.home()))
+    try:
+        (project / "secret.py").write_text(SECRET)
+        runner = runner_from_config(config(), org_b[0], org_b[1])
+        out = sh(runner, f"cat {project}/secret.py; ls -A {project}")
+        assert (project / "secret.py").read_text() == SECRET       # control
+        assert SECRET not in out and "No such file or directory" in out, out
+    finally:
+        shutil.rmtree(project)
+
+
+@pytest.mark.parametrize("top", ["/srv", "/mnt", "/media", "/var/lib"])
+def test_machine_folders_outside_the_allow_list_are_absent(org_b, top):
+    made = None
+    if os.access(top, os.W_OK):
+        made = Path(tempfile.mkdtemp(prefix="lo-view-", dir=top))
+        (made / "data").write_text(SECRET)
+    try:
+        runner = runner_from_config(config(), org_b[0], org_b[1])
+        out = sh(runner, f"ls -A {top}; cat {made}/data" if made else f"ls -A {top}")
+        assert SECRET not in out and "No such file or directory" in out, out
+    finally:
+        if made:
+            shutil.rmtree(made)
+
+
+def test_the_deny_list_is_hidden_inside_a_shown_home_folder(tmp_path, org_b):
+    home_dir = tmp_path / "someone"
+    files = {".ssh/id_ed25519": "PRIVATE KEY", ".netrc": "machine x password p", ".npmrc": "//r/:_authToken=t",
+             ".pypirc": "password = p", ".git-credentials": "https://u:p@h", ".config/git/credentials": "c",
+             ".docker/config.json": '{"auths": 1}', ".aws/credentials": "aws_secret", ".bash_history": "history",
+             ".zsh_history": "history", ".config/gcloud/creds.db": "gcloud", ".gnupg/secring.gpg": "gpg"}
+    for rel, text in files.items():
+        (home_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home_dir / rel).write_text(f"DENIED {text}")
+    (home_dir / "bin").mkdir()
+    (home_dir / "bin" / "tool").write_text("SHOWN tool\n")
+    runner = runner_from_config(config(readonly_binds=[str(home_dir)]), org_b[0], org_b[1])
+    out = sh(runner, "; ".join(f"cat {home_dir}/{rel} 2>/dev/null" for rel in files) + f"; cat {home_dir}/bin/tool")
+    assert "SHOWN tool" in out
+    assert "DENIED" not in out, out
+
+
+def test_pid_1_and_the_environment_name_no_hidden_host_path(tmp_path, org_b):
+    """bubblewrap reads its options from a descriptor: pid 1's command line holds no mount list;
+    a PATH entry inside an org home is dropped from the sandbox's PATH."""
+    home, ws = org_b
+    hidden_bin = home.root / "run" / "bin"
+    hidden_bin.mkdir(parents=True)
+    toolchain = Toolchain(f"{hidden_bin}:/usr/bin:/bin", str(tmp_path))
+    runner = runner_from_config(config(), home, ws)
+    runner.toolchain_of = lambda _ws: toolchain
+    out = sh(runner, "tr '\\0' ' ' </proc/1/cmdline; echo; env")
+    assert "bwrap" in out.splitlines()[0]                          # control: it is bubblewrap's
+    assert str(home.root) not in out and "--ro-bind" not in out and "--tmpfs" not in out, out
+    env = dict(line.split("=", 1) for line in out.splitlines()[1:] if "=" in line)
+    assert env["PATH"] == "/usr/bin", env
+    assert not any(k.startswith(("ORG_", "ANTHROPIC")) for k in env)
+    assert env["PYTHONPYCACHEPREFIX"].startswith("/tmp/") and env["HOME"].startswith("/tmp/")
+
+
+def test_a_200_mb_file_is_refused_by_the_file_size_limit(org_b):
+    runner = runner_from_config(config(), org_b[0], org_b[1])
+    ws = org_b[1]
+    out = sh(runner, "dd if=/dev/zero of=small bs=1M count=1 2>&1 | tail -1; "
+                     "dd if=/dev/zero of=big bs=1M count=200 2>&1; echo EXIT=$?")
+    assert (ws / "small").stat().st_size == 2**20                 # control: writing works
+    assert "EXIT=0" not in out and (ws / "big").stat().st_size <= 128 * 2**20, out
+
+
+def test_a_workspace_over_its_disk_quota_fails_the_command_with_a_coded_line(org_b):
+    runner = runner_from_config(config(disk_mb=16), org_b[0], org_b[1])
+    fine = runner.run("head -c 1000000 /dev/zero > a", org_b[1], 20, 10_000)
+    assert fine.exit_code == 0                                      # control
+    over = runner.run("head -c 20000000 /dev/zero > b", org_b[1], 20, 10_000)
+    assert over.exit_code == 1 and "error[disk_quota]" in over.output, over.output
+
+
+def test_nested_user_namespaces_are_refused(org_b):
+    assert subprocess.run(["unshare", "-r", "true"]).returncode == 0   # control: allowed on this host
+    runner = runner_from_config(config(), org_b[0], org_b[1])
+    got = runner.run("unshare -r true; echo EXIT=$?", org_b[1], 20, 10_000)
+    assert "EXIT=0" not in got.output and "Operation not permitted" in got.output, got.output
+
+
+PROBE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+keyctl = libc.syscall(int(sys.argv[1]), 0, ctypes.c_long(-3), 0)
+print("keyctl", keyctl, ctypes.get_errno())
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if libc.ptrace(0, 0, 0, 0) == 0 else ctypes.get_errno())
+print("ptrace", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_ptrace_and_keyctl_are_refused(org_b):
+    import errno
+
+    import pyseccomp
+    number = str(pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, "keyctl"))
+    outside = subprocess.run([PY, "-c", PROBE, number], capture_output=True, text=True).stdout
+    assert "keyctl -1" not in outside and "ptrace 0" in outside, outside   # control
+    runner = runner_from_config(config(), org_b[0], org_b[1])
+    got = runner.run([PY, "-c", PROBE, number], org_b[1], 20, 10_000)
+    assert f"keyctl -1 {errno.EPERM}" in got.output and f"ptrace {errno.EPERM}" in got.output, got.output
+
+
+def test_the_eval_snapshot_appears_at_the_workspaces_own_path(tmp_path, org_b):
+    home, ws = org_b
+    snapshot = home.root / "eval" / "w-1"
+    (snapshot / "pkg").mkdir(parents=True)
+    (snapshot / "pkg" / "mark").write_text("from the snapshot\n")
+    (ws / "live-only").write_text("live\n")
+    runner = runner_from_config(config(), home, snapshot, present_at=ws)
+    out = sh(runner, "pwd; cat mark; ls ..; touch written", cwd=snapshot / "pkg")
+    assert out.splitlines()[0] == str(ws / "pkg") and "from the snapshot" in out
+    assert "live-only" not in out and (snapshot / "pkg" / "written").exists()
+    assert str(home.root) not in out
+
+
+def test_org_homes_are_owner_only_and_state_db_0600(tmp_path):
+    home = OrgHome(tmp_path / "fresh")
+    init_home(home)
+    assert stat.S_IMODE(home.root.stat().st_mode) == 0o700
+    assert stat.S_IMODE(home.db_path.stat().st_mode) == 0o600
+
+
+def test_config_check_refuses_a_readonly_bind_that_is_relative_or_missing(tmp_path):
+    for value in ('["relative/path"]', f'["{tmp_path}/missing"]', '["/"]'):
+        path = tmp_path / "org.toml"
+        path.write_text(f"[sandbox]\nreadonly_binds = {value}\n")
+        with pytest.raises(ConfigError, match="sandbox.readonly_binds"):
+            load(path, env={})
+
+
+def test_doctor_lists_what_the_sandbox_shows_and_hides_with_reasons(tmp_path, org_b):
+    shown = tmp_path / "tools"
+    shown.mkdir()
+    pairs = dict(exposed(config(readonly_binds=[str(shown)]), org_b[0]))
+    assert pairs["/usr"] == "system folder" and "readonly_binds" in pairs[str(shown)]
+    assert pairs["/tmp"].startswith("private")
+    assert all(not p.startswith(str(org_b[0].root)) for p in pairs if not pairs[p].startswith("hidden"))
+
+
+def test_a_verify_command_run_from_a_venv_outside_the_workspace_sees_that_venv(tmp_path, org_b):
+    """The work item names /…/venv/bin/python; that venv (under the private /tmp otherwise) is shown."""
+    from roles.sandbox.toolchains import at_submit
+    venv = tmp_path / "venv"
+    subprocess.run([PY, "-m", "venv", "--without-pip", str(venv)], check=True)
+    home, ws = org_b
+    toolchain = at_submit({"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, [f"{venv}/bin/python -c 'print(1)'"], ws)
+    runner = runner_from_config(config(), home, ws)
+    assert "not found" in sh(runner, f"{venv}/bin/python -c 'print(\"RAN\")'")   # control: not shown by default
+    runner.toolchain_of = lambda _ws: toolchain
+    assert "RAN" in sh(runner, f"{venv}/bin/python -c 'print(\"RAN\")'")
