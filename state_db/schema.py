@@ -231,9 +231,26 @@ SANDBOX_PATH = """
 ALTER TABLE work_items ADD COLUMN toolchain TEXT NOT NULL DEFAULT '{}';
 """
 
+# Waiting is a state the org reconciles: the process that runs an approved action (so only a
+# dead one's marker becomes a question again), the checkpoint taken after it, an attempt's last
+# sign of life (a killed attempt's time still counts), the time spent in discarded attempts, and
+# one pending decision per run and action (duplicates of a still-pending one are dropped first).
+WAITING = """
+ALTER TABLE decisions ADD COLUMN executor TEXT;
+ALTER TABLE decisions ADD COLUMN checkpoint TEXT;
+ALTER TABLE attempts ADD COLUMN alive_at REAL;
+ALTER TABLE work_items ADD COLUMN discarded_s REAL NOT NULL DEFAULT 0;
+DELETE FROM decisions WHERE status = 'pending' AND rowid NOT IN (
+    SELECT MIN(rowid) FROM decisions WHERE status = 'pending'
+     GROUP BY work_id, kind, json_extract(action, '$.command'));
+CREATE UNIQUE INDEX decisions_one_pending ON decisions(work_id, kind, json_extract(action, '$.command'))
+    WHERE status = 'pending';
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
     ("0002_knowledge", KNOWLEDGE),
     ("0003_verifier", VERIFIER),
     ("0004_sandbox_path", SANDBOX_PATH),
+    ("0005_waiting", WAITING),
 ]
