@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from state_db.vocab import RoleStatus, StopReason, WorkStatus
+from state_db.vocab import DecisionStatus, RoleStatus, StopReason, WorkStatus
 from state_db.writer import StateWriter
 
 ACTIVE_ASSIGNED = (WorkStatus.DISPATCHED, WorkStatus.RUNNING)
@@ -38,19 +38,39 @@ def live_agents(tx, heartbeat_timeout_s: float) -> dict[str, bool]:
 
 def requeue_orphans(tx, alive: dict[str, bool]) -> list[str]:
     """Runs assigned to a loop-agent that is gone go back to the queue (they resume elsewhere
-    from their last committed iteration)."""
+    from their last committed iteration); a paused run whose loop-agent is gone is parked
+    (assigned to nobody) — ``unpark`` queues it once nothing waits for a human."""
     moved = []
-    for row in tx.conn.execute("SELECT id, assigned_to FROM work_items WHERE status IN (?, ?)", ACTIVE_ASSIGNED).fetchall():
-        if not alive.get(row["assigned_to"], False):
+    for row in tx.conn.execute("SELECT id, assigned_to, status FROM work_items WHERE status IN (?, ?, ?)",
+                               (*ACTIVE_ASSIGNED, WorkStatus.PAUSED)).fetchall():
+        if row["assigned_to"] is None or alive.get(row["assigned_to"], False):
+            continue
+        if row["status"] == WorkStatus.PAUSED:
+            tx.update("work_items", row["id"], assigned_to=None, updated_at=tx.now)
+        else:
             tx.set_status("work_items", row["id"], WorkStatus.QUEUED, assigned_to=None)
-            moved.append(row["id"])
+        moved.append(row["id"])
+    return moved
+
+
+def unpark(tx) -> list[str]:
+    """Parked runs (paused, assigned to nobody) whose decisions are all made go back to the
+    queue: whichever loop-agent is free runs the approved actions and goes on."""
+    moved = []
+    for row in tx.conn.execute("""SELECT w.id FROM work_items w WHERE w.status = ? AND w.assigned_to IS NULL
+                                   AND NOT EXISTS (SELECT 1 FROM decisions d WHERE d.work_id = w.id AND d.status = ?)
+                                   ORDER BY w.created_at""", (WorkStatus.PAUSED, DecisionStatus.PENDING)).fetchall():
+        tx.set_status("work_items", row["id"], WorkStatus.QUEUED)
+        moved.append(row["id"])
     return moved
 
 
 def dispatch(tx, alive: dict[str, bool]) -> list[tuple[str, str]]:
     """Give queued items to free live loop-agents, oldest item first, least-recently-used agent first."""
+    # a paused run holds its loop-agent only until that loop-agent parks it
     busy = {r["assigned_to"] for r in tx.conn.execute(
-        "SELECT assigned_to FROM work_items WHERE status IN (?, ?, ?)", (*ACTIVE_ASSIGNED, WorkStatus.PAUSED))}
+        "SELECT assigned_to FROM work_items WHERE status IN (?, ?, ?) AND assigned_to IS NOT NULL",
+        (*ACTIVE_ASSIGNED, WorkStatus.PAUSED))}
     last_used = {r["instance"]: r["t"] or 0 for r in tx.conn.execute(
         "SELECT instance, MAX(started_at) AS t FROM attempts GROUP BY instance")}
     free = sorted((a for a, ok in alive.items() if ok and a not in busy), key=lambda a: (last_used.get(a, 0), a))
@@ -84,5 +104,7 @@ def reconcile(writer: StateWriter, *, heartbeat_timeout_s: float, spend_cap_usd:
         promoted = release_locks(tx)
         alive = live_agents(tx, heartbeat_timeout_s)
         requeued = requeue_orphans(tx, alive)
+        unparked = unpark(tx)
         pairs = dispatch(tx, alive)
-    return {"promoted": promoted, "requeued": requeued, "dispatched": pairs, "capped": capped, "at": time.time()}
+    return {"promoted": promoted, "requeued": requeued, "unparked": unparked, "dispatched": pairs, "capped": capped,
+            "at": time.time()}

@@ -19,6 +19,9 @@ class CoordinatorProcess(RoleProcess):
             self.transport.send(agent, Kind.DISPATCH, {"work_id": work_id})
         for work_id in changed["requeued"]:
             self.log.warning("requeued", work_id=work_id, why="its loop-agent is gone", next="dispatch to a live one")
+        for work_id in changed["unparked"]:
+            self.log.info("unparked", work_id=work_id, why="every decision of the paused run is made",
+                          next="a free loop-agent runs what was approved and goes on")
         for text in announce.announce(self.writer, self.cfg["gate.reannounce_after_s"]):
             self.log.info("announce", text=text)
         self.render_snapshot()

@@ -103,6 +103,7 @@ class LoopEngine:
         self._needs_reset = True          # the first attempt of every engine (a new process) resets
         self._reflected = prog.Reflected()
         self._unwritten: tuple[int, dict] | None = None   # a reflection the next transaction writes
+        self._waited = 0.0                # time spent waiting for verdicts, written with the reflection
         self.clock = clock
         self.log = structlog.get_logger("loop").bind(work_id=work_id, instance=writer.instance)
 
@@ -152,7 +153,8 @@ class LoopEngine:
             work = self.work()
             if work["status"] == WorkStatus.ENDED:
                 return StopDecision(StopReason(work["stop_reason"]), work["stop_detail"] or "")
-            progress, its, verdicts = prog.load(self.w.conn, work, org_limit=self._org_spend_over(),
+            progress, its, verdicts = prog.load(self.w.conn, work, running_s=self._waited,
+                                                org_limit=self._org_spend_over(),
                                                 human_rejected=gate.rejected_with_stop(self.w.conn, self.work_id),
                                                 reflected=self._reflected, unwritten=self._unwritten)
             if not its and not prog.preflight_done(self.w.conn, self.work_id):
@@ -168,7 +170,10 @@ class LoopEngine:
                 continue
             decision = policy.evaluate(progress)
             if decision is None and not gate.settle(self.w, self.work_id, work["workspace"], self.settings.gate_runner,
-                                                    wait=self._wait_for_human):
+                                                    before_action=lambda: self._reset_once(its),
+                                                    after_action=self._checkpoint_action):
+                self.log.info("parked", why="a decision waits for a human",
+                              next="whichever loop-agent is free resumes it once decided")
                 return None
             if decision is None and gate.rejected_with_stop(self.w.conn, self.work_id):
                 continue                                    # re-evaluate: human_rejected fires
@@ -184,11 +189,21 @@ class LoopEngine:
             if not result:
                 return None                                 # cut by an interrupt: discarded
 
-    def _wait_for_human(self) -> bool:
-        """Wait a little for a decision; False if the loop must give up (pause/interrupt)."""
-        if self.interrupt.wait(0.2) or self.pause.is_set():
-            return False
-        return True
+    def _settled(self, its: list[dict]) -> str:
+        """The state the next act starts from: the last checkpoint, or the checkpoint of an
+        action a human approved after it."""
+        last = its[-1]["checkpoint"] if its else self.history.baseline()
+        return gate.settled_checkpoint(self.w.conn, self.work_id, its[-1]["n"] if its else 0) or last
+
+    def _reset_once(self, its: list[dict]) -> None:
+        """The crash reset (an attempt cut or crashed may have left changes), before anything
+        else touches the workspace — an approved action included, whose effect must survive."""
+        if self._needs_reset:
+            self.history.reset_to(self._settled(its))
+            self._needs_reset = False
+
+    def _checkpoint_action(self, decision: dict) -> str:
+        return self.history.checkpoint_action(decision["id"])
 
     def _start(self, work: dict) -> None:
         self.history.baseline()
@@ -196,10 +211,17 @@ class LoopEngine:
         with self.w.transaction() as tx:
             if work["status"] == WorkStatus.DISPATCHED:
                 tx.set_status("work_items", self.work_id, WorkStatus.RUNNING)
-            # an attempt left open by a crash is discarded (its workspace changes are reset below)
-            for row in tx.conn.execute("SELECT attempt FROM attempts WHERE work_id = ? AND ended_at IS NULL",
-                                       (self.work_id,)).fetchall():
+            # an attempt left open by a crash is discarded (its workspace changes are reset below);
+            # its time up to its last sign of life (its last model response) still counts
+            lost = 0.0
+            for row in tx.conn.execute("""SELECT attempt, started_at, alive_at FROM attempts
+                                           WHERE work_id = ? AND ended_at IS NULL""", (self.work_id,)).fetchall():
+                lost += max(0.0, (row["alive_at"] or row["started_at"]) - row["started_at"])
                 tx.update("attempts", (self.work_id, row["attempt"]), ended_at=tx.now, outcome="discarded")
+            if lost:
+                now = tx.get("work_items", self.work_id)
+                tx.update("work_items", self.work_id, elapsed_s=now["elapsed_s"] + lost,
+                          discarded_s=now["discarded_s"] + lost, updated_at=tx.now)
 
     def _attempt(self, work, progress, its, verdicts, policy) -> StopDecision | bool:
         """One attempt at the next iteration: committed and verified (True), cut by an interrupt
@@ -211,13 +233,10 @@ class LoopEngine:
             tx.update("work_items", self.work_id, attempt=attempt, updated_at=tx.now)
             tx.insert("attempts", {"work_id": self.work_id, "attempt": attempt, "iteration": n,
                                    "instance": self.w.instance, "started_at": tx.now})
-        last = its[-1]["checkpoint"] if its else self.history.baseline()
-        if self._needs_reset:
-            # a cut or crashed attempt may have left changes: back to the last committed state.
-            # In the normal flow the workspace already is that state (plus what an approved
-            # gated action changed since, which must survive).
-            self.history.reset_to(last)
-            self._needs_reset = False
+        last = self._settled(its)
+        # a cut or crashed attempt may have left changes: back to the last settled state (the
+        # last checkpoint, or an approved action's). In the normal flow the workspace already is it.
+        self._reset_once(its)
         prompt = assemble(
             work["goal"] + _verify_note(work), self.settings.instructions, self.settings.skills,
             self.settings.knowledge, prog.digests(its, verdicts, self._reflected), prog.lessons(its, self.settings.lessons_max, self._reflected),
@@ -239,7 +258,7 @@ class LoopEngine:
 
         def on_usage(u: Usage) -> None:
             self._commit_usage(u, n, attempt)
-            spent["tokens"] += u.total_tokens
+            spent["tokens"] += u.budget_tokens
             spent["cost"] += u.cost_usd
 
         def budget_left() -> str | None:
@@ -262,7 +281,7 @@ class LoopEngine:
         elapsed = self.clock() - t0
         if outcome.status == "budget_exhausted" and outcome.error_code in (INTERRUPTED, StopReason.CANCELLED,
                                                                              StopReason.ORG_LIMIT):
-            self._close_attempt(attempt, outcome.error_code)
+            self._close_attempt(attempt, outcome.error_code, elapsed)
             self.history.reset_to(last)
             self._needs_reset = False
             if outcome.error_code == StopReason.CANCELLED:
@@ -271,7 +290,7 @@ class LoopEngine:
                 return StopDecision(StopReason.ORG_LIMIT, "the org-wide spend cap was reached")
             return False
         if outcome.status == "model_error":
-            self._close_attempt(attempt, f"model_error:{outcome.error_code}")
+            self._close_attempt(attempt, f"model_error:{outcome.error_code}", elapsed)
             self.history.reset_to(last)
             self._needs_reset = False
             return StopDecision(StopReason.MODEL_ERROR, f"{outcome.error_code}: {outcome.error}")
@@ -287,6 +306,7 @@ class LoopEngine:
                                           "cache_write_tokens": u.cache_creation_input_tokens,
                                           "cache_read_tokens": u.cache_read_input_tokens, "cost_usd": u.cost_usd,
                                           "at": tx.now}, journal=False)
+                tx.update("attempts", (self.work_id, attempt), alive_at=tx.now)   # a sign of life
         except Conflict:
             self.log.warning("usage_already_counted", request_id=u.request_id)
 
@@ -306,7 +326,8 @@ class LoopEngine:
                 "input_tokens": u[0], "output_tokens": u[1], "cache_write_tokens": u[2], "cache_read_tokens": u[3],
                 "cost_usd": u[4], "elapsed_s": round(elapsed, 4), "fingerprint": fp, "checkpoint": checkpoint,
                 "changed_paths": changed[:500], "prompt": manifest, "committed_at": tx.now})
-            tx.update("work_items", self.work_id, elapsed_s=work["elapsed_s"] + elapsed, updated_at=tx.now)
+            tx.update("work_items", self.work_id, elapsed_s=tx.get("work_items", self.work_id)["elapsed_s"] + elapsed,
+                      updated_at=tx.now)
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome="committed")
             gate.record_requests(tx, self.work_id, n, outcome.requests)
         self.log.info("iteration_committed", iteration=n, attempt=attempt, act=outcome.status,
@@ -314,7 +335,11 @@ class LoopEngine:
         self._verify_and_reflect({"n": n, "checkpoint": checkpoint})
 
     def _verify_and_reflect(self, it: dict) -> None:
-        self.verify(self.work_id, it["n"])
+        t0 = self.clock()
+        try:
+            self.verify(self.work_id, it["n"])
+        finally:
+            self._waited += self.clock() - t0      # the run's time: acts plus waits for verdicts
         verdict = prog.verdict_of(self.w.conn, self.work_id, it["n"])
         if verdict is None:
             raise Conflict(f"no eval-agent verdict for iteration {it['n']} of {self.work_id}",
@@ -338,10 +363,19 @@ class LoopEngine:
             n, columns = self._unwritten
             tx.update("iterations", (self.work_id, n), **columns)
             self._unwritten = None
+        if self._waited:
+            work = tx.get("work_items", self.work_id)
+            tx.update("work_items", self.work_id, elapsed_s=work["elapsed_s"] + self._waited, updated_at=tx.now)
+            self._waited = 0.0
 
-    def _close_attempt(self, attempt: int, outcome: str) -> None:
+    def _close_attempt(self, attempt: int, outcome: str, elapsed: float) -> None:
+        """Close a discarded attempt; its time counts toward the run (time is counted once,
+        like tokens, whatever happens to the work it bought)."""
         with self.w.transaction() as tx:
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=outcome)
+            work = tx.get("work_items", self.work_id)
+            tx.update("work_items", self.work_id, elapsed_s=work["elapsed_s"] + elapsed,
+                      discarded_s=work["discarded_s"] + elapsed, updated_at=tx.now)
 
     def _end(self, decision: StopDecision) -> StopDecision:
         with self.w.transaction() as tx:

@@ -1,11 +1,20 @@
 """The human gate, on the loop-agent's side.
 
 A gated action (``request_action``: lift the network block, reach outside the workspace, …) is
-recorded as a pending decision in the same transaction as the iteration that asked for it, and
-the run pauses. When a human decides:
-- approve / edit → an ``executing`` marker is written first, then the command runs once with the
-  block lifted, and its output is stored; a resume that finds the marker asks the human again
-  instead of running it twice;
+recorded as a pending decision in the same transaction as the iteration that asked for it (one
+pending decision per run and action: a second identical request is dropped, and the database's
+partial unique index refuses it too), and the run pauses. A paused run is *parked*: its
+loop-agent lets go of it (``assigned_to`` cleared) and is free for other work; once nothing is
+pending, the coordinator queues it again and whichever loop-agent is free picks it up, under the
+per-run lock. Deciding while the org is suspended, stopped or crashed takes effect on the next
+start. When a human decides:
+- approve / edit → the workspace is first reset to the run's last settled state (the crash reset
+  happens before the action, never after it); an ``executing`` marker naming the process
+  (``pid:start time``) is committed; the command runs once with the block lifted; its effect is
+  recorded as a checkpoint (``refs/actions/<decision>``, visible in ``org diff``) and the
+  decision becomes ``executed`` with that checkpoint, before the next act starts. A marker whose
+  process is dead (or is this process, from an engine that is gone) is turned back into a
+  question — the action may have run partly — never run again on its own;
 - reject → recorded, the loop continues without it (``reject --stop`` ends the run with
   ``human_rejected`` through the stop policy);
 - respond → the text goes to the next gather.
@@ -16,6 +25,9 @@ import time
 import uuid
 from typing import Callable
 
+import orjson
+
+from state_db.processes import identity, identity_alive
 from state_db.vocab import DecisionStatus as D, WorkStatus
 
 # The eval-agent's question when every verify command passes on the baseline (approve: go on).
@@ -30,67 +42,108 @@ def refuse_runner(command: str, kind: str, workspace: str) -> tuple:
 
 
 def record_requests(tx, work_id: str, n: int, requests) -> list[str]:
+    """Record the act's gated requests as pending decisions (a request identical to one still
+    pending — same kind and command — is the same decision) and pause the run if any waits."""
     ids = []
     for req in requests:
+        if tx.one("""SELECT 1 FROM decisions WHERE work_id = ? AND status = ? AND kind = ?
+                      AND json_extract(action, '$.command') = ?""", (work_id, D.PENDING, req["kind"], req["command"])):
+            continue
         did = f"d-{uuid.uuid4().hex[:8]}"
         question = f"{req['kind']}: run `{req['command']}` — {req['reason']}"
         tx.insert("decisions", {"id": did, "work_id": work_id, "iteration": n, "kind": req["kind"],
                                 "action": req, "question": question[:1000], "status": D.PENDING,
                                 "created_at": tx.now})
         ids.append(did)
-    if ids:
+    if tx.one("SELECT 1 FROM decisions WHERE work_id = ? AND status = ?", (work_id, D.PENDING)):
         tx.set_status("work_items", work_id, WorkStatus.PAUSED)
     return ids
 
 
 def ask_again_if_interrupted(writer, work_id: str) -> int:
-    """An ``executing`` marker left by a crash: the action may or may not have run — ask again."""
+    """An ``executing`` marker left by a process that is gone (or by an earlier engine of this
+    one): the action may or may not have run — ask again. A marker held by another live process
+    is left alone (it is still running the action)."""
+    mine = identity()
     with writer.transaction() as tx:
-        rows = tx.conn.execute("SELECT id FROM decisions WHERE work_id = ? AND status = ?", (work_id, D.EXECUTING)).fetchall()
+        rows = tx.conn.execute("SELECT id, executor FROM decisions WHERE work_id = ? AND status = ?",
+                               (work_id, D.EXECUTING)).fetchall()
+        asked = 0
         for r in rows:
-            tx.set_status("decisions", r["id"], D.PENDING,
+            if r["executor"] and r["executor"] != mine and identity_alive(r["executor"]):
+                continue
+            tx.set_status("decisions", r["id"], D.PENDING, executor=None,
                           result="interrupted while executing; it may have run partly — decide again")
             tx.update("decisions", r["id"], announced_at=None)
-    return len(rows)
+            asked += 1
+    return asked
 
 
-def settle(writer, work_id: str, workspace: str, runner: GateRunner, *, wait: Callable[[], bool]) -> bool:
-    """Process this run's decisions. Blocks while any is pending (``wait()`` returns False to
-    give up: suspend/shutdown). Returns True when nothing is pending any more."""
-    while True:
-        conn = writer.conn
-        pending = conn.execute("SELECT COUNT(*) FROM decisions WHERE work_id = ? AND status = ?",
-                               (work_id, D.PENDING)).fetchone()[0]
-        for d in conn.execute("SELECT * FROM decisions WHERE work_id = ? AND status IN (?, ?)",
-                              (work_id, D.APPROVED, D.EDITED)).fetchall():
-            _execute(writer, dict(d), workspace, runner)
-        if pending == 0:
-            paused = conn.execute("SELECT status = ? FROM work_items WHERE id = ?", (WorkStatus.PAUSED, work_id)).fetchone()[0]
-            if paused:                      # only then a write: the common case costs one read
-                with writer.transaction() as tx:
-                    if tx.get("work_items", work_id)["status"] == WorkStatus.PAUSED:
-                        tx.set_status("work_items", work_id, WorkStatus.RUNNING)
-            return True
-        if not wait():
-            return False
+def settle(writer, work_id: str, workspace: str, runner: GateRunner, *,
+           before_action: Callable[[], None] | None = None,
+           after_action: Callable[[dict], str | None] | None = None) -> bool:
+    """Process this run's decisions once: run every approved or edited action (once), then
+    return True when nothing is pending (the run goes on), or park the run and return False
+    when a decision still waits for a human.
+
+    ``before_action()`` runs before the first action (the engine's crash reset);
+    ``after_action(decision)`` records the action's effect and returns its checkpoint.
+    """
+    conn = writer.conn
+    for d in conn.execute("SELECT * FROM decisions WHERE work_id = ? AND status IN (?, ?) ORDER BY created_at",
+                          (work_id, D.APPROVED, D.EDITED)).fetchall():
+        if before_action is not None:
+            before_action()
+            before_action = None
+        _execute(writer, dict(d), workspace, runner, after_action)
+    if conn.execute("SELECT 1 FROM decisions WHERE work_id = ? AND status = ?", (work_id, D.PENDING)).fetchone():
+        park(writer, work_id)
+        return False
+    paused = conn.execute("SELECT status = ? FROM work_items WHERE id = ?", (WorkStatus.PAUSED, work_id)).fetchone()[0]
+    if paused:                          # only then a write: the common case costs one read
+        with writer.transaction() as tx:
+            if tx.get("work_items", work_id)["status"] == WorkStatus.PAUSED:
+                tx.set_status("work_items", work_id, WorkStatus.RUNNING)
+    return True
 
 
-def _execute(writer, d: dict, workspace: str, runner: GateRunner) -> None:
-    import orjson
+def park(writer, work_id: str) -> None:
+    """A run waiting for a human holds no loop-agent: paused, and assigned to nobody."""
+    with writer.transaction() as tx:
+        work = tx.get("work_items", work_id)
+        if work["status"] == WorkStatus.ENDED:
+            return
+        if work["status"] != WorkStatus.PAUSED:
+            tx.set_status("work_items", work_id, WorkStatus.PAUSED, assigned_to=None)
+        elif work["assigned_to"] is not None:
+            tx.update("work_items", work_id, assigned_to=None, updated_at=tx.now)
+
+
+def _execute(writer, d: dict, workspace: str, runner: GateRunner, after_action=None) -> None:
     action = orjson.loads(d["action"])
     command = d["answer"] if d["status"] == D.EDITED and d["answer"] else action["command"]
     if d["kind"] == BASELINE_PASSES:        # nothing to run: the human chose to go on
         with writer.transaction() as tx:
-            tx.set_status("decisions", d["id"], D.EXECUTING)
+            tx.set_status("decisions", d["id"], D.EXECUTING, executor=identity())
             tx.set_status("decisions", d["id"], D.EXECUTED, result="the human chose to go on")
         return
-    with writer.transaction() as tx:
-        tx.set_status("decisions", d["id"], D.EXECUTING)          # the marker, committed before running
+    with writer.transaction() as tx:             # the marker, committed before running
+        tx.set_status("decisions", d["id"], D.EXECUTING, executor=identity())
     t0 = time.monotonic()
     code, output = runner(command, d["kind"], workspace)
     result = f"exit {code} after {time.monotonic() - t0:.1f}s\n{output[-3000:]}"
+    checkpoint = after_action(d) if after_action is not None else None
     with writer.transaction() as tx:
-        tx.set_status("decisions", d["id"], D.EXECUTED, result=result)
+        tx.set_status("decisions", d["id"], D.EXECUTED, result=result, checkpoint=checkpoint)
+
+
+def settled_checkpoint(conn, work_id: str, after_iteration: int) -> str | None:
+    """The checkpoint of the latest action a human approved after ``after_iteration`` (its
+    effect is part of the state the next act starts from), or None."""
+    row = conn.execute("""SELECT checkpoint FROM decisions WHERE work_id = ? AND status = ? AND checkpoint IS NOT NULL
+                           AND COALESCE(iteration, 0) >= ? ORDER BY decided_at DESC, created_at DESC LIMIT 1""",
+                       (work_id, D.EXECUTED, after_iteration)).fetchone()
+    return row["checkpoint"] if row else None
 
 
 def feedback_for(conn, work_id: str, n: int) -> str:

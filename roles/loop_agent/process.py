@@ -19,8 +19,9 @@ from state_db.connection import connect
 from state_db.vocab import WorkStatus
 from transport.kinds import Kind
 
+# every run assigned here in a non-terminal state (a paused one is parked by its engine)
 _MINE = f"""SELECT id, backend FROM work_items WHERE assigned_to = ? AND status IN
-            ('{WorkStatus.DISPATCHED}', '{WorkStatus.RUNNING}') ORDER BY created_at LIMIT 1"""
+            ('{WorkStatus.DISPATCHED}', '{WorkStatus.RUNNING}', '{WorkStatus.PAUSED}') ORDER BY created_at LIMIT 1"""
 
 
 def gate_runner(cfg, home):

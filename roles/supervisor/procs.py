@@ -5,34 +5,7 @@ import os
 import signal
 from pathlib import Path
 
-
-def start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    # the command name (field 2) may contain spaces and parentheses: split after the last ')'
-    fields = raw[raw.rfind(")") + 2:].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def state(pid: int) -> str | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return raw[raw.rfind(")") + 2:].split()[0]
-
-
-def is_alive(pid: int | None, started: str | None) -> bool:
-    """True if ``pid`` runs and is the same process that started at ``started`` (not a zombie)."""
-    if not pid:
-        return False
-    current = start_time(pid)
-    if current is None or (started is not None and current != started):
-        return False
-    return state(pid) not in ("Z", "X")
+from state_db.processes import is_alive, start_time, state  # noqa: F401 - re-exported: callers use procs.*
 
 
 def signal_if_same(pid: int | None, started: str | None, sig: int = signal.SIGTERM) -> bool:

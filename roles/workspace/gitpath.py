@@ -22,6 +22,11 @@ log = structlog.get_logger("loop_agent.history")
 _ZERO = "0" * 40
 
 
+# build caches are not recorded (as ``scan.CACHE_DIRS`` on the in-process path)
+CACHE_EXCLUDES = tuple(f":(exclude,glob)**/{d}/**" for d in ("__pycache__", ".pytest_cache", ".mypy_cache",
+                                                            ".ruff_cache"))
+
+
 class GitPath:
     """Git-process implementations of the history's steps (see ``WorkspaceHistory``)."""
 
@@ -61,7 +66,7 @@ class GitPath:
         if last_tree:
             self.cli.run(["read-tree", "-m", last_tree], work_tree=ws)
         self._forget_gitlinks(ws)
-        self.cli.run(["add", "--all", "--force"], work_tree=ws)
+        self.cli.run(["add", "--all", "--force", "--", ".", *CACHE_EXCLUDES], work_tree=ws)
         return self.cli.out(["write-tree"], work_tree=ws)
 
     def _forget_gitlinks(self, ws: Path) -> None:
@@ -109,6 +114,15 @@ class GitPath:
             log.warning("checkpoint_replaced", workspace=str(ws), iteration=iteration,
                         discarded=old, commit=commit)
         self.cli.run(["update-ref", "--stdin"], input=("\n".join(updates) + "\n").encode())
+        return commit
+
+    def checkpoint_ref(self, ref: str, message: str, ws: Path, last_tree: str | None) -> str:
+        """A commit of the workspace on top of HEAD, written to ``ref`` (new) and HEAD."""
+        parent = self.cli.out(["rev-parse", "--verify", "-q", self.head_ref])
+        tree = self.stage(ws, last_tree)
+        commit = self.cli.out(["commit-tree", tree, "-p", parent, "-m", message])
+        self.cli.run(["update-ref", "--stdin"],
+                     input=f"create {ref} {commit}\nupdate {self.head_ref} {commit}\n".encode())
         return commit
 
     def reset(self, target: str, ws: Path) -> None:

@@ -288,6 +288,38 @@ class WorkspaceHistory(HistoryViews):
         self._cache.save(node, commit)
         return commit
 
+    def checkpoint_action(self, name: str) -> str:
+        """Record the current workspace as the checkpoint of an action a human approved
+        (``refs/actions/<name>``, on top of HEAD, so the next iteration starts from it and
+        ``org diff`` shows it). Idempotent: an existing ref is returned unchanged.
+
+        Returns: the commit id. Raises: NoBaseline, WorkspaceMissing, GitFailed, RefLocked.
+        """
+        if not name or not all(c.isalnum() or c in "-_" for c in name):
+            raise HistoryError(f"an action checkpoint needs a plain name, got {name!r}", code="bad_action_name")
+        ref = f"refs/actions/{name}"
+        existing = self._resolve(ref)
+        if existing:
+            return existing
+        if not (self._ready or (self.git_dir / "HEAD").exists()):
+            raise NoBaseline("no baseline recorded; call baseline() before checkpoint_action()")
+        message = f"loop-org: human-approved action {name}"
+        try:
+            head = self._refs.read(HEAD_REF)
+            if head is None:
+                raise NoBaseline("no baseline recorded; call baseline() before checkpoint_action()")
+            self._ws()
+            tree, node, _ = self._cache.record(self._store(), head)
+            commit = self._write_commit(tree, [head], f"loop-org checkpoint\n\naction: {name}")
+            self._refs.update(ref, commit, expect=None, message=message, reflog=False)
+            self._refs.update(HEAD_REF, commit, message=message, also_log=("HEAD",))
+            self._cache.save(node, commit)
+        except (FastPathUnavailable, OSError) as exc:
+            self._fallback("checkpoint_action", exc)
+            commit = self._gitpath.checkpoint_ref(ref, message, self._ws(), self._cache.handed_to_git())
+        log.info("action_checkpoint", workspace=str(self.workspace), action=name, commit=commit)
+        return commit
+
     def fingerprint_of_workspace(self) -> str:
         """Tree id of the workspace as it is now (same content -> same id). Cheap."""
         self._ws()
