@@ -64,7 +64,11 @@ def run(args) -> int:
                                                 if item["stop_reason"] else ""))
     print(f"goal: {item['goal']}")
     print(f"workspace: {item['workspace']}  backend: {item['backend']}  assigned: {item['assigned_to'] or '-'}")
-    print(f"caps: {item['caps']}  used: {item['tokens']} tokens, ${item['cost_usd']:.4f}, {item['elapsed_s']:.1f}s")
+    print(f"caps: {item['caps']}  used: {item['budget_tokens']} budget tokens, ${item['cost_usd']:.4f}, "
+          f"{item['elapsed_s']:.1f}s" + (f" ({item['discarded_s']:.1f}s of it in discarded attempts)"
+                                         if item.get("discarded_s") else ""))
+    print(f"tokens: input {item['input_tokens']}, output {item['output_tokens']}, cache write "
+          f"{item['cache_write_tokens']}, cache read {item['cache_read_tokens']} (not in the token budget; in the cost)")
     pre = item["preflight"]
     print("baseline: " + (pre["detail"] if pre else "not checked yet (the eval-agent runs the verify commands "
                                                      "on the baseline before the first act)"))
@@ -72,13 +76,14 @@ def run(args) -> int:
     rows = []
     for it in item["iterations_detail"]:
         v = verdicts.get(it["n"])
-        rows.append([it["n"], it["attempt"], it["act_status"],
-                     it["input_tokens"] + it["output_tokens"] + it["cache_write_tokens"] + it["cache_read_tokens"],
+        rows.append([it["n"], it["attempt"], it["act_status"], it["input_tokens"], it["output_tokens"],
+                     it["cache_write_tokens"], it["cache_read_tokens"],
                      v["outcome"] if v else "pending", len(orjson.loads(it["changed_paths"])),
                      (it["lesson"] or "")[:60]])
     if rows:
         print()
-        print(table(rows, ["ITER", "ATTEMPT", "ACT", "TOKENS", "VERDICT", "CHANGED", "LESSON"]))
+        print(table(rows, ["ITER", "ATTEMPT", "ACT", "IN", "OUT", "CACHE-W", "CACHE-R", "VERDICT", "CHANGED",
+                           "LESSON"]))
     if item["verdicts"]:
         last = item["verdicts"][-1]
         print(f"\nlatest verdict (iteration {last['iteration']}): {last['outcome']}; evidence: "
