@@ -71,6 +71,8 @@ def usage(conn: sqlite3.Connection, work_id: str | None = None) -> dict:
     out = {k: row[k] + old[k] for k in row.keys()}
     out["tokens"] = (out["input_tokens"] + out["output_tokens"] + out["cache_write_tokens"]
                      + out["cache_read_tokens"])
+    # what the token budget counts: cache reads are left out (roles/loop_agent/backends/base.py)
+    out["budget_tokens"] = out["input_tokens"] + out["cache_write_tokens"] + out["output_tokens"]
     return out
 
 

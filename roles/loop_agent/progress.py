@@ -107,7 +107,8 @@ def load(conn: sqlite3.Connection, work: sqlite3.Row | dict, *, running_s: float
             if r["n"] == unwritten[0] and r["verdict_id"] is None:
                 r.update(unwritten[1])
     verdicts = {**reflected.verdicts, **verdicts_by_iteration(conn, work_id, after=k)}
-    usage = conn.execute("""SELECT COALESCE(SUM(input_tokens + output_tokens + cache_write_tokens + cache_read_tokens), 0),
+    # the token budget leaves cache reads out (they count in cost): see Usage.budget_tokens
+    usage = conn.execute("""SELECT COALESCE(SUM(input_tokens + cache_write_tokens + output_tokens), 0),
                                    COALESCE(SUM(cost_usd), 0) FROM model_calls WHERE work_id = ?""", (work_id,)).fetchone()
     progress = RunProgress(
         iterations=len(its), tokens=int(usage[0]), cost_usd=float(usage[1]),

@@ -53,9 +53,10 @@ class ScriptedActs:
 
     name = "anthropic"
 
-    def __init__(self, acts, tokens=(100, 20), cost=0.001):
+    def __init__(self, acts, tokens=(100, 20), cost=0.001, cache=(0, 0)):
         self.acts = acts
         self.tokens = tokens
+        self.cache = cache          # (cache-write, cache-read) tokens of every call
         self.cost = cost
         self.calls = []
 
@@ -69,7 +70,7 @@ class ScriptedActs:
                 return ActOutcome("budget_exhausted", "cut", error_code=stop, turns=i)
             rid = f"req-{ctx.work_id}-{ctx.iteration}-{ctx.attempt}-{i}"
             self.calls.append(rid)
-            on_usage(Usage(rid, "m", self.tokens[0], self.tokens[1], cost_usd=self.cost))
+            on_usage(Usage(rid, "m", self.tokens[0], self.tokens[1], *self.cache, cost_usd=self.cost))
             for path, text in call.get("write", {}).items():
                 p = ctx.workspace / path
                 p.parent.mkdir(parents=True, exist_ok=True)

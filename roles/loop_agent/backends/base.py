@@ -6,6 +6,9 @@ reports each model call's usage through ``on_usage`` as soon as the response arr
 tool runs), so the engine can commit it keyed by request id and count it exactly once whatever
 happens afterwards.
 
+Token budgets count input, cache-write and output tokens (``Usage.budget_tokens``), not cache
+reads; cost budgets count every token at its price, cache reads included.
+
 Outcome statuses (closed set, ``ACT_STATUSES``):
 
 - ``ok`` — the model ended its turn (``end_turn`` / ``stop_sequence``).
@@ -62,6 +65,13 @@ class Usage:
         """All tokens billed for the call (input incl. cache write/read, plus output)."""
         return (self.input_tokens + self.output_tokens
                 + self.cache_creation_input_tokens + self.cache_read_input_tokens)
+
+    @property
+    def budget_tokens(self) -> int:
+        """What the call spends of a run's token budget: input, cache writes and output. Cache
+        reads are left out (a cached prefix re-read on every call would otherwise use up a
+        budget without any new work); they count in ``cost_usd`` at their price."""
+        return self.input_tokens + self.cache_creation_input_tokens + self.output_tokens
 
     def encode(self) -> dict[str, Any]:
         return asdict(self)
