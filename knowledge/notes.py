@@ -2,7 +2,8 @@
 
 A retro's notes are written in one transaction with deterministic ids ``rn-<run>-<k>``; the
 primary key makes a second retro of the same run impossible (``RetroExists``), whoever tries
-and however often the curator restarts. Raw notes are never edited or deleted: consolidation
+and however often the curator restarts. A run reopened by ``org continue`` ends more than once:
+each ending gets its own retro, ``rn-<run>.<e>-<k>`` for its e-th continuation (``ending``). Raw notes are never edited or deleted: consolidation
 only moves them ``pending → archived`` and records the curated note they went into.
 """
 from __future__ import annotations
@@ -96,8 +97,13 @@ class RawNote:
         return asdict(self)
 
 
-def note_id(run_id: str, k: int) -> str:
-    return f"rn-{run_id}-{k}"
+def note_id(run_id: str, k: int, ending: int = 0) -> str:
+    return f"rn-{run_id}-{k}" if ending == 0 else f"rn-{run_id}.{ending}-{k}"
+
+
+def ending(conn: sqlite3.Connection, run_id: str) -> int:
+    """How many times the run was continued: its current ending is that one (0: never)."""
+    return conn.execute("SELECT COUNT(*) FROM stop_history WHERE work_id = ?", (run_id,)).fetchone()[0]
 
 
 def write_retro(tx, run_id: str, drafts: list[NoteDraft], *, author: str = "derived") -> list[str]:
@@ -113,10 +119,10 @@ def write_retro(tx, run_id: str, drafts: list[NoteDraft], *, author: str = "deri
         raise RunNotEnded(run_id, None if work is None else work["status"])
     if not drafts:
         raise NoteInvalid("fact", "is missing: a retro has at least one note")
-    ids = []
+    ids, e = [], ending(tx.conn, run_id)
     for k, draft in enumerate(drafts):
         draft.validate()
-        row = {"id": note_id(run_id, k), "run_id": run_id, "fact": draft.fact, "judgment": draft.judgment,
+        row = {"id": note_id(run_id, k, e), "run_id": run_id, "fact": draft.fact, "judgment": draft.judgment,
                "rationale": draft.rationale, "applicability": draft.applicability,
                "evidence": {**draft.evidence, "run": run_id, "author": author},
                "status": NoteStatus.PENDING, "created_at": tx.now}
@@ -130,17 +136,21 @@ def write_retro(tx, run_id: str, drafts: list[NoteDraft], *, author: str = "deri
 
 
 def has_retro(conn: sqlite3.Connection, run_id: str) -> bool:
-    return conn.execute("SELECT 1 FROM raw_notes WHERE id = ?", (note_id(run_id, 0),)).fetchone() is not None
+    """True once the retro of the run's current ending is written."""
+    return conn.execute("SELECT 1 FROM raw_notes WHERE id = ?",
+                        (note_id(run_id, 0, ending(conn, run_id)),)).fetchone() is not None
 
 
 def runs_without_retro(conn: sqlite3.Connection, limit: int = 50) -> list[str]:
-    """Ended runs whose retro is not written yet, oldest first. A run that ended because its
-    verify commands could not run (``verify_unrunnable``) taught nothing about the work: the
-    machine failed, not the doer, so it never becomes lessons, knowledge or skills."""
+    """Ended runs whose retro of their current ending is not written yet, oldest first. A run
+    that ended because its verify commands could not run (``verify_unrunnable``) taught nothing
+    about the work: the machine failed, not the doer, so it never becomes lessons, knowledge or
+    skills. The id test is ``note_id(w.id, 0, ending)`` in SQL."""
     rows = conn.execute(
         """SELECT w.id FROM work_items w WHERE w.status = ?
              AND w.stop_reason IS NOT ?
-             AND NOT EXISTS (SELECT 1 FROM raw_notes r WHERE r.run_id = w.id)
+             AND NOT EXISTS (SELECT 1 FROM raw_notes r WHERE r.id = 'rn-' || w.id || COALESCE(
+                   '.' || NULLIF((SELECT COUNT(*) FROM stop_history s WHERE s.work_id = w.id), 0), '') || '-0')
            ORDER BY w.ended_at, w.id LIMIT ?""", (WorkStatus.ENDED, StopReason.VERIFY_UNRUNNABLE, limit)).fetchall()
     return [r[0] for r in rows]
 

@@ -14,6 +14,8 @@ from state_db.connection import connect
 from state_db.errors import MigrationFailed, SchemaTooNew
 from state_db.schema import MIGRATIONS
 
+VOCABULARY_MIGRATION = "0006_vocabulary"     # installs the triggers vocab_guard keeps in step
+
 
 def schema_version(conn: sqlite3.Connection) -> int:
     return conn.execute("PRAGMA user_version").fetchone()[0]
@@ -55,7 +57,8 @@ def migrate(db_path: str | Path, *, backups_dir: Path | None = None, migrations=
     try:
         version = check_version(conn, migrations)
         if version == len(migrations):
-            return {"from": version, "to": version, "applied": [], "backup": None}
+            return {"from": version, "to": version, "applied": [], "backup": None,
+                    "vocabulary": _sync_vocabulary(conn, migrations[:version])}
         backup_path = None
         if version > 0:
             backup_path = backup(conn, backups_dir or db_path.parent / "backups", version)
@@ -86,9 +89,24 @@ def migrate(db_path: str | Path, *, backups_dir: Path | None = None, migrations=
                                       hint=f"state.db is unchanged at this step; backup: {backup_path}") from exc
             applied.append(name)
         return {"from": version, "to": len(migrations), "applied": applied,
-                "backup": str(backup_path) if backup_path else None}
+                "backup": str(backup_path) if backup_path else None,
+                "vocabulary": _sync_vocabulary(conn, migrations)}
     finally:
         conn.close()
+
+
+def _sync_vocabulary(conn: sqlite3.Connection, applied) -> list[str]:
+    """Recreate the vocabulary triggers that differ from what vocab.py generates today (a value
+    added to a vocabulary needs no migration); only once the migration that installs them ran.
+    Returns the names of the triggers recreated. Raises MigrationFailed."""
+    from state_db.vocab_guard import sync
+    if VOCABULARY_MIGRATION not in {name for name, _ in applied}:
+        return []
+    try:
+        return sync(conn)
+    except sqlite3.Error as exc:
+        raise MigrationFailed(f"the vocabulary triggers could not be brought up to date: {exc}",
+                              hint="state.db is unchanged; run 'org doctor'") from exc
 
 
 def _split(script: str) -> list[str]:

@@ -7,8 +7,9 @@ committed iteration) live in ``writer.py`` next to the code that checks them.
 """
 from __future__ import annotations
 
-from state_db.vocab import (Actor, CandidateStatus as C, DecisionStatus as D, NoteStatus as N,
-                            RoleStatus as R, SessionStatus as S, WorkStatus as W)
+from state_db.vocab import (Actor, BatchStatus as B, CandidateStatus as C, DecisionStatus as D,
+                            NoteStatus as N, RoleStatus as R, SessionStatus as S, SkillStatus as K,
+                            WorkStatus as W)
 
 TRANSITIONS: dict[str, dict[str, set[str]]] = {
     "work_items": {
@@ -17,6 +18,8 @@ TRANSITIONS: dict[str, dict[str, set[str]]] = {
         W.DISPATCHED: {W.RUNNING, W.QUEUED, W.ENDED},
         W.RUNNING: {W.PAUSED, W.QUEUED, W.ENDED},
         W.PAUSED: {W.RUNNING, W.QUEUED, W.ENDED},
+        # 'org continue': only the human reopens an ended run (CONTINUERS, checked in writer.py)
+        W.ENDED: {W.QUEUED, W.WAITING},
     },
     "org_session": {
         S.NEW: {S.RUNNING, S.STOPPED},
@@ -44,16 +47,17 @@ TRANSITIONS: dict[str, dict[str, set[str]]] = {
         C.PENDING: {C.DEFERRED, C.APPROVED, C.REJECTED, C.MERGED},
         C.DEFERRED: {C.APPROVED, C.REJECTED, C.MERGED},
     },
-    "candidate_batches": {"open": {"closed"}},
+    "candidate_batches": {B.OPEN: {B.CLOSED}},
     "raw_notes": {N.PENDING: {N.ARCHIVED}},
-    "skills": {"active": {"retired"}, "retired": {"active"}},
+    "skills": {K.ACTIVE: {K.RETIRED}, K.RETIRED: {K.ACTIVE}},
 }
 
 # Primary key column of each table that has a status.
 KEYS = {"work_items": "id", "org_session": "id", "role_instances": "instance", "decisions": "id",
         "skill_candidates": "id", "candidate_batches": "id", "raw_notes": "id", "skills": "name",
         "iterations": ("work_id", "n"), "verdicts": "id", "preflights": "work_id", "model_calls": "request_id",
-        "curated_notes": "id", "workspace_locks": "workspace", "attempts": ("work_id", "attempt")}
+        "curated_notes": "id", "workspace_locks": "workspace", "attempts": ("work_id", "attempt"),
+        "stop_history": ("work_id", "seq")}
 
 H, SUP, CO, LA, EV, CU = (Actor.HUMAN, Actor.SUPERVISOR, Actor.COORDINATOR, Actor.LOOP_AGENT,
                           Actor.EVAL_AGENT, Actor.CURATOR)
@@ -92,6 +96,7 @@ WRITERS: dict[tuple[str, str], set[str]] = {
     ("skills", "insert"): {H, CU},
     ("skills", "status"): {H, CU},
     ("skills", "update"): {H, CU, LA},
+    ("stop_history", "insert"): {H},
     ("workspace_locks", "insert"): {H, CO},
     ("workspace_locks", "delete"): {H, CO, LA, EV},
 }
@@ -108,6 +113,9 @@ RESERVED = {
     ("skill_candidates", "status", C.REJECTED): {H},
     ("skill_candidates", "status", C.DEFERRED): {H},
 }
+
+# Who may reopen an ended work item (ended -> queued | waiting): a continuation is the human's.
+CONTINUERS = {H}
 
 # Tables that the raw ``execute`` path may write (bookkeeping with no domain meaning).
 RAW_WRITABLE = {"delivery_ledger", "transport_counters", "events"}

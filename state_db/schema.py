@@ -247,10 +247,38 @@ CREATE UNIQUE INDEX decisions_one_pending ON decisions(work_id, kind, json_extra
     WHERE status = 'pending';
 """
 
+# The database refuses what the vocabulary forbids (triggers generated from vocab.py, kept in
+# step with it at every migrate: state_db/vocab_guard.py), and 'org continue' keeps each ending
+# of a run it reopens: its reason, its caps, the iterations committed by then, who continued it
+# and with which caps.
+STOP_HISTORY = """
+CREATE TABLE stop_history (
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    seq INTEGER NOT NULL,
+    stop_reason TEXT NOT NULL,
+    stop_detail TEXT,
+    ended_at REAL,
+    iterations INTEGER NOT NULL,
+    caps TEXT NOT NULL DEFAULT '{}',
+    new_caps TEXT NOT NULL DEFAULT '{}',
+    continued_by TEXT NOT NULL,
+    continued_at REAL NOT NULL,
+    PRIMARY KEY (work_id, seq)
+);
+"""
+
+
+def _vocabulary(db) -> None:
+    from state_db.vocab_guard import install
+    db.conn.execute(STOP_HISTORY)
+    install(db.conn)
+
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
     ("0002_knowledge", KNOWLEDGE),
     ("0003_verifier", VERIFIER),
     ("0004_sandbox_path", SANDBOX_PATH),
     ("0005_waiting", WAITING),
+    ("0006_vocabulary", _vocabulary),
 ]

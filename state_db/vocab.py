@@ -84,6 +84,18 @@ class CandidateStatus(StrEnum):
     MERGED = "merged"
 
 
+class BatchStatus(StrEnum):
+    """A batch of skill candidates offered to the human together."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class SkillStatus(StrEnum):
+    ACTIVE = "active"
+    RETIRED = "retired"
+
+
 class VerdictOutcome(StrEnum):
     PASS = "pass"
     FAIL = "fail"

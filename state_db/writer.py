@@ -22,7 +22,7 @@ from state_db.connection import connect
 from state_db.errors import Conflict, IllegalTransition, NotAllowed, NotFound, StateError
 from state_db.migrations import check_version
 from state_db.secrets import redact_text, secret_values
-from state_db.rules import KEYS, RAW_WRITABLE, RESERVED, WRITERS, allowed_transition
+from state_db.rules import CONTINUERS, KEYS, RAW_WRITABLE, RESERVED, WRITERS, allowed_transition
 from state_db.vocab import Actor, StopReason, VerdictOutcome, WorkStatus
 
 # Fields whose change alone is bookkeeping, not a domain change: no journal event.
@@ -116,7 +116,8 @@ class Transaction:
         if row is None:
             raise NotFound(f"{table} {_key_text(key)} does not exist")
         old = row["status"]
-        if not allowed_transition(table, old, new):
+        if not allowed_transition(table, old, new) or (
+                table == "work_items" and old == WorkStatus.ENDED and self._w.actor not in CONTINUERS):
             raise IllegalTransition(table, _key_text(key), old, str(new))
         self._special_status(table, key, row, new, fields)
         self._apply(table, key, {"status": new, **fields})

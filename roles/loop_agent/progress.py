@@ -110,11 +110,15 @@ def load(conn: sqlite3.Connection, work: sqlite3.Row | dict, *, running_s: float
     # the token budget leaves cache reads out (they count in cost): see Usage.budget_tokens
     usage = conn.execute("""SELECT COALESCE(SUM(input_tokens + cache_write_tokens + output_tokens), 0),
                                    COALESCE(SUM(cost_usd), 0) FROM model_calls WHERE work_id = ?""", (work_id,)).fetchone()
+    # a continued run ('org continue') is judged for no_progress / repeated_failure on the
+    # iterations after its latest continuation only: the ones before already ended it once
+    since = conn.execute("SELECT COALESCE(MAX(iterations), 0) FROM stop_history WHERE work_id = ?",
+                         (work_id,)).fetchone()[0]
     progress = RunProgress(
         iterations=len(its), tokens=int(usage[0]), cost_usd=float(usage[1]),
         elapsed_s=float(work["elapsed_s"]) + running_s,
-        fingerprints=tuple(r["fingerprint"] or "" for r in its),
-        verdicts=(*reflected.summaries, *(summary_of(verdicts.get(r["n"])) for r in its[k:])),
+        fingerprints=tuple(r["fingerprint"] or "" for r in its[since:]),
+        verdicts=(*reflected.summaries, *(summary_of(verdicts.get(r["n"])) for r in its[k:]))[since:],
         cancelled=bool(work["cancel_requested"]), org_limit=org_limit, model_error=model_error,
         human_rejected=human_rejected,
     )

@@ -16,8 +16,9 @@ EXIT_ERROR = 1         # an expected failure with a code
 EXIT_USAGE = 2         # bad command-line arguments
 EXIT_INTERNAL = 70     # a bug: the traceback goes to logs/cli.log
 
-COMMANDS = ["status", "submit", "show", "cancel", "decisions", "decide", "diff", "export", "logs", "ping",
-            "chat", "candidates", "skills", "suspend", "resume", "stop", "doctor", "config", "gc"]
+# module names under scripts/cli/commands (each module's NAME is the command: continue_run -> continue)
+COMMANDS = ["status", "submit", "show", "cancel", "continue_run", "decisions", "decide", "diff", "export", "logs",
+            "ping", "chat", "candidates", "skills", "suspend", "resume", "stop", "doctor", "config", "gc"]
 
 
 class UsageError(Exception):

@@ -26,6 +26,9 @@ def load(conn, work_id: str) -> dict:
     for v in item["verdicts"]:
         for col in ("checks", "protected_changed", "held_back"):
             v[col] = orjson.loads(v[col]) if isinstance(v.get(col), str) else v.get(col)
+    item["stop_history"] = queries.rows(conn, "SELECT * FROM stop_history WHERE work_id = ? ORDER BY seq", (work_id,))
+    for h in item["stop_history"]:
+        h["caps"], h["new_caps"] = orjson.loads(h["caps"]), orjson.loads(h["new_caps"])
     pre = queries.rows(conn, "SELECT * FROM preflights WHERE work_id = ?", (work_id,))
     item["preflight"] = pre[0] if pre else None
     if item["preflight"]:
@@ -69,6 +72,9 @@ def run(args) -> int:
                                          if item.get("discarded_s") else ""))
     print(f"tokens: input {item['input_tokens']}, output {item['output_tokens']}, cache write "
           f"{item['cache_write_tokens']}, cache read {item['cache_read_tokens']} (not in the token budget; in the cost)")
+    for h in item["stop_history"]:
+        print(f"ending {h['seq']}: {h['stop_reason']} after {h['iterations']} iterations — {h['stop_detail'] or ''}; "
+              f"continued by {h['continued_by']} with {h['new_caps']}")
     pre = item["preflight"]
     print("baseline: " + (pre["detail"] if pre else "not checked yet (the eval-agent runs the verify commands "
                                                      "on the baseline before the first act)"))

@@ -1,0 +1,192 @@
+"""Continuing a run that ended on a cap or a budget: one durable human write, then a wake.
+
+The run goes on as the same work item — its iterations, lessons, shadow history and usage are
+kept, iteration numbers carry on — with the caps the human raises (each above what the run has
+used; the caps not given stay). The ending is kept in ``stop_history`` (reason, detail, caps, the
+iterations committed by then, who continued it and with which caps), the item goes
+``ended → queued`` (or ``waiting`` while another item holds its workspace, like a submit), and the
+coordinator is woken.
+
+Which endings may go on:
+
+- the caps and budgets (``max_iterations``, ``token_budget``, ``cost_budget``, ``timeout``) and the
+  loop detectors (``no_progress``, ``repeated_failure``; after a continuation they look only at
+  the iterations after it, see roles/loop_agent/progress.py);
+- ``model_error`` (the service failed, not the work: go on once it answers again) and
+  ``org_limit`` (go on once ``limits.total_spend_usd`` is raised; otherwise it ends again at once).
+
+Final: ``goal_met`` (done), ``human_rejected`` and ``cancelled`` (a human stopped it), and
+``verify_unrunnable`` (the verify commands cannot start on this machine and the preflight is
+recorded once per item: fix the machine, then submit again).
+
+The curator writes a retro of each ending (knowledge/notes.py numbers them), so the retro of the
+first ending does not stand in for the final one.
+"""
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+
+from state_db.config import Config
+from state_db.errors import NotFound, StateError
+from state_db.home import OrgHome
+from state_db.vocab import Actor, StopReason as R, WorkStatus
+from state_db.writer import StateWriter
+
+CONTINUABLE = frozenset({R.MAX_ITERATIONS, R.TOKEN_BUDGET, R.COST_BUDGET, R.TIMEOUT, R.NO_PROGRESS,
+                         R.REPEATED_FAILURE, R.MODEL_ERROR, R.ORG_LIMIT})
+
+_FINAL_HINT = {
+    R.GOAL_MET: "its goal is met; submit a new goal with 'org submit'",
+    R.HUMAN_REJECTED: "a human rejected its action; submit it again with 'org submit'",
+    R.CANCELLED: "it was cancelled; submit it again with 'org submit'",
+    R.VERIFY_UNRUNNABLE: "its verify commands cannot start here; fix the machine, then submit it again",
+}
+
+# cap -> (its command-line flag, whether it is a whole number)
+CAPS = {"max_iterations": ("--max-iterations", True), "budget_tokens": ("--budget-tokens", True),
+        "budget_usd": ("--budget-usd", False), "timeout_s": ("--timeout", False)}
+
+
+class ContinueError(StateError):
+    """The run cannot be continued (wrong state or stop reason, or its history is gone)."""
+
+    code = "not_continuable"
+
+
+class CapError(StateError):
+    """A cap given to ``org continue`` is not a usable cap, or leaves the run with nothing to do."""
+
+    code = "bad_cap"
+
+
+@dataclass
+class ContinueRequest:
+    work_id: str
+    max_iterations: int | None = None
+    budget_tokens: int | None = None
+    budget_usd: float | None = None
+    timeout_s: float | None = None
+    idempotency_key: str | None = None
+
+    def given(self) -> dict:
+        caps = {k: getattr(self, k) for k in CAPS}
+        return {k: v for k, v in caps.items() if v is not None}
+
+
+def used(conn, work) -> dict:
+    """What the run has used of each cap: iterations, budget tokens (cache reads left out), US
+    dollars and seconds — the figures its stop conditions compare."""
+    from state_db.queries import usage
+    spent = usage(conn, work["id"])
+    n = conn.execute("SELECT COUNT(*) FROM iterations WHERE work_id = ?", (work["id"],)).fetchone()[0]
+    return {"max_iterations": n, "budget_tokens": spent["budget_tokens"], "budget_usd": spent["cost_usd"],
+            "timeout_s": float(work["elapsed_s"])}
+
+
+def raised_caps(old: dict, given: dict, spent: dict) -> dict:
+    """The caps the run goes on with: ``old`` with ``given`` applied.
+
+    Raises CapError: a given cap is not a positive (whole, for iterations and tokens) finite
+    number (``bad_cap``) or not above what the run has used (``cap_not_raised``), or a cap kept
+    from before is used up (``cap_reached``: the run would end again at once).
+    """
+    for key, value in given.items():
+        flag, whole = CAPS[key]
+        ok = isinstance(value, int) if whole else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok or not math.isfinite(value) or value <= 0:
+            raise CapError(f"{flag} must be a positive {'whole ' if whole else ''}number (got {value!r})",
+                           hint=f"e.g. {flag} {int(spent[key]) + 10}")
+        if value <= spent[key]:
+            raise CapError(f"{flag} {value} is not above what the run has used ({_shown(spent[key])})",
+                           code="cap_not_raised", hint=f"give {flag} a value above {_shown(spent[key])}")
+    caps = {**old, **given}
+    for key, limit in caps.items():
+        if key in CAPS and spent[key] >= limit:
+            flag = CAPS[key][0]
+            raise CapError(f"the run has used {_shown(spent[key])} of its {key} cap {limit}; it would stop "
+                           f"again at once", code="cap_reached", hint=f"raise it with {flag} N (N > {_shown(spent[key])})")
+    return caps
+
+
+def _shown(value) -> str:
+    return f"{value:.4f}".rstrip("0").rstrip(".") if isinstance(value, float) else str(value)
+
+
+def refusal(work) -> ContinueError | None:
+    """Why ``work`` (a work_items row) cannot be continued, or None."""
+    if work["status"] != WorkStatus.ENDED:
+        return ContinueError(f"{work['id']} is {work['status']}, not ended",
+                             hint="only an ended run can be continued; follow it with 'org show'")
+    if work["stop_reason"] not in CONTINUABLE:
+        reason = R(work["stop_reason"])
+        return ContinueError(f"{work['id']} ended with {reason}, which is final", hint=_FINAL_HINT[reason])
+    return None
+
+
+def continue_run(home: OrgHome, cfg: Config, req: ContinueRequest) -> dict:
+    """Reopen an ended run with raised caps (or return what this idempotency key did).
+
+    Returns {"id", "status", "seq", "stopped", "caps", "old_caps", "used", "waiting_for",
+    "wake", "replayed", "idempotency_key"}.
+    Raises NotFound, ContinueError (``not_continuable``), CapError (``bad_cap``,
+    ``cap_not_raised``, ``cap_reached``).
+    """
+    key = req.idempotency_key or uuid.uuid4().hex
+    given = req.given()
+    from roles.operations.wake import Waker
+    waker = Waker(home, cfg)
+    writer = StateWriter(home.db_path, Actor.HUMAN)
+
+    def do(tx):
+        work = tx.get("work_items", req.work_id)
+        if work is None:
+            raise NotFound(f"no work item {req.work_id}", hint="list them with 'org status'")
+        refused = refusal(work)
+        if refused is not None:
+            raise refused
+        _still_there(home, tx, work)
+        import orjson
+        old = orjson.loads(work["caps"])
+        spent = used(tx.conn, work)
+        caps = raised_caps(old, given, spent)
+        seq = tx.one("SELECT COALESCE(MAX(seq), 0) + 1 FROM stop_history WHERE work_id = ?", (req.work_id,))[0]
+        tx.insert("stop_history", {
+            "work_id": req.work_id, "seq": seq, "stop_reason": work["stop_reason"],
+            "stop_detail": work["stop_detail"], "ended_at": work["ended_at"], "iterations": spent["max_iterations"],
+            "caps": old, "new_caps": caps, "continued_by": writer.os_user, "continued_at": tx.now})
+        lock = tx.one("SELECT work_id FROM workspace_locks WHERE workspace = ?", (work["workspace"],))
+        busy = lock[0] if lock is not None and lock[0] != req.work_id else None
+        if lock is None:
+            tx.insert("workspace_locks", {"workspace": work["workspace"], "work_id": req.work_id, "acquired_at": tx.now})
+        status = WorkStatus.WAITING if busy else WorkStatus.QUEUED
+        tx.set_status("work_items", req.work_id, status, stop_reason=None, ended_at=None, assigned_to=None,
+                      stop_detail=f"workspace busy with {busy}" if busy else None, cancel_requested=0,
+                      caps=caps, updated_at=tx.now)
+        result = {"id": req.work_id, "status": str(status), "seq": seq, "stopped": work["stop_reason"],
+                  "caps": caps, "old_caps": old, "used": spent, "waiting_for": busy}
+        tx.journal("work_items.continued", req.work_id, result)
+        return result
+
+    try:
+        result, replayed = writer.run_once(key, "continue", do)
+    finally:
+        writer.close()
+    result["wake"] = waker.wake({"work_id": result["id"]})
+    return {**result, "replayed": replayed, "idempotency_key": key}
+
+
+def _still_there(home: OrgHome, tx, work) -> None:
+    """Refuse a run whose workspace, shadow history or per-call usage is gone: it could not go
+    on from where it stopped, or its budget could not be counted."""
+    from pathlib import Path
+    if not Path(work["workspace"]).is_dir():
+        raise ContinueError(f"the workspace {work['workspace']} of {work['id']} is gone",
+                            hint="submit the goal again on an existing workspace")
+    if not (home.history_dir / f"{work['id']}.git").is_dir():
+        raise ContinueError(f"the shadow history of {work['id']} was removed ('org gc --history')",
+                            hint="submit the goal again")
+    if tx.one("SELECT 1 FROM usage_summaries WHERE work_id = ?", (work["id"],)) is not None:
+        raise ContinueError(f"the per-call usage of {work['id']} was folded into a summary by retention; "
+                            "its budgets could not be counted", hint="submit the goal again")

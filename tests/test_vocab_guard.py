@@ -1,0 +1,183 @@
+"""The database refuses what the vocabulary forbids, through raw SQL (no StateWriter), and its
+triggers follow vocab.py: generated from it, installed by 0006_vocabulary on a database the
+previous schema made, and recreated at the next migrate when a vocabulary grows."""
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from state_db import vocab_guard
+from state_db.migrations import migrate
+from state_db.schema import MIGRATIONS
+from state_db.vocab import DecisionStatus, StopReason, WorkStatus
+
+_ids = itertools.count()
+
+# the smallest row each guarded table accepts, apart from the guarded column
+BASE = {
+    "work_items": lambda i: {"id": f"w{i}", "goal": "g", "workspace": f"/ws{i}", "backend": "anthropic",
+                             "status": "queued", "created_by": "h", "created_at": 1, "updated_at": 1},
+    "stop_history": lambda i: {"work_id": "w", "seq": i, "stop_reason": "timeout", "iterations": 1,
+                               "continued_by": "h", "continued_at": 1},
+    "decisions": lambda i: {"id": f"d{i}", "work_id": "w", "kind": "network", "action": f'{{"command": "c{i}"}}',
+                            "status": "pending", "created_at": 1},
+    "role_instances": lambda i: {"instance": f"r{i}", "role": "curator", "status": "ready", "updated_at": 1},
+    "org_session": lambda i: {"id": 1, "status": "running", "updated_at": 1},
+    "skill_candidates": lambda i: {"id": f"c{i}", "name": "n", "status": "pending", "created_at": 1},
+    "candidate_batches": lambda i: {"id": f"b{i}", "status": "open", "created_at": 1},
+    "raw_notes": lambda i: {"id": f"n{i}", "run_id": "w", "fact": "f", "judgment": "j", "rationale": "r",
+                            "applicability": "a", "status": "pending", "created_at": 1},
+    "skills": lambda i: {"name": f"s{i}", "path": "p", "status": "active", "created_at": 1},
+    "verdicts": lambda i: {"id": f"v{i}", "work_id": "w", "iteration": 1, "outcome": "pass", "written_by": "e",
+                           "at": 1},
+    "preflights": lambda i: {"work_id": f"w{i}", "outcome": "ready", "written_by": "e", "at": 1},
+    "events": lambda i: {"at": 1, "actor": "human", "kind": "k"},
+    "idempotency": lambda i: {"key": f"k{i}", "actor": "human", "command": "c", "at": 1},
+}
+
+# values outside every vocabulary, near misses of real ones, and the issue's examples
+FORBIDDEN = ["bogus", "", "QUEUED", "queued ", "maybe", "zombie", "Human", 1]
+
+
+def row_with(table: str, column: str, value) -> dict:
+    row = {**BASE[table](next(_ids)), column: value}
+    if table == "work_items":          # the table's own CHECK ties ended to a stop reason
+        if column == "stop_reason":
+            row["status"] = "ended"
+        elif value == WorkStatus.ENDED:
+            row["stop_reason"] = StopReason.GOAL_MET
+    return row
+
+
+def insert(conn, table: str, row: dict) -> None:
+    conn.execute(f"DELETE FROM {table}")          # org_session is a singleton; the rest stay small
+    conn.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                 list(row.values()))
+
+
+@pytest.fixture
+def raw(tmp_path):
+    db = tmp_path / "state.db"
+    migrate(db)
+    conn = sqlite3.connect(db, isolation_level=None)     # raw SQL: no StateWriter, no checks of ours
+    yield conn
+    conn.close()
+
+
+GUARDED = sorted(vocab_guard.GUARDED)
+
+
+@pytest.mark.parametrize("table, column", GUARDED, ids=[f"{t}.{c}" for t, c in GUARDED])
+def test_every_allowed_value_is_accepted_and_every_forbidden_one_refused_on_insert_and_update(raw, table, column):
+    values = vocab_guard.allowed(table, column)
+    for value in values:
+        insert(raw, table, row_with(table, column, value))
+    for bad in FORBIDDEN:
+        if bad in values:
+            continue
+        with pytest.raises(sqlite3.IntegrityError, match=rf"{table}\.{column}: value is not one of"):
+            insert(raw, table, row_with(table, column, bad))
+    insert(raw, table, row_with(table, column, values[0]))
+    for value in values:
+        if (table, column, value) == ("work_items", "status", WorkStatus.ENDED):
+            continue                    # ended needs a stop reason: the table's own CHECK
+        raw.execute(f"UPDATE {table} SET {column} = ?", (value,))
+    for bad in FORBIDDEN:
+        with pytest.raises(sqlite3.IntegrityError, match=rf"{table}\.{column}"):
+            raw.execute(f"UPDATE {table} SET {column} = ?", (bad,))
+    assert raw.execute(f"SELECT {column} FROM {table}").fetchone()[0] in values
+
+
+def test_the_issues_examples_are_refused_through_raw_sql(raw):
+    insert(raw, "work_items", row_with("work_items", "status", "queued"))
+    insert(raw, "decisions", row_with("decisions", "status", "pending"))
+    insert(raw, "role_instances", row_with("role_instances", "role", "curator"))
+    for sql in ("UPDATE work_items SET status = 'bogus'",
+                "UPDATE work_items SET status = 'ended', stop_reason = 'gave_up'",
+                "UPDATE decisions SET status = 'maybe'",
+                "UPDATE role_instances SET role = 'zombie'"):
+        with pytest.raises(sqlite3.IntegrityError):
+            raw.execute(sql)
+
+
+def test_every_status_role_outcome_actor_and_stop_reason_column_is_guarded(raw):
+    """A new table with a status column cannot slip past the guard unnoticed."""
+    open_ = {("attempts", "outcome")}    # free text: committed / discarded / model_error:<code> / ...
+    names = {"status", "stop_reason", "outcome", "role", "actor"}
+    tables = [r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    found = {(t, c[1]) for t in tables for c in raw.execute(f"PRAGMA table_info({t})") if c[1] in names}
+    assert found - open_ == set(vocab_guard.GUARDED)
+
+
+def test_triggers_are_generated_from_the_enums(raw):
+    sql = vocab_guard.installed(raw)
+    assert set(sql) == set(vocab_guard.generated())
+    for status in DecisionStatus:
+        assert f"'{status}'" in sql["vocab_decisions_status_insert"]
+    assert vocab_guard.stale(raw) == ({}, [])
+
+
+def test_migration_on_a_database_of_the_previous_schema_installs_the_guard_and_keeps_a_backup(tmp_path):
+    db = tmp_path / "state.db"
+    migrate(db, migrations=MIGRATIONS[:5])
+    old = sqlite3.connect(db, isolation_level=None)
+    insert(old, "work_items", {**BASE["work_items"](0), "id": "w-old"})
+    old.execute("INSERT INTO decisions(id, work_id, kind, status, created_at) VALUES ('d1', 'w-old', 'network', "
+                "'pending', 1)")
+    old.execute("UPDATE work_items SET status = 'bogus'")            # the previous schema let it through
+    old.execute("UPDATE work_items SET status = 'queued'")
+    old.close()
+    result = migrate(db, backups_dir=tmp_path / "backups")
+    assert result["applied"] == ["0006_vocabulary"] and result["from"] == 5
+    backup = Path(result["backup"])
+    assert backup.exists()
+    saved = sqlite3.connect(backup)
+    assert saved.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert saved.execute("SELECT COUNT(*) FROM sqlite_master WHERE name LIKE 'vocab_%'").fetchone()[0] == 0
+    saved.close()
+    conn = sqlite3.connect(db, isolation_level=None)
+    assert conn.execute("SELECT id, status FROM work_items").fetchall() == [("w-old", "queued")]
+    assert conn.execute("SELECT status FROM decisions").fetchall() == [("pending",)]
+    assert conn.execute("SELECT COUNT(*) FROM stop_history").fetchone()[0] == 0
+    with pytest.raises(sqlite3.IntegrityError, match="work_items.status"):
+        conn.execute("UPDATE work_items SET status = 'bogus'")
+    conn.close()
+
+
+def test_a_value_added_to_a_vocabulary_is_accepted_after_the_next_migrate_with_no_new_migration(tmp_path,
+                                                                                                 monkeypatch):
+    db = tmp_path / "state.db"
+    migrate(db)
+    assert migrate(db)["vocabulary"] == []                    # nothing differs: nothing rewritten
+    conn = sqlite3.connect(db, isolation_level=None)
+    row = row_with("work_items", "status", "archived")
+    with pytest.raises(sqlite3.IntegrityError):
+        insert(conn, "work_items", row)
+    monkeypatch.setitem(vocab_guard.GUARDED, ("work_items", "status"), [*WorkStatus, "archived"])
+    result = migrate(db)
+    assert result["applied"] == [] and result["vocabulary"] == ["vocab_work_items_status_insert",
+                                                                "vocab_work_items_status_update"]
+    insert(conn, "work_items", row)
+    conn.execute("UPDATE work_items SET status = 'queued'")
+    conn.execute("UPDATE work_items SET status = 'archived'")
+    monkeypatch.undo()                                         # the value is dropped again
+    assert len(migrate(db)["vocabulary"]) == 2
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute("UPDATE work_items SET status = 'archived'")
+    conn.close()
+
+
+def test_a_trigger_dropped_or_edited_by_hand_is_restored_at_the_next_migrate(tmp_path):
+    db = tmp_path / "state.db"
+    migrate(db)
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("DROP TRIGGER vocab_decisions_status_update")
+    conn.execute("DROP TRIGGER vocab_events_actor_insert")
+    conn.execute("CREATE TRIGGER vocab_events_actor_insert BEFORE INSERT ON events BEGIN SELECT 1; END")
+    assert migrate(db)["vocabulary"] == ["vocab_decisions_status_update", "vocab_events_actor_insert"]
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute("INSERT INTO events(at, actor, kind) VALUES (1, 'zombie', 'k')")
+    conn.close()
