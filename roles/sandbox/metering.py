@@ -219,7 +219,9 @@ class Ledger:
         with self._lock:
             self._held_tokens -= ticket.tokens_held
             self._held_cost -= ticket.cost_held
-            self.used_tokens += sum(counts.values())
+            # the token budget leaves cache reads out, as the engine does (``Usage.budget_tokens``);
+            # the cost counts them at their price
+            self.used_tokens += sum(v for k, v in counts.items() if k != "cache_read_input_tokens")
             self.used_cost += cost
         return cost
 
