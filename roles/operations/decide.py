@@ -18,7 +18,9 @@ class DecideError(StateError):
 
 def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str | None = None, *,
            stop: bool = False, idempotency_key: str | None = None) -> dict:
-    """Record the human's decision. Raises NotFound, DecideError, IllegalTransition (already decided)."""
+    """Record the human's decision, then wake the coordinator. Raises NotFound, DecideError,
+    IllegalTransition (already decided). Returns {id, work_id, status, replayed, wake} (``wake``:
+    "push", "outbox" or "not sent: <why>")."""
     if verdict not in VERDICTS:
         raise DecideError(f"unknown decision {verdict!r}", hint="use approve, reject, edit or respond")
     if verdict in ("edit", "respond") and not (text or "").strip():
@@ -40,5 +42,5 @@ def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str
     finally:
         writer.close()
     from roles.operations.wake import wake_coordinator
-    wake_coordinator(home, cfg, {"decision": decision_id})
-    return {**result, "replayed": replayed}
+    wake = wake_coordinator(home, cfg, {"decision": decision_id})
+    return {**result, "replayed": replayed, "wake": wake}

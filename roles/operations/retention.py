@@ -9,6 +9,36 @@ from pathlib import Path
 # A run that ended this long ago has no loop-agent left that could still append to its history
 # (one notices the end within a step, and an act is bounded by the model's timeouts).
 PENDING_QUIET_S = 3600.0
+# A wake a CLI left in the outbox (the coordinator was down) that nobody took within this long is
+# only noise: the coordinator reconciles from state.db at every start and every few seconds, so
+# the write it announced was seen long ago; and the receiver refuses it as expired anyway.
+CLI_OUTBOX_STALE_S = 600.0
+
+
+def stale_cli_outbox(home, *, now: float | None = None, older_than_s: float = CLI_OUTBOX_STALE_S) -> list[Path]:
+    """Outbox files (``outbox/<recipient>/*.msg``) sent by a CLI (human) instance, older than
+    ``older_than_s``. The sender is read from the file, unauthenticated: only to explain and
+    clean up, never to act on. Returns their paths, oldest first."""
+    import orjson
+
+    from state_db.vocab import Actor
+    from transport.kinds import BadInstance, role_of
+    from transport.outbox import SUFFIX
+
+    now = time.time() if now is None else now
+    found = []
+    root = home.outbox_dir
+    for f in root.glob(f"[!.]*/*{SUFFIX}") if root.is_dir() else []:
+        try:
+            age = now - f.stat().st_mtime
+            if age <= older_than_s:
+                continue
+            sender = orjson.loads(f.read_bytes()).get("sender")
+            if role_of(sender) == Actor.HUMAN:
+                found.append((f.stat().st_mtime, f))
+        except (OSError, orjson.JSONDecodeError, AttributeError, BadInstance):
+            continue                # gone meanwhile, or not a message a CLI wrote
+    return [f for _, f in sorted(found)]
 
 
 def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, actor: str = "human") -> dict:
@@ -26,7 +56,12 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
         workspaces = {r["id"]: r["workspace"] for r in rows}
     finally:
         writer.close()
-    files = {"eval_snapshots": 0, "histories": 0, "quarantine": 0, "cli_homes": 0, "histories_written_out": 0}
+    files = {"eval_snapshots": 0, "histories": 0, "quarantine": 0, "cli_homes": 0, "histories_written_out": 0,
+             "cli_outbox": 0}
+    for f in stale_cli_outbox(home, now=time.time()):
+        files["cli_outbox"] += 1
+        if not dry_run:
+            f.unlink(missing_ok=True)
     eval_dir = home.root / "eval"
     for d in eval_dir.iterdir() if eval_dir.is_dir() else []:
         if d.name in ended and now - ended[d.name] > cfg["retention.eval_snapshots_days"] * DAY:

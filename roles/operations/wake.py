@@ -1,29 +1,54 @@
-"""The wake after a durable human write: best effort, because state.db already holds the fact."""
+"""The wake after a durable human write: best effort, because state.db already holds the fact.
+
+A wake that cannot be sent delays the coordinator until its next reconcile (or the org's next
+start); it never loses the write. Still, it is never silent: the log says so, and the sender's
+``wake_not_sent`` counter (in ``transport_counters``, beside the transport's own counters) is
+raised, so ``org status`` shows how often it happened per sender.
+"""
 from __future__ import annotations
+
+import structlog
 
 from state_db.config import Config
 from state_db.home import OrgHome
 
+SENT = ("push", "outbox")
+NOT_SENT = "wake_not_sent"          # transport counter: wakes this sender could not send
+
+log = structlog.get_logger("wake")
+
 
 class Waker:
     """Opens the connection to the coordinator before the durable write, so the wake after the
-    commit leaves at once (a fresh connection takes tens of milliseconds to be usable)."""
+    commit leaves at once (a fresh connection takes tens of milliseconds to be usable).
 
-    def __init__(self, home: OrgHome, cfg: Config):
-        self.home, self.cfg, self.link, self.error = home, cfg, None, None
+    Args:
+        home, cfg: the org home and its config.
+        sender: the sending instance (``human`` for the CLI).
+    """
+
+    def __init__(self, home: OrgHome, cfg: Config, sender: str = "human"):
+        self.home, self.cfg, self.sender, self.link, self.error = home, cfg, sender, None, None
         try:
             from roles.transport_link import ThreadSender
-            self.link = ThreadSender(home, "human", cfg)
+            self.link = ThreadSender(home, sender, cfg)
             self.link.sender.pusher.prepare("coordinator")
         except Exception as exc:  # noqa: BLE001 - reported by wake()
             self.error = exc
 
     def wake(self, payload: dict | None = None) -> str:
-        """Send the wake; returns "push", "outbox" or "not sent: <why>" (never raises)."""
+        """Send the wake; returns "push", "outbox" or "not sent: <why>" (never raises). A wake
+        not sent is logged and counted."""
+        result = self._send(payload or {})
+        if result not in SENT:
+            record_unsent(self.home, self.sender, result, payload or {})
+        return result
+
+    def _send(self, payload: dict) -> str:
         if self.link is None:
             return f"not sent: {getattr(self.error, 'code', type(self.error).__name__)}"
         try:
-            return self.link.send("coordinator", "wake", payload or {})
+            return self.link.send("coordinator", "wake", payload)
         except Exception as exc:  # noqa: BLE001 - a lost wake delays, never loses
             return f"not sent: {getattr(exc, 'code', type(exc).__name__)}"
         finally:
@@ -31,6 +56,28 @@ class Waker:
                 self.link.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def record_unsent(home: OrgHome, sender: str, result: str, payload: dict) -> None:
+    """Log a wake that could not be sent and count it durably (never raises)."""
+    log.warning("wake_not_sent", sender=sender, why=result, payload=payload,
+                next="the coordinator sees the write at its next reconcile, or when the org starts")
+    try:
+        from transport.ledger import Counters, Ledger
+        counters = Counters(sender)
+        counters.add(NOT_SENT)
+        ledger = Ledger(home.db_path, sender, counters=counters, background_checkpoint=False)
+        try:
+            ledger.flush()
+        finally:
+            ledger.close()
+    except Exception as exc:  # noqa: BLE001 - the log line above still tells
+        log.warning("wake_not_counted", sender=sender, error=str(exc), next="nothing; the log keeps it")
+
+
+def unsent_note(result: str, then: str) -> str | None:
+    """The one line a command prints when its wake was not sent (None when it was)."""
+    return None if result in SENT else f"the coordinator was not reached ({result}); {then}"
 
 
 def wake_coordinator(home: OrgHome, cfg: Config, payload: dict | None = None) -> str:

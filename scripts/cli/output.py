@@ -33,3 +33,12 @@ def table(rows: list[list[Any]], headers: list[str]) -> str:
 
 def add_json(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def print_unsent(wake: str, then: str, as_json: bool = False) -> None:
+    """One line when a command's wake to the coordinator was not sent (stderr beside JSON)."""
+    from roles.operations.wake import unsent_note
+
+    note = unsent_note(wake, then)
+    if note:
+        print(f"  {note}", file=sys.stderr if as_json else sys.stdout)

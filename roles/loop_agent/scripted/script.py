@@ -146,7 +146,7 @@ def step_of_request(body: Any) -> tuple[int, int]:
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
         raise ScriptError("bad_request", "the request has no messages")
-    match = ITERATION_LINE.search(_text_of(messages[0].get("content")))
+    match = ITERATION_LINE.search(first_user_text(body))
     if match is None:
         raise ScriptError("bad_request", "the first user message has no line 'Iteration: N'; the scripted "
                           "server picks its step from it")
@@ -155,6 +155,14 @@ def step_of_request(body: Any) -> tuple[int, int]:
     if len(digits) > 9:
         raise ScriptError("bad_request", f"iteration number with {len(digits)} digits is not an iteration")
     return int(digits), turn
+
+
+def first_user_text(body: Any) -> str:
+    """The text of a request's first user message ('' when it has none)."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
+        return ""
+    return _text_of(messages[0].get("content"))
 
 
 def _text_of(content: Any) -> str:

@@ -33,7 +33,8 @@ from typing import Any, Iterator, Mapping
 
 import structlog
 
-from roles.loop_agent.scripted.script import Script, ScriptError, Turn, load_script, step_of_request
+from roles.loop_agent.scripted.script import (Script, ScriptError, Turn, first_user_text, load_script,
+                                              step_of_request)
 
 log = structlog.get_logger("loop_agent.scripted")
 
@@ -196,6 +197,7 @@ class MessagesServer:
 
 
 LOG_MAX_BYTES = 10 * 2**20
+PROMPT_LOG_CHARS = 8000
 
 
 class ScriptedServer(MessagesServer):
@@ -226,8 +228,9 @@ class ScriptedServer(MessagesServer):
         message = message_body(model=model, content=turn_blocks(turn, iteration, turn_index),
                                stop_reason=turn.stop_reason, usage=turn.usage)
         stream = bool(body.get("stream"))
-        if turn_index == 0:
-            self._log({"event": "act", "iteration": iteration, "request_id": request_id})
+        if turn_index == 0:     # the act's prompt, so a test can see what reached the model
+            self._log({"event": "act", "iteration": iteration, "request_id": request_id,
+                       "prompt": first_user_text(body)[:PROMPT_LOG_CHARS]})
         self._log({"event": "step", "request_id": request_id, "iteration": iteration, "turn": turn_index,
                    "stream": stream, "stop_reason": turn.stop_reason,
                    "tool_uses": [u.name for u in turn.tool_uses], "usage": turn.usage})

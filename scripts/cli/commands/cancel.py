@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import uuid
 
-from scripts.cli.output import add_json, emit_json, home_of
+from scripts.cli.output import add_json, emit_json, home_of, print_unsent
 from state_db.errors import NotFound
 from state_db.vocab import Actor, StopReason, WorkStatus
 
@@ -44,11 +44,13 @@ def run(args) -> int:
     finally:
         writer.close()
     cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
-    wake_coordinator(home, cfg, {"work_id": args.id})
+    result["wake"] = wake_coordinator(home, cfg, {"work_id": args.id})
     if args.json:
         emit_json(result)
     elif not result["changed"]:
         print(f"{args.id} had already ended ({result['stop_reason']})")
     else:
         print(f"{args.id}: cancel recorded" + (f" — {result['note']}" if result.get("note") else " (ended)"))
+    if result["changed"]:
+        print_unsent(result["wake"], "the cancel is recorded and takes effect when the org runs", args.json)
     return 0

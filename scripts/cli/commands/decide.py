@@ -1,7 +1,7 @@
 """``org decide ID approve|reject|edit|respond [TEXT]``: answer a gated action."""
 from __future__ import annotations
 
-from scripts.cli.output import add_json, emit_json, home_of
+from scripts.cli.output import add_json, emit_json, home_of, print_unsent
 
 NAME = "decide"
 HELP = "decide a waiting action: approve (runs it once), edit NEW_COMMAND, reject [--stop], respond TEXT"
@@ -28,4 +28,5 @@ def run(args) -> int:
         emit_json(result)
     else:
         print(f"{args.id}: {result['status']}" + (" (already decided)" if result["replayed"] else ""))
+    print_unsent(result["wake"], "the decision is recorded and takes effect when the org runs", args.json)
     return 0

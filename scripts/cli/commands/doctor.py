@@ -80,16 +80,27 @@ def diagnose(home, now: float | None = None) -> list[dict]:
     add("warning" if stale else "ok", "pid files",
         f"stale: {', '.join(stale)} — 'org stop' or remove them" if stale else "no stale pid files")
 
+    from roles.operations.retention import CLI_OUTBOX_STALE_S, stale_cli_outbox
+    cli_left = stale_cli_outbox(home, now=now)
     stray = []
     if home.outbox_dir.is_dir():
         for folder in home.outbox_dir.iterdir():
             if folder.is_dir() and not folder.name.startswith("."):
                 for f in folder.iterdir():
-                    if not running or now - f.stat().st_mtime > STALE_OUTBOX_S:
+                    if f not in cli_left and (not running or now - f.stat().st_mtime > STALE_OUTBOX_S):
                         stray.append(f"{folder.name}/{f.name}")
     add("warning" if stray else "ok", "outbox",
         f"{len(stray)} undelivered file(s), e.g. {stray[0]} — they are delivered when the recipient starts"
         if stray else "no stray outbox files")
+    if cli_left:
+        oldest = (now - cli_left[0].stat().st_mtime) / 60
+        add("warning", "cli outbox",
+            f"{len(cli_left)} wake(s) the CLI left in outbox/ over {CLI_OUTBOX_STALE_S / 60:.0f} min ago "
+            f"(oldest {oldest:.0f} min, e.g. {cli_left[0].parent.name}/{cli_left[0].name}): written while the "
+            "coordinator was down; nothing waits on them (the coordinator reads every write from state.db "
+            "when it starts) — 'org gc' removes them")
+    else:
+        add("ok", "cli outbox", "no stale wakes left by the CLI")
 
     snap = home.snapshots_dir / "org-state.md"
     seen = snapshot_event_id(snap)

@@ -4,7 +4,8 @@ from __future__ import annotations
 from scripts.cli.output import add_json, emit_json, home_of
 
 NAME = "gc"
-HELP = ("prune old bookkeeping (journal, per-call usage, ledger, snapshots, quarantine, CLI homes); "
+HELP = ("prune old bookkeeping (journal, per-call usage, ledger, snapshots, quarantine, CLI homes, stale "
+        "CLI wakes in outbox/); "
         "--history drops shadow histories")
 
 
@@ -30,7 +31,8 @@ def run(args) -> int:
         print(f"{verb}: {result['events']} journal events, {result['model_calls']} model-call rows "
               f"({result['runs_summarized']} runs summarized), {result['ledger_ids']} ledger ids, "
               f"{result['eval_snapshots']} eval snapshots, {result['histories']} histories, "
-              f"{result['quarantine']} quarantined files, {result['cli_homes']} CLI homes; "
+              f"{result['quarantine']} quarantined files, {result['cli_homes']} CLI homes, "
+              f"{result['cli_outbox']} stale CLI wakes in outbox/; "
               f"{'would write' if args.dry_run else 'wrote'} out {result['histories_written_out']} "
               "histories a killed loop-agent left pending")
     return 0

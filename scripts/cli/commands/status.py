@@ -20,11 +20,19 @@ def run(args) -> int:
         st = queries.status(conn)
     finally:
         conn.close()
+    st["unsent_wakes"] = unsent_wakes(st["transport"])
     if args.json:
         emit_json(st)
         return 0
     print(render(st))
     return 0
+
+
+def unsent_wakes(transport: dict) -> dict[str, int]:
+    """Wakes each sender could not send (``transport_counters``' ``wake_not_sent``)."""
+    from roles.operations.wake import NOT_SENT
+
+    return {inst: c[NOT_SENT] for inst, c in transport.items() if c.get(NOT_SENT)}
 
 
 def render(st: dict, now: float | None = None) -> str:
@@ -52,6 +60,10 @@ def render(st: dict, now: float | None = None) -> str:
         out += ["", "no work items"]
     u = st["usage"]
     out += ["", f"usage: {u['calls']} model calls, {u['tokens']} tokens, ${u['cost_usd']:.4f}"]
+    unsent = st.get("unsent_wakes") or unsent_wakes(st["transport"])
+    if unsent:
+        out += ["", "wakes not sent (the coordinator picks such writes up at its next reconcile): "
+                + ", ".join(f"{inst} {n}" for inst, n in sorted(unsent.items()))]
     if st["transport"]:
         names = sorted({n for c in st["transport"].values() for n in c})
         rows = [[inst] + [c.get(n, 0) for n in names] for inst, c in st["transport"].items()]
