@@ -27,6 +27,7 @@ class SubmitRequest:
     workspace: str
     verify: list[str]
     protect: list[str] = field(default_factory=list)
+    default_protect: bool = True          # --protect adds to the default test patterns unless False
     max_iterations: int | None = None
     budget_tokens: int | None = None
     budget_usd: float | None = None
@@ -93,6 +94,29 @@ def _toolchain(req: SubmitRequest, ws: Path) -> dict:
     return at_submit(os.environ, req.verify, ws).encode()
 
 
+def wait_for_preflight(home: OrgHome, work_id: str, *, timeout_s: float, poll_s: float = 0.1) -> dict | None:
+    """Wait until the eval-agent has run the verify commands on the baseline (the preflight) of
+    ``work_id``; return {"outcome", "detail", "status", "stop_reason"}, or None on timeout or
+    when the org is not running (nobody would run it)."""
+    from state_db.connection import connect
+    conn = connect(home.db_path, readonly=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            session = conn.execute("SELECT status FROM org_session WHERE id = 1").fetchone()
+            if session is None or session["status"] != "running":
+                return None
+            row = conn.execute("""SELECT p.outcome, p.detail, w.status, w.stop_reason FROM preflights p
+                                  JOIN work_items w ON w.id = p.work_id WHERE p.work_id = ?""", (work_id,)).fetchone()
+            if row is not None:
+                return dict(row)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(poll_s)
+    finally:
+        conn.close()
+
+
 def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
     """Create a work item (or return the one this idempotency key created).
 
@@ -104,6 +128,12 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
     if not req.verify:
         raise SubmitError("no --verify command: nobody could tell whether the goal is met",
                           hint="add --verify \"CMD\" (it must exit 0 when the goal is met)")
+    if any(not v.strip() for v in req.verify):
+        raise SubmitError("a --verify command is empty: an empty command runs nothing and would pass",
+                          code="empty_verify", hint="give each --verify a command that exits 0 when the goal is met")
+    if any(not p.strip() for p in req.protect):
+        raise SubmitError("a --protect pattern is empty", code="bad_protect",
+                          hint="give a glob such as 'src/**/test_*.py', or drop the flag")
     ws = Path(req.workspace).expanduser().resolve()
     if not ws.is_dir():
         raise SubmitError(f"workspace {ws} is not a directory", code="workspace_missing",
@@ -138,7 +168,8 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
             status = WorkStatus.WAITING if busy else WorkStatus.QUEUED
             tx.insert("work_items", {
                 "id": work_id, "goal": req.goal, "workspace": str(workspace), "verify": req.verify,
-                "protect": req.protect, "caps": caps, "backend": backend, "status": status,
+                "protect": req.protect, "default_protect": int(req.default_protect), "caps": caps,
+                "backend": backend, "status": status,
                 "stop_detail": f"workspace busy with {busy[0]}" if busy else None,
                 "worktree": int(req.worktree), "branch": branch, "created_by": writer.os_user,
                 "toolchain": toolchain,
