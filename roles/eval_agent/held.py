@@ -19,10 +19,12 @@ The kinds, and what happens to each (``HELD`` is the table, ``held_back`` applie
 |                 | [pytest]; package.json's "scripts", "jest", "mocha", "ava",     | kept               |
 |                 | "vitest", "c8", "nyc"                                           |                    |
 | startup_hook    | sitecustomize.py, usercustomize.py, *.pth at any depth         | held to baseline   |
-| shadow_module   | a module or package named like the test runner (any), or a new | held to baseline   |
-|                 | one named like a standard-library module, where it can come    |                    |
-|                 | first on ``sys.path`` (the workspace root, or a folder that is |                    |
-|                 | not a package)                                                 |                    |
+| shadow_module   | a module or package named like the test runner, what it        | held to baseline   |
+|                 | imports or a plugin (``pytest_*``) (any), or a new one named   |                    |
+|                 | like a standard-library module — as source, bytecode without   |                    |
+|                 | source (``json.pyc``) or an extension module — where it can    |                    |
+|                 | come first on ``sys.path`` (the workspace root, or a folder    |                    |
+|                 | that is not a package)                                         |                    |
 | env_file        | .env, .env.*, .envrc, .npmrc, .yarnrc*, .pnpmfile.cjs,          | held to baseline   |
 |                 | .python-version, .node-version, .nvmrc, .tool-versions          |                    |
 | invoked_script  | files a verify command names (``./run.sh``, ``bash ci/t.sh``,  | held to baseline   |
@@ -59,8 +61,15 @@ ENV_FILES = ("**/.env", "**/.env.*", ".envrc", "**/.npmrc", "**/.yarnrc", "**/.y
              ".python-version", ".node-version", ".nvmrc", ".tool-versions")
 MAKEFILES = ("Makefile", "makefile", "GNUmakefile", "**/*.mk")
 _RUNNER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "unittest", "nose", "nose2", "coverage",
-                             "xdist", "iniconfig", "hypothesis", "doctest", "runpy", "site", "encodings"})
+                             "xdist", "iniconfig", "hypothesis", "doctest", "runpy", "site", "encodings",
+                             # what pytest itself imports, and a plugin loaded by its entry point
+                             "packaging", "exceptiongroup", "tomli", "pygments", "colorama",
+                             "_hypothesis_pytestplugin"})
+# plugins pytest imports at start-up by their entry points are named so by convention
+_RUNNER_PREFIXES = ("pytest_", "_pytest")
 _SHADOWED = _RUNNER_MODULES | frozenset(m for m in sys.stdlib_module_names if not m.startswith("_"))
+# a module file: source, bytecode without a source (importable as it is), or an extension module
+_MODULE_FILE = re.compile(r"^([A-Za-z_]\w*)(?:\.py|\.pyc|(?:\.[\w-]+)?\.so|\.pyd)$")
 
 # sections of the mixed files that configure the runner
 _TOML_SECTIONS = re.compile(r"^tool\.(pytest|coverage|tox|hatch\.envs|nox)\b")
@@ -88,20 +97,26 @@ def _shadow_candidates(paths: Iterable[str]) -> list[str]:
     out = []
     for p in paths:
         parts = p.split("/")
-        if parts[-1].endswith(".py") and parts[-1] != "__init__.py":
-            name, folder = parts[-1][:-3], "/".join(parts[:-1])
-        elif parts[-1] == "__init__.py" and len(parts) >= 2:
-            name, folder = parts[-2], "/".join(parts[:-2])
-        else:
-            continue
-        if name in _SHADOWED and (folder == "" or folder not in packages):
+        if "__pycache__" in parts:
+            continue                        # read only beside their sources, never imported by name
+        name = _module_name(p)
+        folder = "/".join(parts[:-2] if parts[-1] == "__init__.py" else parts[:-1])
+        if name and (name in _SHADOWED or _runner_module(name)) and (folder == "" or folder not in packages):
             out.append(p)
     return out
 
 
-def _module_name(path: str) -> str:
+def _module_name(path: str) -> str | None:
+    """The module ``path`` is imported as (``pkg/__init__.py`` -> ``pkg``), or None."""
     parts = path.split("/")
-    return parts[-2] if parts[-1] == "__init__.py" and len(parts) >= 2 else parts[-1][:-3]
+    if parts[-1] == "__init__.py":
+        return parts[-2] if len(parts) >= 2 else None
+    m = _MODULE_FILE.match(parts[-1])
+    return m.group(1) if m else None
+
+
+def _runner_module(name: str | None) -> bool:
+    return bool(name) and (name in _RUNNER_MODULES or name.startswith(_RUNNER_PREFIXES))
 
 
 def invoked_files(commands: Iterable[str], paths: Iterable[str]) -> list[str]:
@@ -232,7 +247,7 @@ def candidates(paths: Iterable[str], commands: Iterable[str], base: Iterable[str
         for p in match_paths(paths, patterns):
             kinds.setdefault(p, kind)
     for p in _shadow_candidates(paths):
-        if p not in base or _module_name(p) in _RUNNER_MODULES:
+        if p not in base or _runner_module(_module_name(p)):
             kinds.setdefault(p, "shadow_module")
     for p in invoked_files(commands, paths):
         kinds.setdefault(p, "invoked_script")
