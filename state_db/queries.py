@@ -60,6 +60,13 @@ def work_item(conn: sqlite3.Connection, work_id: str) -> dict | None:
 _SUMMARY = _USAGE.replace("COUNT(*) AS calls", "COALESCE(SUM(calls),0) AS calls").replace("model_calls", "usage_summaries")
 
 
+def org_spend(conn: sqlite3.Connection) -> float:
+    """Everything the org has spent, in USD: per-call usage plus what retention folded into
+    summaries (the org-wide spend cap must not forget old spend)."""
+    return conn.execute("""SELECT (SELECT COALESCE(SUM(cost_usd), 0) FROM model_calls)
+                                + (SELECT COALESCE(SUM(cost_usd), 0) FROM usage_summaries)""").fetchone()[0]
+
+
 def usage(conn: sqlite3.Connection, work_id: str | None = None) -> dict:
     """Tokens and cost, summed from model calls (each counted once, keyed by request id) plus the
     summaries retention folded old calls into."""

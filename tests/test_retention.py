@@ -48,6 +48,22 @@ def test_prune_folds_usage_into_summaries_and_keeps_live_runs(org_home):
     conn.close()
 
 
+def test_the_org_spend_cap_remembers_spend_that_retention_folded_into_summaries(org_home):
+    """$1.00 of the old run's calls are pruned into a summary; the org has still spent $1.50, so a
+    $1.20 cap ends the queued run (org_limit) after pruning exactly as before it."""
+    from roles.coordinator.dispatch import reconcile
+    _seed(org_home, time.time() - 40 * DAY)
+    prune(StateWriter(org_home.db_path, "supervisor"), events_days=30, model_calls_days=30, ledger_keep_s=600)
+    conn = connect(org_home.db_path, readonly=True)
+    assert conn.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM model_calls").fetchone()[0] == 0.5
+    assert queries.org_spend(conn) == 1.5
+    co = StateWriter(org_home.db_path, "coordinator")
+    assert reconcile(co, heartbeat_timeout_s=10, spend_cap_usd=1.2)["capped"] == ["live"]
+    co.close()
+    assert conn.execute("SELECT stop_reason FROM work_items WHERE id='live'").fetchone()[0] == "org_limit"
+    conn.close()
+
+
 def test_only_supervisor_or_human_prunes(org_home):
     with pytest.raises(NotAllowed):
         prune(StateWriter(org_home.db_path, "loop-agent", "loop-agent-1"), events_days=1, model_calls_days=1,

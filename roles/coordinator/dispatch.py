@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from state_db import queries
 from state_db.vocab import DecisionStatus, RoleStatus, StopReason, WorkStatus
 from state_db.writer import StateWriter
 
@@ -85,7 +86,7 @@ def dispatch(tx, alive: dict[str, bool]) -> list[tuple[str, str]]:
 def enforce_spend_cap(tx, cap_usd: float) -> list[str]:
     """Beyond the org-wide cap, queued and waiting runs end with org_limit (running ones stop
     themselves between model calls)."""
-    spent = tx.one("SELECT COALESCE(SUM(cost_usd), 0) FROM model_calls")[0]
+    spent = queries.org_spend(tx.conn)
     if spent < cap_usd:
         return []
     ended = []

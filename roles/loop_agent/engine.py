@@ -30,6 +30,7 @@ from roles.loop_agent.lessons import derive_lesson
 from roles.loop_agent.remote_verify import VerifyAbandoned, VerifyInterrupted
 from roles.loop_agent.policy import StopPolicy, policy_from_caps
 from roles.loop_agent.stop import StopDecision, fingerprint
+from state_db import queries
 from state_db.errors import Conflict
 from state_db.vocab import StopReason, WorkStatus
 from state_db.writer import StateWriter
@@ -115,7 +116,7 @@ class LoopEngine:
         cap = self.settings.org_spend_cap_usd
         if cap is None:
             return False
-        return self.w.conn.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM model_calls").fetchone()[0] >= cap
+        return queries.org_spend(self.w.conn) >= cap
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> StopDecision | None:
