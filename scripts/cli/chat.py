@@ -1,4 +1,5 @@
-"""The coordinator's conversation with the human (``org chat``).
+"""The human's conversation with the org (``org chat``). It lives with the CLI, whose commands it
+runs: every durable write it makes is the CLI's own, as the human.
 
 Slash commands always work and map to the same operations as the CLI. Free text goes to the
 coordinator's model when one is configured; the model acts only through those operations, as

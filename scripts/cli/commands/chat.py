@@ -17,7 +17,7 @@ def add_arguments(p) -> None:
 
 def _model(cfg, home: str | None):
     """The chat model when one is configured and reachable in principle; else None."""
-    from roles.coordinator.chat import ChatModel
+    from scripts.cli.chat import ChatModel
 
     base_url = cfg["model.base_url"] or os.environ.get("ANTHROPIC_BASE_URL")
     if not (os.environ.get("ANTHROPIC_API_KEY") or base_url):
@@ -46,7 +46,7 @@ def _announcements(db_path, last: int, stop: threading.Event, out) -> None:
 
 
 def run(args) -> int:
-    from roles.coordinator.chat import handle_slash
+    from scripts.cli.chat import handle_slash
     from state_db import config as config_mod
 
     home = home_of(args).require()
