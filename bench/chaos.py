@@ -1,6 +1,7 @@
 """Chaos run: a real org (4 loop-agents, scripted model) under kill -9, suspend and resume.
 
-Usage: ``bench/chaos.py --json [--items N] [--kills K] [--seconds S] [--suspends U] [--seed X]``.
+Usage: ``bench/chaos.py --json [--items N] [--kills K] [--seconds S] [--suspends U] [--gated F]
+[--seed X]``.
 The default run stays under 45 s; the claim is proven with e.g. ``--items 120 --kills 14
 --seconds 70``.
 
@@ -11,6 +12,12 @@ recovered the way ``org resume`` does it: ``control.start_background``). ``U`` t
 org is suspended (graceful, then forced) and resumed. Each kill waits for recovery before the
 next: the killed role ready again with a new process (or, for the supervisor and suspends,
 every role ready with processes started after the event) — that time is ``max_recovery_ms``.
+
+A share of the items (``--gated``) asks a human in its first iteration (``request_action``);
+the benchmark decides each pending decision at a random moment — approve, reject, edit or
+respond — so decisions land before, during (while the org is down or recovering) and after
+kills and suspends. A question asked again (its action was cut by a kill) is rejected: the
+benchmark never approves one action twice, so an action's line twice in its log is a rerun.
 
 After the org settles (every submitted item ended, or a timeout), the org is stopped and
 ``bench/chaos_audit.py`` checks every item against state.db, the journal, the shadow
@@ -36,7 +43,9 @@ from bench import workload  # noqa: E402
 
 ZERO = ("lost_items", "iterations_committed_twice", "usage_counted_twice", "acts_replayed_without_reset",
         "runs_without_stop_reason", "usage_without_served_request", "iteration_usage_mismatches",
-        "iteration_gaps", "foreign_key_violations", "recovery_timeouts")
+        "iteration_gaps", "foreign_key_violations", "recovery_timeouts", "gated_actions_run_twice",
+        "gated_actions_lost", "paused_runs_stuck", "elapsed_undercounted_runs")
+VERDICTS = ("approve", "reject", "edit", "respond")
 LOOP_AGENTS = 4
 
 
@@ -84,10 +93,13 @@ def role_ready_again(home, instance: str, old_pid: int) -> bool:
 
 
 def busy_agents(home) -> list[str]:
-    """Loop-agents inside an act right now (an open attempt of the item assigned to them)."""
+    """Loop-agents inside an act or running an approved action right now (an open attempt, or
+    an executing decision, of the item assigned to them)."""
     return [r["instance"] for r in workload.query(
         home, """SELECT DISTINCT a.instance FROM attempts a JOIN work_items w ON w.id = a.work_id
-                  WHERE a.ended_at IS NULL AND w.assigned_to = a.instance AND w.status = 'running'""")]
+                  WHERE a.ended_at IS NULL AND w.assigned_to = a.instance AND w.status = 'running'
+                 UNION SELECT w.assigned_to FROM decisions d JOIN work_items w ON w.id = d.work_id
+                  WHERE d.status = 'executing' AND w.assigned_to IS NOT NULL""")]
 
 
 # -- events -------------------------------------------------------------------------------------
@@ -98,6 +110,8 @@ class Chaos:
         self.kills: list[dict] = []
         self.suspends: list[dict] = []
         self.timeouts: list[str] = []
+        self.phase = "before"           # before / during (a kill or suspend under way) / between / after
+        self.events = 0                 # kills and suspends begun
 
     def kill(self, want_supervisor: bool) -> None:
         """Kill -9 one process (a busy loop-agent mid-act more often than not), then wait until
@@ -144,6 +158,55 @@ class Chaos:
                               "resume_ms": round((time.monotonic() - t1) * 1000, 1)})
 
 
+class Decider:
+    """The human of a chaos run. Each pending decision, when first seen, gets a moment at random:
+    ``soon`` (up to ``max_delay_s`` later), ``next_event`` (while the next kill or suspend is
+    under way: the org is down or recovering) or ``after_chaos``; a decision whose moment does
+    not come before the chaos phase ends is decided then. Records verdicts and phases."""
+
+    def __init__(self, home, cfg, chaos: Chaos, rng: random.Random, max_delay_s: float = 3.0):
+        self.home, self.cfg, self.chaos, self.rng, self.max_delay_s = home, cfg, chaos, rng, max_delay_s
+        self.due: dict[str, tuple[str, float, int]] = {}     # id -> (moment, not before, events seen)
+        self.made: list[dict] = []
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.1):
+            try:
+                self.step(time.monotonic())
+            except Exception as exc:  # noqa: BLE001 - state.db busy: the next round retries
+                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+    def step(self, now: float) -> None:
+        from roles.operations.decide import decide
+
+        chaos = self.chaos
+        for d in workload.query(self.home, "SELECT id, result FROM decisions WHERE status = 'pending'"):
+            if d["id"] not in self.due:
+                moment = self.rng.choice(("soon", "next_event", "after_chaos"))
+                self.due[d["id"]] = (moment, now + self.rng.uniform(0, self.max_delay_s), chaos.events)
+            moment, at, seen = self.due[d["id"]]
+            ready = (chaos.phase == "after" or (moment == "soon" and now >= at)
+                     or (moment == "next_event" and chaos.phase == "during" and chaos.events > seen))
+            if not ready:
+                continue
+            asked_again = "interrupted" in (d["result"] or "")
+            verdict = "reject" if asked_again else self.rng.choice(VERDICTS)
+            text = {"edit": workload.EDITED_COMMAND, "respond": "the file is in vendor/",
+                    "reject": "not on this machine"}.get(verdict)
+            phase = self.chaos.phase
+            decide(self.home, self.cfg, d["id"], verdict, text)
+            self.made.append({"id": d["id"], "verdict": verdict, "phase": phase, "asked_again": asked_again})
+
+    def figures(self) -> dict:
+        return {"gated_decisions_made": len(self.made),
+                "gated_decisions_by_verdict": _count(m["verdict"] for m in self.made),
+                "gated_decisions_by_phase": _count(m["phase"] for m in self.made),
+                "gated_questions_asked_again": sum(m["asked_again"] for m in self.made),
+                "decide_errors": len(self.errors), "decide_error_samples": self.errors[:3]}
+
+
 def schedule(rng: random.Random, kills: int, suspends: int, seconds: float) -> list[tuple[float, str]]:
     """Event times in the chaos phase; at least one kill is the supervisor's."""
     times = sorted(rng.uniform(0.5, seconds) for _ in range(kills + suspends))
@@ -170,7 +233,7 @@ def submitter(home, cfg, root: Path, specs: list, span_s: float, out: list, erro
 # -- the run ------------------------------------------------------------------------------------
 
 def run(root: Path, *, items: int, kills: int, seconds: float, suspends: int, seed: int,
-        settle_s: float) -> dict:
+        settle_s: float, gated: float = 0.2) -> dict:
     from bench.chaos_audit import audit
     from roles.supervisor import control
 
@@ -179,18 +242,23 @@ def run(root: Path, *, items: int, kills: int, seconds: float, suspends: int, se
     t_start = time.monotonic()
     control.start_background(home, timeout_s=60)
     startup_ms = round((time.monotonic() - t_start) * 1000, 1)
-    specs = [workload.random_spec(rng) for _ in range(items)]
+    specs = [workload.random_spec(rng, gated=gated) for _ in range(items)]
     submitted: list = []
     submit_errors: list = []
     feeder = threading.Thread(target=submitter, args=(home, cfg, root, specs, 0.7 * seconds, submitted,
                                                       submit_errors), daemon=True)
     chaos = Chaos(home, cfg, rng)
+    decider = Decider(home, cfg, chaos, random.Random(seed + 1))
+    human = threading.Thread(target=decider.run, name="decider", daemon=True)
     t0 = time.monotonic()
     feeder.start()
+    human.start()
     suspend_no = 0
     try:
         for at, kind in schedule(rng, kills, suspends, seconds):
             time.sleep(max(0.0, t0 + at - time.monotonic()))
+            chaos.events += 1
+            chaos.phase = "during"
             try:
                 if kind == "suspend":
                     chaos.suspend_resume(force=suspend_no % 2 == 1)
@@ -199,6 +267,8 @@ def run(root: Path, *, items: int, kills: int, seconds: float, suspends: int, se
                     chaos.kill(want_supervisor=kind == "kill-supervisor")
             except TimeoutError as exc:                       # the org did not recover: counted, run on
                 chaos.timeouts.append(str(exc)[:300])
+            chaos.phase = "between"
+        chaos.phase = "after"
         feeder.join()
         chaos_s = time.monotonic() - t0
         ids = [wid for wid, _ in submitted]
@@ -208,8 +278,11 @@ def run(root: Path, *, items: int, kills: int, seconds: float, suspends: int, se
             pass                                                # counted as lost_items by the audit
         settled_s = time.monotonic() - t0
     finally:
+        decider.stop.set()
+        human.join(timeout=30)
         control.request(home, "stop", force=True, timeout_s=60)
     figures = audit(home, dict(submitted))
+    figures.update(decider.figures())
     recoveries = [k["recovery_ms"] for k in chaos.kills] + [s["resume_ms"] for s in chaos.suspends]
     figures.update({
         "kills": len(chaos.kills), "kills_mid_act": sum(k["mid_act"] for k in chaos.kills),
@@ -244,6 +317,8 @@ def main(argv=None) -> int:
     p.add_argument("--kills", type=int, default=4, help="kill -9 events (at least one hits the supervisor)")
     p.add_argument("--seconds", type=float, default=8.0, help="length of the chaos phase")
     p.add_argument("--suspends", type=int, default=1, help="whole-org suspend/resume cycles (graceful, forced, ...)")
+    p.add_argument("--gated", type=float, default=0.2,
+                   help="share of items that ask a human (request_action) in their first iteration")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock; printed)")
     p.add_argument("--settle", type=float, default=None, help="seconds to wait for every item to end afterwards")
     p.add_argument("--keep", action="store_true", help="keep the org home and workspaces (path printed)")
@@ -257,7 +332,8 @@ def main(argv=None) -> int:
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="lo-"))
     try:
         figures = run(root, items=args.items, kills=args.kills, seconds=args.seconds, suspends=args.suspends,
-                      seed=seed, settle_s=args.settle if args.settle is not None else 30.0 + args.items * 0.5)
+                      seed=seed, settle_s=args.settle if args.settle is not None else 30.0 + args.items * 0.5,
+                      gated=args.gated)
     finally:
         from state_db.home import OrgHome
         workload.kill_everything(OrgHome(root / "org"))

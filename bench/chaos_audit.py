@@ -40,7 +40,23 @@ DEFINITIONS = {
     "iteration_gaps": "work items whose committed iteration numbers are not exactly 1..max",
     "replayed_acts": "attempts that did not commit (discarded by a crash, suspend or cut) and were followed "
                      "by another attempt of the same iteration: how often a replay was exercised",
+    "gated_actions_run_twice": "gated items whose gate.log (each run of the action appends one line; the "
+                               "benchmark never approves an action twice) holds more than one line, in the "
+                               "workspace or in the run's final checkpoint",
+    "gated_actions_lost": "decisions approved or edited but never executed by the end (status approved, edited "
+                          "or executing), plus executed ones whose line is missing from gate.log in the final "
+                          "checkpoint of a run that went on after it (its effect was not kept)",
+    "paused_runs_stuck": "work items still paused at the end with no pending decision (nothing left that a "
+                         "human could do would wake them)",
+    "elapsed_undercounted_runs": "work items whose elapsed_s is below the sum of their attempts' spans: "
+                                 "started_at to ended_at for an attempt that closed itself, to alive_at (its "
+                                 "last model response) for one discarded after a crash",
 }
+# Per attempt, for the two clocks (spans are wall-clock rows, elapsed time is monotonic). An
+# attempt's span also holds the reset, prompt and checkpoint around its act, which the act clock
+# leaves out; the verdict waits that elapsed time holds cover that many times over (the smallest
+# margin seen at --items 120 was +0.044 s for a whole run).
+SPAN_SLACK_S = 0.005
 
 
 def _rows(conn, sql, params=()):
@@ -68,15 +84,15 @@ def scripted_log(logs_dir: Path) -> dict:
     return {"served": served, "acts": acts, "broken_lines": broken, "errors": errors}
 
 
-def trails(git_dir: Path, checkpoints: list[str]) -> dict[str, str | None]:
-    """``trail.txt`` at each checkpoint commit (None if missing), with one ``git cat-file``.
+def trails(git_dir: Path, checkpoints: list[str], path: str = "trail.txt") -> dict[str, str | None]:
+    """``path`` at each checkpoint commit (None if missing), with one ``git cat-file``.
     Objects a killed loop-agent left pending are written out first, as every reader that runs
     git does (``org diff``)."""
     if not checkpoints:
         return {}
     from roles.workspace import objects
     objects.store_for(git_dir).publish_pending(drop=False)
-    query = "".join(f"{c}:trail.txt\n" for c in checkpoints).encode()
+    query = "".join(f"{c}:{path}\n" for c in checkpoints).encode()
     out = subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "--batch"], input=query,
                          capture_output=True, check=False).stdout
     found: dict[str, str | None] = {}
@@ -146,6 +162,45 @@ def twice_figures(its: list[dict], attempts: list[dict], created: Counter) -> di
             "replayed_acts": replays}
 
 
+def gate_figures(history_dir: Path, submitted: dict, works: dict, its: list[dict], decisions: list[dict]) -> dict:
+    """Gated actions against the workspaces' and final checkpoints' gate.log (see DEFINITIONS)."""
+    from bench.workload import GATE_LOG
+
+    last = {}
+    for i in its:
+        if i["n"] > last.get(i["work_id"], {"n": 0})["n"]:
+            last[i["work_id"]] = i
+    gated = [w for w, spec in submitted.items() if spec.kind == "gated" and w in works]
+    final = {w: trails(history_dir / f"{w}.git", [last[w]["checkpoint"]], GATE_LOG).get(last[w]["checkpoint"])
+             for w in gated if w in last}
+    twice = 0
+    for w in gated:
+        log = Path(works[w]["workspace"]) / GATE_LOG
+        lines = log.read_text().splitlines() if log.exists() else []
+        twice += len(lines) > 1 or len((final.get(w) or "").splitlines()) > 1
+    lost = [d["id"] for d in decisions if d["status"] in ("approved", "edited", "executing")]
+    for d in decisions:
+        went_on = d["work_id"] in last and last[d["work_id"]]["n"] > (d["iteration"] or 0)
+        if d["status"] == "executed" and went_on and d["work_id"] in final:
+            line = "edited" if d["answer"] else "approved"
+            lost += [d["id"]] if line not in (final[d["work_id"]] or "").splitlines() else []
+    return {"gated_items": len(gated), "gated_decisions": len(decisions),
+            "gated_decision_states": dict(Counter(d["status"] for d in decisions)),
+            "gated_actions_run_twice": twice, "gated_actions_lost": len(lost), "gated_lost_ids": lost[:10]}
+
+
+def elapsed_figures(works: dict, attempts: list[dict]) -> dict:
+    spans: dict[str, float] = {}
+    for a in attempts:
+        closed = a["ended_at"] is not None and a["outcome"] != "discarded"
+        end = a["ended_at"] if closed else (a["alive_at"] or a["started_at"])
+        spans[a["work_id"]] = spans.get(a["work_id"], 0.0) + max(0.0, end - a["started_at"])
+    short = {w: round(spans[w] - r["elapsed_s"], 3) for w, r in works.items()
+             if w in spans and r["elapsed_s"] + SPAN_SLACK_S * r["attempts"] < spans[w]}
+    return {"elapsed_undercounted_runs": len(short), "elapsed_undercount_samples": dict(list(short.items())[:5]),
+            "discarded_s": round(sum(r["discarded_s"] or 0 for r in works.values()), 1)}
+
+
 def audit(home, submitted: dict) -> dict:
     """Figures of one chaos run (see DEFINITIONS). ``submitted``: work id → ItemSpec."""
     conn = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=30)
@@ -156,7 +211,13 @@ def audit(home, submitted: dict) -> dict:
         items = {r["id"]: r for r in _rows(conn, "SELECT id, status, stop_reason FROM work_items")}
         its = _rows(conn, "SELECT work_id, n, attempt, checkpoint, tool_calls, input_tokens, output_tokens, "
                           "cache_write_tokens, cache_read_tokens FROM iterations ORDER BY work_id, n")
-        attempts = _rows(conn, "SELECT work_id, attempt, iteration, outcome FROM attempts ORDER BY work_id, attempt")
+        attempts = _rows(conn, "SELECT work_id, attempt, iteration, outcome, started_at, alive_at, ended_at "
+                               "FROM attempts ORDER BY work_id, attempt")
+        works = {r["id"]: r for r in _rows(conn, """SELECT w.id, w.status, w.workspace, w.elapsed_s, w.discarded_s,
+                     (SELECT COUNT(*) FROM attempts a WHERE a.work_id = w.id) AS attempts FROM work_items w""")}
+        decisions = _rows(conn, "SELECT id, work_id, iteration, status, answer FROM decisions")
+        stuck = [r["id"] for r in _rows(conn, """SELECT id FROM work_items w WHERE status = 'paused' AND NOT EXISTS
+                     (SELECT 1 FROM decisions d WHERE d.work_id = w.id AND d.status = 'pending')""")]
         calls = _rows(conn, "SELECT request_id, work_id, iteration, attempt, input_tokens, output_tokens, "
                             "cache_write_tokens, cache_read_tokens FROM model_calls")
         created = Counter(r["subject"] for r in _rows(conn, "SELECT subject FROM events WHERE kind = 'iterations.created'"))
@@ -175,6 +236,8 @@ def audit(home, submitted: dict) -> dict:
         "items": len(submitted), "lost_items": len(lost), "lost_item_ids": lost[:10],
         **twice_figures(its, attempts, created), **usage_figures(calls, its, log["served"]),
         **trail_figures(home.history_dir, its),
+        **gate_figures(home.history_dir, submitted, works, its, decisions), **elapsed_figures(works, attempts),
+        "paused_runs_stuck": len(stuck), "paused_stuck_ids": stuck[:10],
         "acts_served": log["acts"], "scripted_log_broken_lines": log["broken_lines"],
         "scripted_errors": log["errors"], "runs_without_stop_reason": len(no_reason),
         "checks_not_run": sum(1 for c in checks if c.get("exit_code") is None and not c.get("timed_out")),

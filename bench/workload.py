@@ -9,7 +9,11 @@ decides the verdict:
 - ``pass`` k: wrong answers (each wrong differently) until iteration k writes ``right``
   → ``goal_met``;
 - ``never``: a different wrong answer every iteration → ``max_iterations``;
-- ``same``: the same wrong answer twice → ``repeated_failure``.
+- ``same``: the same wrong answer twice → ``repeated_failure``;
+- ``gated``: iteration 1 also asks a human (``request_action``, of kind ``gate``) to run
+  ``sleep 0.3; echo approved >> gate.log``; whatever the human decides, iteration k writes ``right``
+  → ``goal_met``. An approved action appends one line to gate.log (an edited one, ``edited``),
+  so a line twice is an action run twice.
 
 ``reads`` extra ``read_file`` turns make an act longer, so kills land mid-act more often.
 """
@@ -23,22 +27,31 @@ from pathlib import Path
 
 VERIFY = 'a=$(cat answer.txt); [ "$a" = right ] || { echo "FAIL: the answer is $a"; exit 1; }'
 NOTES = "".join(f"line {i}: the answer must be the word right, on its own line.\n" for i in range(60))
-CAPS = {"pass": 6, "never": 3, "same": 5}
-EXPECTED_STOP = {"pass": "goal_met", "never": "max_iterations", "same": "repeated_failure"}
+CAPS = {"pass": 6, "never": 3, "same": 5, "gated": 6}
+EXPECTED_STOP = {"pass": "goal_met", "never": "max_iterations", "same": "repeated_failure", "gated": "goal_met"}
+WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+GATE_LOG = "gate.log"
+# what a gated item asks a human to run, and what the human runs instead when editing; each
+# takes a moment, so a kill can land while it runs
+GATE_COMMAND = f"sleep 0.3; echo approved >> {GATE_LOG}"
+EDITED_COMMAND = f"sleep 0.3; echo edited >> {GATE_LOG}"
+GATE_KINDS = ("outside_workspace", "network")
 
 
 @dataclass(frozen=True)
 class ItemSpec:
-    """What one work item's model does: ``kind`` (pass / never / same), ``k`` (the passing
-    iteration of ``pass``), ``reads`` (extra read turns per act)."""
+    """What one work item's model does: ``kind`` (pass / never / same / gated), ``k`` (the
+    passing iteration of ``pass`` and ``gated``), ``reads`` (extra read turns per act), ``gate``
+    (the kind of block a ``gated`` item asks to lift)."""
 
     kind: str
     k: int
     reads: int
+    gate: str = ""
 
     @property
     def name(self) -> str:
-        return f"{self.kind}{self.k}-r{self.reads}"
+        return f"{self.kind}{self.k}-r{self.reads}" + (f"-{self.gate}" if self.gate else "")
 
     @property
     def max_iterations(self) -> int:
@@ -49,15 +62,24 @@ class ItemSpec:
         return EXPECTED_STOP[self.kind]
 
     def answer(self, i: int) -> str:
-        if self.kind == "pass":
-            return "right" if i >= self.k else f"wrong-{i}"
+        if self.kind in ("pass", "gated"):
+            return "right" if i >= self.k else _wrong(i)
         if self.kind == "same":
             return "wrong"
-        return f"wrong-{i}"
+        return _wrong(i)
 
 
-def random_spec(rng: random.Random, max_reads: int = 3) -> ItemSpec:
-    """Mostly items that pass after 1-4 iterations, some that hit a cap or fail the same way."""
+def _wrong(i: int) -> str:
+    """A wrong answer of its own per iteration. In words: failure signatures leave numbers out,
+    so ``wrong-1`` and ``wrong-2`` would be the same failure (``repeated_failure``)."""
+    return "wrong-" + "-".join(WORDS[int(d)] for d in str(i))
+
+
+def random_spec(rng: random.Random, max_reads: int = 3, gated: float = 0.0) -> ItemSpec:
+    """Mostly items that pass after 1-4 iterations, some that hit a cap or fail the same way;
+    a ``gated`` share asks a human in iteration 1 and passes at iteration 2 or 3."""
+    if gated and rng.random() < gated:
+        return ItemSpec("gated", rng.randint(2, 3), rng.randint(0, max_reads), rng.choice(GATE_KINDS))
     roll = rng.random()
     kind = "pass" if roll < 0.7 else "never" if roll < 0.85 else "same"
     return ItemSpec(kind, rng.randint(1, 4) if kind == "pass" else 0, rng.randint(0, max_reads))
@@ -66,6 +88,9 @@ def random_spec(rng: random.Random, max_reads: int = 3) -> ItemSpec:
 def act(spec: ItemSpec, i: int) -> list[dict]:
     turns = [{"text": f"Iteration {i}: recording that I ran.",
               "tool_uses": [{"name": "run_command", "input": {"command": f"echo it{i} >> trail.txt"}}]}]
+    if spec.kind == "gated" and i == 1:
+        turns += [{"tool_uses": [{"name": "request_action", "input": {
+            "kind": spec.gate, "command": GATE_COMMAND, "reason": "the answer is in a file outside"}}]}]
     turns += [{"tool_uses": [{"name": "read_file", "input": {"path": "notes.md"}}]}] * spec.reads
     turns += [{"tool_uses": [{"name": "write_file", "input": {"path": "answer.txt",
                                                                 "content": spec.answer(i) + "\n"}}]},
