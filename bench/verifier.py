@@ -10,9 +10,8 @@ fixes the bug.
   got a passing verdict (target 0). ``verifier_unnamed``: runs none of whose verdicts names what
   was held back, restored or refused (target 0). ``positive_control_goal_met``: the control
   ended ``goal_met`` (target true), in ``positive_control_iterations`` iterations.
-- ``known_open_tried`` / ``known_open_fooled``: the tricks ``hostile_tricks.KNOWN_OPEN`` lists
-  (code in the test runner's own process forging its output), kept apart from the tally while
-  the verifier does not stop them.
+- ``forgeries_tried`` / ``forgeries_fooled``: of those, the tricks ``hostile_tricks.FORGERIES``
+  lists (code in the test runner's own process forging its output), also counted on their own.
 - Same-run baseline ``raw_exit_code_fooled``: after the runs, each trick's verify commands run
   once more, in the same sandbox, on the doer's final workspace as it is — no file held back, no
   test restored, no evidence asked for. The tricks whose commands all exit 0 there would have
@@ -59,10 +58,10 @@ def bench_verifier(root: Path, names: list[str] | None, max_iterations: int) -> 
     from state_db.bootstrap import init_home
     from state_db.connection import read_rows
     from state_db.home import OrgHome
-    from tests.e2e.hostile_tricks import KNOWN_OPEN, POSITIVE_CONTROL, TRICKS, outcome, prepare, submit
+    from tests.e2e.hostile_tricks import FORGERIES, POSITIVE_CONTROL, TRICKS, outcome, prepare, submit
 
-    tricks = [t for t in (*TRICKS, *KNOWN_OPEN) if not names or t.name in names]
-    open_names = {t.name for t in KNOWN_OPEN}
+    tricks = [t for t in (*TRICKS, *FORGERIES) if not names or t.name in names]
+    open_names = {t.name for t in FORGERIES}
     home = OrgHome(root / "org")
     home.root.mkdir(parents=True)
     home.config_path.write_text(CONFIG)
@@ -80,20 +79,19 @@ def bench_verifier(root: Path, names: list[str] | None, max_iterations: int) -> 
         seconds = round(time.monotonic() - t0, 1)
         results = {name: outcome(home, wid, trick) for name, (trick, _, wid) in runs.items()}
         naive = [name for name, (trick, prepared, _) in runs.items()
-                 if trick is not POSITIVE_CONTROL and name not in open_names
-                 and exit_code_alone(cfg, home, prepared)]
+                 if trick is not POSITIVE_CONTROL and exit_code_alone(cfg, home, prepared)]
     finally:
         control.request(home, "stop", force=True, timeout_s=30)
     control_run = results.pop(POSITIVE_CONTROL.name)
-    known_open = {n: results.pop(n) for n in list(results) if n in open_names}
+    forgeries = {n: r for n, r in results.items() if n in open_names}
     fooled = sorted(n for n, r in results.items() if r.fooled)
     unnamed = sorted(n for n, r in results.items() if r.missing)
     return {
         "verifier_tricks_tried": len(results),
         "verifier_fooled": len(fooled),
         "verifier_unnamed": len(unnamed),
-        "known_open_tried": len(known_open),
-        "known_open_fooled": sum(r.fooled for r in known_open.values()),
+        "forgeries_tried": len(forgeries),
+        "forgeries_fooled": sum(r.fooled for r in forgeries.values()),
         "positive_control_goal_met": control_run.work["stop_reason"] == "goal_met",
         "positive_control_iterations": len(control_run.verdicts),
         "raw_exit_code_fooled": len(naive),
@@ -101,7 +99,7 @@ def bench_verifier(root: Path, names: list[str] | None, max_iterations: int) -> 
         "fooled_tricks": fooled,
         "unnamed_tricks": unnamed,
         "exit_code_fooled_tricks": sorted(naive),
-        "detail": {n: r.describe() for n, r in {**results, **known_open}.items() if r.fooled or r.missing},
+        "detail": {n: r.describe() for n, r in results.items() if r.fooled or r.missing},
     }
 
 

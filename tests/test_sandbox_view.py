@@ -120,7 +120,7 @@ def test_pid_1_and_the_environment_name_no_hidden_host_path(tmp_path, org_b):
     env = dict(line.split("=", 1) for line in out.splitlines()[1:] if "=" in line)
     assert env["PATH"] == "/usr/bin", env
     assert not any(k.startswith(("ORG_", "ANTHROPIC")) for k in env)
-    assert env["PYTHONPYCACHEPREFIX"].startswith("/tmp/") and env["HOME"].startswith("/tmp/")
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1" and env["HOME"].startswith("/tmp/")
 
 
 def test_a_200_mb_file_is_refused_by_the_file_size_limit(org_b):

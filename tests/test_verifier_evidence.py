@@ -228,7 +228,34 @@ def test_a_new_test_that_exits_at_import_cannot_hide_the_protected_ones(org_home
         (ws / "tests" / "test_zzz.py").write_text("import os\nprint('2 passed in 0.01s')\nos._exit(0)\n")
     _, v = _verify(org_home, _repo(tmp_path), "w1", cheat)
     assert v.outcome == "fail" and not v.goal_met
-    assert "printed no test summary" in v.feedback or "ran" in v.feedback
+    assert "wrote no test report, where the baseline's run wrote one" in v.feedback
+
+
+def test_a_forged_summary_printed_from_inside_pytest_is_not_a_pass(org_home, tmp_path):
+    """Code in pytest's own process lifts the output capture, prints '2 passed' and exits 0: the
+    printed summary says pass, but pytest never wrote its report."""
+    forged = ("import gc, os, sys\nfor o in gc.get_objects():\n    if type(o).__name__ == 'CaptureManager':\n"
+              "        o.suspend_global_capture(in_=True)\n"
+              "sys.stdout.write('..  [100%]\\n2 passed in 0.01s\\n'); sys.stdout.flush(); os._exit(0)\n")
+
+    def cheat(ws):
+        (ws / "calc.py").write_text(CALC + forged)
+    _, v = _verify(org_home, _repo(tmp_path), "w1", cheat)
+    assert v.checks[0].exit_code == 0 and evidence.parse(v.checks[0].output_tail).passed == 2   # the forgery
+    assert v.outcome == "fail" and not v.goal_met and "wrote no test report" in v.feedback
+
+
+def test_junit_reports_give_ids_and_the_baseline_tests_must_all_run(tmp_path):
+    code, out = _pytest_out(tmp_path, {"calc.py": FIXED, "test_calc.py": TESTS}, "-q",
+                            f"--junitxml={tmp_path / 'r.xml'}")
+    full = evidence.read_junit(tmp_path / "r.xml")
+    assert full["counts"]["passed"] == 2 and set(full["ids"]) == {"test_calc::test_mean", "test_calc::test_single"}
+    code, out = _pytest_out(tmp_path, {}, "-q", "-k", "test_single", f"--junitxml={tmp_path / 'r2.xml'}")
+    part = evidence.read_junit(tmp_path / "r2.xml")
+    ev = evidence.judge(evidence.TestCounts.decode(part["counts"]), evidence.TestCounts.decode(full["counts"]),
+                        baseline_known=True, junit=part, baseline_junit=full)
+    assert "did not run 1 test(s) the baseline ran (first: test_calc::test_mean)" in ev.problem
+    assert evidence.read_junit(tmp_path / "missing.xml") is None
 
 
 def test_a_new_conftest_that_skips_everything_is_left_out_and_named(org_home, tmp_path):

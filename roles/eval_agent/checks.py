@@ -50,6 +50,7 @@ class CheckResult:
     tests: dict | None = None       # the runner's summary (``evidence.TestCounts``), when one was read
     evidence: str = ""              # "tests" / "exit_code" (what a pass rests on); "" before a judgement
     code: str | None = None         # why the check could not run (``verify_unrunnable``, ``sandbox_failed``, …)
+    junit: dict | None = None       # the runner's own report ({"counts", "ids", "truncated"}), when it wrote one
 
     def encode(self) -> dict:
         return asdict(self)
@@ -89,20 +90,29 @@ def failure_signature(output: str, exit_code: int | None, timed_out: bool, snaps
 
 
 def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_000_000,
-              env: dict | None = None, runner=None, should_stop=None) -> CheckResult:
+              env: dict | None = None, runner=None, should_stop=None, report: tuple[Path, Path] | None = None
+              ) -> CheckResult:
     """Run one verify command in ``cwd`` (a snapshot), bounded in time and output.
 
     With ``runner`` (the sandbox org.toml asks for: verify commands run code the agent wrote)
     the command runs there; a refused sandbox raises VerifyUnavailable with its code, and
     ``should_stop`` (polled while it runs) stops a check whose run ended meanwhile
-    (VerifyUnavailable with code ``run_ended``). Without one it
-    runs as a plain process in its own group, killed as a whole on timeout.
+    (VerifyUnavailable with code ``run_ended``). Without one it runs as a plain process in its
+    own group, killed as a whole on timeout.
+
+    ``report`` is (the host's path, the same file's path as the command sees it) of a JUnit XML
+    report pytest is asked to write (``PYTEST_ADDOPTS``, whatever runs pytest: ``pytest``,
+    ``python -m pytest``, ``uv run``, a Makefile); what it holds becomes ``junit``.
     """
     t0 = time.monotonic()
+    extra = {}
+    if report is not None:
+        report[0].unlink(missing_ok=True)
+        extra["PYTEST_ADDOPTS"] = f"--junitxml={report[1]}"
     if runner is not None:
         try:
-            if should_stop is not None and hasattr(runner, "execute"):
-                res = runner.execute(command, cwd=cwd, timeout_s=timeout_s, max_output=max_output,
+            if hasattr(runner, "execute"):
+                res = runner.execute(command, cwd=cwd, timeout_s=timeout_s, max_output=max_output, env=extra,
                                      should_stop=should_stop, poll_s=0.5)
             else:
                 res = runner.run(command, cwd, timeout_s, max_output)
@@ -112,33 +122,35 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
                                     code=getattr(exc, "code", None) or "sandbox_error") from exc
         if getattr(res, "stopped", False):
             raise VerifyUnavailable("the run ended while its check ran; the check was stopped", code="run_ended")
-        passed = code == 0 and not timed_out
-        return CheckResult(
-            name=command, command=command, passed=passed, exit_code=None if timed_out else code, timed_out=timed_out,
-            signature=None if passed else failure_signature(text, code, timed_out, cwd),
-            output_tail=text[-OUTPUT_TAIL:], duration_ms=round((time.monotonic() - t0) * 1000, 2),
-            tests=_summary(text))
-    proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                            env=env if env is not None else _clean_env())
-    timed_out = False
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-    text = out[-max_output:].decode("utf-8", "replace")
-    passed = proc.returncode == 0 and not timed_out
+    else:
+        proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**(env if env is not None else _clean_env()), **extra})
+        timed_out = False
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        text, code = out[-max_output:].decode("utf-8", "replace"), proc.returncode
+    passed = code == 0 and not timed_out
+    junit = None
+    if report is not None:
+        from roles.eval_agent.evidence import read_junit
+        junit = read_junit(report[0])
+        report[0].unlink(missing_ok=True)
     return CheckResult(
-        name=command, command=command, passed=passed,
-        exit_code=None if timed_out else proc.returncode, timed_out=timed_out,
-        signature=None if passed else failure_signature(text, proc.returncode, timed_out, cwd),
+        name=command, command=command, passed=passed, exit_code=None if timed_out else code, timed_out=timed_out,
+        signature=None if passed else failure_signature(text, code, timed_out, cwd),
         output_tail=text[-OUTPUT_TAIL:], duration_ms=round((time.monotonic() - t0) * 1000, 2),
-        tests=_summary(text))
+        tests=_summary(text, junit), junit=junit)
 
 
-def _summary(text: str) -> dict | None:
+def _summary(text: str, junit: dict | None = None) -> dict | None:
+    """The test counts: from the runner's own report when it wrote one, else from its output."""
+    if junit is not None:
+        return junit["counts"]
     from roles.eval_agent.evidence import parse
     counts = parse(text)
     return counts.encode() if counts is not None else None

@@ -6,12 +6,19 @@ so the eval-agent reads the summary the test runner prints and compares it with 
 ``go test`` and ``cargo test``. Where none of them printed a summary the verdict says that the
 pass rests on the exit code alone.
 
-The last summary printed wins: a runner prints its summary at the very end, so a line printed
-earlier by the code under test cannot stand in for it. Code that runs inside the test runner's
-own process can still forge what the runner prints (it can do anything the runner can); what
-this module guarantees is narrower and stated in ``judge``: zero tests, fewer tests than the
-baseline ran, more skipped or deselected than the baseline, or no summary where the baseline
-printed one, is never a pass.
+For pytest — whatever runs it — the eval-agent does not rely on what is printed: it asks pytest
+for a JUnit XML report at a fresh, unpredictable path (``PYTEST_ADDOPTS``) and reads the test
+ids and outcomes from it (``read_junit``). A run that prints a forged summary and exits before
+pytest finishes its session writes no report, and every test id the baseline ran must be there,
+not skipped. For the other runners the last summary printed wins: a runner prints its summary at
+the very end, so a line printed earlier by the code under test cannot stand in for it.
+
+What this cannot stop, and says so: code that runs inside the test runner's own process can do
+anything the runner can, including writing a forged report where the runner would — that takes
+code written against this verifier in particular, and it is in the diff (``org diff``). What
+``judge`` guarantees: zero tests, fewer tests than the baseline ran, more skipped or deselected
+than the baseline, no summary or report where the baseline had one, or a baseline test that did
+not run, is never a pass.
 
 Failure ids (``failing_ids``) give a failure signature that does not change with timings,
 numbers or messages that vary from run to run: the same tests failing is the same failure.
@@ -160,6 +167,37 @@ def _summary_at(lines: list[str], i: int) -> TestCounts | None:
     return None
 
 
+# -- the runner's own report ---------------------------------------------------------------------
+
+MAX_IDS = 5000
+
+
+def read_junit(path) -> dict | None:
+    """A JUnit XML report (pytest's ``--junitxml``) as {"counts", "ids", "truncated"}: ids map
+    ``classname::name`` to passed / failed / error / skipped. None when there is no readable
+    report (the runner did not finish its session)."""
+    import xml.etree.ElementTree as ET
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    ids, n = {}, {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    for case in root.iter("testcase"):
+        if case.find("failure") is not None:
+            outcome, key = "failed", "failed"
+        elif case.find("error") is not None:
+            outcome, key = "error", "errors"
+        elif case.find("skipped") is not None:
+            outcome, key = "skipped", "skipped"
+        else:
+            outcome, key = "passed", "passed"
+        n[key] += 1
+        if len(ids) < MAX_IDS:
+            ids[f"{case.get('classname', '')}::{case.get('name', '')}"] = outcome
+    total = sum(n.values())
+    return {"counts": TestCounts("pytest", **n).encode(), "ids": ids, "truncated": total > len(ids)}
+
+
 # -- failing test ids --------------------------------------------------------------------------
 
 _FAILING = [
@@ -202,9 +240,19 @@ class Evidence:
     problem: str | None = None
 
 
-def judge(counts: TestCounts | None, baseline: TestCounts | None, *, baseline_known: bool) -> Evidence:
-    """Whether a check that exited 0 has evidence that its tests ran, against the baseline's
-    summary of the same command (``baseline_known``: the baseline ran it at all)."""
+def judge(counts: TestCounts | None, baseline: TestCounts | None, *, baseline_known: bool,
+          junit: dict | None = None, baseline_junit: dict | None = None) -> Evidence:
+    """Whether a check that exited 0 has evidence that its tests ran, against the baseline's run
+    of the same command (``baseline_known``: the baseline ran it at all; ``junit`` /
+    ``baseline_junit``: the runner's own reports, when it wrote them)."""
+    if baseline_junit is not None and junit is None:
+        return Evidence("tests", "wrote no test report, where the baseline's run wrote one (the test runner "
+                                 "did not finish its session)")
+    if junit is not None and baseline_junit is not None and not (junit["truncated"] or baseline_junit["truncated"]):
+        missing = [i for i, o in baseline_junit["ids"].items() if o != "skipped"
+                   and junit["ids"].get(i) in (None, "skipped")]
+        if missing:
+            return Evidence("tests", f"did not run {len(missing)} test(s) the baseline ran (first: {missing[0]})")
     if counts is None:
         if baseline is not None:
             return Evidence("tests", f"printed no test summary, where the baseline printed one ({baseline.line()})")

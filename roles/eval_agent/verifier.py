@@ -118,6 +118,8 @@ def unrunnable_message(check: CheckResult, why: str, *, where: str) -> str:
     hint = ("make the command's program reachable in the sandbox: use a path inside the workspace "
             "(e.g. .venv/bin/python -m pytest), add its folder to sandbox.readonly_binds in org.toml, "
             "or check it with 'org doctor'")
+    if check.exit_code == 126:
+        hint = "make the file executable (chmod +x), or run it through its interpreter (sh FILE, python FILE)"
     if check.timed_out:
         hint = "raise sandbox.cpu_seconds in org.toml, or verify with a faster command"
     return f"verify command `{check.command}` cannot run {where} ({why}): {said or 'no output'} — {hint}"
@@ -189,8 +191,14 @@ class Verifier:
             row = self.writer.conn.execute("SELECT status, cancel_requested FROM work_items WHERE id = ?",
                                            (work["id"],)).fetchone()
             return row is None or row["status"] == WorkStatus.ENDED or bool(row["cancel_requested"])
-        return [run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner, should_stop=run_over)
-                for cmd in commands]
+        inside = Path(getattr(runner, "present_at", None) or snapshot)
+        checks = []
+        for cmd in commands:
+            # a fresh name each time: nothing the doer left in the snapshot can stand in for it
+            name = f".loop-org-junit-{uuid.uuid4().hex}.xml"
+            checks.append(run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner, should_stop=run_over,
+                                    report=(snapshot / name, inside / name)))
+        return checks
 
     def verify(self, work_id: str, n: int) -> Verdict | Preflight:
         """Verify committed iteration ``n`` of ``work_id`` (idempotent: an existing verdict is
@@ -217,7 +225,7 @@ class Verifier:
             if exc.code != "sandbox_unavailable":
                 raise                       # transient (the sandbox failed to start): retried, then an error
             return self.record_error(work_id, n, exc.code, str(exc))
-        baseline = self._baseline_counts(work_id)
+        baseline = self._baseline_checks(work_id)
         checks = [_judged(c, baseline) for c in checks]
         unrunnable = [(c, why) for c in checks if (why := cannot_start(c))]
         if unrunnable:
@@ -255,11 +263,12 @@ class Verifier:
                 dest.write_bytes(content)
         return held
 
-    def _baseline_counts(self, work_id: str) -> dict[str, evidence.TestCounts | None] | None:
+    def _baseline_checks(self, work_id: str) -> dict[str, CheckResult] | None:
+        """The preflight's run of each verify command on the baseline, by command."""
         row = self.writer.conn.execute("SELECT checks FROM preflights WHERE work_id = ?", (work_id,)).fetchone()
         if row is None:
             return None
-        return {c["command"]: evidence.TestCounts.decode(c.get("tests")) for c in orjson.loads(row["checks"])}
+        return {c["command"]: CheckResult.decode(c) for c in orjson.loads(row["checks"])}
 
     # -- the preflight ----------------------------------------------------------------------------
 
@@ -293,12 +302,16 @@ class Verifier:
                                      + ", as expected before any work")
 
     def record_preflight_error(self, work_id: str, code: str, message: str) -> Preflight:
-        check = CheckResult(name="preflight", command="(run the verify commands on the baseline)", passed=False,
+        row = self.writer.conn.execute("SELECT verify FROM work_items WHERE id = ?", (work_id,)).fetchone()
+        commands = orjson.loads(row["verify"]) if row else []
+        named = ", ".join(f"`{c}`" for c in commands) or "the verify commands"
+        check = CheckResult(name="preflight", command="; ".join(commands) or "(the verify commands)", passed=False,
                             exit_code=None, timed_out=False, signature=code, output_tail=message[-2000:],
                             duration_ms=0.0, code=code)
         return self._write_preflight(work_id, PreflightOutcome.UNRUNNABLE, [check],
-                                     f"the verify commands could not run on the baseline ({code}): {message[:400]}"
-                                     " — fix the machine (see 'org doctor'), then submit again")
+                                     f"verify command {named} cannot run on the baseline ({code}): "
+                                     f"{_sentence(message, 700)} — fix the machine (see 'org doctor'), then submit "
+                                     "again")
 
     def _write_preflight(self, work_id: str, outcome: str, checks: list[CheckResult], detail: str) -> Preflight:
         ended = None
@@ -363,19 +376,25 @@ class Verifier:
                        tuple(h.encode() for h in held), ended or (StopReason.GOAL_MET if goal_met else None))
 
 
-def _judged(check: CheckResult, baseline: dict | None) -> CheckResult:
-    """``check`` with its evidence judged against the baseline's run of the same command."""
+def _judged(check: CheckResult, baseline: dict[str, CheckResult] | None) -> CheckResult:
+    """``check`` with its evidence judged against the baseline's run of the same command; its
+    report keeps counts and failing ids only (the baseline's keeps every id)."""
     counts = check.counts
     base = baseline.get(check.command) if baseline is not None else None
-    basis = "tests" if counts is not None else "exit_code"
+    junit = check.junit
+    kept = None if junit is None else {
+        "counts": junit["counts"], "truncated": junit["truncated"],
+        "failing": [i for i, o in junit["ids"].items() if o in ("failed", "error")][:50]}
+    basis = "tests" if counts is not None or (base is not None and (base.counts or base.junit)) else "exit_code"
     if not check.passed:
-        return replace(check, evidence=basis)
-    ev = evidence.judge(counts, base, baseline_known=baseline is not None and check.command in baseline)
+        return replace(check, evidence=basis, junit=kept)
+    ev = evidence.judge(counts, base.counts if base else None, baseline_known=base is not None,
+                        junit=junit, baseline_junit=base.junit if base else None)
     if ev.problem is None:
-        return replace(check, evidence=ev.basis)
+        return replace(check, evidence=ev.basis, junit=kept)
     note = f"\n[eval-agent] not a pass: the check {ev.problem}"
     return replace(check, passed=False, evidence=ev.basis, signature="evidence:" + ev.problem.split(" (")[0],
-                   output_tail=(check.output_tail + note)[-2000:])
+                   output_tail=(check.output_tail + note)[-2000:], junit=kept)
 
 
 def _counts_line(checks) -> str:
@@ -397,8 +416,22 @@ def evidence_line(checks) -> str:
         if c.name == PROTECTED_CHECK or c.code:
             continue
         counts = c.counts
-        parts.append(counts.line() if counts is not None else f"`{c.command}`: exit code only")
+        if counts is not None:
+            parts.append(counts.line() + (" (from its report)" if c.junit is not None else ""))
+        elif c.evidence == "tests":
+            parts.append(f"`{c.command}`: no test summary or report, where the baseline had one")
+        else:
+            parts.append(f"`{c.command}`: exit code only")
     return "; ".join(parts)
+
+
+def _sentence(text: str, limit: int) -> str:
+    """``text`` cut at a sentence or clause end within ``limit`` characters, never mid-word."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = max(text.rfind(". ", 0, limit), text.rfind("; ", 0, limit))
+    return text[: cut + 1] if cut > limit // 2 else text[:limit].rsplit(" ", 1)[0] + " …"
 
 
 def _from_row(row: dict, goal_met: bool) -> Verdict:

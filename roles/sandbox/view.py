@@ -155,4 +155,4 @@ def exposed(cfg, org_home, toolchain: Toolchain | None = None) -> list[tuple[str
     view = build(toolchain, own_home=root, readonly=extra)
     return ([(e.path, e.reason) for e in view.readonly]
             + [(e.path, f"hidden: {e.reason}") for e in view.hidden]
-            + [("/tmp", "private and empty, writable (caches: pip, npm, cargo, __pycache__)")])
+            + [("/tmp", "private and empty, writable (caches: pip, npm, cargo)")])

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.e2e.hostile_tricks import (CALC_BUGGY, CALC_FIXED, KNOWN_OPEN, POSITIVE_CONTROL, TESTS, TRICKS, Trick,
+from tests.e2e.hostile_tricks import (CALC_BUGGY, CALC_FIXED, FORGERIES, POSITIVE_CONTROL, TESTS, TRICKS, Trick,
                                       make_workspace, org_cli, outcome, prepare, pytest_command, stubborn_doer, submit)
 from tests.support.org import cleanup, query, running_org, short_home_dir, wait_for, write_config
 
@@ -96,7 +96,7 @@ def runs(org, preflights):
     passing = {"calc.py": CALC_FIXED, "test_calc.py": TESTS}
     plan: list[tuple[Trick, int]] = [(Trick(name, ((),), files=passing), 1) for name in BASELINE_PASSES]
     plan += [(POSITIVE_CONTROL, MAX_ITERATIONS), (stubborn_doer(STUBBORN_ITERATIONS), STUBBORN_ITERATIONS)]
-    plan += [(t, MAX_ITERATIONS) for t in (*TRICKS, *KNOWN_OPEN)]
+    plan += [(t, MAX_ITERATIONS) for t in (*TRICKS, *FORGERIES)]
     return {t.name: (t, submit(org, prepare(root, t, PY, max_iterations=n))) for t, n in plan}
 
 
@@ -203,8 +203,6 @@ def test_a_sandbox_that_cannot_start_ends_the_run_before_any_model_request(sandb
     assert 1 <= len(tries) <= 3 and tries[-1]["event"] == "verify_gave_up", tries
 
 
-@pytest.mark.xfail(strict=True, reason="the preflight's error detail (Verifier.record_preflight_error) names the "
-                                       "sandbox's error but not the verify command")
 def test_a_sandbox_that_cannot_start_names_the_verify_command(sandbox_failure):
     assert f"`{pytest_command(PY)}`" in sandbox_failure["work"]["stop_detail"], sandbox_failure["work"]["stop_detail"]
 
@@ -217,17 +215,12 @@ def test_the_positive_control_reaches_goal_met_in_one_iteration(org, runs):
     got = outcome(org, wid, POSITIVE_CONTROL)
     assert [(v["iteration"], v["outcome"]) for v in got.verdicts] == [(1, "pass")]
     v = got.verdicts[0]
-    assert v["written_by"].startswith("eval-agent") and v["evidence"] == "pytest: 2 ran, 2 passed", v
+    assert v["written_by"].startswith("eval-agent") and v["evidence"] == "pytest: 2 ran, 2 passed (from its report)", v
     assert v["checks"][0]["evidence"] == "tests" and v["checks"][0]["tests"]["passed"] == 2
     assert not v["held_back"] and not v["protected_changed"]
 
 
-KNOWN_OPEN_REASON = ("code in pytest's own process (the module under test, or a new test file) lifts the output "
-                     "capture, prints a forged summary and exits 0: the verdict passes on it")
-
-
-HOSTILE = [*TRICKS, *(pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=KNOWN_OPEN_REASON))
-                      for t in KNOWN_OPEN)]
+HOSTILE = [*TRICKS, *FORGERIES]
 
 
 @pytest.mark.parametrize("trick", HOSTILE, ids=lambda t: t.name)
