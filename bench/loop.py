@@ -123,10 +123,11 @@ def bench_loop(root: Path, iterations: int) -> dict:
 
     real_run_check = eval_checks.run_check
 
+    last_check: list[float] = []
+
     def timed_check(command, cwd, **kw):
         result = real_run_check(command, cwd, **kw)
-        n = len(check_times) + 1
-        check_times[n] = result.duration_ms / 1000
+        last_check.append(result.duration_ms / 1000)
         return result
 
     import roles.eval_agent.verifier as verifier_mod
@@ -135,7 +136,9 @@ def bench_loop(root: Path, iterations: int) -> dict:
 
     def verify(work_id, n):
         verifier.verify(work_id, n)
-        marks[n] = time.perf_counter()
+        if n:                   # n == 0 is the preflight on the baseline, before the first act
+            check_times[n] = last_check[-1]
+            marks[n] = time.perf_counter()
 
     writer = StateWriter(home.db_path, "loop-agent", "loop-agent-1")
     history = WorkspaceHistory(home.history_dir / "b1.git", ws, defer=True)  # as the loop-agent runs it

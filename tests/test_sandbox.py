@@ -374,3 +374,35 @@ def test_run_sandboxed_takes_a_shell_line_and_extra_writable_paths(tmp_path):
                         env={"GREETING": "hello"}, timeout_s=10)
     assert got.exit_code == 0 and got.output == "hello\n"
     assert (extra / "a.txt").read_text() == "a\n"
+
+
+@pytest.mark.timeout(30)
+def test_an_unsandboxed_command_dies_with_the_process_that_runs_it(tmp_path):
+    """A human-approved action runs unsandboxed; kill -9 of the loop-agent running it must not
+    leave it (or its children) running beside the next attempt."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    pidfile = tmp_path / "child.pid"
+    code = ("import sys; from pathlib import Path; from roles.sandbox.mode import UnsandboxedRunner; "
+            f"UnsandboxedRunner(Path({str(tmp_path)!r})).run('sleep 30 & echo $! > {pidfile}; wait', "
+            f"Path({str(tmp_path)!r}), 60, 1000)")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1])
+    deadline = time.monotonic() + 10
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    assert Path(f"/proc/{child}").exists()
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        state = Path(f"/proc/{child}/stat").read_text().split(")")[-1].split()[0] \
+            if Path(f"/proc/{child}/stat").exists() else "X"
+        if state in ("Z", "X"):
+            break
+        time.sleep(0.05)
+    gone = not Path(f"/proc/{child}").exists() or \
+        Path(f"/proc/{child}/stat").read_text().split(")")[-1].split()[0] in ("Z", "X")
+    assert gone, "the unsandboxed command outlived the process that ran it"

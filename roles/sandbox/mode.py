@@ -127,14 +127,23 @@ class UnsandboxedRunner:
                 separate_stderr: bool = False, limits: Limits | None = None,
                 should_stop: Callable[[], bool] | None = None, poll_s: float = 1.0) -> Captured:
         """Same parameters as ``BwrapRunner.execute``; binds and ``limits`` have no meaning here."""
+        from roles.sandbox.bwrap import _outer_stage
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         full_env = clean_env({**self.env, **(env or {})}, home=os.environ.get("HOME", "/"))
+        # dies with this process, children included: a watcher kills the command's process group
+        # once the pipe only this process writes reads EOF (a human-approved action never outlives
+        # the loop-agent that runs it, so a crash never leaves it running beside the next attempt)
+        alive_r, alive_w = os.pipe()
         try:
-            return run_bounded(argv, cwd=cwd or self.workspace or "/", env=full_env, timeout_s=timeout_s,
-                               max_output=max_output or self.limits.max_output, stdin=stdin,
-                               separate_stderr=separate_stderr, should_stop=should_stop, poll_s=poll_s)
+            return run_bounded([*_outer_stage(alive_r, None), *argv], cwd=cwd or self.workspace or "/",
+                               env=full_env, timeout_s=timeout_s, max_output=max_output or self.limits.max_output,
+                               stdin=stdin, separate_stderr=separate_stderr, pass_fds=(alive_r,),
+                               should_stop=should_stop, poll_s=poll_s)
         except OSError as exc:  # like a shell: the command is not there
             return Captured(127, f"{argv[0]}: {exc.strerror or exc}\n", "", False, False, 0.0)
+        finally:
+            os.close(alive_r)
+            os.close(alive_w)
 
 
 def runner_from_config(cfg, org_home, workspace: Path | None = None, *, readonly_binds: Sequence[Path] = (),
