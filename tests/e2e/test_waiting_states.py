@@ -196,7 +196,7 @@ def test_decided_while_suspended_takes_effect_on_resume(live_org, tmp_path):
 def test_decided_after_kill_9_of_every_process_takes_effect_on_start(live_org, tmp_path):
     runs = submit_parked(live_org, tmp_path, "kill")
     kill_everything(live_org)
-    assert not control.supervisor_alive(live_org)
+    wait_for(lambda: not control.supervisor_alive(live_org), timeout=10, what="the killed supervisor to be gone")
     decide_all(live_org, runs)
     start = subprocess.run([sys.executable, "-m", "roles.supervisor.start", "--home", str(live_org.root)],
                            capture_output=True, text=True, timeout=60)
