@@ -59,9 +59,20 @@ FAILING_CHECK = ("n=$(cat n.txt); printf '%s\\n' "
                  "'E       Failed: DID NOT RAISE <class ValueError>' "
                  "'tests/test_timeparse.py:40: Failed' "
                  "'=========================== short test summary info ===========================' "
-                 "'FAILED tests/test_timeparse.py::test_parse_duration_mixed_units - AssertionError' "
+                 "\"FAILED tests/test_timeparse.py::test_parse_duration_$n - AssertionError\" "
                  "'FAILED tests/test_timeparse.py::test_parse_duration_rejects_garbage - Failed: DID NOT RAISE' "
                  "\"2 failed, 9 passed in 0.${n}4s\"; exit 1")
+
+
+def _word(i: int) -> str:
+    """A different word for each iteration: numbers alone are noise to a failure signature, and
+    every iteration here must fail differently (no repeated_failure before the cap)."""
+    letters = ""
+    while True:
+        i, r = divmod(i, 26)
+        letters = "abcdefghijklmnopqrstuvwxyz"[r] + letters
+        if i == 0:
+            return "value-" + letters
 
 
 def make_script(path: Path, iterations: int) -> None:
@@ -69,7 +80,7 @@ def make_script(path: Path, iterations: int) -> None:
     for i in range(1, iterations + 1):
         acts.append([
             {"text": f"Attempt {i}: write the counter.",
-             "tool_uses": [{"name": "write_file", "input": {"path": "n.txt", "content": f"{i}\n"}}],
+             "tool_uses": [{"name": "write_file", "input": {"path": "n.txt", "content": f"{_word(i)}\n"}}],
              "usage": {"input_tokens": 1200, "output_tokens": 60, "cache_creation_input_tokens": 0,
                        "cache_read_input_tokens": 900}},
             {"text": f"Iteration {i}: I wrote the counter file with {i}; the check should now see it. "
