@@ -12,18 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.org import query, running_org, wait_for
+from tests.support.org import ONE_AGENT, query, running_org, wait_for
 
-CONFIG = """
-[org]
-loop_agents = 1
-[supervisor]
-heartbeat_s = 0.2
-heartbeat_timeout_s = 10.0
-stop_timeout_s = 6.0
-[model]
-backend = "scripted"
-"""
+CONFIG = ONE_AGENT + '[model]\nbackend = "scripted"\n'
 
 
 @pytest.fixture(scope="module")

@@ -16,16 +16,7 @@ import pytest
 
 from roles.supervisor import control, procs
 from roles.workspace.history import WorkspaceHistory
-from tests.support.org import kill_everything, query, roles, running_org, wait_for
-
-CONFIG = """
-[org]
-loop_agents = 1
-[supervisor]
-heartbeat_s = 0.2
-heartbeat_timeout_s = 10.0
-stop_timeout_s = 6.0
-"""
+from tests.support.org import ONE_AGENT as CONFIG, kill_everything, query, roles, running_org, wait_for
 VERIFY = '[ "$(cat answer.txt)" = right ] || { echo "FAIL: answer.txt is $(cat answer.txt)"; exit 1; }'
 # verdict -> (kind of the gated request, what the human says, what action.log must hold at the end)
 DECISIONS = {

@@ -13,6 +13,17 @@ from state_db.connection import read_rows
 from transport.probe import wait_until
 
 
+# One loop-agent, quick heartbeats: an org for tests that watch one run at a time.
+ONE_AGENT = """
+[org]
+loop_agents = 1
+[supervisor]
+heartbeat_s = 0.2
+heartbeat_timeout_s = 10.0
+stop_timeout_s = 6.0
+"""
+
+
 def short_home_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="lo-"))
 
