@@ -1,0 +1,204 @@
+"""``org dashboard`` in a real headless Chromium (Debian's chromium + chromium-driver, through
+selenium), against a real org: the token guards every page and API, a scripted run is watched
+live to goal_met, its plots draw its points, a decision approved on the page lets the parked run
+continue, and a cross-site POST is refused. Skipped without the browser, except under CI=true."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.e2e import dashboard_driver as dd
+from tests.support.org import query, running_org, wait_for
+
+WHY_NOT = dd.missing()
+if WHY_NOT and os.environ.get("CI") != "true":
+    pytest.skip(f"no browser for the dashboard test: {WHY_NOT}", allow_module_level=True)
+
+CONFIG = """
+[org]
+loop_agents = 1
+[supervisor]
+heartbeat_s = 0.2
+heartbeat_timeout_s = 10.0
+stop_timeout_s = 6.0
+"""
+
+
+@pytest.fixture(scope="module")
+def org():
+    assert WHY_NOT is None, f"CI=true needs the browser: {WHY_NOT}"
+    with running_org(CONFIG) as home:
+        yield home
+
+
+@pytest.fixture(scope="module")
+def board(org):
+    with dd.dashboard(org) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with dd.chromium() as driver:
+        yield driver
+
+
+@pytest.fixture(scope="module")
+def parked(org, tmp_path_factory):
+    """A run parked on its one pending decision: (work id, workspace, decision id)."""
+    wid, ws = dd.submit_demo(org, dd.gated_demo_script(tmp_path_factory.mktemp("gated")), "gated-ws")
+
+    def parked_on():
+        w = query(org, "SELECT status, assigned_to FROM work_items WHERE id = ?", (wid,))[0]
+        ds = query(org, "SELECT id, status FROM decisions WHERE work_id = ?", (wid,))
+        return w["status"] == "paused" and w["assigned_to"] is None and len(ds) == 1 and ds[0]["status"] == "pending" \
+            and ds[0]["id"]
+    return wid, ws, wait_for(parked_on, timeout=40, what=f"{wid} parked on a pending decision")
+
+
+def http(board, path, *, method="GET", headers=None, body=None):
+    req = urllib.request.Request(board.base + path, method=method, headers=headers or {}, data=body)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def dom(driver, css, attr=None):
+    """Text (or an attribute) of every element matching ``css`` now; [] while the page redraws."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    try:
+        return [e.get_attribute(attr) if attr else e.text for e in driver.find_elements("css selector", css)]
+    except StaleElementReferenceException:
+        return []
+
+
+def test_without_the_token_every_page_and_api_is_refused(board, browser):
+    for path in ("/", "/runs/w-x", "/api/org", "/api/plots", "/api/decisions", "/api/candidates", "/api/runs/w-x"):
+        assert http(board, path)[0] == 403, path
+        assert http(board, path + "?token=wrong")[0] == 403, path
+    browser.get(board.base + "/")
+    assert "error[no_token]" in browser.find_element("css selector", "body").text
+    browser.get(board.url("/"))
+    wait_for(lambda: dom(browser, "#live.down") == [] and "live" in " ".join(dom(browser, "#live")) and dom(browser, "#runs"),
+             timeout=10, what="the org page with its token to go live")
+
+
+def test_the_api_returns_what_the_cli_json_returns(org, board):
+    auth = {"X-Org-Token": board.token}
+    status = json.loads(http(board, "/api/org", headers=auth)[1])
+    assert set(status) == set(json.loads(dd.cli(org, "status", "--json").stdout))
+    assert [r["instance"] for r in status["roles"]] == [r["instance"] for r in
+                                                         json.loads(dd.cli(org, "status", "--json").stdout)["roles"]]
+
+
+def test_a_scripted_run_is_watched_live_to_goal_met_and_its_plots_draw_its_points(org, board, browser, tmp_path):
+    browser.get(board.url("/"))
+    wid, _ = dd.submit_demo(org, dd.slow_demo_script(tmp_path), "live-ws")
+    seen: list[str] = []
+
+    def watched_to_the_end():
+        row = dom(browser, f'tr[data-run="{wid}"] td.status') + dom(browser, f'tr[data-run="{wid}"] td.phase')
+        if row and (not seen or seen[-1] != " ".join(row)):
+            seen.append(" ".join(row))
+        return "goal_met" in " ".join(dom(browser, f'tr[data-run="{wid}"] td.reason')) and seen
+    wait_for(watched_to_the_end, timeout=40, what=f"{wid} to reach goal_met on the page (seen {seen})")
+    assert any("ended" not in s for s in seen), f"the page never showed the run before it ended: {seen}"
+
+    calls = query(org, "SELECT COUNT(*) AS c FROM model_calls WHERE work_id = ?", (wid,))[0]["c"]
+    browser.get(board.url(f"/runs/{wid}"))
+    wait_for(lambda: "goal_met" in " ".join(dom(browser, "#run-status")), timeout=10, what="the run page")
+    points = wait_for(lambda: dom(browser, 'svg[data-plot="run-tokens"]', "data-points"), timeout=10, what="the run's plot")
+    assert int(points[0]) == calls > 0
+    assert len(browser.find_elements("css selector", 'svg[data-plot="run-tokens"] circle.pt')) == calls
+    assert int(dom(browser, 'svg[data-plot="run-iterations"]', "data-points")[0]) == 2
+    browser.find_element("css selector", 'button[data-diff="2"]').click()
+    diff = wait_for(lambda: " ".join(dom(browser, "#diff pre.diff")), timeout=10, what="iteration 2's diff")
+    assert "+    return len(text.split())" in diff
+
+    browser.get(board.url("/"))
+    org_points = wait_for(lambda: dom(browser, 'svg[data-plot="org-tokens"]', "data-points"), timeout=10, what="org plots")
+    assert int(org_points[0]) >= calls
+    assert wid[-4:] in " ".join(dom(browser, 'svg[data-plot="runs-iterations"] text'))
+
+
+class _Attacker(BaseHTTPRequestHandler):
+    """Another site's page: a form that posts an approval to the dashboard, with the right token."""
+    page = b""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.end_headers()
+        self.wfile.write(self.page)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_cross_site_post_is_refused_even_with_the_token(org, board, browser, parked):
+    wid, ws, decision = parked
+    target = f"{board.base}/api/decisions/{decision}"
+    _Attacker.page = (f'<form id="f" method="POST" action="{target}"><input name="token" value="{board.token}">'
+                      f'<input name="verdict" value="approve"></form><script>document.getElementById("f").submit()'
+                      f'</script>').encode()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Attacker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        browser.get(f"http://localhost:{server.server_address[1]}/")      # localhost is another site than 127.0.0.1
+        refused = wait_for(lambda: "cross_site" in browser.page_source and browser.page_source, timeout=10,
+                           what="the dashboard's answer to the cross-site form")
+        assert "error[cross_site]" in refused
+    finally:
+        server.shutdown()
+        server.server_close()
+    body = json.dumps({"verdict": "approve", "idempotency_key": "x"}).encode()
+    json_post = {"X-Org-Token": board.token, "Content-Type": "application/json"}
+    assert http(board, f"/api/decisions/{decision}", method="POST", body=body,
+                headers={**json_post, "Origin": "http://evil.example"})[0] == 403
+    assert http(board, f"/api/decisions/{decision}", method="POST", body=body,
+                headers={**json_post, "Sec-Fetch-Site": "cross-site"})[0] == 403
+    assert http(board, f"/api/decisions/{decision}?token={board.token}", method="POST", body=body,
+                headers={"Content-Type": "application/json"})[0] == 403            # a token in the URL is not enough
+    assert query(org, "SELECT status FROM decisions WHERE id = ?", (decision,))[0]["status"] == "pending"
+    assert not (ws / "fetched.txt").exists()
+
+
+def test_approving_a_decision_on_the_page_lets_the_parked_run_continue(org, board, browser, parked):
+    wid, ws, decision = parked
+    browser.get(board.url("/"))
+    button = f'button[data-decision="{decision}"][data-verdict="approve"]'
+    wait_for(lambda: dom(browser, button), timeout=10, what="the approve button")
+    browser.find_element("css selector", button).click()
+    wait_for(lambda: f"{decision}: approved" in " ".join(dom(browser, ".decision .note")) or
+             query(org, "SELECT status FROM decisions WHERE id = ?", (decision,))[0]["status"] != "pending",
+             timeout=10, what="the approval to be recorded")
+    ended = wait_for(lambda: (w := query(org, "SELECT * FROM work_items WHERE id = ?", (wid,))[0])["status"] == "ended"
+                     and w, timeout=40, what=f"{wid} to continue and end")
+    assert ended["stop_reason"] == "goal_met"
+    assert (ws / "fetched.txt").read_text() == "fetched\n"                     # the approved action ran once
+    d = query(org, "SELECT status, decided_by FROM decisions WHERE id = ?", (decision,))[0]
+    assert d["status"] == "executed" and d["decided_by"]
+    writes = query(org, "SELECT actor FROM events WHERE subject = ? AND actor = 'human'", (decision,))
+    assert writes, "the approval is not a durable human write"
+    wait_for(lambda: "goal_met" in " ".join(dom(browser, f'tr[data-run="{wid}"] td.reason')), timeout=10,
+             what="the page to show the continued run's end")
+
+
+def test_a_busy_port_is_one_coded_line_and_other_commands_never_load_the_web_stack(org, board):
+    import subprocess
+    import sys
+    port = board.base.rsplit(":", 1)[1]
+    busy = subprocess.run([sys.executable, "-m", "scripts.cli.main", "dashboard", "--port", port], capture_output=True,
+                          text=True, timeout=30, env={**os.environ, "ORG_HOME": str(org.root)})
+    assert busy.returncode == 1 and busy.stderr.startswith("error[port_in_use]") and len(busy.stderr.splitlines()) == 1
+    probe = ("import sys; from scripts.cli.main import build_parser; build_parser(); "
+             "print(sorted(m for m in ('starlette', 'uvicorn') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30).stdout.strip() == "[]"
