@@ -1,14 +1,21 @@
-"""Errors of the state layer. Each carries a machine-readable ``code`` and says what to do."""
+"""Errors of the state layer, and ``OrgError``, the root of every expected error in the org.
+
+Every package's errors subclass ``OrgError`` (here, the lowest layer): the state layer's
+(``StateError``), the transport's, the sandbox's, the workspace history's, the backends',
+knowledge's, skills', the CLI's. Each carries a stable, machine-readable ``code`` and a ``hint``
+that says what to do; the CLI prints any of them as one line, ``error[code]: what — what to do``,
+and everything else is a bug.
+"""
 from __future__ import annotations
 
 
-class StateError(Exception):
-    """Base of every state-layer error.
+class OrgError(Exception):
+    """The root of every expected error.
 
     ``code`` is stable and machine-readable; ``hint`` says what the user can do about it.
     """
 
-    code = "state_error"
+    code = "error"
     hint = ""
 
     def __init__(self, message: str, *, hint: str | None = None, code: str | None = None):
@@ -21,6 +28,16 @@ class StateError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message} — {self.hint}" if self.hint else self.message
+
+    def line(self) -> str:
+        """The one line the CLI prints: ``error[code]: what — what to do``."""
+        return f"error[{self.code}]: {self}"
+
+
+class StateError(OrgError):
+    """Base of every state-layer error."""
+
+    code = "state_error"
 
 
 class HomeNotFound(StateError):

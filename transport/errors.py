@@ -6,6 +6,8 @@ learnt about it (claimed sender, id) so the receiver can journal them without re
 """
 from __future__ import annotations
 
+from state_db.errors import OrgError
+
 from enum import StrEnum
 
 
@@ -52,7 +54,7 @@ REJECTION_CODES = frozenset(
 )
 
 
-class TransportError(Exception):
+class TransportError(OrgError):
     """Base of every transport error.
 
     Attributes:
@@ -65,6 +67,9 @@ class TransportError(Exception):
         super().__init__(message)
         if code is not None:
             self.code = Code(code)
+
+    def line(self) -> str:
+        return f"error[{self.code}]: {self.message}"
 
     def __str__(self) -> str:
         return f"[{self.code}] {super().__str__()}"

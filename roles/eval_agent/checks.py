@@ -14,6 +14,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from state_db.errors import OrgError
+
 OUTPUT_TAIL = 2000
 _NOISE = [
     (re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),
@@ -28,13 +30,11 @@ _ERROR_KIND = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Failure|Interrupt|Exit)
 _SALIENT = re.compile(r"(error|fail|assert|exception|traceback|expected|panic)", re.IGNORECASE)
 
 
-class VerifyUnavailable(Exception):
+class VerifyUnavailable(OrgError):
     """The check could not be run at all (no sandbox, sandbox failed): no verdict is written, so
     the doer is not charged with it; the eval-agent retries on its next tick."""
 
-    def __init__(self, message: str, *, code: str):
-        super().__init__(message)
-        self.code = code
+    code = "verify_unavailable"
 
 
 @dataclass(frozen=True)

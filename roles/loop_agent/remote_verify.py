@@ -9,12 +9,14 @@ import threading
 import time
 from typing import Callable
 
+from state_db.errors import OrgError
 
-class VerifyInterrupted(Exception):
+
+class VerifyInterrupted(OrgError):
     code = "verify_interrupted"
 
 
-class VerifyAbandoned(Exception):
+class VerifyAbandoned(OrgError):
     """The run must end while it waits for a verdict (cancelled, or past its timeout):
     ``reason`` is the stop reason, ``detail`` says why."""
 

@@ -2,16 +2,13 @@
 to do about it."""
 from __future__ import annotations
 
+from state_db.errors import OrgError
 
-class SandboxError(Exception):
+
+class SandboxError(OrgError):
     """Base error: an agent command could not be run inside the sandbox."""
 
     code = "sandbox_error"
-
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        if code is not None:
-            self.code = code
 
 
 class SandboxUnavailable(SandboxError):

@@ -1,8 +1,9 @@
 """The ``org`` command line: thin commands over the library; expected failures are one line.
 
 Each command lives in ``scripts/cli/commands/<name>.py`` with ``NAME``, ``HELP``,
-``add_arguments(parser)`` and ``run(args) -> exit code``. An error that carries a ``code``
-prints ``error[code]: what happened — what to do`` and exits non-zero, never a traceback.
+``add_arguments(parser)`` and ``run(args) -> exit code``. An expected error (an ``OrgError``,
+the root every package's errors share) prints ``error[code]: what happened — what to do`` and
+exits non-zero, never a traceback; anything else is a bug, logged with its traceback.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import argparse
 import importlib
 import sys
 import traceback
+
+from state_db.errors import OrgError
 
 EXIT_OK = 0
 EXIT_ERROR = 1         # an expected failure with a code
@@ -21,7 +24,7 @@ COMMANDS = ["status", "submit", "show", "cancel", "continue_run", "decisions", "
             "ping", "chat", "candidates", "skills", "suspend", "resume", "stop", "doctor", "config", "gc", "dashboard", "watch"]
 
 
-class UsageError(Exception):
+class UsageError(OrgError):
     code = "bad_arguments"
 
 
@@ -44,9 +47,8 @@ def build_parser() -> Parser:
     return parser
 
 
-def format_error(exc: BaseException) -> str:
-    code = getattr(exc, "code", None) or "error"
-    return f"error[{code}]: {exc}"
+def format_error(exc: OrgError) -> str:
+    return exc.line()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
-    except Exception as exc:  # noqa: BLE001 - the one place that maps errors to exit codes
-        if isinstance(getattr(exc, "code", None), str):
-            print(format_error(exc), file=sys.stderr)
-            return EXIT_ERROR
+    except OrgError as exc:          # every expected error: one line
+        print(format_error(exc), file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - anything else is a bug: the one place that says so
         _log_internal(exc)
         print(f"error[internal]: {type(exc).__name__}: {exc} — this is a bug; details in logs/cli.log",
               file=sys.stderr)

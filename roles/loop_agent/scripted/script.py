@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from state_db.errors import OrgError
+
 ITERATION_LINE = re.compile(r"^\s*Iteration:\s*(\d+)\s*$", re.MULTILINE)
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 DEFAULT_USAGE = {"input_tokens": 100, "output_tokens": 20,
@@ -50,15 +52,15 @@ STOP_REASONS = ("end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal"
                 "model_context_window_exceeded")
 
 
-class ScriptError(Exception):
+class ScriptError(OrgError):
     """A bad script file or an unserviceable request. ``code``: ``script_unreadable``,
     ``script_syntax``, ``script_field``, ``bad_request``, ``script_exhausted``; ``field`` and
     ``line`` locate the problem in the file when known."""
 
     def __init__(self, code: str, message: str, *, field: str | None = None, line: int | None = None) -> None:
         where = "".join([f" at line {line}" if line else "", f" in {field}" if field else ""])
-        super().__init__(f"{message}{where}")
-        self.code, self.field, self.line = code, field, line
+        super().__init__(f"{message}{where}", code=code)
+        self.field, self.line_no = field, line
 
 
 class ScriptExhausted(ScriptError):
