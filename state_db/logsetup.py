@@ -1,7 +1,11 @@
 """Structured JSON-lines logs per role instance in ``<home>/logs/``, rotated by size.
 
-Every line names the role and instance. A redaction processor removes secret values (the API
-keys in the environment, and anything shaped like an Anthropic key) before a line is written.
+Every line names the role and instance, from every thread of the process (contextvars do not
+reach worker threads, so the identity is added by a processor, not only bound). Lines logged
+through the standard library (the HTTP client: httpx, httpcore, anthropic) go through the same
+processors by structlog's ProcessorFormatter, so every line in a role's log is JSON. A redaction
+processor removes secret values (the API keys in the environment, and anything shaped like an
+Anthropic key) before a line is written.
 """
 from __future__ import annotations
 
@@ -25,6 +29,16 @@ def redact(_, __, event_dict: dict) -> dict:
     return event_dict
 
 
+def identity(role: str, instance: str):
+    """structlog processor: name the process's role and instance on every line that does not
+    name its own (an engine binds its instance; a worker thread's lines have no contextvars)."""
+    def add(_, __, event_dict: dict) -> dict:
+        event_dict.setdefault("role", role)
+        event_dict.setdefault("instance", instance)
+        return event_dict
+    return add
+
+
 def configure(logs_dir: Path | None, role: str, instance: str, *, max_bytes: int = 10 * 2**20,
               backups: int = 3, stderr: bool = False) -> structlog.BoundLogger:
     """Send this process's structlog output to ``<logs_dir>/<instance>.log`` as JSON lines.
@@ -38,21 +52,28 @@ def configure(logs_dir: Path | None, role: str, instance: str, *, max_bytes: int
             logs_dir / f"{instance}.log", maxBytes=max_bytes, backupCount=backups, encoding="utf-8"))
     if stderr or not handlers:
         handlers.append(logging.StreamHandler())
+    who = identity(role, instance)
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
+    formatter = structlog.stdlib.ProcessorFormatter(
+        # lines from the standard library's loggers (the HTTP client) get what structlog's get below
+        foreign_pre_chain=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+                           structlog.stdlib.add_logger_name, stamp, who],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, redact,
+                    structlog.processors.format_exc_info, structlog.processors.JSONRenderer()])
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
     for h in handlers:
-        h.setFormatter(logging.Formatter("%(message)s"))
+        h.setFormatter(formatter)
         root.addHandler(h)
     root.setLevel(logging.INFO)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            redact,
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
+            stamp,
+            who,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,

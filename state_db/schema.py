@@ -268,6 +268,14 @@ CREATE TABLE stop_history (
 """
 
 
+# What a run is doing right now, for `org status` and `org watch`: the tool call an open attempt
+# is running (written when a tool starts, cleared when it ends; bookkeeping, not journaled).
+STATUS = """
+ALTER TABLE attempts ADD COLUMN current_tool TEXT;
+ALTER TABLE attempts ADD COLUMN current_tool_at REAL;
+"""
+
+
 def _vocabulary(db) -> None:
     from state_db.vocab_guard import install
     db.conn.execute(STOP_HISTORY)
@@ -281,4 +289,5 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0004_sandbox_path", SANDBOX_PATH),
     ("0005_waiting", WAITING),
     ("0006_vocabulary", _vocabulary),
+    ("0008_status", STATUS),
 ]

@@ -26,7 +26,7 @@ from state_db.rules import CONTINUERS, KEYS, RAW_WRITABLE, RESERVED, WRITERS, al
 from state_db.vocab import Actor, StopReason, VerdictOutcome, WorkStatus
 
 # Fields whose change alone is bookkeeping, not a domain change: no journal event.
-QUIET_FIELDS = {"heartbeat_at", "updated_at", "alive_at"}
+QUIET_FIELDS = {"heartbeat_at", "updated_at", "alive_at", "current_tool", "current_tool_at"}
 _RAW_WRITE = re.compile(r"^\s*(?:INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE(?:\s+OR\s+\w+)?|DELETE\s+FROM|REPLACE\s+INTO)\s+[\"`]?(\w+)",
                         re.IGNORECASE)
 

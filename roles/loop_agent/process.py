@@ -14,6 +14,7 @@ from pathlib import Path
 
 from roles.loop_agent.engine import LoopEngine, LoopSettings
 from roles.loop_agent.remote_verify import RemoteVerify
+from roles.loop_agent.tools import observed
 from roles.runtime import RoleProcess
 from state_db.connection import connect
 from state_db.vocab import WorkStatus
@@ -43,6 +44,27 @@ def gate_runner(cfg, home):
         return (None if result.timed_out else result.exit_code), result.output
 
     return run
+
+
+_OPEN_ATTEMPT = "SELECT attempt FROM attempts WHERE work_id = ? AND ended_at IS NULL ORDER BY attempt DESC LIMIT 1"
+
+
+def current_tool_recorder(writer, work_id: str, log=None):
+    """An observer for ``tools.observed`` that keeps ``attempts.current_tool`` of the run's open
+    attempt up to date (set as a tool starts, cleared as it ends): what ``org status`` and
+    ``org watch`` show while a run acts. Bookkeeping only (not journaled); a failed write is
+    logged and the tool goes on."""
+    def record(description: str | None) -> None:
+        try:
+            with writer.transaction(render=False) as tx:
+                row = tx.one(_OPEN_ATTEMPT, (work_id,))
+                if row is not None:
+                    tx.update("attempts", (work_id, row[0]), current_tool=description,
+                              current_tool_at=tx.now if description else None)
+        except Exception as exc:  # noqa: BLE001 - status is best effort; the act must go on
+            if log is not None:
+                log.warning("current_tool_not_recorded", error=str(exc), next="the next tool call tries again")
+    return record
 
 
 class LoopAgentProcess(RoleProcess):
@@ -121,7 +143,8 @@ class LoopAgentProcess(RoleProcess):
             settings.skills, settings.knowledge = select.for_run(writer.conn, work)
             engine = LoopEngine(writer, work_id, built.backend, self.verifier, history, settings,
                                 interrupt=self.interrupt, pause=self.pause)
-            decision = engine.run()
+            with observed(current_tool_recorder(writer, work_id, log)):
+                decision = engine.run()
             try:
                 select.record_use(writer, work_id)
             except Exception as exc:  # noqa: BLE001 - the curator's slow pass recounts use

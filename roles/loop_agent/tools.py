@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from roles.loop_agent.commands import CommandRunner, SubprocessRunner
 
@@ -144,7 +146,18 @@ class WorkspaceTools:
         return [dict(s) for s in TOOL_SCHEMAS]
 
     def call(self, name: str, tool_input: object) -> ToolResult:
-        """Run tool ``name`` with the model's ``tool_input``. Never raises; returns a result."""
+        """Run tool ``name`` with the model's ``tool_input``. Never raises; returns a result.
+        The observer this thread installed (``observed``) hears of the call as it starts and ends."""
+        observer = getattr(_observing, "observer", None)
+        if observer is None:
+            return self._call(name, tool_input)
+        _tell(observer, describe_call(name, tool_input))
+        try:
+            return self._call(name, tool_input)
+        finally:
+            _tell(observer, None)
+
+    def _call(self, name: str, tool_input: object) -> ToolResult:
         handler = self._handlers.get(name) if isinstance(name, str) else None
         if handler is None:
             return ToolResult(f"unknown tool {name!r}; available: {', '.join(self._handlers)}",
@@ -340,6 +353,45 @@ class WorkspaceTools:
 
 class _CommandFailed(ToolError):
     """A command that ran but failed: its output goes to the model as-is (no error prefix)."""
+
+
+# The observer of the tool calls made in this thread: each act runs its tools in the thread that
+# runs the engine, and the backend builds its WorkspaceTools itself, so the loop-agent process
+# installs one per worker thread rather than threading it through every backend.
+_observing = threading.local()
+ToolObserver = Callable[["str | None"], None]
+
+
+@contextmanager
+def observed(observer: ToolObserver) -> Iterator[None]:
+    """Tell ``observer(description)`` of every tool call this thread makes while inside, as it
+    starts, and ``observer(None)`` as it ends. An observer that raises is ignored (a tool call
+    never fails for being watched)."""
+    before = getattr(_observing, "observer", None)
+    _observing.observer = observer
+    try:
+        yield
+    finally:
+        _observing.observer = before
+
+
+def _tell(observer: ToolObserver, description: str | None) -> None:
+    try:
+        observer(description)
+    except Exception:  # noqa: BLE001 - watching must not change what the tool does
+        pass
+
+
+_SUBJECT = {"list_files": "path", "read_file": "path", "write_file": "path", "edit_file": "path",
+            "search_files": "pattern", "run_command": "command", "request_action": "command"}
+
+
+def describe_call(name: object, tool_input: object, *, cap: int = 120) -> str:
+    """One short line naming a tool call: ``run_command pytest -q``, ``edit_file calc.py``."""
+    field = _SUBJECT.get(name) if isinstance(name, str) else None
+    subject = tool_input.get(field) if field and isinstance(tool_input, Mapping) else None
+    text = f"{name} {' '.join(subject.split())}" if isinstance(subject, str) else str(name)
+    return text if len(text) <= cap else text[:cap - 1] + "…"
 
 
 def summarize_call(name: str, tool_input: object, result: ToolResult, *, cap: int = 200) -> dict:

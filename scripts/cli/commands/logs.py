@@ -26,12 +26,16 @@ def _files(logs_dir: Path, role: str | None) -> list[Path]:
     return files
 
 
-def _parse(line: str) -> dict:
+def _parse(line: str, source: str) -> dict:
+    """One log line as a dict; a line that does not name its instance (an older line, a plain
+    traceback) is named after its file, ``<instance>.log``."""
     try:
         value = orjson.loads(line)
-        return value if isinstance(value, dict) else {"event": line}
+        entry = value if isinstance(value, dict) else {"event": line}
     except orjson.JSONDecodeError:
-        return {"event": line.rstrip()}
+        entry = {"event": line.rstrip()}
+    entry.setdefault("instance", source)
+    return entry
 
 
 def _show(entry: dict, as_json: bool) -> None:
@@ -51,7 +55,7 @@ def run(args) -> int:
     for f in files:
         for line in f.read_text(errors="replace").splitlines()[-max(args.lines, 0):]:
             if line.strip():
-                entries.append(_parse(line))
+                entries.append(_parse(line, f.stem))
     entries.sort(key=lambda e: str(e.get("timestamp", "")))
     for e in entries[-max(args.lines, 0):] if args.lines else []:
         _show(e, args.json)
@@ -69,6 +73,6 @@ def run(args) -> int:
                     fh.seek(start)
                     for line in fh.read().decode(errors="replace").splitlines():
                         if line.strip():
-                            _show(_parse(line), args.json)
+                            _show(_parse(line, f.stem), args.json)
                 offsets[f] = size
         time.sleep(0.3)

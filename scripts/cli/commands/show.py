@@ -4,7 +4,7 @@ from __future__ import annotations
 import orjson
 
 from scripts.cli.output import add_json, emit_json, read_conn, table
-from state_db import queries
+from state_db import queries, views
 from state_db.errors import NotFound
 
 NAME = "show"
@@ -20,7 +20,13 @@ def load(conn, work_id: str) -> dict:
     item = queries.work_item(conn, work_id)
     if item is None:
         raise NotFound(f"no work item {work_id}", hint="list them with 'org status'")
+    item["run"] = views.run_view(conn, work_id, item=dict(item))
     item["iterations_detail"] = queries.iterations(conn, work_id)
+    for it in item["iterations_detail"]:
+        for col in ("tool_calls", "changed_paths", "prompt"):
+            it[col] = views.loads(it[col])
+    item["decisions"] = [views.decision_view(d) for d in queries.rows(
+        conn, "SELECT * FROM decisions WHERE work_id = ? ORDER BY created_at", (work_id,))]
     item["verdicts"] = queries.rows(conn, "SELECT * FROM verdicts WHERE work_id = ? ORDER BY iteration, at", (work_id,))
     item["attempts"] = queries.rows(conn, "SELECT * FROM attempts WHERE work_id = ? ORDER BY attempt", (work_id,))
     for v in item["verdicts"]:
@@ -54,6 +60,23 @@ def _evidence(verdict: dict) -> str:
     return "; ".join(parts) or "-"
 
 
+def run_line(run: dict) -> str:
+    """Phase, iteration n of max, and what is used against each cap, in one line."""
+    from scripts.cli.commands.status import progress_cells
+    n, tokens, cost, elapsed = progress_cells({}, run)
+    return f"phase: {run['phase']}  iteration {n}  budget tokens {tokens}  cost {cost}  elapsed {elapsed}"
+
+
+def now_lines(run: dict) -> list[str]:
+    """The current tool call while acting, and decisions the run waits for."""
+    lines = []
+    if run["current_tool"]:
+        lines.append(f"now: {run['current_tool']['call']} (for {run['current_tool']['for_s']:.0f}s)")
+    if run["pending_decisions"]:
+        lines.append(f"waits for: {', '.join(run['pending_decisions'])} ('org decide ID approve|reject|…')")
+    return lines
+
+
 def run(args) -> int:
     conn = read_conn(args)
     try:
@@ -66,6 +89,9 @@ def run(args) -> int:
     print(f"{item['id']}  {item['status']}" + (f"  stop: {item['stop_reason']} — {item['stop_detail'] or ''}"
                                                 if item["stop_reason"] else ""))
     print(f"goal: {item['goal']}")
+    print(run_line(item["run"]))
+    for line in now_lines(item["run"]):
+        print(line)
     print(f"workspace: {item['workspace']}  backend: {item['backend']}  assigned: {item['assigned_to'] or '-'}")
     print(f"caps: {item['caps']}  used: {item['budget_tokens']} budget tokens, ${item['cost_usd']:.4f}, "
           f"{item['elapsed_s']:.1f}s" + (f" ({item['discarded_s']:.1f}s of it in discarded attempts)"
@@ -84,7 +110,7 @@ def run(args) -> int:
         v = verdicts.get(it["n"])
         rows.append([it["n"], it["attempt"], it["act_status"], it["input_tokens"], it["output_tokens"],
                      it["cache_write_tokens"], it["cache_read_tokens"],
-                     v["outcome"] if v else "pending", len(orjson.loads(it["changed_paths"])),
+                     v["outcome"] if v else "pending", len(it["changed_paths"]),
                      (it["lesson"] or "")[:60]])
     if rows:
         print()
@@ -92,7 +118,7 @@ def run(args) -> int:
                            "LESSON"]))
     if item["verdicts"]:
         last = item["verdicts"][-1]
-        print(f"\nlatest verdict (iteration {last['iteration']}): {last['outcome']}; evidence: "
+        print(f"\nlatest verdict (iteration {last['iteration']}): {views.verdict_line(last)}; evidence: "
               + _evidence(last))
         if last["held_back"]:
             print("held back from verification: " + ", ".join(f"{h['path']} ({h['kind']}: {h['treatment']})"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from scripts.cli.output import add_json, emit_json, read_conn, table
-from state_db import queries
+from state_db import views
 
 NAME = "status"
 HELP = "show the session, roles, work items, usage, decisions and transport counters"
@@ -17,7 +17,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     conn = read_conn(args)
     try:
-        st = queries.status(conn)
+        st = views.org_view(conn)
     finally:
         conn.close()
     st["unsent_wakes"] = unsent_wakes(st["transport"])
@@ -48,14 +48,16 @@ def render(st: dict, now: float | None = None) -> str:
     if failed:
         out.append(f"** failed role(s), not restarted: {', '.join(failed)} **")
     if st["roles"]:
-        rows = [[r["instance"], r["status"], r["pid"], r["restarts"],
+        rows = [[r["instance"], r.get("activity", r["status"]), r["pid"], r["restarts"],
                  _age(now, r["heartbeat_at"]), r["current_work"]] for r in st["roles"]]
         out += ["", table(rows, ["ROLE", "STATUS", "PID", "RESTARTS", "HEARTBEAT", "WORK"])]
     work = st["work"]["active"] + st["work"]["recent_ended"]
+    runs = {r["id"]: r for r in st["runs"]["running"] + st["runs"]["recent_ended"]} if "runs" in st else {}
     if work:
-        rows = [[w["id"], w["status"], w["iterations"], w["tokens"], f"${w['cost_usd']:.4f}",
-                 w["stop_reason"] or _waiting(w), w["goal"][:50]] for w in work]
-        out += ["", table(rows, ["WORK", "STATUS", "ITER", "TOKENS", "COST", "REASON", "GOAL"])]
+        rows = [[w["id"], _phase(w, runs.get(w["id"])), *progress_cells(w, runs.get(w["id"])),
+                 w["stop_reason"] or _waiting(w), w["goal"][:40]] for w in work]
+        out += ["", table(rows, ["WORK", "PHASE", "ITER", "TOKENS", "COST", "ELAPSED", "REASON", "GOAL"])]
+        out += [line for w in work for line in _now_lines(runs.get(w["id"]))]
     else:
         out += ["", "no work items"]
     u = st["usage"]
@@ -69,6 +71,39 @@ def render(st: dict, now: float | None = None) -> str:
         rows = [[inst] + [c.get(n, 0) for n in names] for inst, c in st["transport"].items()]
         out += ["", table(rows, ["INSTANCE"] + [n.upper() for n in names])]
     return "\n".join(out)
+
+
+def _phase(w: dict, run: dict | None) -> str:
+    return run["phase"] if run else w["status"]
+
+
+def progress_cells(w: dict, run: dict | None) -> list[str]:
+    """ITER, TOKENS, COST and ELAPSED cells: what is used, against its cap where there is one."""
+    if run is None:
+        return [str(w["iterations"]), str(w["tokens"]), f"${w['cost_usd']:.4f}", f"{w['elapsed_s']:.0f}s"]
+    it, tok, cost, el = run["iteration"], run["tokens"], run["cost_usd"], run["elapsed_s"]
+    return [of(it["n"], it["max"]), of(tok["used"], tok["cap"]),
+            of(f"${cost['used']:.4f}", None if cost["cap"] is None else f"${cost['cap']:g}"),
+            of(f"{el['used']:.0f}s", None if el["cap"] is None else f"{el['cap']:g}s")]
+
+
+def of(used, cap) -> str:
+    """``used/cap``, or ``used`` alone when there is no cap."""
+    return f"{used}" if cap is None else f"{used}/{cap}"
+
+
+def _now_lines(run: dict | None) -> list[str]:
+    """What a running run is doing and its latest verdict, indented under the table."""
+    if run is None or run["phase"] == "ended":
+        return []
+    lines = []
+    if run["current_tool"]:
+        lines.append(f"  {run['id']}: running {run['current_tool']['call']} ({run['current_tool']['for_s']:.0f}s)")
+    if run["verdict"]:
+        lines.append(f"  {run['id']}: iteration {run['verdict']['iteration']}: {run['verdict']['line']}")
+    if run["pending_decisions"]:
+        lines.append(f"  {run['id']}: waits for decision {', '.join(run['pending_decisions'])}: 'org decisions'")
+    return lines
 
 
 def _age(now: float, at: float | None) -> str:

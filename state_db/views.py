@@ -1,0 +1,208 @@
+"""The read model of what the org is doing: plain nested dicts and lists, ready for JSON.
+
+``org status``, ``org show``, ``org watch`` and the dashboard show the same thing because they
+call the same two functions: ``run_view(conn, work_id)`` and ``org_view(conn)``. Everything is
+derived from committed rows; nothing here writes.
+
+A run's phase (``RunPhase``) is derived, in this order:
+- ``ended``: the work item ended (its stop reason says why);
+- ``queued``: submitted, not dispatched yet (``waiting``: its workspace is busy with another run);
+- ``waiting_for_human``: paused on a pending decision while its loop-agent still holds it;
+- ``parked``: paused on a pending decision, let go of (no loop-agent is held);
+- ``preflight``: dispatched, and the eval-agent has not recorded the baseline check yet
+  (table ``preflights``): the verify commands run once before the first act;
+- ``acting``: an attempt is open (``attempts.ended_at`` NULL), or the run is between a verdict and
+  its next attempt;
+- ``verifying``: the latest committed iteration has no eval-agent verdict yet.
+
+The iteration shown (``n`` of ``max``) is the one in progress: the open attempt's while acting, the
+one being verified while verifying, the last committed once ended, else the next one.
+"""
+from __future__ import annotations
+
+import sqlite3
+import time
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+from state_db import queries
+from state_db.errors import NotFound
+from state_db.vocab import Actor, RoleStatus, StopReason, WorkStatus
+
+
+class RunPhase(StrEnum):
+    QUEUED = "queued"
+    PREFLIGHT = "preflight"
+    ACTING = "acting"
+    VERIFYING = "verifying"
+    WAITING_FOR_HUMAN = "waiting_for_human"
+    PARKED = "parked"
+    ENDED = "ended"
+
+
+# what a human should look at first: these phases wait for a person, not for the org
+NEEDS_HUMAN = (RunPhase.WAITING_FOR_HUMAN, RunPhase.PARKED)
+_EVAL = f"{Actor.EVAL_AGENT}%"
+_LATEST_VERDICT = """SELECT * FROM verdicts WHERE work_id = ? AND written_by LIKE ?
+                      ORDER BY iteration DESC, at DESC LIMIT 1"""
+_OPEN_ATTEMPT = """SELECT * FROM attempts WHERE work_id = ? AND ended_at IS NULL
+                    ORDER BY attempt DESC LIMIT 1"""
+_LAST_ITERATION = "SELECT n, committed_at FROM iterations WHERE work_id = ? ORDER BY n DESC LIMIT 1"
+
+
+def loads(value: Any) -> Any:
+    """JSON text from a column as data (values already decoded pass through)."""
+    return orjson.loads(value) if isinstance(value, (str, bytes)) and value else value
+
+
+def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None,
+             item: dict | None = None) -> dict:
+    """What one run is doing, as plain data.
+
+    Args:
+        conn: a connection to state.db (read-only is enough).
+        work_id: the work item.
+        now: the wall clock (injectable for tests).
+        item: the work item as ``queries.work_item`` returns it, when the caller has it already.
+    Returns: ``{id, goal, status, phase, assigned_to, iteration: {n, max, committed}, tokens:
+    {used, cap, total}, cost_usd: {used, cap}, elapsed_s: {used, cap}, verdict: {iteration,
+    outcome, line} | None, baseline: {outcome, line} | None, current_tool: {call, for_s} | None,
+    pending_decisions: [ids], stop: {reason, detail, ended_at} | None, created_at, updated_at}``.
+    Raises NotFound (no such work item).
+    """
+    now = time.time() if now is None else now
+    item = item or queries.work_item(conn, work_id)
+    if item is None:
+        raise NotFound(f"no work item {work_id}", hint="list them with 'org status'")
+    caps = loads(item["caps"]) or {}
+    attempt = _row(conn, _OPEN_ATTEMPT, (work_id,))
+    last = _row(conn, _LAST_ITERATION, (work_id,))
+    committed = last["n"] if last else 0
+    verdict = _row(conn, _LATEST_VERDICT, (work_id, _EVAL))
+    verified = verdict is not None and last is not None and verdict["iteration"] >= committed
+    preflight = _row(conn, "SELECT * FROM preflights WHERE work_id = ? AND written_by LIKE ?", (work_id, _EVAL))
+    pending = [r["id"] for r in conn.execute(
+        "SELECT id FROM decisions WHERE work_id = ? AND status = 'pending' ORDER BY created_at", (work_id,))]
+    phase = _phase(item, attempt, committed, verified, preflight is not None)
+
+    n = committed + 1
+    elapsed = item["elapsed_s"]
+    if phase == RunPhase.ACTING and attempt is not None:
+        n = attempt["iteration"]
+        elapsed += max(0.0, now - attempt["started_at"])
+    elif phase == RunPhase.VERIFYING:
+        n = committed
+        elapsed += max(0.0, now - last["committed_at"])   # the wait for a verdict counts toward the timeout
+    elif phase == RunPhase.ENDED:
+        n = committed
+    current = None
+    if attempt is not None and attempt.get("current_tool"):   # absent before migration 0008
+        current = {"call": attempt["current_tool"],
+                   "for_s": round(max(0.0, now - (attempt.get("current_tool_at") or now)), 1)}
+    return {
+        "id": item["id"], "goal": item["goal"], "status": item["status"], "phase": str(phase),
+        "assigned_to": item["assigned_to"], "backend": item["backend"], "workspace": item["workspace"],
+        "iteration": {"n": n, "max": caps.get("max_iterations"), "committed": committed},
+        "tokens": {"used": item["budget_tokens"], "cap": caps.get("budget_tokens"), "total": item["tokens"]},
+        "cost_usd": {"used": round(item["cost_usd"], 6), "cap": caps.get("budget_usd")},
+        "elapsed_s": {"used": round(elapsed, 1), "cap": caps.get("timeout_s")},
+        "verdict": None if verdict is None else {"iteration": verdict["iteration"], "outcome": verdict["outcome"],
+                                                 "line": verdict_line(verdict)},
+        "baseline": None if preflight is None else {"outcome": preflight["outcome"], "line": preflight["detail"]},
+        "current_tool": current,
+        "pending_decisions": pending,
+        "stop": None if not item["stop_reason"] else {"reason": item["stop_reason"], "detail": item["stop_detail"],
+                                                      "ended_at": item["ended_at"]},
+        "created_at": item["created_at"], "updated_at": item["updated_at"],
+    }
+
+
+def _phase(item: dict, attempt: dict | None, committed: int, verified: bool, preflight: bool) -> RunPhase:
+    status = item["status"]
+    if status == WorkStatus.ENDED:
+        return RunPhase.ENDED
+    if status in (WorkStatus.QUEUED, WorkStatus.WAITING):
+        return RunPhase.QUEUED
+    if status == WorkStatus.PAUSED:
+        return RunPhase.WAITING_FOR_HUMAN if item["assigned_to"] else RunPhase.PARKED
+    if attempt is not None:
+        return RunPhase.ACTING
+    if committed and not verified:
+        return RunPhase.VERIFYING
+    if not committed and not preflight:
+        return RunPhase.PREFLIGHT
+    return RunPhase.ACTING
+
+
+def verdict_line(verdict: dict) -> str:
+    """A verdict in one line: ``pass: 1 check, 12 tests passed`` or ``2 of 3 checks fail:
+    test_mean, test_median``. Failing names are the runner's failing test ids where it reported
+    them (``junit``), else the checks' names."""
+    checks = [c for c in loads(verdict["checks"]) or [] if isinstance(c, dict)]
+    total = len(checks)
+    failing = [c for c in checks if not c.get("passed")]
+    plural = "check" if total == 1 else "checks"
+    if verdict["outcome"] == "pass":
+        passed = sum((c.get("tests") or {}).get("passed", 0) for c in checks)
+        return f"pass: {total} {plural}" + (f", {passed} tests passed" if passed else "")
+    names: list[str] = []
+    for c in failing:
+        ids = [i for i, outcome in ((c.get("junit") or {}).get("ids") or {}).items() if outcome in ("failed", "error")]
+        if ids:
+            names += [i.rsplit("::", 1)[-1] or i for i in ids]
+        elif c.get("code"):
+            names.append(f"{c.get('name')} could not run ({c['code']})")
+        else:
+            names.append(str(c.get("name") or c.get("command")))
+    shown = ", ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
+    head = f"{len(failing)} of {total} {plural} fail" if total else verdict["outcome"]
+    return f"{head}: {shown}" if shown else head
+
+
+def role_view(role: dict) -> dict:
+    """A role instance with what it is doing: ``activity`` is ``busy`` (working ``work_id``) or
+    ``idle`` for a ready role, else its status (starting, stopping, crashed, failed, …)."""
+    out = dict(role)
+    if role["status"] == RoleStatus.READY:
+        out["activity"] = "busy" if role["current_work"] else "idle"
+    else:
+        out["activity"] = role["status"]
+    out["work_id"] = role["current_work"]
+    return out
+
+
+def decision_view(decision: dict) -> dict:
+    out = dict(decision)
+    out["action"] = loads(decision["action"])
+    return out
+
+
+def org_view(conn: sqlite3.Connection, *, now: float | None = None, recent: int = 10) -> dict:
+    """Everything ``org status`` and ``org watch`` show, as plain data.
+
+    Returns ``queries.status`` (session, roles, work, usage, pending_decisions, open_batches,
+    transport, last_event_id) with roles carrying ``activity``, decisions their ``action`` as data,
+    and ``runs``: ``{running: [run_view], recent_ended: [run_view]}`` plus ``needs_you``:
+    ``{decisions, batches, unrunnable: [run_view], failed_roles: [instance]}``.
+    """
+    now = time.time() if now is None else now
+    st = queries.status(conn)
+    st["roles"] = [role_view(r) for r in st["roles"]]
+    st["pending_decisions"] = [decision_view(d) for d in st["pending_decisions"]]
+    running = [run_view(conn, w["id"], now=now, item=w) for w in st["work"]["active"]]
+    ended = [run_view(conn, w["id"], now=now, item=w) for w in st["work"]["recent_ended"][:recent]]
+    st["runs"] = {"running": running, "recent_ended": ended}
+    st["needs_you"] = {
+        "decisions": st["pending_decisions"],
+        "batches": st["open_batches"],
+        "unrunnable": [r for r in ended if r["stop"]["reason"] == StopReason.VERIFY_UNRUNNABLE],
+        "failed_roles": [r["instance"] for r in st["roles"] if r["status"] == RoleStatus.FAILED],
+    }
+    return st
+
+
+def _row(conn: sqlite3.Connection, sql: str, params: tuple) -> dict | None:
+    row = conn.execute(sql, params).fetchone()
+    return dict(row) if row else None
