@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from bench.common import quiet_logs
     quiet_logs()
-    from roles.workspace.history_bench import bench_checkpoint
+    from bench.history_bench import bench_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="lo-bench-") as tmp:
         figures = bench_loop(Path(tmp) / "loop", args.iterations)

@@ -14,6 +14,9 @@ role processes on ipc://) runs one scripted work item that never meets its goal.
   10,000-file workspace (reused snapshot directory).
 - ``startup_ms``: start-org to every role ready (already installed). ``resume_ms``: suspend, then
   ``org resume`` to every role ready.
+- ``iteration_overhead_ms_p50_traced``: the same long run again in a second org with OpenTelemetry
+  tracing on (every span made and batched by the SDK, then dropped: ``telemetry.exporter = "none"``),
+  beside the figure above, which is measured with tracing off (the default).
 Targets: ≤ 50, ≤ 25, ≤ 100, ≤ 2,000, ≤ 2,000 ms.
 """
 from __future__ import annotations
@@ -44,6 +47,53 @@ def _wait(pred, timeout, what):
         return wait_until(pred, timeout=timeout, what=what)
     except TimeoutError as exc:
         raise SystemExit(f"bench/org.py: {exc}") from None
+
+
+def _long_run(home, cfg, ws: Path, script: Path, iterations: int) -> tuple[list[float], list, str]:
+    """One scripted run that never meets its goal; returns (overhead per iteration in ms, the
+    committed attempts, the stop reason)."""
+    from roles.operations.submit import SubmitRequest, submit
+    ws.mkdir()
+    (ws / "n.txt").write_text("0\n")
+    r = submit(home, cfg, SubmitRequest(goal="count", workspace=str(ws), verify=["cat n.txt; exit 1"],
+                                        max_iterations=iterations, backend=f"scripted:{script}"))
+    wid = r["id"]
+    _wait(lambda: _q(home, "SELECT 1 FROM work_items WHERE id=? AND status='ended'", (wid,)), 120, "the long run")
+    attempts = _q(home, "SELECT attempt, iteration, started_at FROM attempts WHERE work_id=? AND outcome='committed' "
+                        "ORDER BY attempt", (wid,))
+    its = {r["n"]: r for r in _q(home, "SELECT n, elapsed_s FROM iterations WHERE work_id=?", (wid,))}
+    verdicts = {r["iteration"]: r for r in _q(home, "SELECT iteration, checks FROM verdicts WHERE work_id=?", (wid,))}
+    overheads = []
+    for a, b in zip(attempts, attempts[1:]):
+        n = a["iteration"]
+        check_ms = sum(c["duration_ms"] for c in json.loads(verdicts[n]["checks"]))
+        overheads.append((b["started_at"] - a["started_at"]) * 1000 - its[n]["elapsed_s"] * 1000 - check_ms)
+    stop = _q(home, "SELECT stop_reason FROM work_items WHERE id=?", (wid,))[0]["stop_reason"]
+    return overheads, attempts, stop
+
+
+def bench_traced(root: Path, iterations: int) -> dict:
+    """The long run again, in an org whose roles trace every step (spans dropped at export)."""
+    from bench.loop import make_script
+    from roles.supervisor import control
+    from state_db.bootstrap import init_home
+    from state_db.home import OrgHome
+
+    home = OrgHome(root / "org")
+    home.root.mkdir(parents=True)
+    home.config_path.write_text("[org]\nloop_agents = 2\n[supervisor]\nheartbeat_s = 0.5\n"
+                                "[telemetry]\nenabled = true\nexporter = \"none\"\n")
+    cfg, _ = init_home(home)
+    script = root / "script.json"
+    make_script(script, iterations)
+    control.start_background(home, timeout_s=30)
+    time.sleep(2.5)  # as above: the loop-agents' warm-up
+    try:
+        overheads, attempts, _ = _long_run(home, cfg, root / "long", script, iterations)
+    finally:
+        control.request(home, "stop", force=True, timeout_s=30)
+    return {"iteration_overhead_ms_p50_traced": round(statistics.median(overheads), 2),
+            "iterations_traced": len(attempts)}
 
 
 def bench_org(root: Path, iterations: int, items: int) -> dict:
@@ -83,23 +133,7 @@ def bench_org(root: Path, iterations: int, items: int) -> dict:
             preflights.append(pre)
             dispatch.append((first - created) * 1000 - pre)
         # iteration overhead: one long run
-        ws = root / "long"
-        ws.mkdir()
-        (ws / "n.txt").write_text("0\n")
-        r = submit(home, cfg, SubmitRequest(goal="count", workspace=str(ws), verify=["cat n.txt; exit 1"],
-                                            max_iterations=iterations, backend=f"scripted:{script}"))
-        wid = r["id"]
-        _wait(lambda: _q(home, "SELECT 1 FROM work_items WHERE id=? AND status='ended'", (wid,)), 120, "the long run")
-        attempts = _q(home, "SELECT attempt, iteration, started_at FROM attempts WHERE work_id=? AND outcome='committed' "
-                            "ORDER BY attempt", (wid,))
-        its = {r["n"]: r for r in _q(home, "SELECT n, elapsed_s FROM iterations WHERE work_id=?", (wid,))}
-        verdicts = {r["iteration"]: r for r in _q(home, "SELECT iteration, checks FROM verdicts WHERE work_id=?", (wid,))}
-        overheads = []
-        for a, b in zip(attempts, attempts[1:]):
-            n = a["iteration"]
-            check_ms = sum(c["duration_ms"] for c in json.loads(verdicts[n]["checks"]))
-            overheads.append((b["started_at"] - a["started_at"]) * 1000 - its[n]["elapsed_s"] * 1000 - check_ms)
-        stop = _q(home, "SELECT stop_reason FROM work_items WHERE id=?", (wid,))[0]["stop_reason"]
+        overheads, attempts, stop = _long_run(home, cfg, root / "long", script, iterations)
         # resume
         control.request(home, "suspend", timeout_s=30)
         t1 = time.monotonic()
@@ -125,12 +159,13 @@ def main(argv=None) -> int:
     p.add_argument("--items", type=int, default=5, help="submits for the dispatch latency")
     p.add_argument("--files", type=int, default=10_000, help="workspace size for the eval snapshot figure")
     args = p.parse_args(argv)
-    from roles.workspace.history_bench import bench_checkpoint
+    from bench.history_bench import bench_checkpoint
     from bench.common import quiet_logs
     quiet_logs()
     tmp = Path(tempfile.mkdtemp(prefix="lo-"))
     try:
         figures = bench_org(tmp / "o", args.iterations, args.items)
+        figures.update(bench_traced(tmp / "t", args.iterations))
         snap = bench_checkpoint(tmp / "ck", files=args.files)
         figures["eval_snapshot_ms_10k_files"] = snap["materialize_reused_ms_10k_files"]
     finally:

@@ -11,7 +11,7 @@ import pytest
 from roles.workspace.history import (
     GitMissing, HistoryError, NoBaseline, UnknownCommit, WorkspaceHistory, WorkspaceMissing,
 )
-from roles.workspace.history_bench import bench_checkpoint
+from bench.history_bench import bench_checkpoint
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
 
 GIT_ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},

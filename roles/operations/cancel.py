@@ -1,0 +1,44 @@
+"""Cancelling a work item as the human: one durable write, then a wake.
+
+A run that has not started ends at once (``cancelled``); a running or waiting one gets
+``cancel_requested``, which its loop-agent honours at the next model call, tool call boundary or
+wait for a verdict, discarding the act in progress.
+"""
+from __future__ import annotations
+
+import uuid
+
+from state_db.config import Config
+from state_db.errors import NotFound
+from state_db.home import OrgHome
+from state_db.vocab import Actor, StopReason, WorkStatus
+from state_db.writer import StateWriter
+
+
+def cancel(home: OrgHome, cfg: Config, work_id: str, *, idempotency_key: str | None = None) -> dict:
+    """Record the cancel; returns {"id", "status", "stop_reason", "changed", "note"?, "wake"}.
+    Raises NotFound."""
+    writer = StateWriter(home.db_path, Actor.HUMAN)
+
+    def do(tx):
+        item = tx.get("work_items", work_id)
+        if item is None:
+            raise NotFound(f"no work item {work_id}", hint="list them with 'org status'")
+        if item["status"] == WorkStatus.ENDED:
+            return {"id": work_id, "status": "ended", "stop_reason": item["stop_reason"], "changed": False}
+        if item["status"] in (WorkStatus.QUEUED, WorkStatus.WAITING):
+            tx.set_status("work_items", work_id, WorkStatus.ENDED, stop_reason=StopReason.CANCELLED,
+                          stop_detail=f"cancelled by {writer.os_user} before it started")
+            return {"id": work_id, "status": "ended", "stop_reason": "cancelled", "changed": True}
+        tx.update("work_items", work_id, cancel_requested=1, updated_at=tx.now)
+        return {"id": work_id, "status": item["status"], "stop_reason": None, "changed": True,
+                "note": "the loop-agent stops at its next model call or iteration boundary"}
+
+    try:
+        result, _ = writer.run_once(idempotency_key or uuid.uuid4().hex, "cancel", do)
+    finally:
+        writer.close()
+    from roles.operations.wake import wake_coordinator
+    # nothing to wake for when the run had ended already
+    result["wake"] = wake_coordinator(home, cfg, {"work_id": work_id}) if result["changed"] else "not needed"
+    return result
