@@ -23,6 +23,8 @@ def line_for(conn, ev: dict) -> str | None:
         changed = ", ".join(changed) if isinstance(changed, list) else changed
         return (f"{ev['instance']}: iteration {data.get('n')} committed ({data.get('act_status')}, {tokens} tokens, "
                 f"changed {changed or 'nothing'}) — asking the eval-agent")
+    if kind == "preflights.created":
+        return f"eval-agent: verify commands checked on the baseline of {subject} — {data.get('detail', '')}"
     if kind == "verdicts.created":
         outcome = str(data.get("outcome", "")).upper()
         text = f"eval-agent: iteration {data.get('iteration')} {outcome}"
