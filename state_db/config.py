@@ -123,6 +123,19 @@ backups = 3
 [snapshots]
 debounce_s = 0.5
 
+[attention]                     # when a human is needed: a decision waits, a batch opens, a run ends
+                                # verify_unrunnable, a role fails, the org spend cap trips
+webhook_url = ""                # POST {"text": ...} (Slack-compatible) once per event; env ORG_ATTENTION_WEBHOOK
+webhook_timeout_s = 5.0
+webhook_retries = 3             # further tries of a failed POST, with backoff; then it is given up (counted)
+notify_send = true              # a desktop notification too, where notify-send is on PATH
+dashboard_url = ""              # the dashboard's address: each message links to the page it is about
+
+[telemetry]                     # OpenTelemetry GenAI traces of every run (off: nothing is imported)
+enabled = false                 # also on when otlp_endpoint is set
+otlp_endpoint = ""              # OTLP/HTTP base URL, e.g. http://127.0.0.1:4318; env OTEL_EXPORTER_OTLP_ENDPOINT
+exporter = "otlp"               # otlp | none (spans are made and dropped: what tracing itself costs)
+
 [retention]                     # applied by 'org gc' and hourly by the supervisor
 events_days = 30                # journal events of ended runs older than this are pruned (counts kept)
 model_calls_days = 30           # per-call usage rows of ended runs → one summary row per run
@@ -218,6 +231,17 @@ SCHEMA: dict[str, Field] = {
     "logs.max_bytes": Field(int, lambda v: v >= 4096, "an integer ≥ 4096"),
     "logs.backups": Field(int, _non_negative, "an integer ≥ 0"),
     "snapshots.debounce_s": Field(NUM, _non_negative, "a number of seconds ≥ 0"),
+    "attention.webhook_url": Field(str, lambda v: v == "" or v.startswith(("http://", "https://")),
+                                   "empty or an http(s) URL", "ORG_ATTENTION_WEBHOOK"),
+    "attention.webhook_timeout_s": Field(NUM, _positive, "a number of seconds > 0"),
+    "attention.webhook_retries": Field(int, lambda v: 0 <= v <= 20, "an integer from 0 to 20"),
+    "attention.notify_send": Field(bool, None, "true or false"),
+    "attention.dashboard_url": Field(str, lambda v: v == "" or v.startswith(("http://", "https://")),
+                                     "empty or an http(s) URL"),
+    "telemetry.enabled": Field(bool, None, "true or false"),
+    "telemetry.otlp_endpoint": Field(str, lambda v: v == "" or v.startswith(("http://", "https://")),
+                                     "empty or an http(s) URL", "OTEL_EXPORTER_OTLP_ENDPOINT"),
+    "telemetry.exporter": Field(str, lambda v: v in ("otlp", "none"), "otlp or none"),
     "retention.events_days": Field(NUM, _positive, "a number of days > 0"),
     "retention.model_calls_days": Field(NUM, _positive, "a number of days > 0"),
     "retention.eval_snapshots_days": Field(NUM, _non_negative, "a number of days ≥ 0"),

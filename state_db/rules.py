@@ -57,7 +57,7 @@ KEYS = {"work_items": "id", "org_session": "id", "role_instances": "instance", "
         "skill_candidates": "id", "candidate_batches": "id", "raw_notes": "id", "skills": "name",
         "iterations": ("work_id", "n"), "verdicts": "id", "preflights": "work_id", "model_calls": "request_id",
         "curated_notes": "id", "workspace_locks": "workspace", "attempts": ("work_id", "attempt"),
-        "stop_history": ("work_id", "seq")}
+        "stop_history": ("work_id", "seq"), "attention": "key"}
 
 H, SUP, CO, LA, EV, CU = (Actor.HUMAN, Actor.SUPERVISOR, Actor.COORDINATOR, Actor.LOOP_AGENT,
                           Actor.EVAL_AGENT, Actor.CURATOR)
@@ -99,6 +99,8 @@ WRITERS: dict[tuple[str, str], set[str]] = {
     ("stop_history", "insert"): {H},
     ("workspace_locks", "insert"): {H, CO},
     ("workspace_locks", "delete"): {H, CO, LA, EV},
+    ("attention", "insert"): {CO},
+    ("attention", "update"): {CO},
 }
 
 # Status changes reserved to particular actors, whatever WRITERS says about the table.

@@ -282,6 +282,26 @@ def _vocabulary(db) -> None:
     install(db.conn)
 
 
+# Attention: what the coordinator told a human outside the chat (a desktop notification, a
+# webhook POST), one row per attention event, written with the announcement that covers it, so a
+# restarted coordinator neither repeats nor drops a delivery.
+ATTENTION = """
+CREATE TABLE attention (
+    key TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    subject TEXT,
+    text TEXT NOT NULL,
+    link TEXT,
+    created_at REAL NOT NULL,
+    notified_at REAL,
+    posted_at REAL,
+    post_attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT
+);
+CREATE INDEX attention_undelivered ON attention(created_at) WHERE posted_at IS NULL;
+"""
+
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
     ("0002_knowledge", KNOWLEDGE),
@@ -290,4 +310,5 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0005_waiting", WAITING),
     ("0006_vocabulary", _vocabulary),
     ("0008_status", STATUS),
+    ("0009_attention", ATTENTION),
 ]

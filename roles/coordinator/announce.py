@@ -3,13 +3,19 @@
 Each ``announce`` event records the journal id it covers up to, so a restarted coordinator
 continues where it left off: nothing is dropped and nothing is announced twice. An unanswered
 decision is announced again after ``gate.reannounce_after_s``.
+
+An event that needs a human (``attention.KINDS``: a decision waits, a candidate batch opens, a
+run ends ``verify_unrunnable``, a role fails, the org spend cap trips) also gets an ``attention``
+row in the same transaction, which ``attention.Delivery`` sends to the desktop and the webhook.
+A spend cap trip is one event however many runs it ends (keyed by the cap).
 """
 from __future__ import annotations
 
 import orjson
 
+from roles.coordinator.attention import link
 from state_db import queries
-from state_db.vocab import DecisionStatus
+from state_db.vocab import DecisionStatus, StopReason
 from state_db.writer import StateWriter
 
 WATCHED = ("work_items.ended", "decisions.created", "role_instances.failed", "candidate_batches.created",
@@ -46,8 +52,45 @@ def text_for(conn, event: dict) -> str | None:
     return None
 
 
-def announce(writer: StateWriter, reannounce_after_s: float) -> list[str]:
-    """Journal announcements for new events and stale decisions; returns their texts."""
+def attention_for(conn, event: dict, spend_cap_usd: float | None) -> tuple[str, str, str] | None:
+    """``(kind, key, dashboard path)`` when ``event`` needs a human, else None."""
+    kind, subject = event["kind"], event["subject"]
+    if kind == "decisions.created":
+        d = conn.execute("SELECT work_id FROM decisions WHERE id = ?", (subject,)).fetchone()
+        return "decision_waiting", f"decision:{subject}", f"runs/{d['work_id']}" if d else "decisions"
+    if kind == "candidate_batches.created":
+        return "batch_open", f"batch:{subject}", "candidates"
+    if kind == "role_instances.failed":
+        return "role_failed", f"role_failed:{subject}:{event['id']}", ""
+    if kind == "work_items.ended":
+        item = queries.work_item(conn, subject)
+        if item is None:
+            return None
+        if item["stop_reason"] == StopReason.VERIFY_UNRUNNABLE:
+            return "verify_unrunnable", f"verify_unrunnable:{subject}:{event['id']}", f"runs/{subject}"
+        if item["stop_reason"] == StopReason.ORG_LIMIT:
+            return "org_limit", f"org_limit:{spend_cap_usd if spend_cap_usd is not None else ''}", f"runs/{subject}"
+    return None
+
+
+def _attention(tx, event: dict, text: str, dashboard_url: str, spend_cap_usd: float | None) -> bool:
+    found = attention_for(tx.conn, event, spend_cap_usd)
+    if found is None:
+        return False
+    kind, key, path = found
+    if tx.one("SELECT 1 FROM attention WHERE key = ?", (key,)):
+        return False                                  # the same spend cap trip, another run
+    if kind == "org_limit":
+        text = f"the org spend cap was reached; runs stop with org_limit — raise limits.total_spend_usd. {text}"
+    tx.insert("attention", {"key": key, "kind": kind, "subject": event["subject"], "text": text,
+                            "link": link(dashboard_url, path), "created_at": tx.now}, journal=False)
+    return True
+
+
+def announce(writer: StateWriter, reannounce_after_s: float, *, dashboard_url: str = "",
+             spend_cap_usd: float | None = None) -> list[str]:
+    """Journal announcements for new events and stale decisions, and an ``attention`` row for
+    each new event that needs a human (linked to ``dashboard_url`` when set); returns the texts."""
     conn = writer.conn
     after = cursor(conn)
     new = conn.execute(f"SELECT * FROM events WHERE id > ? AND kind IN ({','.join('?' * len(WATCHED))}) ORDER BY id",
@@ -59,6 +102,7 @@ def announce(writer: StateWriter, reannounce_after_s: float) -> list[str]:
             text = text_for(conn, dict(ev))
             if text:
                 tx.journal("announce", ev["subject"], {"text": text, "source": ev["kind"], "upto": ev["id"]})
+                _attention(tx, dict(ev), text, dashboard_url, spend_cap_usd)
                 texts.append(text)
         stale = tx.conn.execute("""SELECT id, work_id, question FROM decisions WHERE status = ?
                                      AND COALESCE(announced_at, created_at) < ?""",

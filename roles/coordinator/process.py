@@ -10,6 +10,7 @@ class CoordinatorProcess(RoleProcess):
     tick_s = 0.5
     _rendered_event = -1
     _rendered_at = 0.0
+    _attention = None
 
     def reconcile(self) -> None:
         changed = dispatch.reconcile(self.writer, heartbeat_timeout_s=self.cfg["supervisor.heartbeat_timeout_s"],
@@ -22,9 +23,25 @@ class CoordinatorProcess(RoleProcess):
         for work_id in changed["unparked"]:
             self.log.info("unparked", work_id=work_id, why="every decision of the paused run is made",
                           next="a free loop-agent runs what was approved and goes on")
-        for text in announce.announce(self.writer, self.cfg["gate.reannounce_after_s"]):
+        texts = announce.announce(self.writer, self.cfg["gate.reannounce_after_s"],
+                                  dashboard_url=self.cfg["attention.dashboard_url"],
+                                  spend_cap_usd=self.cfg["limits.total_spend_usd"])
+        for text in texts:
             self.log.info("announce", text=text)
+        if texts or self._attention is None:
+            self.attention.kick()          # the first pass delivers what a previous run left undelivered
         self.render_snapshot()
+
+    @property
+    def attention(self):
+        if self._attention is None:
+            from roles.coordinator.attention import Delivery, Settings
+            self._attention = Delivery(self.home.db_path, self.instance, Settings.from_config(self.cfg))
+        return self._attention
+
+    def on_stop(self) -> None:
+        if self._attention is not None:
+            self._attention.stop()
 
     def render_snapshot(self) -> None:
         """Keep snapshots/org-state.md in step with state.db (every role's changes), debounced."""
