@@ -44,6 +44,8 @@ class RoleProcess:
         self.log = configure(home.logs_dir, self.role, instance, max_bytes=self.cfg["logs.max_bytes"],
                              backups=self.cfg["logs.backups"])
         self.writer = StateWriter(home.db_path, self.role, instance)
+        from roles import telemetry
+        telemetry.configure(self.cfg, self.role, instance)     # OFF unless org.toml asks: nothing imported
         self.heartbeat_s = self.cfg["supervisor.heartbeat_s"]
         self.stopping = False
         self.stop_reason = ""
@@ -126,6 +128,8 @@ class RoleProcess:
             except Exception as exc:  # the supervisor records the exit either way
                 self.log.warning("stop_not_recorded", error=str(exc))
             self.writer.close()
+            from roles import telemetry
+            telemetry.current().shutdown()          # the spans still in the batch are exported
         return 0
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import orjson
 
+from roles import telemetry
 from roles.eval_agent import evidence, held as held_rules
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
@@ -202,7 +203,19 @@ class Verifier:
 
     def verify(self, work_id: str, n: int) -> Verdict | Preflight:
         """Verify committed iteration ``n`` of ``work_id`` (idempotent: an existing verdict is
-        returned); ``n == 0`` is the preflight on the baseline."""
+        returned); ``n == 0`` is the preflight on the baseline. Traced, when tracing is on, as a
+        child of the iteration's span in the run's trace (``roles.telemetry``)."""
+        tracing = telemetry.current()
+        if not tracing.enabled:
+            return self._verify(work_id, n)
+        it = self.writer.conn.execute("SELECT attempt FROM iterations WHERE work_id=? AND n=?", (work_id, n)).fetchone()
+        with tracing.verification(work_id, n, it["attempt"] if it else None) as span:
+            result = self._verify(work_id, n)
+            span.set({"loop_org.verdict": result.outcome, "loop_org.goal_met": getattr(result, "goal_met", None),
+                      "loop_org.ended": str(result.ended) if result.ended else None})
+            return result
+
+    def _verify(self, work_id: str, n: int) -> Verdict | Preflight:
         if n == 0:
             return self.preflight(work_id)
         conn = self.writer.conn

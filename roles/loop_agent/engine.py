@@ -23,6 +23,7 @@ from typing import Callable
 import orjson
 import structlog
 
+from roles import telemetry
 from roles.loop_agent import gate, progress as prog
 from roles.loop_agent.backends.base import ActContext, ActOutcome, Backend, Remaining, Usage
 from roles.loop_agent.context import assemble
@@ -132,9 +133,18 @@ class LoopEngine:
             if self._unwritten is not None:            # paused, interrupted, or ended by the eval-agent
                 with self.w.transaction() as tx:
                     self._write_reflection(tx)
+            if decision is not None and telemetry.current().enabled:
+                self._trace_end(decision)
             return decision
         finally:
             self._flush_history()
+
+    def _trace_end(self, decision: StopDecision) -> None:
+        """The run's span (the root of its trace), from its creation to now, with its stop reason."""
+        work = queries.work_item(self.w.conn, self.work_id)
+        telemetry.current().run_ended(self.work_id, work["created_at"], str(decision.reason), decision.detail, {
+            "loop_org.iterations": work["iterations"], "loop_org.tokens": work.get("tokens"),
+            "loop_org.cost_usd": work.get("cost_usd"), "loop_org.instance": self.w.instance})
 
     def _flush_history(self) -> None:
         """Write the history's deferred objects and refs out as git's own (a killed run's are
@@ -226,7 +236,16 @@ class LoopEngine:
 
     def _attempt(self, work, progress, its, verdicts, policy) -> StopDecision | bool:
         """One attempt at the next iteration: committed and verified (True), cut by an interrupt
-        (discarded; False), or discarded because the run ends (the reason)."""
+        (discarded; False), or discarded because the run ends (the reason). Traced as the
+        iteration's span (derived ids: ``roles.telemetry``)."""
+        n, attempt = progress.iterations + 1, work["attempt"] + 1
+        with telemetry.current().iteration(self.work_id, n, attempt) as span:
+            result = self._act(work, progress, its, verdicts, policy)
+            span.set({"loop_org.outcome": "committed" if result is True else "discarded" if result is False
+                      else f"ended:{result.reason}"})
+            return result
+
+    def _act(self, work, progress, its, verdicts, policy) -> StopDecision | bool:
         n = progress.iterations + 1
         attempt = work["attempt"] + 1
         with self.w.transaction() as tx:
@@ -238,11 +257,13 @@ class LoopEngine:
         # a cut or crashed attempt may have left changes: back to the last settled state (the
         # last checkpoint, or an approved action's). In the normal flow the workspace already is it.
         self._reset_once(its)
-        prompt = assemble(
-            work["goal"] + _verify_note(work), self.settings.instructions, self.settings.skills,
-            self.settings.knowledge, prog.digests(its, verdicts, self._reflected), prog.lessons(its, self.settings.lessons_max, self._reflected),
-            _feedback(self.w.conn, self.work_id, its, verdicts), n,
-            k_recent=self.settings.recent_iterations, summary_cap_chars=self.settings.summary_cap_chars)
+        with telemetry.current().step("gather") as span:
+            prompt = assemble(
+                work["goal"] + _verify_note(work), self.settings.instructions, self.settings.skills,
+                self.settings.knowledge, prog.digests(its, verdicts, self._reflected), prog.lessons(its, self.settings.lessons_max, self._reflected),
+                _feedback(self.w.conn, self.work_id, its, verdicts), n,
+                k_recent=self.settings.recent_iterations, summary_cap_chars=self.settings.summary_cap_chars)
+            span.set({"loop_org.prompt_bytes": prompt.manifest.get("variable_bytes")})
         t0 = self.clock()
         spent = {"tokens": progress.tokens, "cost": progress.cost_usd}
         caps = orjson.loads(work["caps"]) if isinstance(work["caps"], str) else work["caps"]
@@ -312,9 +333,11 @@ class LoopEngine:
             self.log.warning("usage_already_counted", request_id=u.request_id)
 
     def _commit(self, work, n, attempt, outcome: ActOutcome, manifest, elapsed, last_commit) -> None:
-        checkpoint = self.history.checkpoint(n)
-        changed = self.history.changed_paths(last_commit, checkpoint)
-        fp = fingerprint(self.history.tree_id(checkpoint), "")
+        with telemetry.current().step("checkpoint") as span:
+            checkpoint = self.history.checkpoint(n)
+            changed = self.history.changed_paths(last_commit, checkpoint)
+            fp = fingerprint(self.history.tree_id(checkpoint), "")
+            span.set({"loop_org.checkpoint": checkpoint, "loop_org.changed_paths": len(changed)})
         with self.w.transaction() as tx:
             u = tx.one("""SELECT COALESCE(SUM(input_tokens),0), COALESCE(SUM(output_tokens),0),
                                  COALESCE(SUM(cache_write_tokens),0), COALESCE(SUM(cache_read_tokens),0),
@@ -337,11 +360,13 @@ class LoopEngine:
 
     def _verify_and_reflect(self, it: dict) -> None:
         t0 = self.clock()
-        try:
-            self.verify(self.work_id, it["n"])
-        finally:
-            self._waited += self.clock() - t0      # the run's time: acts plus waits for verdicts
-        verdict = prog.verdict_of(self.w.conn, self.work_id, it["n"])
+        with telemetry.current().step("await_verdict", {"loop_org.iteration": it["n"]}) as span:
+            try:
+                self.verify(self.work_id, it["n"])
+            finally:
+                self._waited += self.clock() - t0      # the run's time: acts plus waits for verdicts
+            verdict = prog.verdict_of(self.w.conn, self.work_id, it["n"])
+            span.set({"loop_org.verdict": verdict["outcome"] if verdict else None})
         if verdict is None:
             raise Conflict(f"no eval-agent verdict for iteration {it['n']} of {self.work_id}",
                            hint="the eval-agent must verify every committed iteration")

@@ -52,6 +52,7 @@ from urllib.parse import urlparse
 
 import structlog
 
+from roles import telemetry
 from roles.loop_agent.backends.base import ActContext, ActOutcome, BackendConfigError, Remaining, Usage
 from roles.loop_agent.backends.retry import Failure, MemoryRateGate, RateGate, Retrier, RetryPolicy, parse_retry_after
 from roles.loop_agent.pricing import Price, PriceTable
@@ -191,9 +192,15 @@ class AnthropicBackend:
         def cut(message: Any, request_id: str) -> None:
             on_usage(self._usage(message, request_id))
 
+        tracing = telemetry.current()
+
         def call() -> tuple[Any, str]:
             bounds = request_bounds(self.config, self._price, ctx.remaining())
-            return self._create(client, ctx.system_prefix, run.messages, schemas, bounds, on_cut=cut)
+            with tracing.model_call(self.config.model, max_tokens=bounds.max_tokens) as span:
+                message, request_id = self._create(client, ctx.system_prefix, run.messages, schemas, bounds, on_cut=cut)
+                if span.recording:
+                    span.usage(self._usage(message, request_id), (message.stop_reason,), request_id)
+                return message, request_id
 
         while run.turns < ctx.max_turns:
             got = self._retrier.call(call, classify_error, before_attempt=before_call, time_left=seconds_left,
@@ -350,7 +357,10 @@ class _Act:
 
     def _run_tool(self, block: Any) -> dict[str, Any]:
         name, tool_input = getattr(block, "name", None), getattr(block, "input", None)
-        result = self.tools.call(name, tool_input)
+        with telemetry.current().tool(str(name), block.id) as span:
+            result = self.tools.call(name, tool_input)
+            if result.is_error:
+                span.set({telemetry.ERROR_TYPE: result.code or "tool_error"})
         self.calls.append(summarize_call(str(name), tool_input, result))
         return {"type": "tool_result", "tool_use_id": block.id, "content": result.content,
                 "is_error": result.is_error}

@@ -47,6 +47,7 @@ from urllib.parse import urlparse
 
 import structlog
 
+from roles import telemetry
 from roles.loop_agent.backends.base import ActContext, ActOutcome, BackendConfigError, Usage
 from roles.loop_agent.pricing import PriceTable
 from roles.sandbox import Captured, SandboxError, clean_env
@@ -166,6 +167,9 @@ class CommandBackend:
         timeout_s = self.config.timeout_s if left.seconds is None else max(1.0, min(self.config.timeout_s,
                                                                                       left.seconds))
 
+        tracing = telemetry.current()
+        seen_ns = [telemetry.now_ns()]       # a metered call is traced from the previous report on
+
         def report() -> None:
             # on_usage runs here, in the act's thread, never in the endpoint's: the engine's
             # database connection belongs to this thread
@@ -175,8 +179,12 @@ class CommandBackend:
                 except queue.Empty:
                     return
                 metered.append(s)
-                on_usage(Usage(s.request_id, s.model, s.input_tokens, s.output_tokens,
-                               s.cache_creation_input_tokens, s.cache_read_input_tokens, s.cost_usd))
+                usage = Usage(s.request_id, s.model, s.input_tokens, s.output_tokens,
+                              s.cache_creation_input_tokens, s.cache_read_input_tokens, s.cost_usd)
+                on_usage(usage)
+                if tracing.enabled:
+                    tracing.model_call_done(usage, seen_ns[0])
+                    seen_ns[0] = telemetry.now_ns()
 
         def should_stop() -> bool:
             report()
