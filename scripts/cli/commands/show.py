@@ -102,8 +102,9 @@ def run(args) -> int:
         print(f"ending {h['seq']}: {h['stop_reason']} after {h['iterations']} iterations — {h['stop_detail'] or ''}; "
               f"continued by {h['continued_by']} with {h['new_caps']}")
     pre = item["preflight"]
-    print("baseline: " + (pre["detail"] if pre else "not checked yet (the eval-agent runs the verify commands "
-                                                     "on the baseline before the first act)"))
+    line = pre["detail"] if pre else ("not checked yet (the eval-agent runs the verify commands on the baseline "
+                                      "before the first act)")
+    print(line if line.startswith("baseline") else f"baseline: {line}")
     verdicts = {v["iteration"]: v for v in item["verdicts"]}
     rows = []
     for it in item["iterations_detail"]:
