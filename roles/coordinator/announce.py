@@ -57,9 +57,9 @@ def attention_for(conn, event: dict, spend_cap_usd: float | None) -> tuple[str, 
     kind, subject = event["kind"], event["subject"]
     if kind == "decisions.created":
         d = conn.execute("SELECT work_id FROM decisions WHERE id = ?", (subject,)).fetchone()
-        return "decision_waiting", f"decision:{subject}", f"runs/{d['work_id']}" if d else "decisions"
+        return "decision_waiting", f"decision:{subject}", f"runs/{d['work_id']}" if d else ""
     if kind == "candidate_batches.created":
-        return "batch_open", f"batch:{subject}", "candidates"
+        return "batch_open", f"batch:{subject}", ""   # the org page lists open batches
     if kind == "role_instances.failed":
         return "role_failed", f"role_failed:{subject}:{event['id']}", ""
     if kind == "work_items.ended":
