@@ -21,7 +21,7 @@ from roles.loop_agent.tools import WorkspaceTools, observed
 from state_db import views
 from state_db.connection import connect
 from tests.support.loop import BUGGY, FIXED, ScriptedActs, engine, make_workspace, submit
-from tests.support.org import query, running_org, wait_for
+from tests.support.org import ONE_AGENT, query, running_org, wait_for
 
 
 class Snapshots:
@@ -193,14 +193,6 @@ def test_recording_the_current_tool_is_cheap(org_home, tmp_path):
 
 # -- a real org ------------------------------------------------------------------------------
 
-CONFIG = """
-[org]
-loop_agents = 1
-[supervisor]
-heartbeat_s = 0.2
-heartbeat_timeout_s = 10.0
-stop_timeout_s = 6.0
-"""
 # a command that runs until the test lets it go (bounded: 30 s), then writes the answer
 HELD = "for i in $(seq 300); do [ -f go ] && break; sleep 0.1; done; echo right > answer.txt"
 ENGINE_EVENTS = {"act_started", "iteration_committed", "reflected", "loop_starting", "loop_finished"}
@@ -218,7 +210,7 @@ def test_a_real_org_shows_its_loop_agent_busy_the_running_tool_and_logs_only_jso
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "answer.txt").write_text("wrong\n")
-    with running_org(CONFIG) as home:
+    with running_org(ONE_AGENT) as home:
         env = {**os.environ, "ORG_HOME": str(home.root)}
 
         def cli(*argv):

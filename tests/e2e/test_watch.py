@@ -15,17 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.org import query, running_org, wait_for
+from tests.support.org import ONE_AGENT, query, running_org, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = """
-[org]
-loop_agents = 2
-[supervisor]
-heartbeat_s = 0.2
-heartbeat_timeout_s = 10.0
-stop_timeout_s = 6.0
-"""
+CONFIG = ONE_AGENT.replace("loop_agents = 1", "loop_agents = 2")     # one asks, one acts
 VERIFY = "grep -q right answer.txt"
 # runs until the test lets it go (bounded: 30 s), so the run is seen acting
 HELD = "for i in $(seq 300); do [ -f go ] && break; sleep 0.1; done; echo right > answer.txt"
