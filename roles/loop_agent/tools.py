@@ -23,18 +23,18 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator, Mapping
 
 from roles.loop_agent.commands import CommandRunner, SubprocessRunner
+from state_db.errors import OrgError
 
 _SKIP_DIRS = frozenset({".git"})
 _BINARY_PROBE = 8192
 _MAX_LINE_CHARS = 2000
 
 
-class ToolError(Exception):
+class ToolError(OrgError):
     """A tool refused or failed; becomes an ``is_error`` tool result (never leaves the tools)."""
 
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code=code)
 
 
 @dataclass(frozen=True)

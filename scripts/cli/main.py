@@ -21,7 +21,8 @@ EXIT_INTERNAL = 70     # a bug: the traceback goes to logs/cli.log
 
 # module names under scripts/cli/commands (each module's NAME is the command: continue_run -> continue)
 COMMANDS = ["status", "submit", "show", "cancel", "continue_run", "decisions", "decide", "diff", "export", "logs",
-            "ping", "chat", "candidates", "skills", "suspend", "resume", "stop", "doctor", "config", "gc", "dashboard", "watch"]
+            "ping", "chat", "candidates", "skills", "suspend", "resume", "stop", "doctor", "config", "gc",
+            "dashboard", "watch"]
 
 
 class UsageError(OrgError):
