@@ -219,3 +219,30 @@ def test_a_verify_command_run_from_a_venv_outside_the_workspace_sees_that_venv(t
     assert "not found" in sh(runner, f"{venv}/bin/python -c 'print(\"RAN\")'")   # control: not shown by default
     runner.toolchain_of = lambda _ws: toolchain
     assert "RAN" in sh(runner, f"{venv}/bin/python -c 'print(\"RAN\")'")
+
+
+def test_org_show_lists_what_a_runs_sandbox_shows_and_hides(tmp_path):
+    """What the sandbox shows is the submitter's toolchain, recorded with the work item: `org show
+    --sandbox` lists each path with its reason, and the org home among what stays hidden."""
+    import json
+    import subprocess
+    import sys
+    from roles.operations.submit import SubmitRequest, submit
+    from state_db import config as config_mod
+    from state_db.bootstrap import init_home
+    from state_db.home import OrgHome
+    home = OrgHome(tmp_path / "org")
+    init_home(home)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = Path(__file__).resolve().parents[1] / "scripts" / "demo" / "script.json"
+    item = submit(home, config_mod.load(None), SubmitRequest(goal="g", workspace=str(ws), verify=["true"],
+                                                            max_iterations=1, backend=f"scripted:{script}"))
+    got = subprocess.run([sys.executable, "-m", "scripts.cli.main", "--home", str(home.root), "show", item["id"],
+                          "--sandbox", "--json"], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert got.returncode == 0, got.stderr
+    view = {e["path"]: e["reason"] for e in json.loads(got.stdout)["sandbox_view"]}
+    assert view["/usr"] and view["/tmp"].startswith("private")
+    assert any(p.startswith(sys.prefix) or sys.prefix.startswith(p) for p in view)     # the org's Python
+    assert all(not p.startswith(str(home.root)) or r.startswith("hidden") for p, r in view.items())

@@ -13,6 +13,8 @@ HELP = "show one work item: status, stop reason, iterations with verdicts, token
 
 def add_arguments(p) -> None:
     p.add_argument("id", help="work item id")
+    p.add_argument("--sandbox", action="store_true",
+                   help="also list what this run's sandbox shows (read-only) and hides, and why")
     add_json(p)
 
 
@@ -83,6 +85,8 @@ def run(args) -> int:
         item = load(conn, args.id)
     finally:
         conn.close()
+    if args.sandbox:
+        item["sandbox_view"] = sandbox_view(args, item)
     if args.json:
         emit_json(item)
         return 0
@@ -126,4 +130,24 @@ def run(args) -> int:
                                                               for h in last["held_back"]))
         if last["outcome"] != "pass":
             print("\nlatest feedback:\n" + last["feedback"][:1500])
+    if args.sandbox:
+        print("\nsandbox view (what its commands see, read-only unless said, and why):")
+        for entry in item["sandbox_view"]:
+            print(f"  {entry['path']}: {entry['reason']}")
+    else:
+        print(f"\n(what this run's sandbox shows and hides: 'org show {item['id']} --sandbox')")
     return 0
+
+
+def sandbox_view(args, item: dict) -> list[dict]:
+    """What the sandbox of this run's commands shows and hides, for the toolchain recorded at
+    submit (its PATH, HOME, the paths its verify commands name)."""
+    from roles.sandbox import exposed
+    from roles.sandbox.toolchains import Toolchain
+    from scripts.cli.output import home_of
+    from state_db import config as config_mod
+    home = home_of(args)
+    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    raw = item.get("toolchain")
+    toolchain = Toolchain.decode(orjson.loads(raw) if isinstance(raw, str) else raw)
+    return [{"path": str(path), "reason": reason} for path, reason in exposed(cfg, home, toolchain)]
