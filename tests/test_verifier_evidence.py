@@ -269,3 +269,17 @@ def test_a_new_conftest_that_skips_everything_is_left_out_and_named(org_home, tm
     row = orjson.loads(org_home and StateWriter(org_home.db_path, Actor.COORDINATOR).conn.execute(
         "SELECT held_back FROM verdicts WHERE work_id='w1'").fetchone()[0])
     assert row[0]["path"] == "tests/conftest.py"
+
+
+def test_the_runner_installed_in_a_workspace_environment_and_plugin_entry_points_are_held():
+    """A doer with a virtual environment inside the workspace edits pytest there, or installs a
+    package whose entry point makes pytest load it as a plugin: both held to the baseline."""
+    sp = ".venv/lib/python3.11/site-packages"
+    base = {f"{sp}/_pytest/main.py": "real\n", f"{sp}/attrs/__init__.py": "x\n", "calc.py": CALC}
+    target = {**base, f"{sp}/_pytest/main.py": "forged\n", f"{sp}/evil-1.0.dist-info/entry_points.txt":
+              "[pytest11]\nevil = evil\n", f"{sp}/evil.py": "x\n", f"{sp}/attrs/__init__.py": "y\n"}
+    got, edits = _held(base, target)
+    by = {h.path: (h.kind, h.treatment) for h in got}
+    assert by[f"{sp}/_pytest/main.py"] == ("runner_install", held.RESTORED)
+    assert by[f"{sp}/evil-1.0.dist-info/entry_points.txt"] == ("runner_install", held.REMOVED)
+    assert f"{sp}/attrs/__init__.py" not in by            # other installed packages are the doer's business

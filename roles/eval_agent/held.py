@@ -29,6 +29,11 @@ The kinds, and what happens to each (``HELD`` is the table, ``held_back`` applie
 |                 | .python-version, .node-version, .nvmrc, .tool-versions          |                    |
 | invoked_script  | files a verify command names (``./run.sh``, ``bash ci/t.sh``,  | held to baseline   |
 |                 | ``python tools/check.py``), Makefiles for ``make``              |                    |
+| runner_install  | the test runner as installed in an environment inside the      | held to baseline   |
+|                 | workspace (``site-packages/{pytest,_pytest,pluggy}``, pytest's |                    |
+|                 | own dist-info, ``node_modules/{jest,vitest,mocha,…}``), and any|                    |
+|                 | installed package's ``entry_points.txt`` (how pytest plugins   |                    |
+|                 | load themselves)                                               |                    |
 
 "Held to baseline" never fails an iteration by itself: the checks run without the doer's change,
 and the verdict lists what was held back (``held`` in the verdict) with a note for the doer: ask
@@ -60,6 +65,11 @@ STARTUP_HOOKS = ("**/sitecustomize.py", "**/usercustomize.py", "**/*.pth")
 ENV_FILES = ("**/.env", "**/.env.*", ".envrc", "**/.npmrc", "**/.yarnrc", "**/.yarnrc.yml", ".pnpmfile.cjs",
              ".python-version", ".node-version", ".nvmrc", ".tool-versions")
 MAKEFILES = ("Makefile", "makefile", "GNUmakefile", "**/*.mk")
+RUNNER_INSTALL = ("**/site-packages/_pytest/**", "**/site-packages/pytest/**", "**/site-packages/pluggy/**",
+                  "**/site-packages/py.py", "**/site-packages/pytest-*.dist-info/**",
+                  "**/site-packages/*.dist-info/entry_points.txt", "**/site-packages/*.egg-info/entry_points.txt",
+                  "**/node_modules/{jest,jest-cli,jest-runner,@jest,vitest,@vitest,mocha,ava,tap,c8,nyc}/**",
+                  "**/node_modules/.bin/{jest,vitest,mocha,ava,tap}")
 _RUNNER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "unittest", "nose", "nose2", "coverage",
                              "xdist", "iniconfig", "hypothesis", "doctest", "runpy", "site", "encodings",
                              # what pytest itself imports, and a plugin loaded by its entry point
@@ -243,6 +253,7 @@ def candidates(paths: Iterable[str], commands: Iterable[str], base: Iterable[str
     paths, base = set(paths), set(base)
     kinds: dict[str, str] = {}
     for kind, patterns in (("runner_config", RUNNER_CONFIG), ("startup_hook", STARTUP_HOOKS),
+                           ("runner_install", RUNNER_INSTALL),
                            ("env_file", ENV_FILES)):
         for p in match_paths(paths, patterns):
             kinds.setdefault(p, kind)
