@@ -17,6 +17,15 @@
 - **lesson heeded** — the lesson written after iteration n was heeded if iteration n+1 was
   verified and fails none of the (check, signature) pairs iteration n failed.
 - **budget** — usage against each cap that was set; ≥ 80 % counts as *near*.
+- **environment failure** — a failing check the verifier could not run (it carries a ``code``),
+  that could not start (exit 126/127), or whose output says a command or module is missing
+  (``command not found``, ``: not found``, ``No module named``): the machine failed, not the
+  doer. Such checks are never the subject of a note, and a run that failed only that way (it did
+  not reach ``goal_met``) teaches nothing (``taught_nothing``).
+- **why** (``failure_why``) — what a failing check says went wrong, the same from run to run: the
+  failing test ids (the runner's JUnit report, else its output) with the kinds of error raised,
+  else the salient line with runner summaries, timings, paths and numbers left out — never
+  ``1 failed, 2 passed in 0.06s``.
 """
 from __future__ import annotations
 
@@ -24,14 +33,25 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from knowledge.record import Iteration, RunRecord
+from knowledge.record import Check, Iteration, RunRecord
+from roles.eval_agent.evidence import failing_ids
 
 CANNOT_RUN = (126, 127)
 NEAR = 0.8
 CHECK_CHARS = 60
 _SALIENT = re.compile(r"(error|fail|assert|exception|traceback|expected|panic|timed out|エラー|失敗)",
                       re.IGNORECASE)
-_TMP = re.compile(r"/tmp/[^\s:'\"]+")
+_MISSING = re.compile(r"command not found|: not found\b|No module named", re.IGNORECASE)
+_ERROR_KIND = re.compile(r"\b([A-Z]\w*(?:Error|Exception))\b")
+# runner summaries ("1 failed, 2 passed in 0.06s", "Ran 3 tests in 0.001s", "FAILED (failures=1)"):
+# counts and timings, never what went wrong
+_SUMMARY = re.compile(r"^=*\s*(?:\d+ \w+,? )*(?:\d+ \w+|no tests ran) in [\d.]+\s*s|^Ran \d+ tests? in "
+                      r"|^(?:OK|FAILED) \(|^(?:Tests|Test Suites):|^test result:|^# (?:tests|pass|fail) ")
+_NOISE = [(re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),
+          (re.compile(r"\b\d+(?:\.\d+)?\s*(?:s|ms|us|µs|sec|seconds)\b"), ""),
+          (re.compile(r"(?:/[\w.@+-]+)+/([\w.@+-]+)"), r"\1"),
+          (re.compile(r"\b\d+(?:\.\d+)?\b"), "N")]
+MAX_IDS = 3
 
 
 def clip(text: str, n: int) -> str:
@@ -51,11 +71,50 @@ def short_check(check: str, max_chars: int = CHECK_CHARS) -> str:
     return flat[:keep].rstrip() + "…" + flat[-keep:].lstrip()
 
 
-def salient_line(output: str) -> str:
-    """The line of a check's output that says what went wrong (last salient one)."""
-    lines = [_TMP.sub("<tmp>", ln.strip()) for ln in output.splitlines() if ln.strip()]
+def environment_failure(check: Check) -> str | None:
+    """Why a failing check is the environment's or the verifier's failure, not the doer's (None:
+    it is the work's). See the module docstring."""
+    if check.passed:
+        return None
+    if check.code:
+        return f"the verifier could not run it ({check.code})"
+    if check.exit_code in CANNOT_RUN:
+        return f"the command could not start (exit {check.exit_code})"
+    m = _MISSING.search(check.output_tail)
+    return f"the environment lacks something: {clip(m.group(0), 40)}" if m else None
+
+
+def taught_nothing(rec: RunRecord) -> str | None:
+    """Why the run's record holds no lesson about the work (None: it holds some): it did not
+    reach goal_met and every check that failed in it failed because of the environment."""
+    failing = [c for it in rec.iterations for c in it.failing]
+    if rec.goal_met or not failing:
+        return None
+    reasons = [environment_failure(c) for c in failing]
+    return reasons[-1] if all(reasons) else None
+
+
+def test_ids(check: Check) -> list[str]:
+    """The ids of the tests ``check`` failed: the runner's report when it wrote one, else its output."""
+    ids = (check.junit or {}).get("ids") or {}
+    found = sorted(k for k, v in ids.items() if v in ("failed", "error"))
+    # unittest's closing "FAILED (failures=1)" reads as a pytest summary line to failing_ids
+    return found or [i for i in failing_ids(check.output_tail) if not i.startswith("(")]
+
+
+def failure_why(check: Check) -> str:
+    """What went wrong in ``check``, in words that do not change from run to run (module docstring)."""
+    kinds = sorted(set(_ERROR_KIND.findall(check.output_tail)))
+    ids = test_ids(check)
+    if ids:
+        shown = ", ".join(ids[:MAX_IDS]) + (f" and {len(ids) - MAX_IDS} more" if len(ids) > MAX_IDS else "")
+        return clip(f"{shown} fail" + (f" ({', '.join(kinds[:2])})" if kinds else ""), 160)
+    lines = [ln.strip() for ln in check.output_tail.splitlines() if ln.strip() and not _SUMMARY.search(ln.strip())]
     hits = [ln for ln in lines if _SALIENT.search(ln)]
-    return clip((hits or lines or ["no output"])[-1], 120)
+    line = (hits or lines or [f"exit {check.exit_code}" if not check.timed_out else "timed out"])[-1]
+    for pattern, repl in _NOISE:
+        line = pattern.sub(repl, line)
+    return clip(" ".join(line.split()).strip(" :,-=") or "no output", 120)
 
 
 def span(ns: Sequence[int]) -> str:
@@ -138,14 +197,18 @@ class Repeated:
     why: str
     consecutive_same: bool
     resolved_at: int | None
+    tests: list[str]                    # the failing test ids, when the runner named them
 
 
 def repeated_failures(rec: RunRecord, min_times: int = 2) -> list[Repeated]:
     """Checks that failed in ≥ ``min_times`` verified iterations, most failures first."""
     seen: dict[str, list[tuple[int, str, str]]] = {}
+    tests: dict[str, list[str]] = {}
     for it in rec.iterations:
         for c in it.failing:
-            seen.setdefault(c.name, []).append((it.n, c.signature, salient_line(c.output_tail)))
+            if environment_failure(c) is None:
+                seen.setdefault(c.name, []).append((it.n, c.signature, failure_why(c)))
+                tests[c.name] = list(dict.fromkeys(tests.get(c.name, []) + test_ids(c)))
     out = []
     for name, hits in seen.items():
         if len(hits) < min_times:
@@ -157,7 +220,7 @@ def repeated_failures(rec: RunRecord, min_times: int = 2) -> list[Repeated]:
         same = any(ns[k + 1] == ns[k] + 1 and hits[k + 1][1] == hits[k][1] for k in range(len(hits) - 1))
         later = [it.n for it in rec.iterations if it.n > ns[-1] and it.outcome is not None
                  and all(c.passed for c in it.checks if c.name == name)]
-        out.append(Repeated(name, ns, sigs, why, same, later[0] if later else None))
+        out.append(Repeated(name, ns, sigs, why, same, later[0] if later else None, tests[name][:20]))
     return sorted(out, key=lambda r: (-len(r.iterations), r.check))
 
 

@@ -135,6 +135,12 @@ def write_retro(tx, run_id: str, drafts: list[NoteDraft], *, author: str = "deri
     return ids
 
 
+def skip_retro(tx, run_id: str, why: str) -> None:
+    """Record that the run's current ending teaches nothing (``retro.skipped``): it gets no notes
+    and is not offered for a retro again."""
+    tx.journal("retro.skipped", run_id, {"ending": ending(tx.conn, run_id), "why": why})
+
+
 def has_retro(conn: sqlite3.Connection, run_id: str) -> bool:
     """True once the retro of the run's current ending is written."""
     return conn.execute("SELECT 1 FROM raw_notes WHERE id = ?",
@@ -145,12 +151,15 @@ def runs_without_retro(conn: sqlite3.Connection, limit: int = 50) -> list[str]:
     """Ended runs whose retro of their current ending is not written yet, oldest first. A run
     that ended because its verify commands could not run (``verify_unrunnable``) taught nothing
     about the work: the machine failed, not the doer, so it never becomes lessons, knowledge or
-    skills. The id test is ``note_id(w.id, 0, ending)`` in SQL."""
+    skills; nor does an ending recorded as ``retro.skipped`` (``skip_retro``). The id test is
+    ``note_id(w.id, 0, ending)`` in SQL."""
     rows = conn.execute(
         """SELECT w.id FROM work_items w WHERE w.status = ?
              AND w.stop_reason IS NOT ?
              AND NOT EXISTS (SELECT 1 FROM raw_notes r WHERE r.id = 'rn-' || w.id || COALESCE(
                    '.' || NULLIF((SELECT COUNT(*) FROM stop_history s WHERE s.work_id = w.id), 0), '') || '-0')
+             AND NOT EXISTS (SELECT 1 FROM events e WHERE e.kind = 'retro.skipped' AND e.subject = w.id
+                   AND json_extract(e.data, '$.ending') = (SELECT COUNT(*) FROM stop_history s WHERE s.work_id = w.id))
            ORDER BY w.ended_at, w.id LIMIT ?""", (WorkStatus.ENDED, StopReason.VERIFY_UNRUNNABLE, limit)).fetchall()
     return [r[0] for r in rows]
 

@@ -27,12 +27,15 @@ class Check:
     exit_code: int | None
     timed_out: bool
     output_tail: str
+    code: str | None = None            # why the verifier could not run it, when it could not
+    junit: dict | None = None          # the runner's own report ({"counts", "ids", "truncated"})
 
     @classmethod
     def decode(cls, data: dict) -> "Check":
         return cls(str(data.get("name") or data.get("command") or "?"), bool(data.get("passed")),
                    str(data.get("signature") or ""), data.get("exit_code"), bool(data.get("timed_out")),
-                   str(data.get("output_tail") or ""))
+                   str(data.get("output_tail") or ""), data.get("code") or None,
+                   data.get("junit") if isinstance(data.get("junit"), dict) else None)
 
 
 @dataclass(frozen=True)

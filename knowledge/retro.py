@@ -8,8 +8,14 @@ the run id and its evidence (iteration numbers, failing check names, signatures)
 - one **failure** note per check that failed repeatedly (≥ 2 iterations), with the steps taken;
 - one **fix** note when the run reached ``goal_met`` after failing: what the passing iteration
   changed;
-- one **context** note per skill or curated note the prompts carried (at most ``MAX_CONTEXT``),
-  saying whether it was used and whether it helped (predicates in ``knowledge/findings.py``).
+- one **context** note per skill the prompts carried (at most ``MAX_CONTEXT``), saying whether
+  it was used and whether it helped (predicates in ``knowledge/findings.py``). Curated notes the
+  prompts carried go into the outcome note's evidence, never into a note of their own: a note
+  about a note would be curated into knowledge about knowledge.
+
+Triggers are the failing check and ``findings.failure_why`` (test ids, error kinds), never a
+timing or a count; checks that failed because of the environment are no note's subject, and a
+run that failed only that way gets no notes at all (``findings.taught_nothing``).
 
 A model-written retro produces the same ``NoteDraft`` list through the seam in
 ``knowledge/retro_model.py``; this module is the fallback and the default.
@@ -31,14 +37,17 @@ short = F.short_check
 
 
 def derive(rec: RunRecord) -> list[NoteDraft]:
-    """The retro notes of ``rec`` (outcome first). Pure: the same record gives the same notes."""
+    """The retro notes of ``rec`` (outcome first), none when the run taught nothing about the work.
+    Pure: the same record gives the same notes."""
+    if F.taught_nothing(rec) is not None:
+        return []
     notes = [outcome_note(rec)]
     failures = F.repeated_failures(rec)
     notes += [failure_note(rec, r) for r in failures]
     fix = fix_note(rec)
     if fix is not None:
         notes.append(fix)
-    notes += [context_note(rec, c) for c in F.carried(rec, rec.terms)[:MAX_CONTEXT]]
+    notes += [context_note(rec, c) for c in F.carried(rec, rec.terms) if c.section == "skills"][:MAX_CONTEXT]
     return notes
 
 
@@ -59,7 +68,9 @@ def outcome_note(rec: RunRecord) -> NoteDraft:
                   "fits": fit.ok, "verifiable": verifiable.ok, "near_cap": list(cost.near),
                   "lessons": {"written": list(lessons.written), "heeded": list(lessons.heeded),
                               "ignored": list(lessons.ignored)},
-                  "usage": {"calls": rec.calls, "tokens": rec.tokens, "cost_usd": round(rec.cost_usd, 6)}})
+                  "usage": {"calls": rec.calls, "tokens": rec.tokens, "cost_usd": round(rec.cost_usd, 6)},
+                  "knowledge": [{"id": c.id, "iterations": list(c.iterations), "used": c.used, "helped": c.helped}
+                                for c in F.carried(rec, rec.terms) if c.section == "knowledge"]})
 
 
 def steps(rec: RunRecord, upto: int | None = None) -> str:
@@ -104,7 +115,7 @@ def failure_note(rec: RunRecord, r: F.Repeated) -> NoteDraft:
         rationale=f"{steps(rec, r.iterations[-1])} Lessons: {F.lesson_use(rec).line()}.",
         applicability=_trigger(r.check, r.why),
         evidence={"kind": "failure", "topic": f"{short(r.check)} fails: {r.why}", "subject": f"check:{r.check}",
-                  "trigger": f"{r.check}|{r.why}", "iterations": list(r.iterations), "checks": [r.check],
+                  "trigger": f"{r.check}|{r.why}", "tests": r.tests, "iterations": list(r.iterations), "checks": [r.check],
                   "signatures": list(r.signatures), "resolved_at": r.resolved_at})
 
 
@@ -115,9 +126,11 @@ def fix_note(rec: RunRecord) -> NoteDraft | None:
     if not rec.goal_met or not failed or not passing:
         return None
     last_fail, win = failed[-1], passing[-1]
-    check = last_fail.failing[0] if last_fail.failing else None
+    check = next((c for c in last_fail.failing if F.environment_failure(c) is None), None)
+    if check is None and last_fail.failing:
+        return None                     # what was fixed was the environment, not the work
     name = check.name if check else "the checks"
-    why = F.salient_line(check.output_tail) if check else "no named check"
+    why = F.failure_why(check) if check else "no named check"
     changed = ", ".join(win.changed_paths[:3]) or "nothing"
     return NoteDraft(
         fact=(f"Run {rec.id} reached goal_met in iteration {win.n} after {len(failed)} failed iteration(s); "
@@ -128,7 +141,8 @@ def fix_note(rec: RunRecord) -> NoteDraft | None:
         applicability=_trigger(name, why),
         evidence={"kind": "fix", "topic": f"fix for {short(name)}: {why}", "subject": f"check:{name}",
                   "trigger": f"{name}|{why}", "iterations": [it.n for it in failed] + [win.n],
-                  "checks": [name], "changed_paths": list(win.changed_paths[:20])})
+                  "checks": [name], "changed_paths": list(win.changed_paths[:20]),
+                  "tests": F.test_ids(check) if check else []})
 
 
 def context_note(rec: RunRecord, c: F.Carried) -> NoteDraft:

@@ -24,7 +24,8 @@ import orjson
 
 from skills.drafting import CandidateDraft
 from skills.errors import CandidateClosed, CandidateNotFound
-from skills.skillmd import SkillText
+from skills.names import validate_name
+from skills.skillmd import SkillText, renamed
 from state_db.vocab import CandidateStatus as C
 
 LIVE = (C.PENDING, C.DEFERRED)
@@ -140,15 +141,18 @@ def decide(tx, ref: str, action: str, who: str) -> dict:
 
 def edit(tx, ref: str, *, name: str | None = None, description: str | None = None,
          body: str | None = None) -> dict:
-    """Change a pending or deferred candidate's name, description or body (a human write).
+    """Change a pending or deferred candidate's name, description or body (a human write). A new
+    name is carried through consistently: the old one is replaced in the heading, the description
+    and the body (``skillmd.renamed``), whichever of them the edit left as it was.
 
     Raises: CandidateNotFound, CandidateClosed, BadSkillName, BadSkillText.
     """
     c = get(tx.conn, ref)
     if c["status"] not in LIVE:
         raise CandidateClosed(c["id"], c["status"], "edited")
-    new = SkillText(name or c["name"], description if description is not None else c["description"],
-                    body if body is not None else c["body"]).validate()
+    new = SkillText(c["name"], description if description is not None else c["description"],
+                    body if body is not None else c["body"])
+    new = renamed(new, validate_name(name) if name else c["name"]).validate()
     fields = {k: v for k, v in (("name", new.name), ("description", new.description), ("body", new.body))
               if v != c[k]}
     if fields:

@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 
 from skills.errors import SkillNotFound
-from skills.skillmd import SkillText, render
+from skills.skillmd import SkillText, write_folder
 from state_db.snapshot import write_atomic
 
 ACTIVE, RETIRED = "active", "retired"
@@ -75,11 +75,9 @@ def text_of(row: dict) -> SkillText:
 def render_files(conn, skills_dir: Path, name: str) -> Path:
     """Write ``<skills_dir>/<name>/SKILL.md`` and ``origin.json`` from state.db; returns SKILL.md."""
     row = skill(conn, name)
-    folder = Path(skills_dir) / name
-    write_atomic(folder / "origin.json", json.dumps(row["origin"], ensure_ascii=False, indent=2) + "\n")
-    target = folder / "SKILL.md"
-    write_atomic(target, render(text_of(row)))
-    return target
+    origin = json.dumps(row["origin"], ensure_ascii=False, indent=2) + "\n"
+    write_atomic(Path(skills_dir) / name / "origin.json", origin)
+    return write_folder(text_of(row), skills_dir)
 
 
 def ensure_rendered(conn, skills_dir: Path) -> list[str]:

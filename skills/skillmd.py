@@ -10,10 +10,13 @@ pitfalls (``SECTIONS``).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from skills.errors import BadSkillText
 from skills.names import validate_name
+from state_db.snapshot import write_atomic
 
 MAX_DESCRIPTION = 1024
 SECTIONS = ("When to use", "Steps", "Criteria and thresholds", "Pitfalls")
@@ -50,6 +53,25 @@ def render(text: SkillText) -> str:
         lines += [f"  {k}: {_q(str(v))}" for k, v in text.metadata.items()]
     lines += ["---", "", text.body.strip(), ""]
     return "\n".join(lines)
+
+
+def renamed(text: SkillText, new_name: str) -> SkillText:
+    """``text`` under ``new_name``, consistently: the old name is replaced wherever it stands as a
+    whole word (the ``# name`` heading, the description, the steps), so nothing still says the old one."""
+    if new_name == text.name:
+        return text
+    whole = re.compile(rf"(?<![\w-]){re.escape(text.name)}(?![\w-])")
+    return replace(text, name=new_name, description=whole.sub(new_name, text.description),
+                   body=whole.sub(new_name, text.body))
+
+
+def write_folder(text: SkillText, parent: Path) -> Path:
+    """Write ``parent/<name>/SKILL.md`` in the Agent Skills layout (the folder is named as the
+    skill, which Claude Code and other clients require) and return its path; what else the
+    folder holds is kept."""
+    target = Path(parent) / text.name / "SKILL.md"
+    write_atomic(target, render(text))
+    return target
 
 
 def _scalar(raw: str) -> str:

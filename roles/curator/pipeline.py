@@ -16,6 +16,7 @@ from typing import Callable
 import structlog
 
 from knowledge import consolidate as K
+from knowledge import findings
 from knowledge import notes as N
 from knowledge import record
 from knowledge.errors import ConsolidationRaced, RetroExists, RunNotEnded
@@ -95,13 +96,19 @@ class Pipeline:
             self._flight.release()
 
     def retros(self, limit: int = 50) -> list[str]:
-        """Write the retro of every ended run that has none (exactly once per run)."""
+        """Write the retro of every ended run that has none (exactly once per run). A run that
+        failed only because of its environment is recorded as skipped instead, whoever the
+        author: no note, so no knowledge and no skill, comes of it."""
         done = []
         for run_id in N.runs_without_retro(self.w.conn, limit):
             try:
                 rec = record.load(self.w.conn, run_id)
-                drafts = self.author(rec)
+                why = findings.taught_nothing(rec)
+                drafts = [] if why else self.author(rec)
                 with self.w.transaction() as tx:
+                    if not drafts:
+                        N.skip_retro(tx, run_id, why or "the retro found nothing to say")
+                        continue
                     N.write_retro(tx, run_id, drafts, author="model" if getattr(self.author, "model", False)
                                   else "derived")
                 done.append(run_id)

@@ -1,7 +1,16 @@
-"""The offline demo shown by ``scripts/start-org --demo``: a real org, a bundled project with a
-failing test, the scripted model reached through the anthropic SDK, watched live."""
+"""The offline demos of ``scripts/start-org --demo [fix|learning]``: a real org, the scripted model
+reached through the anthropic SDK, watched live.
+
+- ``fix`` (the default): a bundled project with a failing test, fixed in two iterations.
+- ``learning``: three similar jobs (three services whose settings.json fails the same check the
+  same way twice before it passes) — enough for the curator to write their retros, curate the
+  recurring failure into a pattern, propose a skill and open a review batch; the demo waits for
+  the batch and says how to review it. It runs with its own thresholds (``LEARNING_THRESHOLDS``,
+  passed to the org it starts as environment overrides) and prints them.
+"""
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -9,10 +18,27 @@ from pathlib import Path
 from state_db.connection import connect
 
 DEMO_DIR = Path(__file__).resolve().parents[2] / "scripts" / "demo"
+LEARNING_DIR = DEMO_DIR / "learning"
+LEARNING_THRESHOLDS = {"raw_notes_to_consolidate": 3, "notes_per_pattern": 3, "candidates_per_batch": 1}
+LEARNING_ENV = {f"ORG_{k.upper()}": str(v) for k, v in LEARNING_THRESHOLDS.items()}
+LEARNING_CHECK = "python3 validate_config.py"
+#: (service, timeout as written, whole seconds)
+SERVICES = (("billing", "30s", 30), ("search", "45s", 45), ("mailer", "90s", 90))
+
+
+def _follow(conn, seen: int, t0: float, out, until) -> int:
+    """Narrate the events after ``seen``; returns the last id. ``until(event)`` is told each one."""
+    for ev in conn.execute("SELECT * FROM events WHERE id > ? ORDER BY id", (seen,)).fetchall():
+        seen = ev["id"]
+        from roles.operations.narrate import line_for
+        line = line_for(conn, dict(ev))
+        if line:
+            out(f"  [{time.monotonic() - t0:5.2f}s] {line}")
+        until(dict(ev))
+    return seen
 
 
 def run_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
-    from roles.operations.narrate import line_for
     from roles.operations.submit import SubmitRequest, submit
     from roles.sandbox import describe_mode
     from state_db import config as config_mod
@@ -32,19 +58,14 @@ def run_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
     out(f"demo: caps {result['caps']}; model: scripted (a local Anthropic-compatible server replaying "
         f"scripts/demo/script.json, reached through the anthropic SDK)\n")
     seen, deadline, t0 = start_event, time.monotonic() + timeout_s, time.monotonic()
-    ended = None
-    while time.monotonic() < deadline and ended is None:
-        for ev in conn.execute("SELECT * FROM events WHERE id > ? ORDER BY id", (seen,)).fetchall():
-            seen = ev["id"]
-            line = line_for(conn, dict(ev))
-            if line:
-                out(f"  [{time.monotonic() - t0:5.2f}s] {line}")
-            if ev["kind"] == "work_items.ended" and ev["subject"] == work_id:
-                ended = ev
+    ended = []
+    while time.monotonic() < deadline and not ended:
+        seen = _follow(conn, seen, t0, out, lambda ev: ev["kind"] == "work_items.ended"
+                       and ev["subject"] == work_id and ended.append(ev))
         time.sleep(0.05)
     item = conn.execute("SELECT status, stop_reason FROM work_items WHERE id = ?", (work_id,)).fetchone()
     conn.close()
-    if ended is None:
+    if not ended:
         out(f"\ndemo: {work_id} did not finish within {timeout_s:.0f}s (status {item['status']}) — see 'scripts/org logs'")
         return 1
     out(f"\ndemo: done — {work_id} stopped with '{item['stop_reason']}', declared by the eval-agent, not the doer.")
@@ -54,3 +75,77 @@ def run_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
     out("  a real model: export ANTHROPIC_API_KEY=… (or ANTHROPIC_BASE_URL=http://… for a compatible local "
         "server) and submit with --backend anthropic")
     return 0 if item["stop_reason"] == "goal_met" else 1
+
+
+def _edit(old, new, say: str) -> list[dict]:
+    return [{"tool_uses": [{"name": "edit_file", "input": {
+                "path": "settings.json", "old_string": f'"timeout": {json.dumps(old)}',
+                "new_string": f'"timeout": {json.dumps(new)}'}}]},
+            {"text": say}]
+
+
+def learning_job(root: Path, service: str, timeout: str, seconds: int) -> dict:
+    """One job of the learning demo: a workspace and a script that strips the unit (still a string),
+    then writes a float, then the int — the same check fails the same way twice, then passes.
+    Returns the submit fields (goal, workspace, verify, protect, backend)."""
+    ws = root / f"ws-{service}"
+    ws.mkdir(parents=True)
+    shutil.copy(LEARNING_DIR / "validate_config.py", ws / "validate_config.py")
+    (ws / "settings.json").write_text(json.dumps({"service": service, "timeout": timeout, "retries": 3}, indent=2)
+                                      + "\n")
+    acts = [[{"text": "Let me read the settings first.",
+              "tool_uses": [{"name": "read_file", "input": {"path": "settings.json"}}]},
+             *_edit(timeout, str(seconds), "Removed the unit from timeout; validate_config.py should accept it.")],
+            _edit(str(seconds), float(seconds), "The validator still rejects timeout; I wrote it as a number."),
+            _edit(float(seconds), seconds, "timeout is now an integer number of seconds.")]
+    script = root / f"{service}.script.json"
+    script.write_text(json.dumps({"version": 1, "acts": acts}))
+    return {"goal": f"Service {service}: make settings.json pass validate_config.py — the timeout must be a whole "
+                    "number of seconds",
+            "workspace": str(ws), "verify": [LEARNING_CHECK], "protect": ["validate_config.py"],
+            "backend": f"scripted:{script}"}
+
+
+def run_learning_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
+    """Run the learning demo (module docstring); 0 once a review batch is open."""
+    from roles.operations.submit import SubmitRequest, submit
+    from state_db import config as config_mod
+    cfg = config_mod.load(home.config_path)
+    root = home.root / "demo" / time.strftime("learning-%Y%m%d-%H%M%S")
+    wanted = ", ".join(f"{k} = {v}" for k, v in LEARNING_THRESHOLDS.items())
+    have = ", ".join(f"{k} = {cfg[f'knowledge.{k}']}" for k in LEARNING_THRESHOLDS)
+    out(f"demo: learning — {len(SERVICES)} similar jobs in {root}; each fails `{LEARNING_CHECK}` the same way twice")
+    out(f"demo: curator thresholds for this demo: {wanted} (defaults 5, 3, 5)")
+    if have != wanted:
+        out(f"demo: this shell's org.toml says {have}; an org started by 'start-org --demo learning' uses the "
+            "demo's thresholds, one already running keeps its own")
+    conn = connect(home.db_path, readonly=True)
+    seen = conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+    ids = [submit(home, cfg, SubmitRequest(max_iterations=5, **learning_job(root, *svc)))["id"] for svc in SERVICES]
+    out(f"demo: submitted {', '.join(ids)}\n")
+    deadline, t0, batch = time.monotonic() + timeout_s, time.monotonic(), []
+    while time.monotonic() < deadline and not batch:
+        seen = _follow(conn, seen, t0, out, lambda ev: ev["kind"] == "candidate_batches.created"
+                       and batch.append(ev["subject"]))
+        time.sleep(0.05)
+    ended = conn.execute(f"SELECT id, stop_reason FROM work_items WHERE id IN ({','.join('?' * len(ids))})",
+                         ids).fetchall()
+    if not batch:
+        conn.close()
+        out(f"\ndemo: no review batch within {timeout_s:.0f}s (runs: "
+            + ", ".join(f"{r['id']} {r['stop_reason'] or 'running'}" for r in ended)
+            + ") — 'scripts/org knowledge' shows how far the curator got")
+        return 1
+    cands = conn.execute("SELECT id, name, score FROM skill_candidates WHERE batch_id = ? ORDER BY id",
+                         (batch[0],)).fetchall()
+    conn.close()
+    out(f"\ndemo: batch {batch[0]} is open — {len(cands)} skill candidate(s) learned from {len(ids)} runs:")
+    for c in cands:
+        out(f"  {c['id']}  {c['name']}  (score {c['score']}/5)")
+    first = cands[0]["id"] if cands else "ID"
+    out("  review: 'scripts/org candidates list', 'scripts/org candidates show " + first + "',\n"
+        "          'scripts/org candidates approve " + first + "' (or reject / defer / edit)")
+    out("  see it all: 'scripts/org knowledge' (raw notes → curated → candidates → skills, with the evidence);\n"
+        "  an approved skill is carried by later matching runs and can be exported for Claude Code with\n"
+        "  'scripts/org skills export NAME --to .claude/skills'")
+    return 0

@@ -12,7 +12,9 @@ def parse(argv):
     p = argparse.ArgumentParser(prog="scripts/start-org",
                                 description="Set up (once) and start the org in the background.")
     p.add_argument("--home", help="org home (default: $ORG_HOME, else .org/ beside the project)")
-    p.add_argument("--demo", action="store_true", help="run the bundled offline demo end to end")
+    p.add_argument("--demo", nargs="?", const="fix", choices=("fix", "learning"),
+                   help="run a bundled offline demo end to end: fix (default) a failing test, or learning "
+                        "(similar jobs until a skill candidate batch opens)")
     p.add_argument("--foreground", action="store_true", help="run the supervisor in this terminal")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for every role to be ready")
     return p.parse_args(argv)
@@ -47,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
                 env = {"ORG_SANDBOX": "unsandboxed", "ORG_ALLOW_UNSANDBOXED": "true"}
                 print("bubblewrap is not installed: this demo org runs agent commands UNSANDBOXED "
                       "(only the bundled demo script); install 'bubblewrap' before real work")
+        if args.demo == "learning" and not running:
+            from roles.supervisor.demo import LEARNING_ENV
+            env = {**(env or {}), **LEARNING_ENV}
         if running:
             print(f"the org is already running (supervisor pid {running[0]}) in {home.root}")
         else:
@@ -54,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"org started in {info['ready_ms'] / 1000:.2f}s: " + ", ".join(
                 f"{r['instance']} {r['status']}" for r in sorted(info["roles"], key=lambda r: r["instance"])))
         if args.demo:
-            from roles.supervisor.demo import run_demo
-            return run_demo(home, cfg)
+            from roles.supervisor.demo import run_demo, run_learning_demo
+            return (run_learning_demo if args.demo == "learning" else run_demo)(home, cfg)
         print("next: 'scripts/org status' to look, 'scripts/org logs -f' to follow, 'scripts/org stop' to stop")
         return 0
     except Exception as exc:

@@ -1,4 +1,6 @@
-"""``org skills [list|show NAME|retire NAME]``: approved skills, their use and their origin.
+"""``org skills [list|show NAME|retire NAME|export NAME --to DIR]``: approved skills, their use and
+their origin; ``export`` writes ``DIR/NAME/SKILL.md`` in the Agent Skills layout, ready to drop into a
+Claude Code project's ``.claude/skills/`` (or ``~/.claude/skills/``).
 
 A skill no run has carried for ``knowledge.skill_unused_days`` (default 90) is shown as
 proposed for retirement; only a human retires it (a durable write as actor ``human``).
@@ -11,7 +13,7 @@ from scripts.cli.output import add_json, emit_json, home_of, read_conn, table
 from state_db.vocab import Actor
 
 NAME = "skills"
-HELP = "list approved skills with use counts and last use, show one, or retire one"
+HELP = "list approved skills with use counts and last use, show one, retire one, or export one"
 
 
 def add_arguments(p) -> None:
@@ -27,6 +29,10 @@ def add_arguments(p) -> None:
     retire.add_argument("name", help="skill name")
     retire.add_argument("--idempotency-key", help="the same key twice retires once")
     add_json(retire)
+    export = sub.add_parser("export", help="write DIR/NAME/SKILL.md (Agent Skills layout, e.g. for .claude/skills/)")
+    export.add_argument("name", help="skill name")
+    export.add_argument("--to", required=True, metavar="DIR", help="folder to write the skill's folder into")
+    add_json(export)
 
 
 def _unused_days(args) -> int:
@@ -45,6 +51,8 @@ def run(args) -> int:
     action = args.action or "list"
     if action == "retire":
         return _retire(args)
+    if action == "export":
+        return _export(args)
     days = _unused_days(args)
     conn = read_conn(args)
     try:
@@ -95,4 +103,30 @@ def _retire(args) -> int:
         emit_json(out)
     else:
         print(f"{out['name']}: retired" + ("" if out["changed"] else " (already)"))
+    return 0
+
+
+def _export(args) -> int:
+    from pathlib import Path
+
+    from skills import registry
+    from skills.skillmd import write_folder
+
+    conn = read_conn(args)
+    try:
+        row = registry.skill(conn, args.name)
+    finally:
+        conn.close()
+    from skills.errors import SkillError
+    try:
+        path = write_folder(registry.text_of(row), Path(args.to).expanduser())
+    except OSError as exc:
+        raise SkillError(f"cannot write {args.name} into {args.to}: {exc.strerror or exc}", code="export_failed",
+                         hint="give --to a folder you can write to") from None
+    if args.json:
+        emit_json({"name": row["name"], "file": str(path), "status": row["status"]})
+    else:
+        print(f"{row['name']}: wrote {path}" + ("" if row["status"] == "active" else f" (the skill is {row['status']})"))
+        print(f"  for Claude Code: put the folder {path.parent.name}/ in a project's .claude/skills/ "
+              "(or ~/.claude/skills/)")
     return 0
