@@ -136,6 +136,12 @@ enabled = false                 # also on when otlp_endpoint is set
 otlp_endpoint = ""              # OTLP/HTTP base URL, e.g. http://127.0.0.1:4318; env OTEL_EXPORTER_OTLP_ENDPOINT
 exporter = "otlp"               # otlp | none (spans are made and dropped: what tracing itself costs)
 
+[mcp]                           # org mcp: what an MCP client (Claude Code, ...) may do
+tools = ["status", "show", "diff", "decisions", "candidates", "skills"]
+                                # read-only by default; add "submit", "cancel", "continue" to let it
+                                # start and steer runs, "decide" to answer decisions, "review" to
+                                # approve / reject / defer skill candidates
+
 [retention]                     # applied by 'org gc' and hourly by the supervisor
 events_days = 30                # journal events of ended runs older than this are pruned (counts kept)
 model_calls_days = 30           # per-call usage rows of ended runs → one summary row per run
@@ -177,6 +183,9 @@ def _bind_paths(v) -> bool:
 
 
 NUM = (int, float)
+# what org mcp can expose (mcp.tools); "review" is the write half of the candidates tool
+MCP_TOOLS = ("status", "show", "diff", "decisions", "candidates", "skills",
+             "submit", "cancel", "continue", "decide", "review")
 SCHEMA: dict[str, Field] = {
     "org.loop_agents": Field(int, lambda v: 1 <= v <= 64, "an integer from 1 to 64", "ORG_LOOP_AGENTS"),
     "caps.max_iterations": Field(int, _positive, "an integer ≥ 1"),
@@ -242,6 +251,8 @@ SCHEMA: dict[str, Field] = {
     "telemetry.otlp_endpoint": Field(str, lambda v: v == "" or v.startswith(("http://", "https://")),
                                      "empty or an http(s) URL", "OTEL_EXPORTER_OTLP_ENDPOINT"),
     "telemetry.exporter": Field(str, lambda v: v in ("otlp", "none"), "otlp or none"),
+    "mcp.tools": Field(list, lambda v: _str_list(v) and set(v) <= set(MCP_TOOLS),
+                       "a list of tool names from " + ", ".join(MCP_TOOLS)),
     "retention.events_days": Field(NUM, _positive, "a number of days > 0"),
     "retention.model_calls_days": Field(NUM, _positive, "a number of days > 0"),
     "retention.eval_snapshots_days": Field(NUM, _non_negative, "a number of days ≥ 0"),

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import uuid
 
+from roles.operations import human_writer, signed
 from state_db.config import Config
 from state_db.errors import NotFound
 from state_db.home import OrgHome
-from state_db.vocab import Actor, StopReason, WorkStatus
-from state_db.writer import StateWriter
+from state_db.vocab import StopReason, WorkStatus
 
 
-def cancel(home: OrgHome, cfg: Config, work_id: str, *, idempotency_key: str | None = None) -> dict:
+def cancel(home: OrgHome, cfg: Config, work_id: str, *, idempotency_key: str | None = None,
+           via: str | None = None) -> dict:
     """Record the cancel; returns {"id", "status", "stop_reason", "changed", "note"?, "wake"}.
-    Raises NotFound."""
-    writer = StateWriter(home.db_path, Actor.HUMAN)
+    ``via``: the client it came through (``human_writer``). Raises NotFound."""
+    writer = human_writer(home.db_path, via)
 
     def do(tx):
         item = tx.get("work_items", work_id)
@@ -28,7 +29,7 @@ def cancel(home: OrgHome, cfg: Config, work_id: str, *, idempotency_key: str | N
             return {"id": work_id, "status": "ended", "stop_reason": item["stop_reason"], "changed": False}
         if item["status"] in (WorkStatus.QUEUED, WorkStatus.WAITING):
             tx.set_status("work_items", work_id, WorkStatus.ENDED, stop_reason=StopReason.CANCELLED,
-                          stop_detail=f"cancelled by {writer.os_user} before it started")
+                          stop_detail=f"cancelled by {signed(writer)} before it started")
             return {"id": work_id, "status": "ended", "stop_reason": "cancelled", "changed": True}
         tx.update("work_items", work_id, cancel_requested=1, updated_at=tx.now)
         return {"id": work_id, "status": item["status"], "stop_reason": None, "changed": True,

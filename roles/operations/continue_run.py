@@ -28,11 +28,11 @@ import math
 import uuid
 from dataclasses import dataclass
 
+from roles.operations import human_writer, signed
 from state_db.config import Config
 from state_db.errors import NotFound, StateError
 from state_db.home import OrgHome
-from state_db.vocab import Actor, StopReason as R, WorkStatus
-from state_db.writer import StateWriter
+from state_db.vocab import StopReason as R, WorkStatus
 
 CONTINUABLE = frozenset({R.MAX_ITERATIONS, R.TOKEN_BUDGET, R.COST_BUDGET, R.TIMEOUT, R.NO_PROGRESS,
                          R.REPEATED_FAILURE, R.MODEL_ERROR, R.ORG_LIMIT})
@@ -69,6 +69,7 @@ class ContinueRequest:
     budget_usd: float | None = None
     timeout_s: float | None = None
     idempotency_key: str | None = None
+    via: str | None = None                # the client it came through, e.g. mcp:claude-code
 
     def given(self) -> dict:
         caps = {k: getattr(self, k) for k in CAPS}
@@ -137,7 +138,7 @@ def continue_run(home: OrgHome, cfg: Config, req: ContinueRequest) -> dict:
     given = req.given()
     from roles.operations.wake import Waker
     waker = Waker(home, cfg)
-    writer = StateWriter(home.db_path, Actor.HUMAN)
+    writer = human_writer(home.db_path, req.via)
 
     def do(tx):
         work = tx.get("work_items", req.work_id)
@@ -155,7 +156,7 @@ def continue_run(home: OrgHome, cfg: Config, req: ContinueRequest) -> dict:
         tx.insert("stop_history", {
             "work_id": req.work_id, "seq": seq, "stop_reason": work["stop_reason"],
             "stop_detail": work["stop_detail"], "ended_at": work["ended_at"], "iterations": spent["max_iterations"],
-            "caps": old, "new_caps": caps, "continued_by": writer.os_user, "continued_at": tx.now})
+            "caps": old, "new_caps": caps, "continued_by": signed(writer), "continued_at": tx.now})
         lock = tx.one("SELECT work_id FROM workspace_locks WHERE workspace = ?", (work["workspace"],))
         busy = lock[0] if lock is not None and lock[0] != req.work_id else None
         if lock is None:

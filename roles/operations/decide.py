@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import uuid
 
+from roles.operations import human_writer, signed
 from state_db.config import Config
 from state_db.errors import NotFound, StateError
 from state_db.home import OrgHome
-from state_db.vocab import Actor, DecisionStatus as D
-from state_db.writer import StateWriter
+from state_db.vocab import DecisionStatus as D
 
 VERDICTS = {"approve": D.APPROVED, "reject": D.REJECTED, "edit": D.EDITED, "respond": D.RESPONDED}
 
@@ -17,24 +17,24 @@ class DecideError(StateError):
 
 
 def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str | None = None, *,
-           stop: bool = False, idempotency_key: str | None = None) -> dict:
+           stop: bool = False, idempotency_key: str | None = None, via: str | None = None) -> dict:
     """Record the human's decision, then wake the coordinator. Raises NotFound, DecideError,
     IllegalTransition (already decided). Returns {id, work_id, status, replayed, wake} (``wake``:
-    "push", "outbox" or "not sent: <why>")."""
+    "push", "outbox" or "not sent: <why>"). ``via``: the client it came through (``human_writer``)."""
     if verdict not in VERDICTS:
         raise DecideError(f"unknown decision {verdict!r}", hint="use approve, reject, edit or respond")
     if verdict in ("edit", "respond") and not (text or "").strip():
         raise DecideError(f"'{verdict}' needs a text", hint=f"org decide {decision_id} {verdict} \"...\"")
     if stop and verdict != "reject":
         raise DecideError("--stop goes with reject only")
-    writer = StateWriter(home.db_path, Actor.HUMAN)
+    writer = human_writer(home.db_path, via)
 
     def do(tx):
         row = tx.get("decisions", decision_id)
         if row is None:
             raise NotFound(f"no decision {decision_id}", hint="see 'org decisions'")
         tx.set_status("decisions", decision_id, VERDICTS[verdict], answer=text, stop_run=int(stop),
-                      decided_by=writer.os_user, decided_at=tx.now)
+                      decided_by=signed(writer), decided_at=tx.now)
         return {"id": decision_id, "work_id": row["work_id"], "status": str(VERDICTS[verdict])}
 
     try:

@@ -6,13 +6,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from roles.operations import human_writer, signed
 from roles.workspace import safegit
 from roles.workspace.errors import RepositoryError
 from state_db.config import Config
 from state_db.errors import StateError
 from state_db.home import OrgHome
-from state_db.vocab import Actor, WorkStatus
-from state_db.writer import StateWriter
+from state_db.vocab import WorkStatus
 
 BACKENDS = ("anthropic", "command")
 
@@ -35,6 +35,7 @@ class SubmitRequest:
     backend: str | None = None
     worktree: bool = False
     idempotency_key: str | None = None
+    via: str | None = None                # the client it came through, e.g. mcp:claude-code
 
 
 def new_work_id() -> str:
@@ -151,7 +152,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
     key = req.idempotency_key or uuid.uuid4().hex
     from roles.operations.wake import Waker
     waker = Waker(home, cfg)
-    writer = StateWriter(home.db_path, Actor.HUMAN)
+    writer = human_writer(home.db_path, req.via)
     try:
         done = writer.conn.execute("SELECT result FROM idempotency WHERE key = ? AND command = 'submit'", (key,)).fetchone()
         work_id = new_work_id()
@@ -171,7 +172,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
                 "protect": req.protect, "default_protect": int(req.default_protect), "caps": caps,
                 "backend": backend, "status": status,
                 "stop_detail": f"workspace busy with {busy[0]}" if busy else None,
-                "worktree": int(req.worktree), "branch": branch, "created_by": writer.os_user,
+                "worktree": int(req.worktree), "branch": branch, "created_by": signed(writer),
                 "toolchain": toolchain,
                 "created_at": tx.now, "updated_at": tx.now})
             if not busy:

@@ -1,0 +1,242 @@
+"""What ``org mcp`` offers as tools: each one's JSON schema and the library call behind it.
+
+A tool calls the functions the CLI command of its name calls and returns what that command's
+``--json`` prints. Writes go through roles/operations (and skills/review) as actor ``human``,
+signed with the OS user and ``via mcp:<client>``, under an idempotency key the client may give.
+``mcp.tools`` in org.toml chooses which tools exist; the default is read-only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from state_db.config import Config
+from state_db.errors import OrgError
+from state_db.home import OrgHome
+from state_db.vocab import CandidateStatus
+
+STATUSES = [str(s) for s in CandidateStatus]
+
+
+class ToolDisabled(OrgError):
+    code = "tool_disabled"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who calls: the org home, its configuration, and the client (``mcp:claude-code``)."""
+
+    home: OrgHome
+    cfg: Config
+    via: str
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    schema: dict
+    run: Callable[[Caller, dict], Any]
+
+
+def enabled(cfg: Config) -> set[str]:
+    return set(cfg["mcp.tools"])
+
+
+def refuse(caller: Caller, what: str) -> ToolDisabled:
+    return ToolDisabled(f"'{what}' is not enabled for MCP clients in this org",
+                        hint=f"add \"{what}\" to tools in [mcp] of {caller.home.config_path}, then restart 'org mcp'")
+
+
+def _args(caller: Caller, **kw) -> SimpleNamespace:
+    return SimpleNamespace(home=str(caller.home.root), **kw)
+
+
+def _read(caller: Caller, fn):
+    from state_db.connection import connect
+    conn = connect(caller.home.require().db_path, readonly=True)
+    try:
+        return fn(conn)
+    finally:
+        conn.close()
+
+
+# -- reads ------------------------------------------------------------------------------------
+def status(caller: Caller, a: dict) -> dict:
+    from scripts.cli.commands.status import unsent_wakes
+    from state_db import views
+    st = _read(caller, views.org_view)
+    st["unsent_wakes"] = unsent_wakes(st["transport"])
+    return st
+
+
+def show(caller: Caller, a: dict) -> dict:
+    from scripts.cli.commands.show import load
+    return _read(caller, lambda conn: load(conn, a["id"]))
+
+
+def diff(caller: Caller, a: dict) -> dict:
+    from scripts.cli.commands.diff import patch_of
+    patch = patch_of(_args(caller, id=a["id"], iteration=a.get("iteration")))
+    return {"id": a["id"], "iteration": a.get("iteration"), "patch": patch.decode("utf-8", "replace")}
+
+
+def decisions(caller: Caller, a: dict) -> list:
+    from state_db import queries
+    if a.get("all"):
+        return _read(caller, lambda c: queries.rows(c, "SELECT * FROM decisions ORDER BY created_at DESC LIMIT 100"))
+    return _read(caller, queries.pending_decisions)
+
+
+def skills(caller: Caller, a: dict):
+    import time
+
+    from skills import registry
+    days = caller.cfg["knowledge.skill_unused_days"]
+    if a.get("action") == "show":
+        def one(conn):
+            row = registry.skill(conn, a.get("name") or "")
+            row.update(next((d for d in registry.listing(conn, time.time(), days, include_retired=True)
+                             if d["name"] == row["name"]), {}))
+            return row
+        return _read(caller, one)
+    return _read(caller, lambda c: registry.listing(c, time.time(), days, include_retired=bool(a.get("all"))))
+
+
+def candidates(caller: Caller, a: dict):
+    from skills import candidates as C
+    action = a.get("action") or "list"
+    if action == "list":
+        statuses = STATUSES if a.get("all") else a.get("status") or ["pending"]
+        return _read(caller, lambda c: C.listing(c, statuses))
+    if action == "show":
+        return _read(caller, lambda c: C.get(c, _one(a)))
+    if "review" not in enabled(caller.cfg):
+        raise refuse(caller, "review")
+    from roles.operations import human_writer
+    from scripts.cli.commands.candidates import _wake
+    from skills import review
+    writer = human_writer(caller.home.require().db_path, caller.via)
+    try:
+        out = review.decide(writer, a.get("ids") or [_one(a)], action, caller.home.skills_dir,
+                            key=a.get("idempotency_key"))
+    finally:
+        writer.close()
+    _wake(caller.home)
+    return out
+
+
+def _one(a: dict) -> str:
+    ref = a.get("id") or (a.get("ids") or [None])[0]
+    if not ref:
+        raise ToolBadArguments("this action needs 'id' (or 'ids')")
+    return ref
+
+
+class ToolBadArguments(OrgError):
+    code = "bad_arguments"
+
+
+# -- writes -----------------------------------------------------------------------------------
+def submit(caller: Caller, a: dict) -> dict:
+    from roles.operations.submit import SubmitRequest, submit as do_submit, wait_for_preflight
+    home = caller.home.require()
+    result = do_submit(home, caller.cfg, SubmitRequest(
+        goal=a["goal"], workspace=a["workspace"], verify=a["verify"], protect=a.get("protect") or [],
+        default_protect=a.get("default_protect", True), max_iterations=a.get("max_iterations"),
+        budget_tokens=a.get("budget_tokens"), budget_usd=a.get("budget_usd"), timeout_s=a.get("timeout_s"),
+        backend=a.get("backend"), worktree=bool(a.get("worktree")), idempotency_key=a.get("idempotency_key"),
+        via=caller.via))
+    wait = float(a.get("wait_s", 60))
+    result["preflight"] = (wait_for_preflight(home, result["id"], timeout_s=wait)
+                           if wait > 0 and not result["replayed"] else None)
+    return result
+
+
+def cancel(caller: Caller, a: dict) -> dict:
+    from roles.operations.cancel import cancel as do_cancel
+    return do_cancel(caller.home.require(), caller.cfg, a["id"], idempotency_key=a.get("idempotency_key"),
+                     via=caller.via)
+
+
+def continue_(caller: Caller, a: dict) -> dict:
+    from roles.operations.continue_run import ContinueRequest, continue_run
+    return continue_run(caller.home.require(), caller.cfg, ContinueRequest(
+        a["id"], max_iterations=a.get("max_iterations"), budget_tokens=a.get("budget_tokens"),
+        budget_usd=a.get("budget_usd"), timeout_s=a.get("timeout_s"), idempotency_key=a.get("idempotency_key"),
+        via=caller.via))
+
+
+def decide(caller: Caller, a: dict) -> dict:
+    from roles.operations.decide import decide as do_decide
+    return do_decide(caller.home.require(), caller.cfg, a["id"], a["verdict"], a.get("text"),
+                     stop=bool(a.get("stop")), idempotency_key=a.get("idempotency_key"), via=caller.via)
+
+
+# -- schemas ----------------------------------------------------------------------------------
+def _obj(required: list[str] | None = None, **props) -> dict:
+    return {"type": "object", "properties": props, "required": required or [], "additionalProperties": False}
+
+
+S = {"type": "string"}
+ID = {"type": "string", "description": "work item id (w-MMDD-xxxxxx)"}
+KEY = {"type": "string", "description": "the same key twice does it once (retry-safe); default: a fresh key"}
+CAPS = {"max_iterations": {"type": "integer", "minimum": 1, "description": "hard cap on iterations"},
+        "budget_tokens": {"type": "integer", "minimum": 1, "description": "hard cap on tokens"},
+        "budget_usd": {"type": "number", "exclusiveMinimum": 0, "description": "hard cap on cost in USD"},
+        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "description": "hard cap on working time, seconds"}}
+
+TOOLS = [
+    Tool("submit", "Hand the org a goal: a workspace folder and verify commands that exit 0 when the goal is met. "
+         "The org's loop-agent iterates until an independent eval-agent runs the checks green, or a cap ends it. "
+         "Follow it with 'show' or the resource org://runs/ID.",
+         _obj(["goal", "workspace", "verify"], goal={**S, "description": "what must be true when the work is done"},
+              workspace={**S, "description": "absolute path of the folder the agent works in"},
+              verify={"type": "array", "items": S, "minItems": 1,
+                      "description": "commands that exit 0 when the goal is met, run by the eval-agent"},
+              protect={"type": "array", "items": S, "description": "more globs the agent may not change"},
+              default_protect={"type": "boolean", "description": "also protect the usual test files (default true)"},
+              backend={**S, "description": "anthropic | command | scripted:FILE (default from org.toml)"},
+              worktree={"type": "boolean", "description": "work in a new git worktree and branch"},
+              wait_s={"type": "number", "minimum": 0, "maximum": 600,
+                      "description": "seconds to wait for the verify preflight on the baseline (default 60; 0: none)"},
+              idempotency_key=KEY, **CAPS), submit),
+    Tool("status", "The org at a glance: session, roles, active and recent runs with phase and caps, usage, "
+         "pending decisions and candidate batches.", _obj(), status),
+    Tool("show", "One run: status, stop reason, iterations with verdicts and evidence, usage, decisions.",
+         _obj(["id"], id=ID), show),
+    Tool("diff", "What a run changed since its baseline, as a unified patch (or one iteration's change).",
+         _obj(["id"], id=ID, iteration={"type": "integer", "minimum": 1}), diff),
+    Tool("cancel", "Cancel a run (stop reason 'cancelled'); a running act is cut and discarded.",
+         _obj(["id"], id=ID, idempotency_key=KEY), cancel),
+    Tool("continue", "Continue a run that ended on a cap, budget or loop detector, as the same run with raised caps.",
+         _obj(["id"], id=ID, idempotency_key=KEY, **CAPS), continue_),
+    Tool("decisions", "Gated actions waiting for a human (with all=true, recent decided ones too).",
+         _obj(all={"type": "boolean"}), decisions),
+    Tool("decide", "Answer a waiting decision: approve (runs the command once), edit (text: the command to run "
+         "instead), reject (stop=true ends the run), respond (text: the answer).",
+         _obj(["id", "verdict"], id={**S, "description": "decision id (see 'decisions')"},
+              verdict={"type": "string", "enum": ["approve", "reject", "edit", "respond"]},
+              text=S, stop={"type": "boolean"}, idempotency_key=KEY), decide),
+    Tool("candidates", "Skill candidates the curator proposed: list, show one (SKILL.md text, score, evidence), "
+         "or approve / reject / defer them (needs \"review\" in mcp.tools).",
+         _obj(action={"type": "string", "enum": ["list", "show", "approve", "reject", "defer"]},
+              id={**S, "description": "candidate id or name"}, ids={"type": "array", "items": S},
+              all={"type": "boolean"},
+              status={"type": "array", "items": {"type": "string", "enum": STATUSES}},
+              idempotency_key=KEY), candidates),
+    Tool("skills", "Approved skills with use counts and last use (list), or one skill with its origin (show).",
+         _obj(action={"type": "string", "enum": ["list", "show"]}, name=S, all={"type": "boolean"}), skills),
+]
+BY_NAME = {t.name: t for t in TOOLS}
+
+
+def call(caller: Caller, name: str, arguments: dict) -> Any:
+    """Run tool ``name``. Raises ToolDisabled (not in mcp.tools) or the operation's OrgError."""
+    tool = BY_NAME.get(name)
+    if tool is None:
+        raise ToolBadArguments(f"no tool {name!r}", hint=f"tools: {', '.join(BY_NAME)}")
+    if name not in enabled(caller.cfg):
+        raise refuse(caller, name)
+    return tool.run(caller, arguments)
