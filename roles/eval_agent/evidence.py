@@ -201,7 +201,7 @@ def read_junit(path) -> dict | None:
 # -- failing test ids --------------------------------------------------------------------------
 
 _FAILING = [
-    re.compile(r"^(?:FAILED|ERROR) (\S+?)(?: - .*)?$"),                   # pytest -rfE short summary
+    re.compile(r"^(?:FAILED|ERROR) ([^\s(]\S*?)(?: - .*)?$"),             # pytest -rfE (not unittest's "FAILED (…)")
     re.compile(r"^(?:FAIL|ERROR): (\S+) \(([^)]+)\)"),                    # unittest
     re.compile(r"^not ok \d+ - (.+?)(?:\s+#.*)?$"),                        # TAP
     re.compile(r"^✕ (.+?)(?: \(\d+ ?m?s\))?$"),                            # jest
