@@ -100,15 +100,24 @@ class OrgHome:
         """Create the home and its folders. The home and ``run/`` are owner-only (state.db, sockets,
         keys, pid files): when the org does not run as root, another org's sandbox — running as
         its own user — cannot read them. The home is registered (``register_home``) so every
-        org's sandbox on this machine hides it."""
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.root, 0o700)
+        org's sandbox on this machine hides it.
+
+        Raises: StateError ``bad_home`` when the path is a file or cannot be created or written."""
+        if self.root.exists() and not self.root.is_dir():
+            raise StateError(f"the org home {self.root} is a file, not a folder", code="bad_home",
+                             hint="give --home (or ORG_HOME) a folder, new or existing")
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.root, 0o700)
+            for d in (self.outbox_dir, self.logs_dir, self.snapshots_dir, self.history_dir,
+                      self.knowledge_dir, self.skills_dir, self.backups_dir):
+                d.mkdir(exist_ok=True)
+            self.run_dir.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(self.run_dir, 0o700)
+        except OSError as exc:
+            raise StateError(f"cannot make the org home {self.root}: {exc.strerror or exc}", code="bad_home",
+                             hint="give --home (or ORG_HOME) a folder you may create and write") from None
         register_home(self.root)
-        for d in (self.outbox_dir, self.logs_dir, self.snapshots_dir, self.history_dir,
-                  self.knowledge_dir, self.skills_dir, self.backups_dir):
-            d.mkdir(exist_ok=True)
-        self.run_dir.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(self.run_dir, 0o700)
         return self
 
     def require(self) -> "OrgHome":

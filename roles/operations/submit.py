@@ -42,19 +42,24 @@ def new_work_id() -> str:
     return "w-" + time.strftime("%m%d") + "-" + uuid.uuid4().hex[:6]
 
 
+# each cap and the submit flag that sets it (named in errors)
+CAP_FLAGS = {"max_iterations": "--max-iterations", "budget_tokens": "--budget-tokens",
+             "budget_usd": "--budget-usd", "timeout_s": "--timeout"}
+
+
 def _caps(req: SubmitRequest, cfg: Config) -> tuple[dict, bool]:
-    given = {"max_iterations": req.max_iterations, "budget_tokens": req.budget_tokens,
-             "budget_usd": req.budget_usd, "timeout_s": req.timeout_s}
+    given = {k: getattr(req, k) for k in CAP_FLAGS}
     given = {k: v for k, v in given.items() if v is not None}
     for k, v in given.items():
         if v <= 0:
-            raise SubmitError(f"--{k.replace('_', '-')} must be positive (got {v})")
+            raise SubmitError(f"{CAP_FLAGS[k]} must be positive (got {v})",
+                              hint="give a number above 0, or leave the flag out for the defaults in org.toml")
     if given:
         return given, False
     return cfg.default_caps(), True
 
 
-def _backend(req: SubmitRequest, cfg: Config) -> str:
+def _backend(req: SubmitRequest, cfg: Config, home: OrgHome) -> str:
     backend = req.backend or cfg["model.backend"]
     if backend.startswith("scripted:"):
         script = Path(backend.split(":", 1)[1]).expanduser().resolve()
@@ -65,7 +70,53 @@ def _backend(req: SubmitRequest, cfg: Config) -> str:
         return f"scripted:{script}"
     if backend not in BACKENDS:
         raise SubmitError(f"unknown backend {backend!r}", hint="use anthropic, command or scripted:FILE")
+    if backend == "anthropic":
+        _require_key(home, cfg)
     return backend
+
+
+# The anthropic backend's rule (roles/loop_agent/backends/anthropic_backend.py), read here from the
+# environment and the configuration: the loop-agent itself is no dependency of the operations.
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _org_environ(home: OrgHome) -> dict[str, str] | None:
+    """The environment of the running supervisor, which its loop-agents inherit; None when the org
+    is not running or its environment cannot be read."""
+    from state_db.connection import connect
+    conn = connect(home.db_path, readonly=True)
+    try:
+        row = conn.execute("SELECT status, supervisor_pid FROM org_session WHERE id = 1").fetchone()
+    finally:
+        conn.close()
+    if row is None or row["status"] != "running" or not row["supervisor_pid"]:
+        return None
+    try:
+        raw = Path(f"/proc/{int(row['supervisor_pid'])}/environ").read_bytes()
+    except OSError:
+        return None
+    return dict(kv.decode(errors="replace").split("=", 1) for kv in raw.split(b"\0") if b"=" in kv)
+
+
+def _require_key(home: OrgHome, cfg: Config) -> None:
+    """The anthropic backend needs ANTHROPIC_API_KEY unless its server is on this machine; check it
+    where the run will happen (the running org's environment, else this one) before anything waits.
+
+    Raises SubmitError ``no_api_key``."""
+    import os
+    from urllib.parse import urlparse
+
+    org_env = _org_environ(home)
+    env = os.environ if org_env is None else org_env
+    urls = [cfg["model.base_url"], env.get("ANTHROPIC_BASE_URL") or ""]
+    if env.get("ANTHROPIC_API_KEY") or any((urlparse(u).hostname or "") in _LOOPBACK for u in urls):
+        return
+    where = "the running org's environment" if org_env is not None else "the environment"
+    hint = "export ANTHROPIC_API_KEY=… or set model.base_url"
+    if org_env is not None:
+        hint = "export ANTHROPIC_API_KEY=…, then 'org stop' and 'scripts/start-org' in that shell; or set model.base_url"
+    raise SubmitError(f"the anthropic backend needs an API key, and {where} has no ANTHROPIC_API_KEY",
+                      code="no_api_key", hint=hint)
 
 
 def _worktree(home: OrgHome, ws: Path, work_id: str) -> tuple[Path, str]:
@@ -121,7 +172,8 @@ def wait_for_preflight(home: OrgHome, work_id: str, *, timeout_s: float, poll_s:
 def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
     """Create a work item (or return the one this idempotency key created).
 
-    Returns {"id", "status", "caps", "defaults_applied", "workspace", "waiting_for", "replayed"}.
+    Returns {"id", "status", "caps", "defaults_applied", "workspace", "waiting_for", "replayed",
+    "org_status"} (the org session's status, or "never started": nothing runs unless it is running).
     Raises SubmitError (bad goal, workspace, caps, backend) or StateError.
     """
     if not req.goal.strip():
@@ -148,7 +200,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
                           code="workspace_contains_org_home", hint="set ORG_HOME to a folder outside the workspace")
     caps, defaults_applied = _caps(req, cfg)
     toolchain = _toolchain(req, ws)
-    backend = _backend(req, cfg)
+    backend = _backend(req, cfg, home)
     key = req.idempotency_key or uuid.uuid4().hex
     from roles.operations.wake import Waker
     waker = Waker(home, cfg)
@@ -181,7 +233,9 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
                     "workspace": str(workspace), "branch": branch, "waiting_for": busy[0] if busy else None}
 
         result, replayed = writer.run_once(key, "submit", do)
+        session = writer.conn.execute("SELECT status FROM org_session WHERE id = 1").fetchone()
     finally:
         writer.close()
     result["wake"] = waker.wake({"work_id": result["id"]})
-    return {**result, "replayed": replayed, "idempotency_key": key}
+    return {**result, "replayed": replayed, "idempotency_key": key,
+            "org_status": session["status"] if session else "never started"}

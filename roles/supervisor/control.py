@@ -92,7 +92,8 @@ def _wanted(home: OrgHome) -> set[str]:
 def request(home: OrgHome, intent: str, *, force: bool = False, timeout_s: float = 30.0) -> dict:
     """Stop or suspend the org: record the intent durably, signal the supervisor, wait.
 
-    Returns {"status", "stopped_ms", "supervisor": "signalled"|"absent"}.
+    Returns {"status", "stopped_ms", "supervisor": "signalled"|"absent"}. Raises ControlError
+    (``org_stopped`` for a suspend of a stopped org; ``control_failed`` when never started or on timeout).
     """
     t0 = time.monotonic()
     writer = StateWriter(home.db_path, Actor.HUMAN)
@@ -101,6 +102,10 @@ def request(home: OrgHome, intent: str, *, force: bool = False, timeout_s: float
             row = tx.get("org_session", 1)
             if row is None:
                 raise ControlError("this org was never started", hint="start it with scripts/start-org")
+            if intent == "suspend" and row["status"] == SessionStatus.STOPPED and not supervisor_alive(home):
+                # the session records how the org ended: a stop is not rewritten into a suspend
+                raise ControlError("the org is stopped; there is nothing to suspend", code="org_stopped",
+                                   hint="start it with 'org resume' or scripts/start-org")
             detail = {"intent": intent, "force": force, "requested_at": time.time()}
             tx.update("org_session", 1, detail=orjson.dumps(detail).decode(), updated_at=time.time())
         sup = supervisor_alive(home)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from pathlib import Path
 
 from roles.instances import org_instances
 from roles.transport_link import keyring_file
@@ -13,6 +14,7 @@ from transport.endpoints import Endpoints
 from transport.envelope import Limits
 from transport.keys import Keyring
 from transport.ledger import Counters, Ledger
+from transport.outbox import SUFFIX
 from transport.receiver import Receiver
 from transport.sender import Sender
 
@@ -39,18 +41,25 @@ def ping_all(home: OrgHome, cfg: Config, instances: list[str] | None = None, *, 
     receiver = Receiver(me, run_dir=home.run_dir, outbox_root=home.outbox_dir, keyring=keyring,
                         handler=on_pong, ledger=ledger, endpoint=endpoints(me), limits=limits, watch=False,
                         sweep_s=0.2)
+    filed: list[Path] = []
     receiver.start()
     try:
         with Sender("human", keyring, endpoints, home.outbox_dir, counters=counters, limits=limits) as sender:
             for t in targets:
                 sent_at[t] = time.monotonic()
-                sender.send(t, "ping", {"reply_to": me})
+                env = sender.envelope(t, "ping", {"reply_to": me})
+                if "outbox" in sender.send_envelope(env):
+                    filed.append(home.outbox_dir / t / f"{env.id}{SUFFIX}")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not set(targets) <= set(answers):
             receiver.poll(50)
     finally:
         receiver.close()
         shutil.rmtree(home.outbox_dir / me, ignore_errors=True)
+        # a ping is only worth answering now: one still filed (its recipient is down or
+        # suspended) would be answered, to nobody, whenever the recipient starts again
+        for f in filed:
+            f.unlink(missing_ok=True)
     rows = []
     for t in targets:
         if t in answers:

@@ -8,9 +8,17 @@ import argparse
 import sys
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one coded line, as in the ``org`` CLI, not argparse's usage and exit 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        from state_db.errors import OrgError
+        raise OrgError(message, code="bad_arguments", hint=f"see '{self.prog} --help'")
+
+
 def parse(argv):
-    p = argparse.ArgumentParser(prog="scripts/start-org",
-                                description="Set up (once) and start the org in the background.")
+    p = _Parser(prog="scripts/start-org",
+                description="Set up (once) and start the org in the background.")
     p.add_argument("--home", help="org home (default: $ORG_HOME, else .org/ beside the project)")
     p.add_argument("--demo", nargs="?", const="fix", choices=("fix", "learning"),
                    help="run a bundled offline demo end to end: fix (default) a failing test, or learning "
@@ -21,12 +29,12 @@ def parse(argv):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
     from roles.supervisor import control
     from state_db.bootstrap import init_home
     from state_db.home import resolve_home
 
     try:
+        args = parse(argv)
         home = resolve_home(args.home)
         cfg, migration = init_home(home)
         if not args.foreground:

@@ -7,9 +7,12 @@ tools, and says what it did. Without a model, free text gets one line pointing t
 """
 from __future__ import annotations
 
+import atexit
 import io
 import shlex
+import sys
 from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 from typing import Callable
 
 HELP = """commands (the same as the org CLI):
@@ -17,12 +20,19 @@ HELP = """commands (the same as the org CLI):
   /status                     the org at a glance
   /show ID                    one work item
   /cancel ID                  cancel a work item
+  /diff ID [--iteration N]    what a run changed
   /decisions                  actions waiting for you
   /decide ID approve|reject|edit|respond [TEXT]
+  /candidates [show|approve|reject|defer|edit ID…]   skills the org proposes
+  /skills [show NAME]         skills the org has learned, with their uses
+  /logs [--role R] [-n N]     the roles' recent log lines
   /suspend  /resume           suspend or resume the org
-  /help  /quit"""
+  /help  /quit (or Ctrl-D)    Ctrl-C clears the line; arrows edit it and walk the history"""
 
-SLASH = {"submit", "status", "show", "cancel", "decisions", "decide", "suspend", "resume", "diff"}
+SLASH = {"submit", "status", "show", "cancel", "decisions", "decide", "suspend", "resume", "diff",
+         "candidates", "skills", "logs"}
+PROMPT = "org> "
+HISTORY_LINES = 1000
 
 # The operations the chat model may use: name -> (description, json schema of its input, argv builder)
 TOOLS: dict[str, tuple[str, dict, Callable[[dict], list[str]]]] = {
@@ -54,10 +64,12 @@ TOOLS: dict[str, tuple[str, dict, Callable[[dict], list[str]]]] = {
 def run_cli(argv: list[str], home: str | None) -> tuple[int, str]:
     """Run an org CLI command in-process; returns (exit code, combined output)."""
     from scripts.cli.main import main
-    out = io.StringIO()
+    raw = io.BytesIO()               # with a binary side: diff and export write bytes to stdout
+    out = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", write_through=True)
     with redirect_stdout(out), redirect_stderr(out):
         code = main((["--home", home] if home else []) + argv)
-    return code, out.getvalue().rstrip()
+    out.flush()
+    return code, raw.getvalue().decode("utf-8", errors="replace").rstrip()
 
 
 def handle_slash(line: str, home: str | None) -> str:
@@ -69,8 +81,75 @@ def handle_slash(line: str, home: str | None) -> str:
         return HELP
     if parts[0] not in SLASH:
         return f"error[unknown_command]: /{parts[0]} — /help lists the commands"
+    if parts[0] == "logs" and {"-f", "--follow"} & set(parts):
+        # its output is collected and shown when the command ends, which a follow never does
+        return "error[bad_arguments]: /logs cannot follow inside chat — run 'org logs -f' in another terminal"
     _, text = run_cli(parts, home)
     return text
+
+
+def line_reader(history: Path | None, interactive: bool) -> Callable[[], str | None]:
+    """A function that returns the next line typed, or None at the end of the input.
+
+    On a terminal it shows ``PROMPT`` and edits lines with readline, whose history is loaded
+    from and saved to ``history`` (best effort); Ctrl-C raises KeyboardInterrupt, Ctrl-D ends.
+    Elsewhere (a pipe, a file) lines are read plainly, without a prompt."""
+    if not interactive:
+        def read_plain() -> str | None:
+            line = sys.stdin.readline()
+            return line if line else None
+        return read_plain
+    try:
+        import readline
+    except ImportError:              # a Python built without it: input() still works, unedited
+        readline = None
+    if readline is not None and history is not None:
+        readline.set_history_length(HISTORY_LINES)
+        try:
+            readline.read_history_file(history)
+        except OSError:
+            pass                     # the first chat: no history yet
+
+        def save() -> None:
+            try:
+                readline.write_history_file(history)
+            except OSError:
+                pass
+        atexit.register(save)
+
+    def read_typed() -> str | None:
+        try:
+            return input(PROMPT)
+        except EOFError:
+            print()
+            return None
+    return read_typed
+
+
+def converse(read_line: Callable[[], str | None], say: Callable[[str], None],
+             respond: Callable[[str], str]) -> None:
+    """The chat loop: each line read goes to ``respond`` and its answer to ``say``, until the
+    input ends or ``/quit``. Ctrl-C clears the line being typed, or abandons a slow answer, and
+    the chat goes on."""
+    while True:
+        try:
+            line = read_line()
+        except KeyboardInterrupt:
+            say("")                  # the typed line is dropped; a fresh prompt follows
+            continue
+        if line is None:
+            return
+        line = line.strip()
+        if not line:
+            continue
+        if line in ("/quit", "/exit"):
+            return
+        try:
+            answer = respond(line)
+        except KeyboardInterrupt:
+            answer = "(interrupted)"
+        if answer:
+            say(answer)
 
 
 class ChatModel:

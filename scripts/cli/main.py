@@ -39,6 +39,8 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> Parser:
     parser = Parser(prog="org", description="Run and inspect a loop-org organisation of agents.")
     parser.add_argument("--home", help="org home (default: $ORG_HOME, else .org/ beside the project)")
+    from scripts.cli.version import version
+    parser.add_argument("--version", action="version", version=f"loop-org {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in COMMANDS:
         module = importlib.import_module(f"scripts.cli.commands.{name}")

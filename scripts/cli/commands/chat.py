@@ -45,42 +45,52 @@ def _announcements(db_path, last: int, stop: threading.Event, out) -> None:
     conn.close()
 
 
-def run(args) -> int:
+def _respond(line: str, model, home: str | None) -> str:
+    """The answer to one line: a slash command's output, or the model's reply and what it did."""
     from scripts.cli.chat import handle_slash
+
+    if line.startswith("/"):
+        return handle_slash(line, home)
+    if model is None:
+        return "no chat model is configured (set ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL) — /help lists the commands"
+    try:
+        reply, done = model.ask(line)
+    except Exception as exc:  # noqa: BLE001 - the model failing must not end the session
+        return f"error[model_error]: the chat model failed ({type(exc).__name__}) — slash commands still work"
+    return "\n".join([*(f"  did: {d}" for d in done), reply])
+
+
+def run(args) -> int:
+    from scripts.cli.chat import PROMPT, converse, line_reader
     from state_db import config as config_mod
 
     home = home_of(args).require()
     cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
     model = _model(cfg, args.home)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    read_line = line_reader(home.run_dir / "chat_history" if home.run_dir.is_dir() else None, interactive)
     stop = threading.Event()
     say = lambda text: print(text, flush=True)  # noqa: E731
+
+    def announce(text: str) -> None:
+        say(text)
+        if interactive:              # the prompt and the half-typed line, again below the news
+            try:
+                import readline
+                typed = readline.get_line_buffer()
+            except ImportError:
+                typed = ""
+            print(PROMPT + typed, end="", flush=True)
+
     if not args.no_announcements:
         from state_db.connection import connect
         conn = connect(home.db_path, readonly=True)
         since = conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]  # before the banner
         conn.close()
-        threading.Thread(target=_announcements, args=(home.db_path, since, stop, say), daemon=True).start()
+        threading.Thread(target=_announcements, args=(home.db_path, since, stop, announce), daemon=True).start()
     say("loop-org chat — /help for commands" + ("" if model else "; no model configured, so slash commands only"))
     try:
-        for line in sys.stdin:
-            line = line.strip()
-            if not line:
-                continue
-            if line in ("/quit", "/exit"):
-                break
-            if line.startswith("/"):
-                say(handle_slash(line, args.home))
-            elif model is None:
-                say("no chat model is configured (set ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL) — /help lists the commands")
-            else:
-                try:
-                    reply, done = model.ask(line)
-                except Exception as exc:  # noqa: BLE001 - the model failing must not end the session
-                    say(f"error[model_error]: the chat model failed ({type(exc).__name__}) — slash commands still work")
-                    continue
-                for d in done:
-                    say(f"  did: {d}")
-                say(reply)
+        converse(read_line, say, lambda line: _respond(line, model, args.home))
     finally:
         stop.set()
     return 0

@@ -26,6 +26,28 @@ def _files(logs_dir: Path, role: str | None) -> list[Path]:
     return files
 
 
+def _known(home, files: list[Path]) -> list[str]:
+    """The names ``--role`` accepts: every role, the configured instances, the logs there are."""
+    from roles.instances import org_instances
+    from state_db import config as config_mod
+    from state_db.vocab import Actor
+
+    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    names = {str(a) for a in Actor if a != Actor.HUMAN} | {s.instance for s in org_instances(cfg["org.loop_agents"])}
+    return sorted(names | {f.stem for f in files})
+
+
+def _check_role(home, role: str) -> None:
+    """Raises NotFound ``unknown_role`` when ``role`` names no role, instance or log file."""
+    from state_db.errors import NotFound
+
+    every = sorted(home.logs_dir.glob("*.log")) if home.logs_dir.is_dir() else []
+    known = _known(home, every)
+    if role not in known and not _files(home.logs_dir, role):
+        raise NotFound(f"no role or instance named {role!r}", code="unknown_role",
+                       hint=f"use one of: {', '.join(known)} (or leave out --role)")
+
+
 def _parse(line: str, source: str) -> dict:
     """One log line as a dict; a line that does not name its instance (an older line, a plain
     traceback) is named after its file, ``<instance>.log``."""
@@ -50,6 +72,8 @@ def _show(entry: dict, as_json: bool) -> None:
 
 def run(args) -> int:
     home = home_of(args).require()
+    if args.role:
+        _check_role(home, args.role)
     files = _files(home.logs_dir, args.role) if home.logs_dir.is_dir() else []
     entries = []
     for f in files:

@@ -62,6 +62,15 @@ def _evidence(verdict: dict) -> str:
     return "; ".join(parts) or "-"
 
 
+def acts_per_iteration(attempts: list[dict]) -> dict[int, int]:
+    """How many acts each iteration took: more than one when an act was cut (a crash, a forced
+    suspend) and redone. Attempt numbers count acts over the whole run, not per iteration."""
+    counts: dict[int, int] = {}
+    for a in attempts:
+        counts[a["iteration"]] = counts.get(a["iteration"], 0) + 1
+    return counts
+
+
 def run_line(run: dict) -> str:
     """Phase, iteration n of max, and what is used against each cap, in one line."""
     from scripts.cli.commands.status import progress_cells
@@ -110,17 +119,21 @@ def run(args) -> int:
                                       "before the first act)")
     print(line if line.startswith("baseline") else f"baseline: {line}")
     verdicts = {v["iteration"]: v for v in item["verdicts"]}
+    tries = acts_per_iteration(item["attempts"])
+    redone = any(n > 1 for n in tries.values())   # else the column would only repeat ITER
     rows = []
     for it in item["iterations_detail"]:
         v = verdicts.get(it["n"])
-        rows.append([it["n"], it["attempt"], it["act_status"], it["input_tokens"], it["output_tokens"],
-                     it["cache_write_tokens"], it["cache_read_tokens"],
+        rows.append([it["n"], *([tries.get(it["n"], 1)] if redone else []), it["act_status"], it["input_tokens"],
+                     it["output_tokens"], it["cache_write_tokens"], it["cache_read_tokens"],
                      v["outcome"] if v else "pending", len(it["changed_paths"]),
                      (it["lesson"] or "")[:60]])
     if rows:
         print()
-        print(table(rows, ["ITER", "ATTEMPT", "ACT", "IN", "OUT", "CACHE-W", "CACHE-R", "VERDICT", "CHANGED",
-                           "LESSON"]))
+        print(table(rows, ["ITER", *(["ACTS"] if redone else []), "ACT", "IN", "OUT", "CACHE-W", "CACHE-R",
+                           "VERDICT", "CHANGED", "LESSON"]))
+        if redone:
+            print("(ACTS: how many times the iteration's act ran; the earlier ones were cut and discarded)")
     if item["verdicts"]:
         last = item["verdicts"][-1]
         print(f"\nlatest verdict (iteration {last['iteration']}): {views.verdict_line(last)}; evidence: "

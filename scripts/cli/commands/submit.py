@@ -55,6 +55,9 @@ def run(args) -> int:
     caps = ", ".join(f"{k}={v}" for k, v in result["caps"].items())
     print(f"{'already submitted' if result['replayed'] else 'submitted'} {result['id']} ({result['status']})")
     print(f"  caps: {caps}" + ("  (defaults from org.toml)" if result["defaults_applied"] else ""))
+    if result["org_status"] != "running":
+        start = "'org resume'" if result["org_status"] in ("suspending", "suspended", "stopped") else "'scripts/start-org'"
+        print(f"  the org is {result['org_status']}: nothing runs until {start}")
     if result["waiting_for"]:
         print(f"  waiting: the workspace is busy with {result['waiting_for']} (use --worktree to work in parallel)")
     if result["wake"] not in ("push", "outbox"):
