@@ -189,6 +189,8 @@ def generate_notes(seed: int, total: int) -> list[Run]:
         author = "model" if rng.random() < 0.35 else "derived"
         drafts = japanese_retro(rng, k, run_id) if author == "model" else derive(rec)
         drafts = drafts[: total - count]
+        if not drafts:       # a run that taught nothing about the work (its checks could not run) has no retro
+            continue
         out.append(Run(run_id, author, drafts, rec.goal, k))
         count += len(drafts)
     return out
