@@ -20,14 +20,7 @@ WHY_NOT = dd.missing()
 if WHY_NOT and os.environ.get("CI") != "true":
     pytest.skip(f"no browser for the dashboard test: {WHY_NOT}", allow_module_level=True)
 
-CONFIG = """
-[org]
-loop_agents = 1
-[supervisor]
-heartbeat_s = 0.2
-heartbeat_timeout_s = 10.0
-stop_timeout_s = 6.0
-"""
+from tests.support.org import ONE_AGENT as CONFIG  # noqa: E402
 
 
 @pytest.fixture(scope="module")
