@@ -28,11 +28,7 @@ NEVER = [
     ("roles.sandbox", "roles.eval_agent", "the workbench knows no role"),
 ]
 # Known and tracked: each entry must still exist (so the list stays true) until it is removed.
-KNOWN = {
-    # submit refuses a bad scripted-backend file at once, with its line; the script format moves
-    # out of the loop-agent with the restructuring of the tree
-    ("roles/operations/submit.py", "roles.loop_agent.scripted.script"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 def _module_of(path: Path) -> str:

@@ -183,3 +183,18 @@ def test_cli_rejects_a_bad_script_with_one_line(tmp_path):
                            "--log", str(tmp_path / "l.jsonl")], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and done.stderr.strip().startswith("error (script_field)")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_bad_script_is_an_unbuildable_backend_whoever_submitted_it(tmp_path, org_home):
+    """The submit operation does not read scripts (commands do not reach into a role): the CLI checks
+    one where it arrives, and the loop-agent's backend factory refuses a bad one as a configuration
+    error, which ends the run (model_error) instead of retrying it forever."""
+    import pytest as _pytest
+    from roles.loop_agent.backends.base import BackendConfigError
+    from roles.loop_agent.backends.factory import build
+    from state_db import config as config_mod
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 1, "acts": [[{"txt": "x"}]]}')
+    with _pytest.raises(BackendConfigError) as got:
+        build(f"scripted:{bad}", config_mod.load(None), org_home, "loop-agent-1")
+    assert got.value.code == "script_field" and "acts[0][0]" in str(got.value)

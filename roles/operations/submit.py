@@ -65,8 +65,8 @@ def _backend(req: SubmitRequest, cfg: Config, home: OrgHome) -> str:
         script = Path(backend.split(":", 1)[1]).expanduser().resolve()
         if not script.is_file():
             raise SubmitError(f"script file {script} does not exist", hint="pass --backend scripted:PATH to a script")
-        from roles.loop_agent.scripted.script import load_script
-        load_script(script)  # a bad script is refused now, with its line, not mid-run
+        # its content is checked where the human's input arrives (scripts/cli: check_scripted_backend)
+        # and, whoever submitted it, by the loop-agent that builds the backend (a bad one ends the run)
         return f"scripted:{script}"
     if backend not in BACKENDS:
         raise SubmitError(f"unknown backend {backend!r}", hint="use anthropic, command or scripted:FILE")

@@ -141,7 +141,9 @@ class ToolBadArguments(OrgError):
 # -- writes -----------------------------------------------------------------------------------
 def submit(caller: Caller, a: dict) -> dict:
     from roles.operations.submit import SubmitRequest, submit as do_submit, wait_for_preflight
+    from scripts.cli.commands.submit import check_scripted_backend
     home = caller.home.require()
+    check_scripted_backend(a.get("backend"))
     result = do_submit(home, caller.cfg, SubmitRequest(
         goal=a["goal"], workspace=a["workspace"], verify=a["verify"], protect=a.get("protect") or [],
         default_protect=a.get("default_protect", True), max_iterations=a.get("max_iterations"),

@@ -39,8 +39,12 @@ def build(spec: str, cfg: Config, home: OrgHome, instance: str, *, runner=None) 
     gate = FileRateGate(home.run_dir)
     retry = RetryPolicy(max_attempts=cfg["model.max_retries"] + 1)
     if spec.startswith("scripted:"):
+        from roles.loop_agent.scripted.script import ScriptError
         from roles.loop_agent.scripted.server import ScriptedServer
-        server = ScriptedServer(Path(spec.split(":", 1)[1]), home.logs_dir / f"scripted-{instance}.jsonl")
+        try:
+            server = ScriptedServer(Path(spec.split(":", 1)[1]), home.logs_dir / f"scripted-{instance}.jsonl")
+        except ScriptError as exc:      # will not fix itself: the run ends (model_error) with the file's line
+            raise BackendConfigError(str(exc), code=exc.code) from exc
         url = server.start()
         conf = AnthropicConfig(model=SCRIPTED_MODEL, max_tokens=cfg["model.max_tokens"], base_url=url,
                                timeout_s=30.0, retry=RetryPolicy(max_attempts=2, base_delay_s=0.05))

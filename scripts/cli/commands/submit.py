@@ -33,12 +33,27 @@ def add_arguments(p) -> None:
     add_json(p)
 
 
+def check_scripted_backend(spec: str | None) -> None:
+    """A ``scripted:FILE`` backend's script is checked where the human's input arrives, so a bad one
+    is refused now, with its line (ScriptError, an OrgError), not mid-run. The submit operation
+    does not reach into the loop-agent for it; the loop-agent checks it again when it builds the
+    backend, whoever submitted."""
+    if spec and spec.startswith("scripted:"):
+        from pathlib import Path
+
+        from roles.loop_agent.scripted.script import load_script
+        path = Path(spec.split(":", 1)[1]).expanduser()
+        if path.is_file():
+            load_script(path.resolve())
+
+
 def run(args) -> int:
     from roles.operations.submit import SubmitRequest, submit
     from state_db import config as config_mod
 
     home = home_of(args).require()
     cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    check_scripted_backend(args.backend)
     result = submit(home, cfg, SubmitRequest(
         goal=args.goal, workspace=args.workspace, verify=args.verify, protect=args.protect,
         default_protect=not args.no_default_protect,
