@@ -36,6 +36,8 @@ class StopReason(StrEnum):
     MODEL_ERROR = "model_error"
     ORG_LIMIT = "org_limit"
     VERIFY_UNRUNNABLE = "verify_unrunnable"   # a verify command cannot start: the machine's fault, not the doer's
+    IMPOSSIBLE = "impossible"        # the goal cannot be met as stated: a review judged so and a human confirmed
+    NEEDS_HUMAN = "needs_human"      # an error class the stop policy does not know: a human chose to end the run
 
 
 class WorkStatus(StrEnum):
