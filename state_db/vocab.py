@@ -115,3 +115,22 @@ class PreflightOutcome(StrEnum):
 class NoteStatus(StrEnum):
     PENDING = "pending"
     ARCHIVED = "archived"
+
+
+class ProposalStatus(StrEnum):
+    """A work candidate found by a discovery scan (``org discover``); nothing starts unless accepted."""
+
+    PROPOSED = "proposed"      # open: waiting for a human (or a standing policy) to accept it
+    ACCEPTED = "accepted"      # submitted as a work item (its id is on the proposal)
+    DISMISSED = "dismissed"    # a human said no: the same evidence is not proposed again
+    EXPIRED = "expired"        # its evidence is gone from a newer scan, or nobody acted on it in time
+
+
+class ProposalKind(StrEnum):
+    """What a discovery scan found, in the order it ranks them (first: recommended first)."""
+
+    FAILING_TEST = "failing_test"   # a verify command fails on the current tree
+    BUG = "bug"                     # an issue labelled as a bug
+    FIXME = "fixme"                 # a FIXME marker in a tracked file
+    TODO = "todo"                   # a TODO marker in a tracked file
+    ISSUE = "issue"                 # any other issue
