@@ -1,0 +1,312 @@
+"""The ceiling of one host: a real org with N = 1, 2, 4, 8, 16, 32 loop-agents.
+
+Usage: ``bench/scale.py --json [--ns 1,2,4,8,16,32] [--latency 0.3] [--items-per-agent 2]
+[--iterations 3]``.
+
+Each N gets a fresh org (supervisor, coordinator, eval-agent, curator and N loop-agents on
+ipc://) and ``items-per-agent × N`` work items whose scripted model answers every call after a
+fixed ``latency`` (two calls an iteration: the act's tool turn and its closing turn) and never
+meets the goal, so every item runs exactly ``iterations`` iterations; the verify command is
+trivial (``cat`` and a comparison). Per N it reports:
+
+- ``iterations_per_s``: committed iterations ÷ the time from the first submit to the last
+  commit; ``bound_per_s``: what the model latency alone allows (N ÷ the model time of one
+  iteration); ``ratio``: the first over the second.
+- ``overhead_ms_p50`` / ``_p99``: per iteration, the time between one attempt's start and the
+  next minus the act (model and tools) and minus the verify command (as ``bench/org.py``).
+- ``dispatch_ms_p50`` / ``_p99``: submit commit → the item's first attempt starts, minus the
+  preflight's own verify command, over the first N items (each finds an idle loop-agent).
+- ``sqlite_write_wait_ms_p50`` / ``_p99``: a probe takes the write lock (``BEGIN IMMEDIATE``;
+  rollback) every 50 ms during the run: how long a writer waits for the lock.
+- ``cpu_ms_per_iteration``: CPU time (user + system, children included) of every process of the
+  org during the run ÷ committed iterations; ``host_cpu_busy``: the share of both cores busy.
+- ``pss_mb``: proportional set size per role (``/proc/PID/smaps_rollup``) with the org idle,
+  so pages shared between processes are counted once, split fairly.
+- ``startup_ms``: start-org to every role ready.
+
+The closing figures: ``throughput_ratio_n32`` (``ratio`` at the largest N), ``overhead_ms_p99_n32``,
+``pss_mb_idle_loop_agent`` (mean over the idle loop-agents at the largest N), ``startup_ms`` (the
+default org: 2 loop-agents) and ``binding_limit``, in words: what binds first.
+Targets (issue: the ceiling on one host): ratio ≥ 0.8, overhead p99 ≤ 50 ms, PSS per idle
+loop-agent ≤ 40 MB, start-up ≤ 500 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import workload  # noqa: E402
+from bench.common import finish, quiet_logs  # noqa: E402
+
+TARGETS_MIN = {"throughput_ratio_n32": 0.8}
+TARGETS_MAX = {"overhead_ms_p99_n32": 50.0, "pss_mb_idle_loop_agent": 40.0, "startup_ms": 500.0}
+CLK = os.sysconf("SC_CLK_TCK")
+CALLS_PER_ITERATION = 2
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(round(q * (len(values) - 1))))], 2)
+
+
+def script(path: Path, iterations: int, latency: float) -> Path:
+    """Every iteration writes a different wrong answer (the verify fails, never the same way
+    twice) after two model calls of ``latency`` seconds each."""
+    acts = []
+    for i in range(1, iterations + 1):
+        answer = workload._wrong(i)
+        acts.append([
+            {"text": f"Iteration {i}: writing the answer.", "delay_s": latency,
+             "tool_uses": [{"name": "write_file", "input": {"path": "answer.txt", "content": answer + "\n"}}]},
+            {"text": f"Wrote {answer}.", "delay_s": latency},
+        ])
+    path.write_text(json.dumps({"version": 1, "acts": acts}))
+    return path
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                out += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return out
+
+
+def org_pids(home) -> dict[str, int]:
+    """instance → pid of every live role, plus the supervisor."""
+    from roles.supervisor import procs
+    pids = {r["instance"]: r["pid"] for r in workload.query(home, "SELECT instance, pid FROM role_instances "
+                                                                  "WHERE pid IS NOT NULL AND status = 'ready'")}
+    sup = procs.read_pidfile(home.run_dir / "supervisor.pid")
+    if sup:
+        pids["supervisor"] = sup[0]
+    return pids
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system time of ``pid`` and its reaped children, in seconds (0 if gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLK
+
+
+def tree_cpu_s(root_pids, skip=()) -> float:
+    """CPU seconds of the processes under ``root_pids`` (each counted once), not descending into
+    ``skip`` (the other roles: the supervisor's children are counted as themselves)."""
+    seen, stack, total = set(skip), list(root_pids), 0.0
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += _cpu_s(pid)
+        stack += _children(pid)
+    return total
+
+
+def host_cpu() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole host, from /proc/stat."""
+    parts = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = parts[3] + parts[4]
+    return sum(parts) - idle, sum(parts)
+
+
+def pss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+class LockProbe(threading.Thread):
+    """Takes SQLite's write lock every ``every_s`` and records how long it waited for it."""
+
+    def __init__(self, db_path: Path, every_s: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.db_path, self.every_s = db_path, every_s
+        self.waits_ms: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        conn = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
+        try:
+            while not self.stop.wait(self.every_s):
+                t0 = time.perf_counter()
+                conn.execute("BEGIN IMMEDIATE")
+                self.waits_ms.append((time.perf_counter() - t0) * 1000)
+                conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+
+
+# -- one N -----------------------------------------------------------------------------------------
+
+def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iterations: int) -> dict:
+    from roles.operations.submit import SubmitRequest, submit
+    from roles.supervisor import control
+
+    home, cfg = workload.new_org(root, n)
+    t0 = time.monotonic()
+    control.start_background(home, timeout_s=180)
+    startup_ms = round((time.monotonic() - t0) * 1000, 1)
+    try:
+        time.sleep(1.0)                                      # let start-up's imports settle
+        pids = org_pids(home)
+        pss = {inst: pss_mb(pid) for inst, pid in pids.items()}
+        template = workload.make_template(root / "template")
+        spec = script(root / "scale.json", iterations, latency)
+        cpu0, (busy0, total0) = _cpu_by_role(pids), host_cpu()
+        probe = LockProbe(home.db_path)
+        probe.start()
+        w0 = time.time()
+        ids = []
+        for k in range(items_per_agent * n):
+            ws = root / "ws" / f"i{k:03d}"
+            shutil.copytree(template, ws)
+            ids.append(submit(home, cfg, SubmitRequest(
+                goal="make answer.txt say right", workspace=str(ws), verify=[workload.VERIFY],
+                max_iterations=iterations, backend=f"scripted:{spec}"))["id"])
+        workload.wait(lambda: not workload.unfinished(home, ids), 60 + 3 * iterations * items_per_agent * n,
+                      f"{len(ids)} items to end", interval=0.1)
+        probe.stop.set()
+        probe.join()
+        cpu1 = _cpu_by_role(org_pids(home))
+        cpu_by = {k: round(cpu1.get(k, 0.0) - cpu0.get(k, 0.0), 2) for k in cpu1}
+        cpu_s = sum(cpu_by.values())
+        busy1, total1 = host_cpu()
+    finally:
+        control.request(home, "stop", force=True, timeout_s=60)
+        workload.kill_everything(home)
+    figures = _figures(home, n, ids, w0, latency, iterations, startup_ms, pss, probe.waits_ms, cpu_s,
+                       (busy1 - busy0) / max(1, total1 - total0))
+    its = max(1, figures["iterations"])
+    figures["cpu_ms_per_iteration_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(cpu_by.items())}
+    return figures
+
+
+def _cpu_by_role(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds per kind of role (loop-agents summed), each process with its children."""
+    out: dict[str, float] = {}
+    for inst, pid in pids.items():
+        kind = inst.rsplit("-", 1)[0] if inst[-1:].isdigit() else inst
+        out[kind] = out.get(kind, 0.0) + tree_cpu_s([pid], skip=set(pids.values()) - {pid})
+    return out
+
+
+def _figures(home, n, ids, w0, latency, iterations, startup_ms, pss, waits, cpu_s, busy) -> dict:
+    q = workload.query
+    marks = ",".join("?" * len(ids))
+    its = q(home, f"SELECT work_id, n, elapsed_s, committed_at FROM iterations WHERE work_id IN ({marks})", ids)
+    attempts = q(home, f"SELECT work_id, attempt, iteration, started_at FROM attempts WHERE work_id IN ({marks}) "
+                       "AND outcome = 'committed' ORDER BY work_id, attempt", ids)
+    checks = {(r["work_id"], r["iteration"]): sum(c["duration_ms"] for c in json.loads(r["checks"]))
+              for r in q(home, f"SELECT work_id, iteration, checks FROM verdicts WHERE work_id IN ({marks})", ids)}
+    elapsed = {(r["work_id"], r["n"]): r["elapsed_s"] for r in its}
+    overheads = []
+    by_item: dict[str, list] = {}
+    for a in attempts:
+        by_item.setdefault(a["work_id"], []).append(a)
+    for rows in by_item.values():
+        for a, b in zip(rows, rows[1:]):
+            key = (a["work_id"], a["iteration"])
+            if key in elapsed and key in checks:
+                overheads.append((b["started_at"] - a["started_at"]) * 1000 - elapsed[key] * 1000 - checks[key])
+    submitted = {r["id"]: r["created_at"] for r in q(home, f"SELECT id, created_at FROM work_items WHERE id IN ({marks})", ids)}
+    pre = {r["work_id"]: sum(c.get("duration_ms") or 0 for c in json.loads(r["checks"]))
+           for r in q(home, f"SELECT work_id, checks FROM preflights WHERE work_id IN ({marks})", ids)}
+    # the first N items find an idle loop-agent each; the later ones queue behind them by design
+    first = sorted(by_item, key=lambda w: submitted[w])[:n]
+    dispatch = [(by_item[w][0]["started_at"] - submitted[w]) * 1000 - (pre.get(w) or 0) for w in first]
+    span = max(r["committed_at"] for r in its) - w0 if its else None
+    model_s = CALLS_PER_ITERATION * latency
+    rate = len(its) / span if span else None
+    bound = n / model_s
+    loop_pss = [v for k, v in pss.items() if k.startswith("loop-agent") and v is not None]
+    return {
+        "n": n, "items": len(ids), "iterations": len(its), "expected_iterations": len(ids) * iterations,
+        "iterations_per_s": round(rate, 2) if rate else None, "bound_per_s": round(bound, 2),
+        "ratio": round(rate / bound, 3) if rate else None,
+        "overhead_ms_p50": _pct(overheads, 0.5), "overhead_ms_p99": _pct(overheads, 0.99),
+        "dispatch_ms_p50": _pct(dispatch, 0.5), "dispatch_ms_p99": _pct(dispatch, 0.99),
+        "sqlite_write_wait_ms_p50": _pct(waits, 0.5), "sqlite_write_wait_ms_p99": _pct(waits, 0.99),
+        "cpu_ms_per_iteration": round(cpu_s * 1000 / len(its), 1) if its else None,
+        "run_s": round(span, 2) if span else None,
+        "host_cpu_busy": round(busy, 3), "startup_ms": startup_ms,
+        "pss_mb": {"loop_agent_mean": round(statistics.mean(loop_pss), 1) if loop_pss else None,
+                   **{k: v for k, v in pss.items() if not k.startswith("loop-agent")}},
+    }
+
+
+def binding_limit(rows: list[dict]) -> str:
+    """What binds first, from the figures: the host's CPU, SQLite's write lock, or memory."""
+    top = rows[-1]
+    if top["ratio"] is not None and top["ratio"] >= 0.8:
+        return f"nothing up to N={top['n']}: throughput follows the model latency"
+    if (top["sqlite_write_wait_ms_p99"] or 0) > 100:
+        return (f"SQLite's write lock: at N={top['n']} a writer waits {top['sqlite_write_wait_ms_p99']} ms "
+                "(p99) for it")
+    if top["host_cpu_busy"] >= 0.85:
+        cores = os.cpu_count()
+        return (f"CPU: at N={top['n']} the host's {cores} cores are {round(100 * top['host_cpu_busy'])} % busy "
+                f"at {top['cpu_ms_per_iteration']} ms of CPU per iteration, so at most about "
+                f"{round(cores * 1000 / top['cpu_ms_per_iteration'], 1)} iterations/s fit on this host")
+    return f"the org's own pace: overhead p99 {top['overhead_ms_p99']} ms per iteration at N={top['n']}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--ns", default="1,2,4,8,16,32")
+    ap.add_argument("--latency", type=float, default=0.3, help="seconds per model call")
+    ap.add_argument("--items-per-agent", type=int, default=2)
+    ap.add_argument("--iterations", type=int, default=3)
+    args = ap.parse_args(argv)
+    ns = [int(x) for x in args.ns.split(",")]
+    quiet_logs()
+    rows = []
+    for n in ns:
+        with tempfile.TemporaryDirectory(prefix="sc", dir="/tmp") as d:
+            rows.append(run_n(Path(d), n, latency=args.latency, items_per_agent=args.items_per_agent,
+                              iterations=args.iterations))
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    top = rows[-1]
+    default = next((r for r in rows if r["n"] == 2), rows[0])
+    figures = {
+        "throughput_ratio_n32": top["ratio"], "overhead_ms_p99_n32": top["overhead_ms_p99"],
+        "pss_mb_idle_loop_agent": top["pss_mb"]["loop_agent_mean"], "startup_ms": default["startup_ms"],
+        "binding_limit": binding_limit(rows), "model_latency_s": args.latency, "largest_n": top["n"],
+        "per_n": rows,
+    }
+    passes = {k: figures[k] is not None and figures[k] >= v for k, v in TARGETS_MIN.items()}
+    passes.update({k: figures[k] is not None and figures[k] <= v for k, v in TARGETS_MAX.items()})
+    return finish(figures, {**{k: f">= {v}" for k, v in TARGETS_MIN.items()}, **TARGETS_MAX}, passes,
+                  as_json=args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
