@@ -8,8 +8,8 @@ committed iteration) live in ``writer.py`` next to the code that checks them.
 from __future__ import annotations
 
 from state_db.vocab import (Actor, BatchStatus as B, CandidateStatus as C, DecisionStatus as D,
-                            NoteStatus as N, RoleStatus as R, SessionStatus as S, SkillStatus as K,
-                            WorkStatus as W)
+                            NoteStatus as N, ProposalStatus as P, RoleStatus as R, SessionStatus as S,
+                            SkillStatus as K, WorkStatus as W)
 
 TRANSITIONS: dict[str, dict[str, set[str]]] = {
     "work_items": {
@@ -50,6 +50,7 @@ TRANSITIONS: dict[str, dict[str, set[str]]] = {
     "candidate_batches": {B.OPEN: {B.CLOSED}},
     "raw_notes": {N.PENDING: {N.ARCHIVED}},
     "skills": {K.ACTIVE: {K.RETIRED}, K.RETIRED: {K.ACTIVE}},
+    "proposals": {P.PROPOSED: {P.ACCEPTED, P.DISMISSED, P.EXPIRED}},
 }
 
 # Primary key column of each table that has a status.
@@ -57,7 +58,7 @@ KEYS = {"work_items": "id", "org_session": "id", "role_instances": "instance", "
         "skill_candidates": "id", "candidate_batches": "id", "raw_notes": "id", "skills": "name",
         "iterations": ("work_id", "n"), "verdicts": "id", "preflights": "work_id", "model_calls": "request_id",
         "curated_notes": "id", "workspace_locks": "workspace", "attempts": ("work_id", "attempt"),
-        "stop_history": ("work_id", "seq"), "attention": "key"}
+        "stop_history": ("work_id", "seq"), "attention": "key", "proposals": "id"}
 
 H, SUP, CO, LA, EV, CU = (Actor.HUMAN, Actor.SUPERVISOR, Actor.COORDINATOR, Actor.LOOP_AGENT,
                           Actor.EVAL_AGENT, Actor.CURATOR)
@@ -101,6 +102,10 @@ WRITERS: dict[tuple[str, str], set[str]] = {
     ("workspace_locks", "delete"): {H, CO, LA, EV},
     ("attention", "insert"): {CO},
     ("attention", "update"): {CO},
+    # discovery: a scan run by the human (org discover) or by the coordinator (a discover trigger)
+    ("proposals", "insert"): {H, CO},
+    ("proposals", "update"): {H, CO},
+    ("proposals", "status"): {H, CO},
 }
 
 # Status changes reserved to particular actors, whatever WRITERS says about the table.
@@ -114,6 +119,7 @@ RESERVED = {
     ("skill_candidates", "status", C.APPROVED): {H},
     ("skill_candidates", "status", C.REJECTED): {H},
     ("skill_candidates", "status", C.DEFERRED): {H},
+    ("proposals", "status", P.DISMISSED): {H},
 }
 
 # Who may reopen an ended work item (ended -> queued | waiting): a continuation is the human's.

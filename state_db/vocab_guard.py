@@ -19,7 +19,7 @@ from typing import Iterable
 
 from state_db.vocab import (
     ROLE_ACTORS, Actor, BatchStatus, CandidateStatus, DecisionStatus, NoteStatus, PreflightOutcome,
-    RoleStatus, SessionStatus, SkillStatus, StopReason, VerdictOutcome, WorkStatus,
+    ProposalStatus, RoleStatus, SessionStatus, SkillStatus, StopReason, VerdictOutcome, WorkStatus,
 )
 
 PREFIX = "vocab_"
@@ -41,6 +41,7 @@ GUARDED: dict[tuple[str, str], Iterable[str]] = {
     ("preflights", "outcome"): PreflightOutcome,
     ("events", "actor"): Actor,
     ("idempotency", "actor"): Actor,
+    ("proposals", "status"): ProposalStatus,
 }
 
 
@@ -53,10 +54,13 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def generated() -> dict[str, str]:
-    """Trigger name -> its ``CREATE TRIGGER`` statement, for every guarded column."""
+def generated(tables: set[str] | None = None) -> dict[str, str]:
+    """Trigger name -> its ``CREATE TRIGGER`` statement, for every guarded column (of ``tables``
+    only, when given: a table a later migration creates is guarded from that migration on)."""
     out = {}
     for (table, column), _ in GUARDED.items():
+        if tables is not None and table not in tables:
+            continue
         values = allowed(table, column)
         message = _quote(f"{table}.{column}: value is not one of {', '.join(values)}")
         when = f"NEW.{column} NOT IN ({', '.join(_quote(v) for v in values)})"
@@ -75,7 +79,8 @@ def installed(conn: sqlite3.Connection) -> dict[str, str]:
 
 def stale(conn: sqlite3.Connection) -> tuple[dict[str, str], list[str]]:
     """(triggers to create, triggers to drop) to bring the database to ``generated()``."""
-    want, have = generated(), installed(conn)
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    want, have = generated(tables), installed(conn)
     create = {n: sql for n, sql in want.items() if have.get(n) != sql}
     drop = [n for n in have if n not in want or n in create]
     return create, drop

@@ -36,6 +36,9 @@ BASE = {
     "preflights": lambda i: {"work_id": f"w{i}", "outcome": "ready", "written_by": "e", "at": 1},
     "events": lambda i: {"at": 1, "actor": "human", "kind": "k"},
     "idempotency": lambda i: {"key": f"k{i}", "actor": "human", "command": "c", "at": 1},
+    "proposals": lambda i: {"id": f"p{i}", "fingerprint": f"f{i}", "workspace": "/ws", "kind": "todo",
+                            "source": "markers", "title": "t", "goal": "g", "rank": 1, "status": "proposed",
+                            "created_by": "h", "created_at": 1, "seen_at": 1, "expires_at": 2},
 }
 
 # values outside every vocabulary, near misses of real ones, and the examples
