@@ -28,6 +28,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
+from roles.sandbox.reports import MAX_IDS, read_junit  # noqa: F401 - re-exported: callers read it here
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -169,33 +171,7 @@ def _summary_at(lines: list[str], i: int) -> TestCounts | None:
 
 # -- the runner's own report ---------------------------------------------------------------------
 
-MAX_IDS = 5000
-
-
-def read_junit(path) -> dict | None:
-    """A JUnit XML report (pytest's ``--junitxml``) as {"counts", "ids", "truncated"}: ids map
-    ``classname::name`` to passed / failed / error / skipped. None when there is no readable
-    report (the runner did not finish its session)."""
-    import xml.etree.ElementTree as ET
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError):
-        return None
-    ids, n = {}, {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
-    for case in root.iter("testcase"):
-        if case.find("failure") is not None:
-            outcome, key = "failed", "failed"
-        elif case.find("error") is not None:
-            outcome, key = "error", "errors"
-        elif case.find("skipped") is not None:
-            outcome, key = "skipped", "skipped"
-        else:
-            outcome, key = "passed", "passed"
-        n[key] += 1
-        if len(ids) < MAX_IDS:
-            ids[f"{case.get('classname', '')}::{case.get('name', '')}"] = outcome
-    total = sum(n.values())
-    return {"counts": TestCounts("pytest", **n).encode(), "ids": ids, "truncated": total > len(ids)}
+# ``read_junit``: one reader serves the eval-agent and the discovery scan (roles/sandbox/reports.py)
 
 
 # -- failing test ids --------------------------------------------------------------------------
