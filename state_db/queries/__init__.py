@@ -1,7 +1,28 @@
-"""Read-only queries over state.db, with named predicates.
+"""The read model of state.db: every query the org asks, one module per subject.
 
-Predicates are SQL fragments over ``work_items`` so callers say *which* items they mean by name
-(``ACTIVE``, ``TERMINAL``, ``USER_VISIBLE``, ``AWAITING_HUMAN``) instead of repeating status lists.
+The subject modules return frozen dataclasses, their JSON columns decoded once:
+
+- ``work``: ``WorkItem`` with its ``Caps`` (the one parser of the caps JSON), workspace locks,
+  stop history, idempotent results;
+- ``iterations``: ``Iteration``, ``Attempt``;
+- ``verdicts``: ``Verdict``, ``Preflight``, ``latest_eval_verdict`` (the one place that says which
+  verdict counts) and what the eval-agent still owes (``due``);
+- ``usage``: ``Usage``, ``ModelCall``, ``org_spend`` (summarised usage included);
+- ``decisions``: ``Decision``;
+- ``processes``: ``Session``, ``RoleInstance``, transport counters;
+- ``events``: the journal (``Event``) and ``Attention`` rows.
+
+Roles, the CLI and transport ask these functions; nothing outside state_db/ (and tests, benches)
+writes SQL to read state.
+
+This module keeps the plain-data views ``org status --json`` and the dashboard print
+(``status``, ``work_items``, ``usage``, ``iterations``, ``events`` …, nested dicts ready for JSON)
+and named predicates: SQL fragments over ``work_items`` so callers say *which* items they mean
+(``ACTIVE``, ``TERMINAL``, ``USER_VISIBLE``, ``AWAITING_HUMAN``) instead of repeating status
+lists. Three of those functions share their name with a subject module (``usage``,
+``iterations``, ``events``): the name here is the function; import the typed functions from the
+module itself (``from state_db.queries.usage import org_spend``). The subject modules are
+imported first, below, so a later import of one never replaces the function of the same name.
 """
 from __future__ import annotations
 
@@ -10,6 +31,11 @@ from typing import Any
 
 import orjson
 
+# the subject modules, loaded before the functions below take three of their names
+from state_db.queries import decisions, events as _events, iterations as _iterations, processes  # noqa: F401
+from state_db.queries import usage as _usage, verdicts, work  # noqa: F401
+from state_db.queries.base import loads  # noqa: F401
+from state_db.queries.usage import org_spend  # noqa: F401
 from state_db.vocab import DecisionStatus, WorkStatus
 
 ACTIVE = f"status != '{WorkStatus.ENDED}'"
@@ -22,12 +48,6 @@ USER_VISIBLE = "1 = 1"
 
 PREDICATES = {"active": ACTIVE, "terminal": TERMINAL, "running": RUNNING, "waiting": WAITING,
               "awaiting-human": AWAITING_HUMAN, "all": USER_VISIBLE}
-
-_USAGE = """SELECT COUNT(*) AS calls, COALESCE(SUM(input_tokens),0) AS input_tokens,
-                   COALESCE(SUM(output_tokens),0) AS output_tokens,
-                   COALESCE(SUM(cache_write_tokens),0) AS cache_write_tokens,
-                   COALESCE(SUM(cache_read_tokens),0) AS cache_read_tokens,
-                   COALESCE(SUM(cost_usd),0) AS cost_usd FROM model_calls"""
 
 
 def rows(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict]:
@@ -47,8 +67,7 @@ def work_items(conn: sqlite3.Connection, predicate: str = USER_VISIBLE, params: 
         for col in ("verify", "protect", "caps"):
             item[col] = orjson.loads(item[col])
         item.update(usage(conn, item["id"]))
-        item["iterations"] = conn.execute("SELECT COUNT(*) FROM iterations WHERE work_id = ?",
-                                          (item["id"],)).fetchone()[0]
+        item["iterations"] = _iterations.count(conn, item["id"])
     return items
 
 
@@ -57,30 +76,10 @@ def work_item(conn: sqlite3.Connection, work_id: str) -> dict | None:
     return found[0] if found else None
 
 
-_SUMMARY = _USAGE.replace("COUNT(*) AS calls", "COALESCE(SUM(calls),0) AS calls").replace("model_calls", "usage_summaries")
-
-
-def org_spend(conn: sqlite3.Connection) -> float:
-    """Everything the org has spent, in USD: per-call usage plus what retention folded into
-    summaries (the org-wide spend cap must not forget old spend)."""
-    return conn.execute("""SELECT (SELECT COALESCE(SUM(cost_usd), 0) FROM model_calls)
-                                + (SELECT COALESCE(SUM(cost_usd), 0) FROM usage_summaries)""").fetchone()[0]
-
-
 def usage(conn: sqlite3.Connection, work_id: str | None = None) -> dict:
-    """Tokens and cost, summed from model calls (each counted once, keyed by request id) plus the
-    summaries retention folded old calls into."""
-    if work_id is None:
-        row, old = conn.execute(_USAGE).fetchone(), conn.execute(_SUMMARY).fetchone()
-    else:
-        row = conn.execute(_USAGE + " WHERE work_id = ?", (work_id,)).fetchone()
-        old = conn.execute(_SUMMARY + " WHERE work_id = ?", (work_id,)).fetchone()
-    out = {k: row[k] + old[k] for k in row.keys()}
-    out["tokens"] = (out["input_tokens"] + out["output_tokens"] + out["cache_write_tokens"]
-                     + out["cache_read_tokens"])
-    # what the token budget counts: cache reads are left out (roles/loop_agent/backends/base.py)
-    out["budget_tokens"] = out["input_tokens"] + out["cache_write_tokens"] + out["output_tokens"]
-    return out
+    """Tokens and cost as plain data (``usage.Usage.as_dict``): model calls, each counted once,
+    plus the summaries retention folded old calls into."""
+    return _usage.of_work(conn, work_id).as_dict()
 
 
 def iterations(conn: sqlite3.Connection, work_id: str) -> list[dict]:
@@ -97,10 +96,7 @@ def pending_decisions(conn: sqlite3.Connection) -> list[dict]:
 
 
 def transport_counters(conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for r in conn.execute("SELECT instance, name, value FROM transport_counters ORDER BY instance, name"):
-        out.setdefault(r["instance"], {})[r["name"]] = r["value"]
-    return out
+    return processes.transport_counters(conn)
 
 
 def events(conn: sqlite3.Connection, *, after: int = 0, limit: int = 100, kind: str | None = None) -> list[dict]:
@@ -113,7 +109,7 @@ def events(conn: sqlite3.Connection, *, after: int = 0, limit: int = 100, kind: 
 
 
 def last_event_id(conn: sqlite3.Connection) -> int:
-    return conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+    return _events.last_id(conn)
 
 
 def open_batches(conn: sqlite3.Connection) -> list[dict]:
@@ -122,8 +118,7 @@ def open_batches(conn: sqlite3.Connection) -> list[dict]:
 
 def status(conn: sqlite3.Connection) -> dict:
     """Everything ``org status`` shows, as plain data."""
-    counts = {r["status"]: r["n"] for r in conn.execute(
-        "SELECT status, COUNT(*) AS n FROM work_items GROUP BY status")}
+    counts = work.status_counts(conn)
     return {
         "session": session(conn),
         "roles": roles(conn),

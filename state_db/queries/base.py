@@ -1,0 +1,36 @@
+"""What every query module shares: turning a stored row into typed data.
+
+JSON columns arrive as text; ``loads`` decodes them once, where the row becomes a dataclass, so no
+caller ever parses a column. ``columns`` lets a dataclass be built from a row that may lack
+columns added by later migrations (their defaults apply).
+"""
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import fields
+from typing import Any
+
+import orjson
+
+
+def loads(value: Any, default: Any = None) -> Any:
+    """JSON text from a column as data; empty or NULL gives ``default``; decoded values pass."""
+    if isinstance(value, (str, bytes)):
+        return orjson.loads(value) if value else default
+    return default if value is None else value
+
+
+def columns(cls, row: sqlite3.Row | dict) -> dict[str, Any]:
+    """The row's values for the dataclass ``cls``'s fields (missing columns left to defaults)."""
+    keys = row.keys()
+    return {f.name: row[f.name] for f in fields(cls) if f.name in keys}
+
+
+def scalar(conn: sqlite3.Connection, sql: str, params: Any = (), default: Any = None) -> Any:
+    """The first column of the first row, or ``default`` (no row, or NULL)."""
+    row = conn.execute(sql, params).fetchone()
+    return default if row is None or row[0] is None else row[0]
+
+
+def exists(conn: sqlite3.Connection, sql: str, params: Any = ()) -> bool:
+    return conn.execute(sql, params).fetchone() is not None

@@ -1,0 +1,216 @@
+"""Work items as typed data: ``WorkItem`` with its ``Caps``, workspace locks, stop history, and
+the questions the coordinator's reconcile, the operations and the sandbox ask about them.
+
+``Caps`` is the one parser of the caps JSON a work item stores (``{"max_iterations": 5, ...}``):
+everything that reads or writes caps goes through it, so a cap's name is spelled once.
+"""
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from state_db.queries.base import columns, exists, loads, scalar
+from state_db.vocab import DecisionStatus, WorkStatus
+
+
+@dataclass(frozen=True)
+class Caps:
+    """A run's hard caps; ``None`` is no cap of that kind."""
+
+    max_iterations: int | None = None
+    budget_tokens: int | None = None
+    budget_usd: float | None = None
+    timeout_s: float | None = None
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The caps' names, as stored and as the operations' parameters are called."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def parse(cls, raw: Any) -> "Caps":
+        """Caps from stored JSON text, a dict (unknown keys are ignored), None or Caps."""
+        if isinstance(raw, Caps):
+            return raw
+        data = loads(raw, {}) or {}
+        return cls(**{k: data[k] for k in cls.names() if data.get(k) is not None})
+
+    def encode(self) -> dict[str, Any]:
+        """The stored form: only the caps that are set."""
+        return {k: v for k in self.names() if (v := getattr(self, k)) is not None}
+
+    def with_(self, **given: Any) -> "Caps":
+        """These caps with ``given`` applied (``None`` values leave a cap as it is)."""
+        return replace(self, **{k: v for k, v in given.items() if v is not None})
+
+    def __bool__(self) -> bool:
+        return bool(self.encode())
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One ``work_items`` row, its JSON columns decoded."""
+
+    id: str
+    goal: str
+    workspace: str
+    backend: str
+    status: str
+    created_by: str
+    created_at: float
+    updated_at: float
+    verify: tuple[str, ...] = ()
+    protect: tuple[str, ...] = ()
+    caps: Caps = field(default_factory=Caps)
+    stop_reason: str | None = None
+    stop_detail: str | None = None
+    assigned_to: str | None = None
+    attempt: int = 0
+    cancel_requested: bool = False
+    worktree: bool = False
+    branch: str | None = None
+    elapsed_s: float = 0.0
+    ended_at: float | None = None
+    default_protect: bool = True
+    toolchain: dict = field(default_factory=dict)
+    discarded_s: float = 0.0
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row | dict) -> "WorkItem":
+        v = columns(cls, row)
+        v["verify"] = tuple(loads(v.get("verify"), []))
+        v["protect"] = tuple(loads(v.get("protect"), []))
+        v["caps"] = Caps.parse(v.get("caps"))
+        v["toolchain"] = loads(v.get("toolchain"), {}) or {}
+        for flag in ("cancel_requested", "worktree", "default_protect"):
+            if flag in v:
+                v[flag] = bool(v[flag])
+        return cls(**v)
+
+    @property
+    def ended(self) -> bool:
+        return self.status == WorkStatus.ENDED
+
+
+@dataclass(frozen=True)
+class StopRecord:
+    """One ending of a run that ``org continue`` reopened (``stop_history``)."""
+
+    work_id: str
+    seq: int
+    stop_reason: str
+    stop_detail: str | None
+    ended_at: float | None
+    iterations: int
+    caps: Caps
+    new_caps: Caps
+    continued_by: str
+    continued_at: float
+
+    @classmethod
+    def from_row(cls, row) -> "StopRecord":
+        v = columns(cls, row)
+        v["caps"], v["new_caps"] = Caps.parse(v["caps"]), Caps.parse(v["new_caps"])
+        return cls(**v)
+
+
+def item(conn: sqlite3.Connection, work_id: str) -> WorkItem | None:
+    """The work item ``work_id``, or None."""
+    row = conn.execute("SELECT * FROM work_items WHERE id = ?", (work_id,)).fetchone()
+    return WorkItem.from_row(row) if row else None
+
+
+def items(conn: sqlite3.Connection, ids: list[str] | tuple[str, ...]) -> list[WorkItem]:
+    """The work items among ``ids`` that exist, in no particular order."""
+    marks = ",".join("?" * len(ids))
+    return [WorkItem.from_row(r) for r in conn.execute(f"SELECT * FROM work_items WHERE id IN ({marks})", tuple(ids))]
+
+
+def with_status(conn: sqlite3.Connection, *statuses: str) -> list[WorkItem]:
+    """Work items in any of ``statuses``, oldest first."""
+    marks = ",".join("?" * len(statuses))
+    return [WorkItem.from_row(r) for r in conn.execute(
+        f"SELECT * FROM work_items WHERE status IN ({marks}) ORDER BY created_at", statuses)]
+
+
+def assigned_to(conn: sqlite3.Connection, instance: str, *statuses: str) -> WorkItem | None:
+    """The oldest work item assigned to ``instance`` in one of ``statuses``, or None."""
+    marks = ",".join("?" * len(statuses))
+    row = conn.execute(f"""SELECT * FROM work_items WHERE assigned_to = ? AND status IN ({marks})
+                           ORDER BY created_at LIMIT 1""", (instance, *statuses)).fetchone()
+    return WorkItem.from_row(row) if row else None
+
+
+def busy_agents(conn: sqlite3.Connection, *statuses: str) -> set[str]:
+    """Instances holding a work item in one of ``statuses``."""
+    marks = ",".join("?" * len(statuses))
+    return {r[0] for r in conn.execute(
+        f"SELECT assigned_to FROM work_items WHERE status IN ({marks}) AND assigned_to IS NOT NULL", statuses)}
+
+
+def parked_and_decided(conn: sqlite3.Connection) -> list[str]:
+    """Parked runs (paused, assigned to nobody) with no pending decision, oldest first."""
+    return [r[0] for r in conn.execute(
+        """SELECT w.id FROM work_items w WHERE w.status = ? AND w.assigned_to IS NULL
+             AND NOT EXISTS (SELECT 1 FROM decisions d WHERE d.work_id = w.id AND d.status = ?)
+           ORDER BY w.created_at""", (WorkStatus.PAUSED, DecisionStatus.PENDING))]
+
+
+def status_counts(conn: sqlite3.Connection) -> dict[str, int]:
+    return {r[0]: r[1] for r in conn.execute("SELECT status, COUNT(*) FROM work_items GROUP BY status")}
+
+
+# -- workspace locks ---------------------------------------------------------------------------
+
+def lock_holder(conn: sqlite3.Connection, workspace: str) -> str | None:
+    """The work item holding ``workspace``'s lock, or None."""
+    return scalar(conn, "SELECT work_id FROM workspace_locks WHERE workspace = ?", (str(workspace),))
+
+
+def locks_of_ended(conn: sqlite3.Connection) -> list[str]:
+    """Workspaces whose lock is still held by an ended run."""
+    return [r[0] for r in conn.execute("""SELECT l.workspace FROM workspace_locks l JOIN work_items w
+                                            ON w.id = l.work_id WHERE w.status = ?""", (WorkStatus.ENDED,))]
+
+
+def waiting_on_free_workspace(conn: sqlite3.Connection) -> list[WorkItem]:
+    """Waiting items whose workspace nobody holds, oldest first (the first of each may take it)."""
+    return [WorkItem.from_row(r) for r in conn.execute(
+        """SELECT * FROM work_items WHERE status = ? AND workspace NOT IN (SELECT workspace FROM workspace_locks)
+           ORDER BY created_at""", (WorkStatus.WAITING,))]
+
+
+def toolchain_of_workspace(conn: sqlite3.Connection, workspace: str) -> dict | None:
+    """The toolchain recorded with the work item holding ``workspace`` (the one with its lock,
+    else the latest), or None."""
+    raw = scalar(conn, """SELECT w.toolchain FROM work_items w LEFT JOIN workspace_locks l ON l.work_id = w.id
+                          WHERE w.workspace = ? ORDER BY l.work_id IS NULL, w.created_at DESC LIMIT 1""",
+                 (str(workspace),))
+    return None if raw is None else loads(raw, {})
+
+
+# -- stop history and idempotency ----------------------------------------------------------------
+
+def stop_history(conn: sqlite3.Connection, work_id: str) -> list[StopRecord]:
+    return [StopRecord.from_row(r) for r in conn.execute(
+        "SELECT * FROM stop_history WHERE work_id = ? ORDER BY seq", (work_id,))]
+
+
+def next_stop_seq(conn: sqlite3.Connection, work_id: str) -> int:
+    return scalar(conn, "SELECT MAX(seq) FROM stop_history WHERE work_id = ?", (work_id,), 0) + 1
+
+
+def continued_after(conn: sqlite3.Connection, work_id: str) -> int:
+    """The iterations committed when the run was last continued (0: never continued)."""
+    return scalar(conn, "SELECT MAX(iterations) FROM stop_history WHERE work_id = ?", (work_id,), 0)
+
+
+def command_result(conn: sqlite3.Connection, key: str, command: str) -> dict | None:
+    """What the command ``command`` did under idempotency ``key`` (its stored result), or None."""
+    row = conn.execute("SELECT result FROM idempotency WHERE key = ? AND command = ?", (key, command)).fetchone()
+    return None if row is None else loads(row[0], {})
+
+
+def exists_item(conn: sqlite3.Connection, work_id: str) -> bool:
+    return exists(conn, "SELECT 1 FROM work_items WHERE id = ?", (work_id,))
