@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from state_db.errors import ConfigError
+from state_db.vocab import ProposalKind
 
 DEFAULT_TOML = """\
 # loop-org configuration. `org config check` validates it; `org config show` prints the
@@ -147,6 +148,13 @@ events_days = 30                # journal events of ended runs older than this a
 model_calls_days = 30           # per-call usage rows of ended runs → one summary row per run
 eval_snapshots_days = 1         # the eval-agent's snapshots of ended runs
 quarantine_days = 14            # copies of bad outbox files
+
+[discover]                      # org discover: a read-only scan proposes work; nothing starts unless accepted
+verify = []                     # the commands the scan runs (and proposes) when --verify gives none
+limit = 5                       # candidates proposed per scan (--limit)
+expire_days = 7                 # an open proposal expires this long after the last scan that found it
+auto_start = []                 # kinds started without a human, within limits.daily_spend_usd
+                                # (failing_test, bug, fixme, todo, issue)
 """
 
 
@@ -257,6 +265,11 @@ SCHEMA: dict[str, Field] = {
     "retention.model_calls_days": Field(NUM, _positive, "a number of days > 0"),
     "retention.eval_snapshots_days": Field(NUM, _non_negative, "a number of days ≥ 0"),
     "retention.quarantine_days": Field(NUM, _non_negative, "a number of days ≥ 0"),
+    "discover.verify": Field(list, lambda v: _str_list(v) and all(x.strip() for x in v), "a list of commands"),
+    "discover.limit": Field(int, lambda v: 1 <= v <= 100, "an integer from 1 to 100"),
+    "discover.expire_days": Field(NUM, _positive, "a number of days > 0"),
+    "discover.auto_start": Field(list, lambda v: _str_list(v) and set(v) <= set(ProposalKind),
+                                 "a list of kinds from " + ", ".join(ProposalKind)),
 }
 PRICE_KEYS = ("input", "output", "cache_write", "cache_read")
 ENV_OVERRIDES = {f.env: key for key, f in SCHEMA.items() if f.env}
