@@ -10,6 +10,7 @@ from __future__ import annotations
 from state_db.vocab import (Actor, BatchStatus as B, CandidateStatus as C, DecisionStatus as D,
                             NoteStatus as N, ProposalStatus as P, RoleStatus as R, SessionStatus as S,
                             SkillStatus as K, WorkStatus as W)
+from state_db.vocab import Origin, ScheduleStatus as SC
 
 TRANSITIONS: dict[str, dict[str, set[str]]] = {
     "work_items": {
@@ -50,6 +51,7 @@ TRANSITIONS: dict[str, dict[str, set[str]]] = {
     "candidate_batches": {B.OPEN: {B.CLOSED}},
     "raw_notes": {N.PENDING: {N.ARCHIVED}},
     "skills": {K.ACTIVE: {K.RETIRED}, K.RETIRED: {K.ACTIVE}},
+    "schedules": {SC.ACTIVE: {SC.PAUSED, SC.REMOVED}, SC.PAUSED: {SC.ACTIVE, SC.REMOVED}},
     "proposals": {P.PROPOSED: {P.ACCEPTED, P.DISMISSED, P.EXPIRED}},
 }
 
@@ -102,6 +104,10 @@ WRITERS: dict[tuple[str, str], set[str]] = {
     ("workspace_locks", "delete"): {H, CO, LA, EV},
     ("attention", "insert"): {CO},
     ("attention", "update"): {CO},
+    # standing orders: the human makes, pauses and removes them; the coordinator ticks them
+    ("schedules", "insert"): {H},
+    ("schedules", "status"): {H},
+    ("schedules", "update"): {H, CO},
     # discovery: a scan run by the human (org discover) or by the coordinator (a discover trigger)
     ("proposals", "insert"): {H, CO},
     ("proposals", "update"): {H, CO},
@@ -119,6 +125,9 @@ RESERVED = {
     ("skill_candidates", "status", C.APPROVED): {H},
     ("skill_candidates", "status", C.REJECTED): {H},
     ("skill_candidates", "status", C.DEFERRED): {H},
+    # only the coordinator starts work for a standing order (a human's submit is the human's)
+    ("work_items", "origin", Origin.SCHEDULE): {CO},
+    ("work_items", "origin", Origin.TRIGGER): {CO},
     ("proposals", "status", P.DISMISSED): {H},
 }
 

@@ -134,3 +134,33 @@ class ProposalKind(StrEnum):
     FIXME = "fixme"                 # a FIXME marker in a tracked file
     TODO = "todo"                   # a TODO marker in a tracked file
     ISSUE = "issue"                 # any other issue
+
+
+class Origin(StrEnum):
+    """What started a work item (DESIGN.md, "Kinds of loop"); the row is the same whatever it is."""
+
+    HUMAN = "human"            # submitted by a human (goal-based)
+    SCHEDULE = "schedule"      # a standing order's tick (time-based)
+    TRIGGER = "trigger"        # an event on the workspace: a commit, a file change, checks failing
+    DISCOVERY = "discovery"    # a discovery scan's proposal, accepted (proactive)
+
+
+class ScheduleKind(StrEnum):
+    """The rule of a standing order: two kinds of timer (``org schedule``) and three kinds of
+    event on a workspace (``org trigger``)."""
+
+    EVERY = "every"                  # every N seconds, on a grid from its creation
+    CRON = "cron"                    # a cron expression, in local time
+    GIT_COMMIT = "git-commit"        # a new commit on a branch
+    FILE_CHANGE = "file-change"      # files matching a glob changed (debounced)
+    VERIFY_FAILS = "verify-fails"    # the verify commands fail on the current tree (run every N seconds)
+
+
+TIMER_KINDS = (ScheduleKind.EVERY, ScheduleKind.CRON)
+EVENT_KINDS = (ScheduleKind.GIT_COMMIT, ScheduleKind.FILE_CHANGE, ScheduleKind.VERIFY_FAILS)
+
+
+class ScheduleStatus(StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    REMOVED = "removed"        # terminal: kept for its history; the name can be used again

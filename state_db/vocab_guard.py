@@ -21,6 +21,7 @@ from state_db.vocab import (
     ROLE_ACTORS, Actor, BatchStatus, CandidateStatus, DecisionStatus, NoteStatus, PreflightOutcome,
     ProposalStatus, RoleStatus, SessionStatus, SkillStatus, StopReason, VerdictOutcome, WorkStatus,
 )
+from state_db.vocab import Origin, ScheduleKind, ScheduleStatus
 
 PREFIX = "vocab_"
 
@@ -41,6 +42,9 @@ GUARDED: dict[tuple[str, str], Iterable[str]] = {
     ("preflights", "outcome"): PreflightOutcome,
     ("events", "actor"): Actor,
     ("idempotency", "actor"): Actor,
+    ("schedules", "status"): ScheduleStatus,
+    ("schedules", "kind"): ScheduleKind,
+    ("work_items", "origin"): Origin,
     ("proposals", "status"): ProposalStatus,
 }
 
