@@ -363,35 +363,6 @@ CREATE INDEX work_items_origin ON work_items(origin_id) WHERE origin_id IS NOT N
 """
 
 
-# Standing orders: schedules (a timer) and triggers (an event on a workspace) that submit work
-# items as the coordinator, signed ``schedule:NAME`` / ``trigger:NAME``. Next-due times come from
-# these rows (the last tick handled + the rule), never from an in-memory timer; ``watch`` keeps
-# what a trigger last saw. A work item records what started it (origin, and the order's id).
-SCHEDULES = """
-CREATE TABLE schedules (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    rule TEXT NOT NULL DEFAULT '{}',
-    request TEXT NOT NULL DEFAULT '{}',
-    argv TEXT NOT NULL DEFAULT '[]',
-    status TEXT NOT NULL,
-    created_by TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL,
-    last_tick_at REAL,
-    last_fired_at REAL,
-    last_work_id TEXT,
-    fired INTEGER NOT NULL DEFAULT 0,
-    skipped_busy INTEGER NOT NULL DEFAULT 0,
-    skipped_spend INTEGER NOT NULL DEFAULT 0,
-    coalesced INTEGER NOT NULL DEFAULT 0,
-    last_skip TEXT,
-    watch TEXT NOT NULL DEFAULT '{}'
-);
-CREATE UNIQUE INDEX schedules_live_name ON schedules(name) WHERE status != 'removed';
-ALTER TABLE work_items ADD COLUMN origin TEXT NOT NULL DEFAULT 'human';
-ALTER TABLE work_items ADD COLUMN origin_id TEXT;
-CREATE INDEX work_items_origin ON work_items(origin_id) WHERE origin_id IS NOT NULL;
-"""
 
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -403,7 +374,6 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0006_vocabulary", _vocabulary),
     ("0008_status", STATUS),
     ("0009_attention", ATTENTION),
-    ("0010_schedules", SCHEDULES),
     ("0010_schedules", SCHEDULES),
     ("0011_proposals", PROPOSALS),
 ]
