@@ -15,6 +15,8 @@ from state_db.errors import MigrationFailed, SchemaTooNew
 from state_db.schema import MIGRATIONS
 
 VOCABULARY_MIGRATION = "0006_vocabulary"     # installs the triggers vocab_guard keeps in step
+# the names of the applied migrations (the layout sqlite-utils gave it, kept for existing databases)
+_MIGRATIONS_TABLE = "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at FLOAT)"
 
 
 def schema_version(conn: sqlite3.Connection) -> int:
@@ -46,6 +48,9 @@ def backup(conn: sqlite3.Connection, dest_dir: Path, version: int) -> Path:
 def migrate(db_path: str | Path, *, backups_dir: Path | None = None, migrations=MIGRATIONS) -> dict:
     """Bring state.db up to date, creating it if missing.
 
+    A migration is SQL text (run statement by statement) or a callable given the connection; either
+    runs inside the migration's own ``BEGIN IMMEDIATE`` transaction.
+
     Returns ``{"from": v0, "to": v1, "applied": [names], "backup": path|None}``.
 
     Raises:
@@ -62,9 +67,6 @@ def migrate(db_path: str | Path, *, backups_dir: Path | None = None, migrations=
         backup_path = None
         if version > 0:
             backup_path = backup(conn, backups_dir or db_path.parent / "backups", version)
-        import sqlite_utils  # ~170 ms: only paid when a migration is actually due
-
-        db = sqlite_utils.Database(conn)
         applied = []
         for index in range(version, len(migrations)):
             name, sql = migrations[index]
@@ -75,11 +77,12 @@ def migrate(db_path: str | Path, *, backups_dir: Path | None = None, migrations=
                     conn.execute("ROLLBACK")
                     return migrate(db_path, backups_dir=backups_dir, migrations=migrations)
                 if callable(sql):
-                    sql(db)
+                    sql(conn)
                 else:
                     for statement in _split(sql):
                         conn.execute(statement)
-                db["_migrations"].insert({"name": name, "applied_at": time.time()}, pk="name")
+                conn.execute(_MIGRATIONS_TABLE)
+                conn.execute("INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", (name, time.time()))
                 conn.execute(f"PRAGMA user_version={index + 1}")
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:

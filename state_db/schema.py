@@ -276,10 +276,10 @@ ALTER TABLE attempts ADD COLUMN current_tool_at REAL;
 """
 
 
-def _vocabulary(db) -> None:
+def _vocabulary(conn) -> None:
     from state_db.vocab_guard import install
-    db.conn.execute(STOP_HISTORY)
-    install(db.conn)
+    conn.execute(STOP_HISTORY)
+    install(conn)
 
 
 # Attention: what the coordinator told a human outside the chat (a desktop notification, a
