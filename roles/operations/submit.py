@@ -36,6 +36,7 @@ class SubmitRequest:
     worktree: bool = False
     idempotency_key: str | None = None
     via: str | None = None                # the client it came through, e.g. mcp:claude-code
+    toolchain: dict | None = None         # the submitter's, taken when a standing order was made (else ours)
 
 
 def new_work_id() -> str:
@@ -143,6 +144,8 @@ def _toolchain(req: SubmitRequest, ws: Path) -> dict:
     import os
 
     from roles.sandbox.toolchains import at_submit
+    if req.toolchain is not None:
+        return req.toolchain
     return at_submit(os.environ, req.verify, ws).encode()
 
 
@@ -169,13 +172,20 @@ def wait_for_preflight(home: OrgHome, work_id: str, *, timeout_s: float, poll_s:
         conn.close()
 
 
-def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
-    """Create a work item (or return the one this idempotency key created).
+@dataclass(frozen=True)
+class Checked:
+    """A request that passed every check of ``submit``, with what the checks resolved."""
 
-    Returns {"id", "status", "caps", "defaults_applied", "workspace", "waiting_for", "replayed",
-    "org_status"} (the org session's status, or "never started": nothing runs unless it is running).
-    Raises SubmitError (bad goal, workspace, caps, backend) or StateError.
-    """
+    workspace: Path
+    caps: dict
+    defaults_applied: bool
+    toolchain: dict
+    backend: str
+
+
+def check(home: OrgHome, cfg: Config, req: SubmitRequest) -> Checked:
+    """Every check ``submit`` makes before it writes (a standing order makes them when it is
+    made, so a bad one is refused then, not at its first tick). Raises SubmitError."""
     if not req.goal.strip():
         raise SubmitError("the goal is empty", hint='say what "done" means, e.g. org submit "make tests pass" ...')
     if not req.verify:
@@ -199,12 +209,31 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
         raise SubmitError(f"the org home {home.root} is inside the workspace {ws}; the agent must not reach it",
                           code="workspace_contains_org_home", hint="set ORG_HOME to a folder outside the workspace")
     caps, defaults_applied = _caps(req, cfg)
-    toolchain = _toolchain(req, ws)
-    backend = _backend(req, cfg, home)
+    return Checked(ws, caps, defaults_applied, _toolchain(req, ws), _backend(req, cfg, home))
+
+
+def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origin: dict | None = None,
+           guard=None, wake: bool = True) -> dict:
+    """Create a work item (or return the one this idempotency key created).
+
+    ``writer`` writes it (default: a new one as the human, closed after); ``origin`` adds columns
+    saying what started it (``origin``, ``origin_id``, ``created_by``); ``guard(tx, work_id)`` runs
+    first in the write transaction and may raise to write nothing (a standing order's
+    single-flight, re-checked under the lock); ``wake=False`` sends no wake (the coordinator
+    submitting dispatches itself).
+
+    Returns {"id", "status", "caps", "defaults_applied", "workspace", "waiting_for", "replayed",
+    "org_status"} (the org session's status, or "never started": nothing runs unless it is running).
+    Raises SubmitError (bad goal, workspace, caps, backend) or StateError.
+    """
+    checked = check(home, cfg, req)
+    ws, caps, defaults_applied = checked.workspace, checked.caps, checked.defaults_applied
+    toolchain, backend = checked.toolchain, checked.backend
     key = req.idempotency_key or uuid.uuid4().hex
     from roles.operations.wake import Waker
-    waker = Waker(home, cfg)
-    writer = human_writer(home.db_path, req.via)
+    waker = Waker(home, cfg) if wake else None
+    own_writer = writer is None
+    writer = human_writer(home.db_path, req.via) if own_writer else writer
     try:
         done = writer.conn.execute("SELECT result FROM idempotency WHERE key = ? AND command = 'submit'", (key,)).fetchone()
         work_id = new_work_id()
@@ -217,6 +246,8 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
             WorkspaceHistory(home.history_dir / f"{work_id}.git", workspace).baseline()
 
         def do(tx):
+            if guard is not None:
+                guard(tx, work_id)
             busy = tx.one("SELECT work_id FROM workspace_locks WHERE workspace = ?", (str(workspace),))
             status = WorkStatus.WAITING if busy else WorkStatus.QUEUED
             tx.insert("work_items", {
@@ -226,7 +257,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
                 "stop_detail": f"workspace busy with {busy[0]}" if busy else None,
                 "worktree": int(req.worktree), "branch": branch, "created_by": signed(writer),
                 "toolchain": toolchain,
-                "created_at": tx.now, "updated_at": tx.now})
+                "created_at": tx.now, "updated_at": tx.now, **(origin or {})})
             if not busy:
                 tx.insert("workspace_locks", {"workspace": str(workspace), "work_id": work_id, "acquired_at": tx.now})
             return {"id": work_id, "status": str(status), "caps": caps, "defaults_applied": defaults_applied,
@@ -235,7 +266,8 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest) -> dict:
         result, replayed = writer.run_once(key, "submit", do)
         session = writer.conn.execute("SELECT status FROM org_session WHERE id = 1").fetchone()
     finally:
-        writer.close()
-    result["wake"] = waker.wake({"work_id": result["id"]})
+        if own_writer:
+            writer.close()
+    result["wake"] = waker.wake({"work_id": result["id"]}) if waker is not None else "not sent: not asked"
     return {**result, "replayed": replayed, "idempotency_key": key,
             "org_status": session["status"] if session else "never started"}
