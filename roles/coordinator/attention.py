@@ -25,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import structlog
 
+from state_db.queries.events import Attention, attention_undelivered
 from state_db.writer import StateWriter
 
 KINDS = ("decision_waiting", "batch_open", "verify_unrunnable", "role_failed", "org_limit")
@@ -150,27 +151,25 @@ class Delivery:
     def deliver(self, writer: StateWriter) -> float | None:
         """One pass over undelivered rows; returns seconds until a retry is due (None: none)."""
         s = self.settings
-        rows = writer.conn.execute("""SELECT * FROM attention WHERE notified_at IS NULL
-                                       OR (posted_at IS NULL AND post_attempts <= ?) ORDER BY created_at""",
-                                   (s.webhook_retries,)).fetchall()
+        rows = attention_undelivered(writer.conn, s.webhook_retries)
         soonest = None
         for row in rows:
             if self._stop.is_set():
                 break
-            if row["notified_at"] is None:
-                sent = s.notify_send and self.notify("loop-org needs you", row["text"])
+            if row.notified_at is None:
+                sent = s.notify_send and self.notify("loop-org needs you", row.text)
                 with writer.transaction(render=False) as tx:
-                    tx.update("attention", row["key"], notified_at=tx.now)
+                    tx.update("attention", row.key, notified_at=tx.now)
                 if sent:
-                    self.log.info("notified", key=row["key"], next="nothing: shown on the desktop")
-            if not s.webhook_url or row["posted_at"] is not None or row["post_attempts"] > s.webhook_retries:
+                    self.log.info("notified", key=row.key, next="nothing: shown on the desktop")
+            if not s.webhook_url or row.posted_at is not None or row.post_attempts > s.webhook_retries:
                 continue
-            if time.time() - row["created_at"] > STALE_S:
+            if time.time() - row.created_at > STALE_S:
                 with writer.transaction(render=False) as tx:
-                    tx.update("attention", row["key"], post_attempts=s.webhook_retries + 1,
+                    tx.update("attention", row.key, post_attempts=s.webhook_retries + 1,
                               last_error="not posted: older than the webhook")
                 continue
-            due = self._due.get(row["key"], 0.0) - self.clock()
+            due = self._due.get(row.key, 0.0) - self.clock()
             if due > 0:
                 soonest = due if soonest is None else min(soonest, due)
                 continue
@@ -179,11 +178,11 @@ class Delivery:
                 soonest = wait if soonest is None else min(soonest, wait)
         return soonest
 
-    def _post(self, writer: StateWriter, row) -> float | None:
-        s, key = self.settings, row["key"]
-        tries = row["post_attempts"] + 1
+    def _post(self, writer: StateWriter, row: Attention) -> float | None:
+        s, key = self.settings, row.key
+        tries = row.post_attempts + 1
         try:
-            self.post(s.webhook_url, message(row["text"], row["link"]), s.webhook_timeout_s)
+            self.post(s.webhook_url, message(row.text, row.link), s.webhook_timeout_s)
         except Exception as exc:  # noqa: BLE001 - any failure of the receiver is counted, never raised
             error = f"{type(exc).__name__}: {exc}"[:500]
             last = tries > s.webhook_retries
