@@ -1,302 +1,426 @@
-"""``org.toml``: the org's configuration, validated against a schema with coded errors.
+"""``org.toml``: the org's configuration as typed models (pydantic), with coded errors.
 
-The file is created with documented defaults on first start. Environment variables listed in
-``ENV_OVERRIDES`` override file values. Secrets (API keys) are never read from or written to this
-file: they come from the environment only, where the model backend reads them.
+``load_config(home)`` (or ``load(path)``) reads the file with ``tomllib``, applies the
+environment overrides and validates it against ``Config``: one frozen model per ``[section]``,
+each key a typed attribute (``cfg.caps.max_iterations``, ``cfg.prices["scripted"]["input"]``).
+A value that breaks the schema is a ``ConfigKeyError`` (code ``config_invalid``) naming the key,
+what is expected, and the line of org.toml that wrote it; an unknown key says which known key
+was probably meant. ``json_schema()`` is the same schema for editors (``org config schema``), and
+the documented default file (``DEFAULT_TOML``) is generated from the same models, so a key's
+default, meaning and constraints are written once.
+
+Secrets (API keys) are never read from or written to this file: they come from the environment
+only, where the model backend reads them.
+
+How to add a key: one line in its section's class, e.g. in ``Loop``::
+
+    wrapup_reserve: int = key(1, "iterations kept for wrapping up", ge=0)
+
+``key(default, doc, env=..., **constraints)`` takes pydantic's constraints (``ge``, ``gt``,
+``le``, ``lt``, ``min_length``, ``pattern``); ``env="ORG_X"`` makes an environment variable
+override it. The error text ("an integer ≥ 0") is derived from the type and constraints; a type
+that needs its own words carries an ``Expect(...)`` (see ``HttpUrl``). How to add a section: a
+class deriving ``Section`` whose docstring says what it is for, and one line in ``Config``,
+``review: Review = section(Review)``; a list of tables (``[[schedules]]``) is
+``schedules: list[Schedule] = key([], "...")``. Checks across keys go in
+``Config._across_keys``.
 """
 from __future__ import annotations
 
+import difflib
 import math
 import os
+import re
+import textwrap
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Literal, Mapping, get_args, get_origin, get_type_hints
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+from typing_extensions import TypedDict
 
 from state_db.errors import ConfigError
 from state_db.vocab import ProposalKind
 
-DEFAULT_TOML = """\
-# loop-org configuration. `org config check` validates it; `org config show` prints the
-# effective values (after environment overrides). Secrets never go here: the model backend
-# reads ANTHROPIC_API_KEY from the environment.
-
-[org]
-loop_agents = 2                 # env ORG_LOOP_AGENTS
-
-[caps]                          # applied to a submit that gives no hard cap of its own
-max_iterations = 10
-budget_tokens = 400000
-budget_usd = 5.0
-timeout_s = 3600
-
-[limits]
-total_spend_usd = 50.0          # org-wide: runs stop with org_limit beyond it; env ORG_SPEND_CAP_USD
-
-[model]
-backend = "anthropic"           # anthropic | command | scripted
-name = "claude-sonnet-4-5"      # must be in [prices]; env ORG_MODEL
-base_url = ""                   # any Anthropic-compatible server; env ANTHROPIC_BASE_URL
-max_tokens = 4096
-request_timeout_s = 120
-max_retries = 6
-
-# USD per million tokens. A model missing here is a configuration error; 0 is allowed
-# (local models, the scripted demo server).
-[prices."claude-sonnet-4-5"]
-input = 3.0
-output = 15.0
-cache_write = 3.75
-cache_read = 0.30
-
-[prices."claude-opus-4-1"]
-input = 15.0
-output = 75.0
-cache_write = 18.75
-cache_read = 1.50
-
-[prices."claude-haiku-4-5"]
-input = 1.0
-output = 5.0
-cache_write = 1.25
-cache_read = 0.10
-
-[prices."scripted"]
-input = 0
-output = 0
-cache_write = 0
-cache_read = 0
-
-[loop]
-recent_iterations = 3           # iterations shown in detail in each prompt
-summary_cap_chars = 2000        # rolling summary of older iterations
-lessons_max = 5
-no_progress_repeat = 3          # same fingerprint this many times ...
-no_progress_window = 5          # ... within this many iterations
-
-[knowledge]
-raw_notes_to_consolidate = 5
-notes_per_pattern = 3
-candidates_per_batch = 5
-skill_unused_days = 90
-
-[sandbox]
-mode = "bubblewrap"             # bubblewrap | unsandboxed (only with allow_unsandboxed); env ORG_SANDBOX
-allow_unsandboxed = false       # env ORG_ALLOW_UNSANDBOXED
-cpu_seconds = 300
-memory_mb = 2048
-max_processes = 256
-output_bytes = 1000000
-file_size_mb = 128              # largest file a command may write (RLIMIT_FSIZE)
-disk_mb = 2048                  # the workspace's quota (checked after each command) and the private /tmp's size
-readonly_binds = []             # more folders shown read-only to every agent command (absolute paths)
-
-[command]                       # the command backend: an agent CLI run once per iteration in the sandbox
-binary = "claude"               # Claude Code: claude -p --output-format json
-permission_mode = "acceptEdits"
-allowed_tools = ["Read", "Edit", "Write", "Glob", "Grep", "Bash"]
-timeout_s = 1800
-path_prepend = []               # folders put first on the CLI's PATH and shown read-only (a node under ~/.nvm)
-readonly_binds = []             # more folders the CLI needs that the sandbox hides, shown read-only
-
-[gate]
-ask_for = ["network", "outside_workspace"]
-reannounce_after_s = 600
-
-[transport]
-endpoint = "ipc"                # ipc, or a tcp://127.0.0.1:PORT base (CURVE is then required); env ORG_TRANSPORT
-max_message_bytes = 262144
-max_age_s = 600
-clock_skew_s = 30
-sweep_s = 5.0
-
-[supervisor]
-heartbeat_s = 1.0
-heartbeat_timeout_s = 10.0
-restart_max = 5                 # crashes within restart_window_s before a role is marked failed
-restart_window_s = 60.0
-stop_timeout_s = 10.0
-
-[logs]
-max_bytes = 10485760
-backups = 3
-
-[snapshots]
-debounce_s = 0.5
-
-[attention]                     # when a human is needed: a decision waits, a batch opens, a run ends
-                                # verify_unrunnable, a role fails, the org spend cap trips
-webhook_url = ""                # POST {"text": ...} (Slack-compatible) once per event; env ORG_ATTENTION_WEBHOOK
-webhook_timeout_s = 5.0
-webhook_retries = 3             # further tries of a failed POST, with backoff; then it is given up (counted)
-notify_send = true              # a desktop notification too, where notify-send is on PATH
-dashboard_url = ""              # the dashboard's address: each message links to the page it is about
-
-[telemetry]                     # OpenTelemetry GenAI traces of every run (off: nothing is imported)
-enabled = false                 # also on when otlp_endpoint is set
-otlp_endpoint = ""              # OTLP/HTTP base URL, e.g. http://127.0.0.1:4318; env OTEL_EXPORTER_OTLP_ENDPOINT
-exporter = "otlp"               # otlp | none (spans are made and dropped: what tracing itself costs)
-
-[mcp]                           # org mcp: what an MCP client (Claude Code, ...) may do
-tools = ["status", "show", "diff", "decisions", "candidates", "skills"]
-                                # read-only by default; add "submit", "cancel", "continue" to let it
-                                # start and steer runs, "decide" to answer decisions, "review" to
-                                # approve / reject / defer skill candidates
-
-[retention]                     # applied by 'org gc' and hourly by the supervisor
-events_days = 30                # journal events of ended runs older than this are pruned (counts kept)
-model_calls_days = 30           # per-call usage rows of ended runs → one summary row per run
-eval_snapshots_days = 1         # the eval-agent's snapshots of ended runs
-quarantine_days = 14            # copies of bad outbox files
-
-[discover]                      # org discover: a read-only scan proposes work; nothing starts unless accepted
-verify = []                     # the commands the scan runs (and proposes) when --verify gives none
-limit = 5                       # candidates proposed per scan (--limit)
-expire_days = 7                 # an open proposal expires this long after the last scan that found it
-auto_start = []                 # kinds started without a human, within limits.daily_spend_usd
-                                # (failing_test, bug, fixme, todo, issue)
-"""
+CONFIG_FILE = "org.toml"
 
 
-@dataclass(frozen=True)
-class Field:
-    kind: type | tuple
-    check: Callable[[Any], bool] | None = None
-    expect: str = ""
-    env: str | None = None
+class ConfigKeyError(ConfigError):
+    """A key of org.toml breaks the schema: which key, where it was written, what was meant."""
+
+    def __init__(self, message: str, *, key: str, parts: tuple = (), hint: str | None = None,
+                 lineno: int | None = None, path: Path | None = None, suggestion: str | None = None):
+        self.parts = parts or tuple(key.split("."))
+        self.lineno, self.path, self.suggestion = lineno, path, suggestion
+        self.what = message
+        where = f" ({path}:{lineno})" if path is not None and lineno is not None else ""
+        super().__init__(message + where, key=key, hint=hint)
+
+    def at(self, path: Path | None, text: str | None) -> ConfigKeyError:
+        """The same error with the line of ``text`` (the file at ``path``) that wrote the key."""
+        lineno = line_of(text, self.parts) if text is not None else None
+        return ConfigKeyError(self.what, key=self.key, parts=self.parts, hint=self.hint, lineno=lineno,
+                              path=path, suggestion=self.suggestion)
 
 
-def _positive(v) -> bool:
-    return v > 0
+# ---------------------------------------------------------------------------------- the schema
+
+class Expect(str):
+    """What a value must be, in words, for a type whose constraints do not say it themselves."""
 
 
-def _non_negative(v) -> bool:
-    return v >= 0
+def key(default: Any, doc: str = "", *, env: str | None = None, **constraints: Any) -> Any:
+    """One key: its default, what it means (the default file's comment and the schema's
+    description), the environment variable that overrides it, and pydantic constraints."""
+    doc = "; ".join(x for x in (doc, f"env {env}" if env else "") if x)
+    return Field(default, description=doc or None, json_schema_extra={"x-env": env} if env else None,
+                 **constraints)
 
 
-def _one_of(*choices) -> Callable[[Any], bool]:
-    return lambda v: v in choices
+def section(cls: type[BaseModel]) -> Any:
+    return Field(default_factory=cls, description=(cls.__doc__ or "").strip() or None)
 
 
-def _str_list(v) -> bool:
-    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+class Section(BaseModel):
+    """A ``[table]`` of org.toml: exact types (a string is not a number), no unknown keys."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False,
+                              validate_default=True)
 
 
-def _abs_paths(v) -> bool:
-    return _str_list(v) and all(x.startswith("/") for x in v)
+def _bind_paths(paths: list[str]) -> list[str]:
+    for p in paths:
+        if os.path.normpath(p) == "/" or not os.path.exists(p):
+            raise ValueError(f"{p} is / or does not exist")
+    return paths
 
 
-def _bind_paths(v) -> bool:
-    return _abs_paths(v) and all(os.path.normpath(x) != "/" and os.path.exists(x) for x in v)
-
-
-NUM = (int, float)
+HttpUrl = Annotated[str, Field(pattern=r"^$|^https?://"), Expect("empty or an http(s) URL")]
+AbsPath = Annotated[str, Field(pattern=r"^/")]
+AbsPaths = Annotated[list[AbsPath], Expect("a list of absolute folder paths")]
+BindPaths = Annotated[list[AbsPath], AfterValidator(_bind_paths),
+                      Expect("a list of absolute paths other than / that exist")]
+Endpoint = Annotated[str, Field(pattern=r"^ipc$|^tcp://"), Expect("\"ipc\" or a tcp://HOST:PORT base")]
+Name = Annotated[str, Field(min_length=1)]
 # what org mcp can expose (mcp.tools); "review" is the write half of the candidates tool
 MCP_TOOLS = ("status", "show", "diff", "decisions", "candidates", "skills",
              "submit", "cancel", "continue", "decide", "review")
-SCHEMA: dict[str, Field] = {
-    "org.loop_agents": Field(int, lambda v: 1 <= v <= 64, "an integer from 1 to 64", "ORG_LOOP_AGENTS"),
-    "caps.max_iterations": Field(int, _positive, "an integer ≥ 1"),
-    "caps.budget_tokens": Field(int, _positive, "an integer ≥ 1"),
-    "caps.budget_usd": Field(NUM, _positive, "a number > 0"),
-    "caps.timeout_s": Field(NUM, _positive, "a number of seconds > 0"),
-    "limits.total_spend_usd": Field(NUM, _positive, "a number > 0", "ORG_SPEND_CAP_USD"),
-    "model.backend": Field(str, _one_of("anthropic", "command", "scripted"), "anthropic, command or scripted"),
-    "model.name": Field(str, bool, "a model name listed in [prices]", "ORG_MODEL"),
-    "model.base_url": Field(str, lambda v: v == "" or v.startswith(("http://", "https://")),
-                            "empty or an http(s) URL", "ANTHROPIC_BASE_URL"),
-    "model.max_tokens": Field(int, _positive, "an integer ≥ 1"),
-    "model.request_timeout_s": Field(NUM, _positive, "a number of seconds > 0"),
-    "model.max_retries": Field(int, _non_negative, "an integer ≥ 0"),
-    "loop.recent_iterations": Field(int, _positive, "an integer ≥ 1"),
-    "loop.summary_cap_chars": Field(int, lambda v: v >= 200, "an integer ≥ 200"),
-    "loop.lessons_max": Field(int, _non_negative, "an integer ≥ 0"),
-    "loop.no_progress_repeat": Field(int, lambda v: v >= 2, "an integer ≥ 2"),
-    "loop.no_progress_window": Field(int, lambda v: v >= 2, "an integer ≥ 2"),
-    "knowledge.raw_notes_to_consolidate": Field(int, _positive, "an integer ≥ 1", "ORG_RAW_NOTES_TO_CONSOLIDATE"),
-    "knowledge.notes_per_pattern": Field(int, _positive, "an integer ≥ 1", "ORG_NOTES_PER_PATTERN"),
-    "knowledge.candidates_per_batch": Field(int, _positive, "an integer ≥ 1", "ORG_CANDIDATES_PER_BATCH"),
-    "knowledge.skill_unused_days": Field(int, _positive, "an integer ≥ 1"),
-    "sandbox.mode": Field(str, _one_of("bubblewrap", "unsandboxed"), "bubblewrap or unsandboxed", "ORG_SANDBOX"),
-    "sandbox.allow_unsandboxed": Field(bool, None, "true or false", "ORG_ALLOW_UNSANDBOXED"),
-    "command.binary": Field(str, bool, "the agent CLI's name or path"),
-    "command.permission_mode": Field(str, bool, "a Claude Code permission mode, e.g. acceptEdits"),
-    "command.allowed_tools": Field(list, _str_list, "a list of tool names"),
-    "command.timeout_s": Field(NUM, _positive, "a number of seconds > 0"),
-    "command.path_prepend": Field(list, _abs_paths, "a list of absolute folder paths"),
-    "command.readonly_binds": Field(list, _abs_paths, "a list of absolute folder paths"),
-    "sandbox.cpu_seconds": Field(int, _positive, "an integer ≥ 1"),
-    "sandbox.memory_mb": Field(int, lambda v: v >= 64, "an integer ≥ 64"),
-    "sandbox.max_processes": Field(int, _positive, "an integer ≥ 1"),
-    "sandbox.output_bytes": Field(int, _positive, "an integer ≥ 1"),
-    "sandbox.file_size_mb": Field(int, _positive, "an integer ≥ 1"),
-    "sandbox.disk_mb": Field(int, lambda v: v >= 16, "an integer ≥ 16"),
-    "sandbox.readonly_binds": Field(list, _bind_paths, "a list of absolute paths other than / that exist"),
-    "gate.ask_for": Field(list, _str_list, "a list of strings"),
-    "gate.reannounce_after_s": Field(NUM, _positive, "a number of seconds > 0"),
-    "transport.endpoint": Field(str, lambda v: v == "ipc" or v.startswith("tcp://"),
-                                "\"ipc\" or a tcp://HOST:PORT base", "ORG_TRANSPORT"),
-    "transport.max_message_bytes": Field(int, lambda v: 1024 <= v <= 64 * 2**20, "an integer from 1024 to 67108864"),
-    "transport.max_age_s": Field(NUM, _positive, "a number of seconds > 0"),
-    "transport.clock_skew_s": Field(NUM, _non_negative, "a number of seconds ≥ 0"),
-    "transport.sweep_s": Field(NUM, _positive, "a number of seconds > 0"),
-    "supervisor.heartbeat_s": Field(NUM, _positive, "a number of seconds > 0"),
-    "supervisor.heartbeat_timeout_s": Field(NUM, _positive, "a number of seconds > 0"),
-    "supervisor.restart_max": Field(int, _positive, "an integer ≥ 1"),
-    "supervisor.restart_window_s": Field(NUM, _positive, "a number of seconds > 0"),
-    "supervisor.stop_timeout_s": Field(NUM, _positive, "a number of seconds > 0"),
-    "logs.max_bytes": Field(int, lambda v: v >= 4096, "an integer ≥ 4096"),
-    "logs.backups": Field(int, _non_negative, "an integer ≥ 0"),
-    "snapshots.debounce_s": Field(NUM, _non_negative, "a number of seconds ≥ 0"),
-    "attention.webhook_url": Field(str, lambda v: v == "" or v.startswith(("http://", "https://")),
-                                   "empty or an http(s) URL", "ORG_ATTENTION_WEBHOOK"),
-    "attention.webhook_timeout_s": Field(NUM, _positive, "a number of seconds > 0"),
-    "attention.webhook_retries": Field(int, lambda v: 0 <= v <= 20, "an integer from 0 to 20"),
-    "attention.notify_send": Field(bool, None, "true or false"),
-    "attention.dashboard_url": Field(str, lambda v: v == "" or v.startswith(("http://", "https://")),
-                                     "empty or an http(s) URL"),
-    "telemetry.enabled": Field(bool, None, "true or false"),
-    "telemetry.otlp_endpoint": Field(str, lambda v: v == "" or v.startswith(("http://", "https://")),
-                                     "empty or an http(s) URL", "OTEL_EXPORTER_OTLP_ENDPOINT"),
-    "telemetry.exporter": Field(str, lambda v: v in ("otlp", "none"), "otlp or none"),
-    "mcp.tools": Field(list, lambda v: _str_list(v) and set(v) <= set(MCP_TOOLS),
-                       "a list of tool names from " + ", ".join(MCP_TOOLS)),
-    "retention.events_days": Field(NUM, _positive, "a number of days > 0"),
-    "retention.model_calls_days": Field(NUM, _positive, "a number of days > 0"),
-    "retention.eval_snapshots_days": Field(NUM, _non_negative, "a number of days ≥ 0"),
-    "retention.quarantine_days": Field(NUM, _non_negative, "a number of days ≥ 0"),
-    "discover.verify": Field(list, lambda v: _str_list(v) and all(x.strip() for x in v), "a list of commands"),
-    "discover.limit": Field(int, lambda v: 1 <= v <= 100, "an integer from 1 to 100"),
-    "discover.expire_days": Field(NUM, _positive, "a number of days > 0"),
-    "discover.auto_start": Field(list, lambda v: _str_list(v) and set(v) <= set(ProposalKind),
-                                 "a list of kinds from " + ", ".join(ProposalKind)),
+McpTool = Literal[MCP_TOOLS]  # type: ignore[valid-type]
+Commands = Annotated[list[Annotated[str, Field(pattern=r"\S")]], Expect("a list of commands")]
+ProposalKindName = Literal[tuple(k.value for k in ProposalKind)]  # type: ignore[valid-type]
+PriceValue = Annotated[float, Field(ge=0), Expect("a number ≥ 0 in USD per million tokens")]
+
+
+class Price(TypedDict):
+    """USD per million tokens of one model."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # type: ignore[misc]
+    input: PriceValue
+    output: PriceValue
+    cache_write: PriceValue
+    cache_read: PriceValue
+
+
+PRICE_FIELDS = {k: FieldInfo.from_annotation(t) for k, t in get_type_hints(Price, include_extras=True).items()}
+PRICE_KEYS = tuple(PRICE_FIELDS)
+DEFAULT_PRICES: dict[str, Price] = {
+    "claude-sonnet-4-5": {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.30},
+    "claude-opus-4-1": {"input": 15.0, "output": 75.0, "cache_write": 18.75, "cache_read": 1.50},
+    "claude-haiku-4-5": {"input": 1.0, "output": 5.0, "cache_write": 1.25, "cache_read": 0.10},
+    "scripted": {"input": 0, "output": 0, "cache_write": 0, "cache_read": 0},
 }
-PRICE_KEYS = ("input", "output", "cache_write", "cache_read")
-ENV_OVERRIDES = {f.env: key for key, f in SCHEMA.items() if f.env}
 
 
-class Config:
-    """Validated configuration. ``cfg["caps.max_iterations"]``; ``cfg.prices`` is the price table."""
+class Org(Section):
+    loop_agents: int = key(2, "", env="ORG_LOOP_AGENTS", ge=1, le=64)
 
-    def __init__(self, data: dict, source: Path | None = None, overridden: dict | None = None):
-        self.data = data
-        self.source = source
-        self.overridden = overridden or {}
 
-    def __getitem__(self, dotted: str) -> Any:
-        section, key = dotted.split(".", 1)
-        return self.data[section][key]
+class Caps(Section):
+    """applied to a submit that gives no hard cap of its own"""
+    max_iterations: int = key(10, ge=1)
+    budget_tokens: int = key(400000, ge=1)
+    budget_usd: float = key(5.0, gt=0)
+    timeout_s: float = key(3600, gt=0)
+
+
+class Limits(Section):
+    total_spend_usd: float = key(50.0, "org-wide: runs stop with org_limit beyond it", env="ORG_SPEND_CAP_USD", gt=0)
+    daily_spend_usd: float = key(10.0, "what work started without a human (schedules, triggers, discovery's auto_start) "
+                                 "may spend per local day, open budgets counted; 0: none starts", env="ORG_DAILY_SPEND_USD", ge=0)
+
+
+class Model(Section):
+    backend: Literal["anthropic", "command", "scripted"] = key("anthropic")
+    name: Name = key("claude-sonnet-4-5", "must be in [prices]", env="ORG_MODEL")
+    base_url: HttpUrl = key("", "any Anthropic-compatible server", env="ANTHROPIC_BASE_URL")
+    max_tokens: int = key(4096, ge=1)
+    request_timeout_s: float = key(120, gt=0)
+    max_retries: int = key(6, ge=0)
+
+
+class Loop(Section):
+    recent_iterations: int = key(3, "iterations shown in detail in each prompt", ge=1)
+    summary_cap_chars: int = key(2000, "rolling summary of older iterations", ge=200)
+    lessons_max: int = key(5, ge=0)
+    no_progress_repeat: int = key(3, "same fingerprint this many times ...", ge=2)
+    no_progress_window: int = key(5, "... within this many iterations", ge=2)
+    wrapup_reserve: float = key(0.05, "fraction of a token, cost or time budget kept for one wrap-up act that "
+                                "writes a hand-off note when the budget trips; 0: none", ge=0, lt=0.5)
+
+
+class Knowledge(Section):
+    raw_notes_to_consolidate: int = key(5, env="ORG_RAW_NOTES_TO_CONSOLIDATE", ge=1)
+    notes_per_pattern: int = key(3, env="ORG_NOTES_PER_PATTERN", ge=1)
+    candidates_per_batch: int = key(5, env="ORG_CANDIDATES_PER_BATCH", ge=1)
+    skill_unused_days: int = key(90, ge=1)
+
+
+class Sandbox(Section):
+    mode: Literal["bubblewrap", "unsandboxed"] = key("bubblewrap", "unsandboxed only with allow_unsandboxed",
+                                                     env="ORG_SANDBOX")
+    allow_unsandboxed: bool = key(False, env="ORG_ALLOW_UNSANDBOXED")
+    cpu_seconds: int = key(300, ge=1)
+    memory_mb: int = key(2048, ge=64)
+    max_processes: int = key(256, ge=1)
+    output_bytes: int = key(1000000, ge=1)
+    file_size_mb: int = key(128, "largest file a command may write (RLIMIT_FSIZE)", ge=1)
+    disk_mb: int = key(2048, "the workspace's quota (checked after each command) and the private /tmp's size",
+                       ge=16)
+    readonly_binds: BindPaths = key([], "more folders shown read-only to every agent command (absolute paths)")
+
+
+class Command(Section):
+    """the command backend: an agent CLI run once per iteration in the sandbox"""
+    binary: Name = key("claude", "Claude Code: claude -p --output-format json")
+    permission_mode: Name = key("acceptEdits")
+    allowed_tools: list[str] = key(["Read", "Edit", "Write", "Glob", "Grep", "Bash"])
+    timeout_s: float = key(1800, gt=0)
+    path_prepend: AbsPaths = key([], "folders put first on the CLI's PATH and shown read-only (a node under ~/.nvm)")
+    readonly_binds: AbsPaths = key([], "more folders the CLI needs that the sandbox hides, shown read-only")
+
+
+class Gate(Section):
+    ask_for: list[str] = key(["network", "outside_workspace"])
+    reannounce_after_s: float = key(600, gt=0)
+
+
+class Transport(Section):
+    endpoint: Endpoint = key("ipc", "ipc, or a tcp://127.0.0.1:PORT base (CURVE is then required)",
+                             env="ORG_TRANSPORT")
+    max_message_bytes: int = key(262144, ge=1024, le=64 * 2**20)
+    max_age_s: float = key(600, gt=0)
+    clock_skew_s: float = key(30, ge=0)
+    sweep_s: float = key(5.0, gt=0)
+
+
+class Supervisor(Section):
+    heartbeat_s: float = key(1.0, gt=0)
+    heartbeat_timeout_s: float = key(10.0, gt=0)
+    restart_max: int = key(5, "crashes within restart_window_s before a role is marked failed", ge=1)
+    restart_window_s: float = key(60.0, gt=0)
+    stop_timeout_s: float = key(10.0, gt=0)
+
+
+class Logs(Section):
+    max_bytes: int = key(10485760, ge=4096)
+    backups: int = key(3, ge=0)
+
+
+class Snapshots(Section):
+    debounce_s: float = key(0.5, ge=0)
+
+
+class Attention(Section):
+    """when a human is needed: a decision waits, a batch opens, a run ends verify_unrunnable, a role
+    fails, the org spend cap trips"""
+    webhook_url: HttpUrl = key("", "POST {\"text\": ...} (Slack-compatible) once per event",
+                               env="ORG_ATTENTION_WEBHOOK")
+    webhook_timeout_s: float = key(5.0, gt=0)
+    webhook_retries: int = key(3, "further tries of a failed POST, with backoff; then it is given up (counted)",
+                               ge=0, le=20)
+    notify_send: bool = key(True, "a desktop notification too, where notify-send is on PATH")
+    dashboard_url: HttpUrl = key("", "the dashboard's address: each message links to the page it is about")
+
+
+class Telemetry(Section):
+    """OpenTelemetry GenAI traces of every run (off: nothing is imported)"""
+    enabled: bool = key(False, "also on when otlp_endpoint is set")
+    otlp_endpoint: HttpUrl = key("", "OTLP/HTTP base URL, e.g. http://127.0.0.1:4318",
+                                 env="OTEL_EXPORTER_OTLP_ENDPOINT")
+    exporter: Literal["otlp", "none"] = key("otlp", "none: spans are made and dropped (what tracing itself costs)")
+
+
+class Mcp(Section):
+    """org mcp: what an MCP client (Claude Code, ...) may do"""
+    tools: list[McpTool] = key(["status", "show", "diff", "decisions", "candidates", "skills"],
+                               "read-only by default; add \"submit\", \"cancel\", \"continue\" to let it start and "
+                               "steer runs, \"decide\" to answer decisions, \"review\" to approve / reject / defer "
+                               "skill candidates")
+
+
+class Retention(Section):
+    """applied by 'org gc' and hourly by the supervisor"""
+    events_days: float = key(30, "journal events of ended runs older than this are pruned (counts kept)", gt=0)
+    model_calls_days: float = key(30, "per-call usage rows of ended runs → one summary row per run", gt=0)
+    eval_snapshots_days: float = key(1, "the eval-agent's snapshots of ended runs", ge=0)
+    quarantine_days: float = key(14, "copies of bad outbox files", ge=0)
+
+
+class Discover(Section):
+    """org discover: a read-only scan proposes work; nothing starts unless accepted"""
+    verify: Commands = key([], "the commands the scan runs (and proposes) when --verify gives none")
+    limit: int = key(5, "candidates proposed per scan (--limit)", ge=1, le=100)
+    expire_days: float = key(7, "an open proposal expires this long after the last scan that found it", gt=0)
+    auto_start: list[ProposalKindName] = key([], "kinds started without a human, within limits.daily_spend_usd "
+                                                 "(" + ", ".join(ProposalKind) + ")")
+
+
+class Config(Section):
+    """The org's configuration (org.toml). Secrets never go here: the model backend reads
+    ANTHROPIC_API_KEY from the environment.
+
+    ``Config(data)`` validates a dict shaped like the file (``defaults()``); ``load`` reads the file.
+    Raises ``ConfigKeyError`` for a value that breaks the schema.
+    """
+
+    model_config = ConfigDict(title="org.toml")
+
+    org: Org = section(Org)
+    caps: Caps = section(Caps)
+    limits: Limits = section(Limits)
+    model: Model = section(Model)
+    prices: dict[str, Price] = Field(
+        default_factory=lambda: {m: dict(p) for m, p in DEFAULT_PRICES.items()},  # type: ignore[misc]
+        description="USD per million tokens. A model missing here is a configuration error; 0 is allowed "
+                    "(local models, the scripted demo server).")
+    loop: Loop = section(Loop)
+    knowledge: Knowledge = section(Knowledge)
+    sandbox: Sandbox = section(Sandbox)
+    command: Command = section(Command)
+    gate: Gate = section(Gate)
+    transport: Transport = section(Transport)
+    supervisor: Supervisor = section(Supervisor)
+    logs: Logs = section(Logs)
+    snapshots: Snapshots = section(Snapshots)
+    attention: Attention = section(Attention)
+    telemetry: Telemetry = section(Telemetry)
+    mcp: Mcp = section(Mcp)
+    retention: Retention = section(Retention)
+    discover: Discover = section(Discover)
+
+    _source: Path | None = PrivateAttr(None)
+    _overridden: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def __init__(self, data: Mapping[str, Any] | None = None, source: Path | None = None,
+                 overridden: Mapping[str, str] | None = None, /, **fields: Any) -> None:
+        try:
+            super().__init__(**{**(data or {}), **fields})
+        except ValidationError as exc:
+            raise _explain(exc.errors()[0]) from None
+        self._source, self._overridden = source, dict(overridden or {})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _user_prices_extend_the_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("prices"), dict):
+            data = {**data, "prices": {**DEFAULT_PRICES, **data["prices"]}}
+        return data
+
+    @model_validator(mode="after")
+    def _across_keys(self) -> Config:
+        if self.model.name not in self.prices:
+            raise ConfigKeyError(f"model.name {self.model.name!r} has no entry in [prices]", key="model.name",
+                                 hint=f"add [prices.\"{self.model.name}\"] with input/output/cache_write/cache_read "
+                                      "(0 is allowed)")
+        if self.sandbox.mode == "unsandboxed" and not self.sandbox.allow_unsandboxed:
+            raise ConfigKeyError("sandbox.mode = \"unsandboxed\" needs sandbox.allow_unsandboxed = true",
+                                 key="sandbox.mode")
+        return self
 
     @property
-    def prices(self) -> dict[str, dict[str, float]]:
-        return self.data["prices"]
+    def source(self) -> Path | None:
+        """The file read, or None when only defaults and the environment apply."""
+        return self._source
+
+    @property
+    def overridden(self) -> dict[str, str]:
+        """``{"section.key": "ENV_VAR"}`` for each value the environment set."""
+        return dict(self._overridden)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The effective values as plain data (TOML/JSON shaped)."""
+        return self.model_dump()
+
+    def __getitem__(self, dotted: str) -> Any:
+        """A value by its dotted name (``cfg["caps.max_iterations"]``), for code that iterates keys;
+        code that knows its key reads the attribute (``cfg.caps.max_iterations``)."""
+        section_name, name = dotted.split(".", 1)
+        table = getattr(self, section_name)
+        return table[name] if isinstance(table, dict) else getattr(table, name)
 
     def default_caps(self) -> dict:
-        return dict(self.data["caps"])
+        return self.caps.model_dump()
+
+
+SECTIONS: dict[str, type[Section]] = {
+    name: f.annotation for name, f in Config.model_fields.items()
+    if isinstance(f.annotation, type) and issubclass(f.annotation, Section)}
+SCHEMA: dict[str, FieldInfo] = {f"{s}.{k}": f for s, cls in SECTIONS.items() for k, f in cls.model_fields.items()}
+ENV_OVERRIDES: dict[str, str] = {f.json_schema_extra["x-env"]: k for k, f in SCHEMA.items()  # type: ignore[index]
+                                 if isinstance(f.json_schema_extra, dict)}
+
+
+# ---------------------------------------------------------------------------------- loading
+
+def load_config(home) -> Config:
+    """The configuration of the org at ``home`` (an ``OrgHome``): its org.toml if it exists,
+    else the defaults, with the environment's overrides. Raises ``ConfigKeyError``/``ConfigError``."""
+    path = home.config_path
+    return load(path if path.exists() else None)
+
+
+def load(path: Path | None, env: Mapping[str, str] = os.environ) -> Config:
+    """Read ``path`` (None: defaults only), apply environment overrides (``ENV_OVERRIDES``), validate.
+
+    Raises:
+        ConfigError: the file is not TOML (tomllib's message gives line and column).
+        ConfigKeyError: an unknown section or key, a wrong type or value; names the key, its line
+            in the file and, for an unknown key, the known key probably meant.
+    """
+    text, data = None, {}
+    if path is not None and path.exists():
+        try:
+            text = path.read_text()
+            data = tomllib.loads(text)
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    overridden = {}
+    for var, dotted in ENV_OVERRIDES.items():
+        if env.get(var, "") != "":
+            section_name, name = dotted.split(".", 1)
+            table = data.setdefault(section_name, {})
+            if isinstance(table, dict):
+                table[name] = _from_env(dotted, env[var], var)
+                overridden[dotted] = var
+    try:
+        return Config(data, path, overridden)
+    except ConfigKeyError as exc:
+        var = overridden.get(exc.key)
+        if var is not None:
+            raise ConfigKeyError(f"{exc.what} (from ${var})", key=exc.key, hint=f"fix or unset {var}") from None
+        raise exc.at(path, text) from None
+
+
+def validate(data: Mapping[str, Any]) -> Config:
+    """``data`` (shaped like the file) as a ``Config``. Raises ``ConfigKeyError``."""
+    return Config(data)
 
 
 def defaults() -> dict:
-    return tomllib.loads(DEFAULT_TOML)
+    """The default configuration as plain data (a fresh copy)."""
+    return Config().model_dump()
 
 
 def write_default(path: Path) -> bool:
@@ -310,91 +434,204 @@ def write_default(path: Path) -> bool:
     return True
 
 
-def load(path: Path | None, env=os.environ) -> Config:
-    """Read, merge over defaults, apply environment overrides and validate.
-
-    Raises:
-        ConfigError: unreadable TOML, unknown section/key, wrong type or value; names the key.
-    """
-    data = defaults()
-    if path is not None and path.exists():
-        try:
-            user = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
-        _merge(data, user)
-    overridden = {}
-    for var, key in ENV_OVERRIDES.items():
-        if var in env and env[var] != "":
-            section, name = key.split(".", 1)
-            data[section][name] = _from_env(key, env[var], var)
-            overridden[key] = var
-    validate(data)
-    return Config(data, path, overridden)
+def json_schema() -> dict:
+    """A JSON Schema (draft 2020-12) of org.toml for editors (taplo, Even Better TOML)."""
+    schema = Config.model_json_schema()
+    schema["description"] = ("loop-org's configuration (org.toml). Secrets never go here: the model backend "
+                             "reads ANTHROPIC_API_KEY from the environment.")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
 
 
-def validate(data: dict) -> None:
-    for key, field in SCHEMA.items():
-        section, name = key.split(".", 1)
-        value = data.get(section, {}).get(name)
-        ok_type = isinstance(value, field.kind) and not (field.kind is not bool and isinstance(value, bool))
-        if isinstance(value, float) and not math.isfinite(value):
-            ok_type = False
-        if not ok_type or (field.check is not None and not field.check(value)):
-            raise ConfigError(f"{key} must be {field.expect} (got {value!r})", key=key)
-    prices = data.get("prices")
-    if not isinstance(prices, dict):
-        raise ConfigError("prices must be a table of models", key="prices")
-    for model, entry in prices.items():
-        if not isinstance(entry, dict):
-            raise ConfigError(f"prices.{model} must be a table with {', '.join(PRICE_KEYS)}", key=f"prices.{model}")
-        for k in PRICE_KEYS:
-            v = entry.get(k)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise ConfigError(f"prices.{model}.{k} must be a number ≥ 0 in USD per million tokens (got {v!r})",
-                                  key=f"prices.{model}.{k}")
-        unknown = set(entry) - set(PRICE_KEYS)
-        if unknown:
-            raise ConfigError(f"prices.{model} has unknown key(s) {sorted(unknown)}", key=f"prices.{model}")
-    model = data["model"]["name"]
-    if model not in prices:
-        raise ConfigError(f"model.name {model!r} has no entry in [prices]", key="model.name",
-                          hint=f"add [prices.\"{model}\"] with input/output/cache_write/cache_read (0 is allowed)")
-    if data["sandbox"]["mode"] == "unsandboxed" and not data["sandbox"]["allow_unsandboxed"]:
-        raise ConfigError("sandbox.mode = \"unsandboxed\" needs sandbox.allow_unsandboxed = true",
-                          key="sandbox.mode")
-
-
-def _merge(base: dict, user: dict) -> None:
-    for section, values in user.items():
-        if section not in base:
-            raise ConfigError(f"unknown section [{section}]", key=section,
-                              hint=f"known sections: {', '.join(sorted(base))}")
-        if not isinstance(values, dict):
-            raise ConfigError(f"[{section}] must be a table", key=section)
-        if section == "prices":
-            base[section].update(values)
-            continue
-        for key, value in values.items():
-            if f"{section}.{key}" not in SCHEMA:
-                raise ConfigError(f"unknown key {section}.{key}", key=f"{section}.{key}",
-                                  hint=f"known keys in [{section}]: {', '.join(sorted(base[section]))}")
-            base[section][key] = value
-
-
-def _from_env(key: str, raw: str, var: str) -> Any:
-    field = SCHEMA[key]
-    kinds = field.kind if isinstance(field.kind, tuple) else (field.kind,)
+def _from_env(dotted: str, raw: str, var: str) -> Any:
+    field = SCHEMA[dotted]
+    kind = field.annotation
     try:
-        if bool in kinds:
+        if kind is bool:
             if raw.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(raw)
             return raw.lower() in ("true", "1")
-        if int in kinds and float not in kinds:
+        if kind is int:
             return int(raw)
-        if float in kinds:
+        if kind is float:
             return float(raw)
         return raw
     except ValueError:
-        raise ConfigError(f"environment {var}={raw!r} is not valid for {key}: expected {field.expect}",
-                          key=key, hint=f"fix or unset {var}") from None
+        raise ConfigKeyError(f"environment {var}={raw!r} is not valid for {dotted}: expected {expect(field)}",
+                             key=dotted, hint=f"fix or unset {var}") from None
+
+
+# ---------------------------------------------------------------------------------- errors
+
+def expect(field: FieldInfo) -> str:
+    """What a value of ``field`` must be, in words ("an integer from 1 to 64")."""
+    words = [m for m in field.metadata if isinstance(m, Expect)]
+    if words:
+        return str(words[-1])
+    kind = field.annotation
+    if kind is bool:
+        return "true or false"
+    if get_origin(kind) is Literal:
+        return _choices(get_args(kind))
+    if get_origin(kind) is list:
+        (item,) = get_args(kind)
+        return "a list of " + (_choices(get_args(item)) if get_origin(item) is Literal else "strings")
+    bounds = {type(m).__name__.lower(): getattr(m, type(m).__name__.lower()) for m in field.metadata
+              if type(m).__name__ in ("Ge", "Gt", "Le", "Lt", "MinLen")}
+    if kind is str:
+        return "a non-empty string" if bounds.get("minlen") else "a string"
+    noun = "an integer" if kind is int else "a number"
+    if "ge" in bounds and "le" in bounds:
+        return f"{noun} from {bounds['ge']} to {bounds['le']}"
+    for op, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+        if op in bounds:
+            return f"{noun} {sign} {bounds[op]}"
+    return noun
+
+
+def _choices(values: tuple) -> str:
+    names = [str(v) for v in values]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _explain(error: dict) -> ConfigKeyError:
+    """One pydantic error as a coded error naming the key (the first of several: fix, check again)."""
+    loc = tuple(str(p) for p in error["loc"])
+    parts, field = _resolve(loc)
+    dotted = ".".join(parts)
+    kind, got = error["type"], error.get("input")
+    if kind == "extra_forbidden":
+        return _unknown(loc)
+    if field is None:                        # a table, or a price entry, is something else
+        if parts and parts[0] == "prices" and len(parts) == 2:
+            return ConfigKeyError(f"{dotted} must be a table with {', '.join(PRICE_KEYS)}", key=dotted, parts=parts)
+        return ConfigKeyError(f"[{dotted}] must be a table (got {got!r})", key=dotted, parts=parts)
+    if kind == "missing":
+        return ConfigKeyError(f"{dotted} is missing: it must be {expect(field)}", key=dotted, parts=parts)
+    return ConfigKeyError(f"{dotted} must be {expect(field)} (got {got!r})", key=dotted, parts=parts)
+
+
+def _resolve(loc: tuple[str, ...]) -> tuple[tuple[str, ...], FieldInfo | None]:
+    """The key a pydantic location names (list indexes and union tags dropped) and its field."""
+    if loc[:1] == ("prices",):
+        if len(loc) >= 3 and loc[2] in PRICE_KEYS:
+            return loc[:3], PRICE_FIELDS[loc[2]]
+        return loc[:2], None
+    owner: Any = Config
+    parts: list[str] = []
+    for part in loc:
+        fields = getattr(owner, "model_fields", {})
+        if part not in fields:
+            break
+        parts.append(part)
+        field = fields[part]
+        owner = field.annotation
+        if not (isinstance(owner, type) and issubclass(owner, BaseModel)):
+            return tuple(parts), field
+    return tuple(parts), None
+
+
+def _unknown(loc: tuple[str, ...]) -> ConfigKeyError:
+    *where, name = loc
+    if not where:
+        known = sorted(Config.model_fields)
+        close = difflib.get_close_matches(name, known, n=1)
+        return ConfigKeyError(f"unknown section [{name}]", key=name, parts=loc, suggestion=close[0] if close else None,
+                              hint=(f"did you mean [{close[0]}]? " if close else "") + f"known sections: {', '.join(known)}")
+    dotted = ".".join(loc)
+    table = ".".join(where)
+    if where[0] == "prices":
+        known = list(PRICE_KEYS)
+    else:
+        owner = SECTIONS.get(where[0])
+        known = list(owner.model_fields) if owner is not None and len(where) == 1 else []
+    close = difflib.get_close_matches(name, known, n=1)
+    guess = f"{table}.{close[0]}" if close else next((k for k in SCHEMA if k.endswith("." + name)), None)
+    hint = (f"did you mean {guess}? " if guess else "") + (
+        f"known keys in [{table}]: {', '.join(known)}" if known else f"[{table}] has no sub-tables")
+    return ConfigKeyError(f"unknown key {dotted}", key=dotted, parts=loc, suggestion=guess, hint=hint)
+
+
+# ---------------------------------------------------------------------------------- line numbers
+
+_PART = r'(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|\'[^\']*\')'
+_DOTTED = rf"{_PART}(?:\s*\.\s*{_PART})*"
+_HEADER = re.compile(rf"^\s*(\[\[?)\s*({_DOTTED})\s*\]\]?\s*(?:#.*)?$")
+_KEY_LINE = re.compile(rf"^\s*({_DOTTED})\s*=")
+
+
+def _split(dotted: str) -> tuple[str, ...]:
+    return tuple(p[1:-1] if p[:1] in "\"'" else p for p in re.findall(_PART, dotted))
+
+
+def line_of(text: str, parts: tuple[str, ...]) -> int | None:
+    """The line of ``text`` that writes the key ``parts`` (for ``("org", "loop_agents")``:
+    ``loop_agents = ...`` under ``[org]``, or ``org.loop_agents = ...``), else the line of the
+    nearest table that holds it (a missing price names its ``[prices."m"]``); None if absent.
+    The nth ``[[name]]`` is the key ``(name, n)``. A scan of the lines, exact for files written as
+    tables and keys, one per line (TOML parsers keep no positions)."""
+    table: tuple[str, ...] = ()
+    arrays: dict[tuple[str, ...], int] = {}
+    best, best_len = None, 0
+    for n, line in enumerate(text.splitlines(), 1):
+        header = _HEADER.match(line)
+        if header:
+            table = _split(header.group(2))
+            if header.group(1) == "[[":
+                arrays[table] = arrays.get(table, -1) + 1
+                table = (*table, str(arrays[table]))
+            path = table if header.group(1) == "[" else table[:-1]
+        else:
+            m = _KEY_LINE.match(line)
+            if not m:
+                continue
+            path = (*table, *_split(m.group(1)))
+        if path == parts[:len(path)] and len(path) > best_len:
+            best, best_len = n, len(path)
+            if len(path) == len(parts):
+                return n
+    return best
+
+
+# ---------------------------------------------------------------------------------- the default file
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return repr(value)
+
+
+def _commented(line: str, doc: str) -> list[str]:
+    """``line`` with ``doc`` as a comment from column 33, wrapped; below a line too long for it."""
+    if not doc:
+        return [line]
+    chunks = [" " * 32 + "# " + c for c in textwrap.wrap(doc, 100 - 34)]
+    if len(line) >= 32:
+        return [line, *chunks]
+    return [line.ljust(32) + chunks[0].lstrip(), *chunks[1:]]
+
+
+def render_default() -> str:
+    """The documented default org.toml, generated from the models."""
+    out = ["# loop-org configuration. `org config check` validates it; `org config show` prints the",
+           "# effective values (after environment overrides); `org config schema` prints its JSON Schema.",
+           "# Secrets never go here: the model backend reads ANTHROPIC_API_KEY from the environment."]
+    for name, field in Config.model_fields.items():
+        out.append("")
+        if name == "prices":
+            out += ["# " + c for c in textwrap.wrap(field.description or "", 96)]
+            for model, price in DEFAULT_PRICES.items():
+                out += [f"[prices.\"{model}\"]", *(f"{k} = {v!r}" for k, v in price.items()), ""]
+            out.pop()
+            continue
+        cls = SECTIONS[name]
+        out += _commented(f"[{name}]", " ".join((cls.__doc__ or "").split()))
+        for k, f in cls.model_fields.items():
+            out += _commented(f"{k} = {_toml(f.default)}", f.description or "")
+    return "\n".join(out) + "\n"
+
+
+DEFAULT_TOML = render_default()
