@@ -288,15 +288,10 @@ def _bump(deltas: dict[str, int], name: str, n: int) -> None:
 def read_counters(db_path: Path | str, instance: str | None = None) -> dict[str, dict[str, int]]:
     """Stored counters by instance (for ``org status``): ``{instance: {name: value}}``."""
     from state_db.connection import connect
+    from state_db.queries.processes import transport_counters
 
     conn = connect(db_path, readonly=True)
     try:
-        sql = "SELECT instance, name, value FROM transport_counters"
-        rows = conn.execute(sql + (" WHERE instance = ?" if instance else "") + " ORDER BY 1, 2",
-                            (instance,) if instance else ()).fetchall()
+        return transport_counters(conn, instance or None)
     finally:
         conn.close()
-    out: dict[str, dict[str, int]] = {}
-    for inst, name, value in rows:
-        out.setdefault(inst, {})[name] = value
-    return out

@@ -12,9 +12,8 @@ import time
 from knowledge.thresholds import Thresholds
 from roles.curator.pipeline import Pipeline
 from roles.runtime import RoleProcess
+from state_db.queries.events import last_id
 from transport.kinds import Kind
-
-_LAST_ENDED = "SELECT COALESCE(MAX(id), 0) FROM events WHERE kind = 'work_items.ended'"
 
 
 class CuratorProcess(RoleProcess):
@@ -31,7 +30,7 @@ class CuratorProcess(RoleProcess):
         self.woken = False
 
     def reconcile(self) -> None:
-        latest = self.writer.conn.execute(_LAST_ENDED).fetchone()[0]
+        latest = last_id(self.writer.conn, "work_items.ended")
         slow = time.monotonic() >= self.next_slow
         if latest == self.seen_ended and not slow and not self.woken:
             return

@@ -1,14 +1,15 @@
 """Turning journal events into lines a human reads as they happen (demo, org watch, chat)."""
 from __future__ import annotations
 
-import orjson
+from state_db.queries import verdicts, work
+from state_db.queries.events import Event
+from state_db.queries.iterations import count
+from state_db.queries.usage import of_work
 
-from state_db import queries
 
-
-def line_for(conn, ev: dict) -> str | None:
-    kind, subject = ev["kind"], ev["subject"]
-    data = orjson.loads(ev["data"]) if isinstance(ev["data"], str) else ev["data"]
+def line_for(conn, ev: Event) -> str | None:
+    """The line a human reads for journal entry ``ev`` (None: nothing worth a line)."""
+    kind, subject, data = ev.kind, ev.subject, ev.data
     if kind == "work_items.created":
         return f"submitted {subject}: {data.get('goal', '')[:80]}"
     if kind == "work_items.waiting":
@@ -21,7 +22,7 @@ def line_for(conn, ev: dict) -> str | None:
         tokens = sum(int(data.get(k) or 0) for k in ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"))
         changed = data.get("changed_paths") or []
         changed = ", ".join(changed) if isinstance(changed, list) else changed
-        return (f"{ev['instance']}: iteration {data.get('n')} committed ({data.get('act_status')}, {tokens} tokens, "
+        return (f"{ev.instance}: iteration {data.get('n')} committed ({data.get('act_status')}, {tokens} tokens, "
                 f"changed {changed or 'nothing'}) — asking the eval-agent")
     if kind == "preflights.created":
         return f"eval-agent: verify commands checked on the baseline of {subject} — {data.get('detail', '')}"
@@ -29,19 +30,20 @@ def line_for(conn, ev: dict) -> str | None:
         outcome = str(data.get("outcome", "")).upper()
         text = f"eval-agent: iteration {data.get('iteration')} {outcome}"
         if data.get("outcome") != "pass":
-            feedback = queries.rows(conn, "SELECT feedback FROM verdicts WHERE id = ?", (subject,))
-            detail = feedback[0]["feedback"] if feedback else ""
+            found = verdicts.verdict(conn, subject)
+            detail = found.feedback if found else ""
             lines = [ln for ln in detail.splitlines() if ln.strip()][:8]
             text += "\n      " + "\n      ".join(lines)
         return text
     if kind == "iterations.updated" and data.get("lesson"):
-        return f"{ev['instance']}: lesson for the next iteration: {data['lesson']}"
+        return f"{ev.instance}: lesson for the next iteration: {data['lesson']}"
     if kind == "work_items.ended":
-        item = queries.work_item(conn, subject)
+        item = work.item(conn, subject)
         if item is None:
             return None
-        return (f"{subject} ended by {ev['actor']}: {item['stop_reason']} — {item['stop_detail'] or ''}\n"
-                f"      {item['iterations']} iterations, {item['tokens']} tokens, ${item['cost_usd']:.4f}")
+        used = of_work(conn, subject)
+        return (f"{subject} ended by {ev.actor}: {item.stop_reason} — {item.stop_detail or ''}\n"
+                f"      {count(conn, subject)} iterations, {used.tokens} tokens, ${used.cost_usd:.4f}")
     if kind == "announce" and data.get("source") in ("role_instances.failed", "decisions.created", "reannounce",
                                                      "candidate_batches.created"):
         return f"coordinator: {data.get('text')}"

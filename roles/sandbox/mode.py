@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sqlite3
 import stat
 import sys
 from pathlib import Path
@@ -21,13 +22,16 @@ from roles.sandbox.errors import SandboxError, SandboxUnavailable
 from roles.sandbox.limits import Limits, process_limit_kind
 from roles.sandbox.toolchains import Toolchain
 from roles.sandbox.view import default_visible
+from state_db.connection import connect
+from state_db.errors import StateError
+from state_db.queries.work import toolchain_of_workspace
 
 _ALWAYS_HIDDEN = ("/run",)  # sockets of the host's services; as root the sandbox could connect to them
 _PRIVATE_ROOTS = ("/etc", "/var", "/opt", "/srv", "/boot", "/usr/local")
 
 
 def unsandboxed_allowed(cfg) -> bool:
-    return cfg["sandbox.mode"] == "unsandboxed" and bool(cfg["sandbox.allow_unsandboxed"])
+    return cfg.sandbox.mode == "unsandboxed" and bool(cfg.sandbox.allow_unsandboxed)
 
 
 def default_hidden(org_home: Path) -> list[Path]:
@@ -173,28 +177,22 @@ def runner_from_config(cfg, org_home, workspace: Path | None = None, *, readonly
             "'bubblewrap' package, or — at your own risk — set sandbox.mode = \"unsandboxed\" and "
             "sandbox.allow_unsandboxed = true in org.toml"))
     root = Path(org_home if isinstance(org_home, (str, os.PathLike)) else org_home.root)
-    visible = [*(Path(p) for p in cfg["sandbox.readonly_binds"]), *(Path(p) for p in readonly_binds)]
+    visible = [*(Path(p) for p in cfg.sandbox.readonly_binds), *(Path(p) for p in readonly_binds)]
     return BwrapRunner(workspace, readonly_binds=visible, limits=limits, bwrap=found, present_at=present_at,
                        own_home=root, toolchain_of=functools.partial(toolchain_for, root / "state.db"))
-
-
-_TOOLCHAIN = """SELECT w.toolchain FROM work_items w LEFT JOIN workspace_locks l ON l.work_id = w.id
-                WHERE w.workspace = ? ORDER BY l.work_id IS NULL, w.created_at DESC LIMIT 1"""
 
 
 def toolchain_for(db_path: Path, workspace: Path) -> Toolchain | None:
     """The toolchain recorded with the work item holding ``workspace`` (the one with its lock,
     else the latest), or None (no such item, or a state.db without the column)."""
-    import json
-    import sqlite3
     try:
-        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5.0)
+        conn = connect(db_path, readonly=True)
         try:
-            row = conn.execute(_TOOLCHAIN, (str(workspace),)).fetchone()
+            recorded = toolchain_of_workspace(conn, str(workspace))
         finally:
             conn.close()
-        return Toolchain.decode(json.loads(row[0])) if row else None
-    except (sqlite3.Error, ValueError, TypeError):
+        return Toolchain.decode(recorded) if recorded is not None else None
+    except (sqlite3.Error, StateError, ValueError, TypeError):
         return None
 
 

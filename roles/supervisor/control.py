@@ -17,6 +17,7 @@ import orjson
 from roles.supervisor import procs
 from state_db.connection import connect
 from state_db.errors import StateError
+from state_db.queries.processes import RoleInstance, role_instances, session as org_session
 from state_db.home import OrgHome
 from state_db.vocab import Actor, RoleStatus, SessionStatus
 from state_db.writer import StateWriter
@@ -56,7 +57,7 @@ def wait_ready(home: OrgHome, *, timeout_s: float, proc: subprocess.Popen | None
     rows a killed supervisor left behind (its session, its dying roles' "ready") are not taken
     for the new org."""
     deadline = time.monotonic() + timeout_s
-    seen: list[dict] = []
+    seen: list[RoleInstance] = []
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             tail = (home.logs_dir / "supervisor.out").read_text(errors="replace").strip().splitlines()[-1:]
@@ -65,19 +66,19 @@ def wait_ready(home: OrgHome, *, timeout_s: float, proc: subprocess.Popen | None
         if home.db_path.exists():
             conn = connect(home.db_path, readonly=True)
             try:
-                session = conn.execute("SELECT status, supervisor_pid FROM org_session").fetchone()
-                seen = [dict(r) for r in conn.execute("SELECT instance, status, started_at FROM role_instances")]
+                session = org_session(conn)
+                seen = role_instances(conn)
             finally:
                 conn.close()
-            settled = {r["instance"] for r in seen if r["status"] in (RoleStatus.READY, RoleStatus.FAILED)
-                       and (since is None or r["status"] == RoleStatus.FAILED or (r["started_at"] or 0) >= since)}
-            ours = session is not None and (proc is None or session["supervisor_pid"] == proc.pid)
-            if ours and session["status"] == SessionStatus.RUNNING and session["supervisor_pid"] \
+            settled = {r.instance for r in seen if r.status in (RoleStatus.READY, RoleStatus.FAILED)
+                       and (since is None or r.status == RoleStatus.FAILED or (r.started_at or 0) >= since)}
+            ours = session is not None and (proc is None or session.supervisor_pid == proc.pid)
+            if ours and session.status == SessionStatus.RUNNING and session.supervisor_pid \
                     and _wanted(home) <= settled:
-                return seen
+                return [r.as_dict() for r in seen]
         time.sleep(0.05)
     raise ControlError(f"the org did not become ready in {timeout_s:.0f}s; roles: "
-                       + ", ".join(f"{r['instance']}={r['status']}" for r in seen),
+                       + ", ".join(f"{r.instance}={r.status}" for r in seen),
                        hint="see 'org logs' and 'org doctor'")
 
 
@@ -85,8 +86,8 @@ def _wanted(home: OrgHome) -> set[str]:
     """The instances the configuration asks for (a lowered loop_agents leaves old rows behind)."""
     from roles.instances import org_instances
     from state_db import config as config_mod
-    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
-    return {s.instance for s in org_instances(cfg["org.loop_agents"])}
+    cfg = config_mod.load_config(home)
+    return {s.instance for s in org_instances(cfg.org.loop_agents)}
 
 
 def request(home: OrgHome, intent: str, *, force: bool = False, timeout_s: float = 30.0) -> dict:
@@ -126,18 +127,15 @@ def request(home: OrgHome, intent: str, *, force: bool = False, timeout_s: float
                     if status == SessionStatus.RUNNING and target == SessionStatus.SUSPENDED:
                         tx.set_status("org_session", 1, SessionStatus.SUSPENDING, updated_at=time.time())
                     tx.set_status("org_session", 1, target, updated_at=time.time(), supervisor_pid=None)
-        conn = writer.conn
-        status = conn.execute("SELECT status FROM org_session").fetchone()[0]
-        return {"status": status, "stopped_ms": round((time.monotonic() - t0) * 1000, 1),
+        return {"status": org_session(writer.conn).status, "stopped_ms": round((time.monotonic() - t0) * 1000, 1),
                 "supervisor": "signalled" if sup else "absent"}
     finally:
         writer.close()
 
 
 def _stop_orphans(home: OrgHome, writer: StateWriter) -> None:
-    rows = writer.conn.execute("SELECT instance, pid, pid_start FROM role_instances").fetchall()
-    for r in rows:
-        procs.signal_if_same(r["pid"], r["pid_start"], signal.SIGKILL)
+    for r in role_instances(writer.conn):
+        procs.signal_if_same(r.pid, r.pid_start, signal.SIGKILL)
     for pidfile in home.run_dir.glob("*.pid"):
         info = procs.read_pidfile(pidfile)
         if info is None or not procs.is_alive(*info):

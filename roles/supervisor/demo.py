@@ -7,6 +7,8 @@ reached through the anthropic SDK, watched live.
   recurring failure into a pattern, propose a skill and open a review batch; the demo waits for
   the batch and says how to review it. It runs with its own thresholds (``LEARNING_THRESHOLDS``,
   passed to the org it starts as environment overrides) and prints them.
+
+The demos watch the org through the typed queries (the journal, the work items) like any reader.
 """
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ import shutil
 import time
 from pathlib import Path
 
+from skills import candidates as C
 from state_db.connection import connect
+from state_db.queries import work
+from state_db.queries.events import after, last_id
 
 DEMO_DIR = Path(__file__).resolve().parents[2] / "scripts" / "demo"
 LEARNING_DIR = DEMO_DIR / "learning"
@@ -28,13 +33,13 @@ SERVICES = (("billing", "30s", 30), ("search", "45s", 45), ("mailer", "90s", 90)
 
 def _follow(conn, seen: int, t0: float, out, until) -> int:
     """Narrate the events after ``seen``; returns the last id. ``until(event)`` is told each one."""
-    for ev in conn.execute("SELECT * FROM events WHERE id > ? ORDER BY id", (seen,)).fetchall():
-        seen = ev["id"]
+    for ev in after(conn, seen):
+        seen = ev.id
         from roles.operations.narrate import line_for
-        line = line_for(conn, dict(ev))
+        line = line_for(conn, ev)
         if line:
             out(f"  [{time.monotonic() - t0:5.2f}s] {line}")
-        until(dict(ev))
+        until(ev)
     return seen
 
 
@@ -49,7 +54,7 @@ def run_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
     out(f"demo: a small project with a failing test copied to {ws}")
     out(f"demo: agent and verify commands: {describe_mode(cfg)}")
     conn = connect(home.db_path, readonly=True)
-    start_event = conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+    start_event = last_id(conn)
     result = submit(home, cfg, SubmitRequest(
         goal="Make word_count count words separated by any run of whitespace, and 0 for empty text.",
         workspace=str(ws), verify=["python3 -m unittest -q"], max_iterations=5, budget_tokens=60000,
@@ -60,21 +65,21 @@ def run_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
     seen, deadline, t0 = start_event, time.monotonic() + timeout_s, time.monotonic()
     ended = []
     while time.monotonic() < deadline and not ended:
-        seen = _follow(conn, seen, t0, out, lambda ev: ev["kind"] == "work_items.ended"
-                       and ev["subject"] == work_id and ended.append(ev))
+        seen = _follow(conn, seen, t0, out, lambda ev: ev.kind == "work_items.ended"
+                       and ev.subject == work_id and ended.append(ev))
         time.sleep(0.05)
-    item = conn.execute("SELECT status, stop_reason FROM work_items WHERE id = ?", (work_id,)).fetchone()
+    item = work.item(conn, work_id)
     conn.close()
     if not ended:
-        out(f"\ndemo: {work_id} did not finish within {timeout_s:.0f}s (status {item['status']}) — see 'scripts/org logs'")
+        out(f"\ndemo: {work_id} did not finish within {timeout_s:.0f}s (status {item.status}) — see 'scripts/org logs'")
         return 1
-    out(f"\ndemo: done — {work_id} stopped with '{item['stop_reason']}', declared by the eval-agent, not the doer.")
+    out(f"\ndemo: done — {work_id} stopped with '{item.stop_reason}', declared by the eval-agent, not the doer.")
     out("  the model was scripted: tokens and cost above are the script's numbers, priced at $0.")
     out(f"  next: 'scripts/org show {work_id}', 'scripts/org diff {work_id}', 'scripts/org status',\n"
         "        'scripts/org logs -f', 'scripts/org stop' (the org keeps running until you stop it)")
     out("  a real model: export ANTHROPIC_API_KEY=… (or ANTHROPIC_BASE_URL=http://… for a compatible local "
         "server) and submit with --backend anthropic")
-    return 0 if item["stop_reason"] == "goal_met" else 1
+    return 0 if item.stop_reason == "goal_met" else 1
 
 
 def _edit(old, new, say: str) -> list[dict]:
@@ -120,24 +125,22 @@ def run_learning_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
         out(f"demo: this shell's org.toml says {have}; an org started by 'start-org --demo learning' uses the "
             "demo's thresholds, one already running keeps its own")
     conn = connect(home.db_path, readonly=True)
-    seen = conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+    seen = last_id(conn)
     ids = [submit(home, cfg, SubmitRequest(max_iterations=5, **learning_job(root, *svc)))["id"] for svc in SERVICES]
     out(f"demo: submitted {', '.join(ids)}\n")
     deadline, t0, batch = time.monotonic() + timeout_s, time.monotonic(), []
     while time.monotonic() < deadline and not batch:
-        seen = _follow(conn, seen, t0, out, lambda ev: ev["kind"] == "candidate_batches.created"
-                       and batch.append(ev["subject"]))
+        seen = _follow(conn, seen, t0, out, lambda ev: ev.kind == "candidate_batches.created"
+                       and batch.append(ev.subject))
         time.sleep(0.05)
-    ended = conn.execute(f"SELECT id, stop_reason FROM work_items WHERE id IN ({','.join('?' * len(ids))})",
-                         ids).fetchall()
+    ended = work.items(conn, ids)
     if not batch:
         conn.close()
         out(f"\ndemo: no review batch within {timeout_s:.0f}s (runs: "
-            + ", ".join(f"{r['id']} {r['stop_reason'] or 'running'}" for r in ended)
+            + ", ".join(f"{r.id} {r.stop_reason or 'running'}" for r in ended)
             + ") — 'scripts/org knowledge' shows how far the curator got")
         return 1
-    cands = conn.execute("SELECT id, name, score FROM skill_candidates WHERE batch_id = ? ORDER BY id",
-                         (batch[0],)).fetchall()
+    cands = sorted((c for c in C.listing(conn, C.LIVE) if c["batch_id"] == batch[0]), key=lambda c: c["id"])
     conn.close()
     out(f"\ndemo: batch {batch[0]} is open — {len(cands)} skill candidate(s) learned from {len(ids)} runs:")
     for c in cands:

@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 from pathlib import Path
 
+from state_db.connection import connect
+from state_db.errors import StateError
+from state_db.queries.processes import role_instances
 from state_db.processes import is_alive, start_time, state  # noqa: F401 - re-exported: callers use procs.*
 
 
@@ -37,21 +41,21 @@ def read_pidfile(path: Path) -> tuple[int, str | None] | None:
 def kill_org(home) -> None:
     """SIGKILL the supervisor and every role process recorded for ``home`` (each checked by pid
     and start time, so a reused pid is never hit): a hard stop that runs no code of theirs."""
-    import sqlite3
-
-    from state_db.connection import read_rows
-
     if not home.db_path.exists():
         return
     sup = read_pidfile(home.run_dir / "supervisor.pid")
     if sup:
         signal_if_same(sup[0], sup[1], signal.SIGKILL)
     try:
-        rows = read_rows(home.db_path, "SELECT pid, pid_start FROM role_instances")
-    except sqlite3.Error:
+        conn = connect(home.db_path, readonly=True)
+        try:
+            rows = role_instances(conn)
+        finally:
+            conn.close()
+    except (sqlite3.Error, StateError):
         rows = []
     for r in rows:
-        signal_if_same(r["pid"], r["pid_start"], signal.SIGKILL)
+        signal_if_same(r.pid, r.pid_start, signal.SIGKILL)
     for pidfile in home.run_dir.glob("*.pid"):
         info = read_pidfile(pidfile)
         if info:
