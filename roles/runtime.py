@@ -40,13 +40,13 @@ class RoleProcess:
         self.home = home
         self.instance = instance
         self.role = str(role_of(instance))
-        self.cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
-        self.log = configure(home.logs_dir, self.role, instance, max_bytes=self.cfg["logs.max_bytes"],
-                             backups=self.cfg["logs.backups"])
+        self.cfg = config_mod.load_config(home)
+        self.log = configure(home.logs_dir, self.role, instance, max_bytes=self.cfg.logs.max_bytes,
+                             backups=self.cfg.logs.backups)
         self.writer = StateWriter(home.db_path, self.role, instance)
         from roles import telemetry
         telemetry.configure(self.cfg, self.role, instance)     # OFF unless org.toml asks: nothing imported
-        self.heartbeat_s = self.cfg["supervisor.heartbeat_s"]
+        self.heartbeat_s = self.cfg.supervisor.heartbeat_s
         self.stopping = False
         self.stop_reason = ""
         self._transport = None

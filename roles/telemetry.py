@@ -121,7 +121,7 @@ def current():
 
 
 def wanted(cfg) -> bool:
-    return bool(cfg["telemetry.enabled"] or cfg["telemetry.otlp_endpoint"])
+    return bool(cfg.telemetry.enabled or cfg.telemetry.otlp_endpoint)
 
 
 def configure(cfg, role: str, instance: str):
@@ -133,8 +133,8 @@ def configure(cfg, role: str, instance: str):
     if not wanted(cfg):
         return OFF
     try:
-        kind = cfg["telemetry.exporter"]
-        exporter = _otlp_exporter(cfg["telemetry.otlp_endpoint"]) if kind == "otlp" else _Discard()
+        kind = cfg.telemetry.exporter
+        exporter = _otlp_exporter(cfg.telemetry.otlp_endpoint) if kind == "otlp" else _Discard()
         return use(exporter, role=role, instance=instance, batch=True)
     except ImportError as exc:      # traces are an extra: a role never fails for want of them
         import structlog

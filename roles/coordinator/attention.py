@@ -49,9 +49,9 @@ class Settings:
 
     @classmethod
     def from_config(cls, cfg) -> "Settings":
-        return cls(webhook_url=cfg["attention.webhook_url"], webhook_timeout_s=float(cfg["attention.webhook_timeout_s"]),
-                   webhook_retries=cfg["attention.webhook_retries"], notify_send=cfg["attention.notify_send"],
-                   dashboard_url=cfg["attention.dashboard_url"])
+        return cls(webhook_url=cfg.attention.webhook_url, webhook_timeout_s=float(cfg.attention.webhook_timeout_s),
+                   webhook_retries=cfg.attention.webhook_retries, notify_send=cfg.attention.notify_send,
+                   dashboard_url=cfg.attention.dashboard_url)
 
 
 def link(dashboard_url: str, path: str = "") -> str | None:

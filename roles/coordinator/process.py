@@ -13,8 +13,8 @@ class CoordinatorProcess(RoleProcess):
     _attention = None
 
     def reconcile(self) -> None:
-        changed = dispatch.reconcile(self.writer, heartbeat_timeout_s=self.cfg["supervisor.heartbeat_timeout_s"],
-                                     spend_cap_usd=self.cfg["limits.total_spend_usd"])
+        changed = dispatch.reconcile(self.writer, heartbeat_timeout_s=self.cfg.supervisor.heartbeat_timeout_s,
+                                     spend_cap_usd=self.cfg.limits.total_spend_usd)
         for work_id, agent in changed["dispatched"]:
             self.log.info("dispatched", work_id=work_id, to=agent, next="the loop-agent starts its loop")
             self.transport.send(agent, Kind.DISPATCH, {"work_id": work_id})
@@ -23,9 +23,9 @@ class CoordinatorProcess(RoleProcess):
         for work_id in changed["unparked"]:
             self.log.info("unparked", work_id=work_id, why="every decision of the paused run is made",
                           next="a free loop-agent runs what was approved and goes on")
-        texts = announce.announce(self.writer, self.cfg["gate.reannounce_after_s"],
-                                  dashboard_url=self.cfg["attention.dashboard_url"],
-                                  spend_cap_usd=self.cfg["limits.total_spend_usd"])
+        texts = announce.announce(self.writer, self.cfg.gate.reannounce_after_s,
+                                  dashboard_url=self.cfg.attention.dashboard_url,
+                                  spend_cap_usd=self.cfg.limits.total_spend_usd)
         for text in texts:
             self.log.info("announce", text=text)
         if texts or self._attention is None:
@@ -51,7 +51,7 @@ class CoordinatorProcess(RoleProcess):
         from state_db.snapshot import render_markdown, write_atomic
         last = queries.last_event_id(self.writer.conn)
         now = time.monotonic()
-        if last == self._rendered_event or now - self._rendered_at < self.cfg["snapshots.debounce_s"]:
+        if last == self._rendered_event or now - self._rendered_at < self.cfg.snapshots.debounce_s:
             return
         try:
             write_atomic(self.home.snapshots_dir / "org-state.md", render_markdown(self.writer.conn))
@@ -65,6 +65,6 @@ class CoordinatorProcess(RoleProcess):
     def warm_up(self) -> None:
         """Connect to every loop-agent now, so the first dispatch does not wait for a handshake."""
         from roles.instances import org_instances
-        for spec in org_instances(self.cfg["org.loop_agents"]):
+        for spec in org_instances(self.cfg.org.loop_agents):
             if spec.role == "loop-agent":
                 self.transport.sender.pusher.prepare(spec.instance)

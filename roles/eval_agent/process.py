@@ -58,7 +58,7 @@ class EvalAgentProcess(RoleProcess):
         writer = StateWriter(self.home.db_path, self.role, self.instance)
         sender = self.transport.thread_sender()
         from roles.sandbox import runner_from_config
-        verifier = Verifier(self.home, writer, timeout_s=float(self.cfg["sandbox.cpu_seconds"]),
+        verifier = Verifier(self.home, writer, timeout_s=float(self.cfg.sandbox.cpu_seconds),
                             runner_factory=lambda snapshot, workspace: runner_from_config(self.cfg, self.home, snapshot,
                                                                                present_at=workspace))
         failures: dict[tuple[str, int], tuple[int, float]] = {}   # (work, n) -> (failed tries, next try at)
@@ -123,4 +123,4 @@ class EvalAgentProcess(RoleProcess):
     def on_stop(self) -> None:
         self.more.set()
         if self.worker is not None:
-            self.worker.join(max(0.5, self.cfg["supervisor.stop_timeout_s"] - 2.0))
+            self.worker.join(max(0.5, self.cfg.supervisor.stop_timeout_s - 2.0))

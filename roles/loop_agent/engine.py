@@ -62,10 +62,10 @@ class LoopSettings:
 
     @classmethod
     def from_config(cls, cfg) -> "LoopSettings":
-        return cls(recent_iterations=cfg["loop.recent_iterations"], summary_cap_chars=cfg["loop.summary_cap_chars"],
-                   lessons_max=cfg["loop.lessons_max"],
-                   no_progress=(cfg["loop.no_progress_repeat"], cfg["loop.no_progress_window"]),
-                   org_spend_cap_usd=cfg["limits.total_spend_usd"])
+        return cls(recent_iterations=cfg.loop.recent_iterations, summary_cap_chars=cfg.loop.summary_cap_chars,
+                   lessons_max=cfg.loop.lessons_max,
+                   no_progress=(cfg.loop.no_progress_repeat, cfg.loop.no_progress_window),
+                   org_spend_cap_usd=cfg.limits.total_spend_usd)
 
 
 def policy_for(work: dict, settings: LoopSettings) -> StopPolicy:

@@ -38,7 +38,7 @@ def gate_runner(cfg, home):
             from roles.sandbox import UnsandboxedRunner
             runner = UnsandboxedRunner(Path(workspace))
         try:
-            result = runner.run(command, Path(workspace), float(cfg["sandbox.cpu_seconds"]), cfg["sandbox.output_bytes"])
+            result = runner.run(command, Path(workspace), float(cfg.sandbox.cpu_seconds), cfg.sandbox.output_bytes)
         except Exception as exc:  # noqa: BLE001 - a refused sandbox is the action's result
             return None, f"error[{getattr(exc, 'code', 'sandbox_error')}]: {exc}"
         return (None if result.timed_out else result.exit_code), result.output
@@ -198,7 +198,7 @@ class LoopAgentProcess(RoleProcess):
         if self.worker is None or not self.worker.is_alive():
             return
         self.pause.set()
-        grace = max(0.5, self.cfg["supervisor.stop_timeout_s"] - 2.0)
+        grace = max(0.5, self.cfg.supervisor.stop_timeout_s - 2.0)
         self.worker.join(grace)
         if self.worker.is_alive():
             self.log.warning("cutting_act", why="no safe boundary within the stop timeout")

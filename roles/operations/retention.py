@@ -48,7 +48,7 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
 
     writer = StateWriter(home.db_path, actor)
     try:
-        out = prune(writer, events_days=cfg["retention.events_days"], model_calls_days=cfg["retention.model_calls_days"],
+        out = prune(writer, events_days=cfg.retention.events_days, model_calls_days=cfg.retention.model_calls_days,
                     ledger_keep_s=Limits.from_config(cfg.data["transport"]).ledger_keep_s, dry_run=dry_run)
         now = time.time()
         rows = writer.conn.execute("SELECT id, ended_at, workspace FROM work_items WHERE status = 'ended'").fetchall()
@@ -64,7 +64,7 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
             f.unlink(missing_ok=True)
     eval_dir = home.root / "eval"
     for d in eval_dir.iterdir() if eval_dir.is_dir() else []:
-        if d.name in ended and now - ended[d.name] > cfg["retention.eval_snapshots_days"] * DAY:
+        if d.name in ended and now - ended[d.name] > cfg.retention.eval_snapshots_days * DAY:
             files["eval_snapshots"] += 1
             if not dry_run:
                 shutil.rmtree(d, ignore_errors=True)
@@ -72,7 +72,7 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
     by_dir = {re.sub(r"[^A-Za-z0-9_.-]", "_", wid): at for wid, at in ended.items()}
     for d in (home.run_dir / "cli").glob("*/*"):
         at = by_dir.get(d.name)
-        if d.is_dir() and at is not None and now - at > cfg["retention.eval_snapshots_days"] * DAY:
+        if d.is_dir() and at is not None and now - at > cfg.retention.eval_snapshots_days * DAY:
             files["cli_homes"] += 1
             if not dry_run:
                 shutil.rmtree(d, ignore_errors=True)
@@ -99,7 +99,7 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
                     shutil.rmtree(git_dir, ignore_errors=True)
     quarantine = home.outbox_dir / ".quarantine"
     for f in quarantine.rglob("*") if quarantine.is_dir() else []:
-        if f.is_file() and now - f.stat().st_mtime > cfg["retention.quarantine_days"] * DAY:
+        if f.is_file() and now - f.stat().st_mtime > cfg.retention.quarantine_days * DAY:
             files["quarantine"] += 1
             if not dry_run:
                 f.unlink(missing_ok=True)

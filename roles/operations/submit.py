@@ -61,7 +61,7 @@ def _caps(req: SubmitRequest, cfg: Config) -> tuple[dict, bool]:
 
 
 def _backend(req: SubmitRequest, cfg: Config, home: OrgHome) -> str:
-    backend = req.backend or cfg["model.backend"]
+    backend = req.backend or cfg.model.backend
     if backend.startswith("scripted:"):
         script = Path(backend.split(":", 1)[1]).expanduser().resolve()
         if not script.is_file():
@@ -109,7 +109,7 @@ def _require_key(home: OrgHome, cfg: Config) -> None:
 
     org_env = _org_environ(home)
     env = os.environ if org_env is None else org_env
-    urls = [cfg["model.base_url"], env.get("ANTHROPIC_BASE_URL") or ""]
+    urls = [cfg.model.base_url, env.get("ANTHROPIC_BASE_URL") or ""]
     if env.get("ANTHROPIC_API_KEY") or any((urlparse(u).hostname or "") in _LOOPBACK for u in urls):
         return
     where = "the running org's environment" if org_env is not None else "the environment"

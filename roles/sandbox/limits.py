@@ -51,9 +51,9 @@ class Limits:
 
     @classmethod
     def from_config(cls, cfg) -> Limits:
-        return cls(cpu_s=int(cfg["sandbox.cpu_seconds"]), memory_mb=int(cfg["sandbox.memory_mb"]),
-                   max_procs=int(cfg["sandbox.max_processes"]), max_output=int(cfg["sandbox.output_bytes"]),
-                   file_size_mb=int(cfg["sandbox.file_size_mb"]), disk_mb=int(cfg["sandbox.disk_mb"]))
+        return cls(cpu_s=int(cfg.sandbox.cpu_seconds), memory_mb=int(cfg.sandbox.memory_mb),
+                   max_procs=int(cfg.sandbox.max_processes), max_output=int(cfg.sandbox.output_bytes),
+                   file_size_mb=int(cfg.sandbox.file_size_mb), disk_mb=int(cfg.sandbox.disk_mb))
 
 
 def prlimit_binary() -> str | None:

@@ -150,7 +150,7 @@ def root_private_in(folders: Sequence[str]) -> list[Path]:
 def exposed(cfg, org_home, toolchain: Toolchain | None = None) -> list[tuple[str, str]]:
     """(path, reason) pairs: what a sandboxed command of this org sees, then what it does not
     although it lies inside (``org doctor``). ``toolchain``: default this process's."""
-    extra = [Exposure(p, "org.toml sandbox.readonly_binds") for p in cfg["sandbox.readonly_binds"]]
+    extra = [Exposure(p, "org.toml sandbox.readonly_binds") for p in cfg.sandbox.readonly_binds]
     root = Path(org_home if isinstance(org_home, (str, os.PathLike)) else org_home.root)
     view = build(toolchain, own_home=root, readonly=extra)
     return ([(e.path, e.reason) for e in view.readonly]

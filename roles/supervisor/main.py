@@ -18,8 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     home = OrgHome(Path(args.home))
     try:
         cfg, _ = init_home(home)
-        configure(home.logs_dir, "supervisor", "supervisor", max_bytes=cfg["logs.max_bytes"],
-                  backups=cfg["logs.backups"])
+        configure(home.logs_dir, "supervisor", "supervisor", max_bytes=cfg.logs.max_bytes,
+                  backups=cfg.logs.backups)
         return Supervisor(home, cfg).run()
     except Exception as exc:
         if getattr(exc, "code", None) is None:

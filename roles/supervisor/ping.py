@@ -24,7 +24,7 @@ def ping_all(home: OrgHome, cfg: Config, instances: list[str] | None = None, *, 
 
     Returns one row per instance: {"instance", "result": "pong in X ms" | "no answer", "ms"}.
     """
-    targets = instances or [s.instance for s in org_instances(cfg["org.loop_agents"])]
+    targets = instances or [s.instance for s in org_instances(cfg.org.loop_agents)]
     me = f"human-{os.getpid() % 9000 + 1}"
     keyring = Keyring.load(keyring_file(home))
     limits = Limits.from_config(cfg.data["transport"])
@@ -37,7 +37,7 @@ def ping_all(home: OrgHome, cfg: Config, instances: list[str] | None = None, *, 
 
     counters = Counters(me)
     ledger = Ledger(home.db_path, me, counters=counters, limits=limits, background_checkpoint=False)
-    endpoints = Endpoints(home.run_dir, tcp_base=cfg["transport.endpoint"])
+    endpoints = Endpoints(home.run_dir, tcp_base=cfg.transport.endpoint)
     receiver = Receiver(me, run_dir=home.run_dir, outbox_root=home.outbox_dir, keyring=keyring,
                         handler=on_pong, ledger=ledger, endpoint=endpoints(me), limits=limits, watch=False,
                         sweep_s=0.2)

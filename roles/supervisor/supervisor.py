@@ -69,7 +69,7 @@ class Supervisor:
         self.clock = clock
         self.log = structlog.get_logger()
         self.writer = StateWriter(home.db_path, Actor.SUPERVISOR)
-        self.children = {s.instance: Child(s) for s in org_instances(cfg["org.loop_agents"])}
+        self.children = {s.instance: Child(s) for s in org_instances(cfg.org.loop_agents)}
         self._stop_requested: str | None = None
         self._lock_fd: int | None = None
 
@@ -94,7 +94,7 @@ class Supervisor:
         for name in [*self.children, "supervisor", "human"]:
             if ring.key_for(name) is None:
                 ring.issue(name)
-            if self.cfg["transport.endpoint"] != "ipc" and ring.curve_keypair(name) is None:
+            if self.cfg.transport.endpoint != "ipc" and ring.curve_keypair(name) is None:
                 ring.issue_curve(name)
 
     def clear_leftovers(self) -> None:
@@ -145,7 +145,7 @@ class Supervisor:
             if current != RoleStatus.STARTING:
                 tx.set_status("role_instances", name, RoleStatus.STARTING, updated_at=now)
         out_path = self.home.logs_dir / f"{name}.out"
-        if out_path.exists() and out_path.stat().st_size > self.cfg["logs.max_bytes"]:
+        if out_path.exists() and out_path.stat().st_size > self.cfg.logs.max_bytes:
             out_path.replace(out_path.with_name(out_path.name + ".1"))     # stdout/stderr of a role: rotated
         out = open(out_path, "ab")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORG_KEY")}
@@ -172,10 +172,10 @@ class Supervisor:
             self._record_exit(name, RoleStatus.STOPPED, f"exit {code}")
             return
         child.crashes.append(now_m)
-        window = self.cfg["supervisor.restart_window_s"]
+        window = self.cfg.supervisor.restart_window_s
         while child.crashes and now_m - child.crashes[0] > window:
             child.crashes.popleft()
-        if len(child.crashes) >= self.cfg["supervisor.restart_max"]:
+        if len(child.crashes) >= self.cfg.supervisor.restart_max:
             child.failed = True
             self._record_exit(name, RoleStatus.FAILED, f"exit {code}; {len(child.crashes)} crashes in {window:.0f}s")
             self.log.error("role_failed", instance=name, crashes=len(child.crashes), next="not restarted")
@@ -209,7 +209,7 @@ class Supervisor:
 
     def check_heartbeats(self) -> None:
         """Kill (then restart) a role whose heartbeat is stale: hung, not just slow to start."""
-        limit = self.cfg["supervisor.heartbeat_timeout_s"]
+        limit = self.cfg.supervisor.heartbeat_timeout_s
         now = time.time()
         rows = {r["instance"]: r for r in self.writer.conn.execute(
             "SELECT instance, status, heartbeat_at FROM role_instances")}
@@ -276,7 +276,7 @@ class Supervisor:
         for c in live:
             c.stopping = True
             procs.signal_if_same(c.proc.pid, c.started, signal.SIGKILL if force else signal.SIGTERM)
-        deadline = self.clock() + (0 if force else self.cfg["supervisor.stop_timeout_s"])
+        deadline = self.clock() + (0 if force else self.cfg.supervisor.stop_timeout_s)
         while any(c.proc.poll() is None for c in live) and self.clock() < deadline:
             time.sleep(0.02)
         for c in live:

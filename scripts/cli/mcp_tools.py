@@ -41,7 +41,7 @@ class Tool:
 
 
 def enabled(cfg: Config) -> set[str]:
-    return set(cfg["mcp.tools"])
+    return set(cfg.mcp.tools)
 
 
 def refuse(caller: Caller, what: str) -> ToolDisabled:
@@ -93,7 +93,7 @@ def skills(caller: Caller, a: dict):
     import time
 
     from skills import registry
-    days = caller.cfg["knowledge.skill_unused_days"]
+    days = caller.cfg.knowledge.skill_unused_days
     if a.get("action") == "show":
         def one(conn):
             row = registry.skill(conn, a.get("name") or "")

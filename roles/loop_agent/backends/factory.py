@@ -37,7 +37,7 @@ def build(spec: str, cfg: Config, home: OrgHome, instance: str, *, runner=None) 
         runner = runner_from_config(cfg, home)
 
     gate = FileRateGate(home.run_dir)
-    retry = RetryPolicy(max_attempts=cfg["model.max_retries"] + 1)
+    retry = RetryPolicy(max_attempts=cfg.model.max_retries + 1)
     if spec.startswith("scripted:"):
         from roles.loop_agent.scripted.script import ScriptError
         from roles.loop_agent.scripted.server import ScriptedServer
@@ -46,25 +46,25 @@ def build(spec: str, cfg: Config, home: OrgHome, instance: str, *, runner=None) 
         except ScriptError as exc:      # will not fix itself: the run ends (model_error) with the file's line
             raise BackendConfigError(str(exc), code=exc.code) from exc
         url = server.start()
-        conf = AnthropicConfig(model=SCRIPTED_MODEL, max_tokens=cfg["model.max_tokens"], base_url=url,
+        conf = AnthropicConfig(model=SCRIPTED_MODEL, max_tokens=cfg.model.max_tokens, base_url=url,
                                timeout_s=30.0, retry=RetryPolicy(max_attempts=2, base_delay_s=0.05))
         backend = AnthropicBackend(conf, cfg.prices, gate=gate, runner=runner)
         return BuiltBackend(backend, f"scripted model ({Path(spec.split(':', 1)[1]).name}, served at {url})",
                             server.stop)
     if spec == "anthropic":
-        conf = AnthropicConfig(model=cfg["model.name"], max_tokens=cfg["model.max_tokens"],
-                               base_url=cfg["model.base_url"] or None, timeout_s=cfg["model.request_timeout_s"],
+        conf = AnthropicConfig(model=cfg.model.name, max_tokens=cfg.model.max_tokens,
+                               base_url=cfg.model.base_url or None, timeout_s=cfg.model.request_timeout_s,
                                retry=retry)
         backend = AnthropicBackend(conf, cfg.prices, gate=gate, runner=runner)
         return BuiltBackend(backend, f"anthropic {cfg['model.name']} at {backend.base_url}", lambda: None)
     if spec == "command":
         from roles.loop_agent.backends.command_backend import CommandBackend, CommandConfig
-        conf = CommandConfig(binary=cfg["command.binary"], model=cfg["model.name"],
-                             permission_mode=cfg["command.permission_mode"],
-                             allowed_tools=tuple(cfg["command.allowed_tools"]), timeout_s=cfg["command.timeout_s"],
-                             upstream=cfg["model.base_url"] or None, max_retries=cfg["model.max_retries"],
-                             path_prepend=tuple(cfg["command.path_prepend"]),
-                             readonly_binds=tuple(cfg["command.readonly_binds"]))
+        conf = CommandConfig(binary=cfg.command.binary, model=cfg.model.name,
+                             permission_mode=cfg.command.permission_mode,
+                             allowed_tools=tuple(cfg.command.allowed_tools), timeout_s=cfg.command.timeout_s,
+                             upstream=cfg.model.base_url or None, max_retries=cfg.model.max_retries,
+                             path_prepend=tuple(cfg.command.path_prepend),
+                             readonly_binds=tuple(cfg.command.readonly_binds))
         backend = CommandBackend(conf, cfg.prices, make_runner=lambda ws: runner_from_config(cfg, home, ws),
                                  state_dir=home.run_dir / "cli" / instance)
         return BuiltBackend(backend, f"command: {cfg['command.binary']} in the sandbox", lambda: None)

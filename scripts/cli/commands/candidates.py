@@ -130,7 +130,7 @@ def _writer(args):
 def _wake(home) -> None:
     from roles.operations.wake import wake_coordinator
     from state_db import config as config_mod
-    wake_coordinator(home, config_mod.load(home.config_path if home.config_path.exists() else None))
+    wake_coordinator(home, config_mod.load_config(home))
 
 
 def _decide(args, action: str) -> int:

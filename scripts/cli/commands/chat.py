@@ -19,18 +19,18 @@ def _model(cfg, home: str | None):
     """The chat model when one is configured and reachable in principle; else None."""
     from scripts.cli.chat import ChatModel
 
-    base_url = cfg["model.base_url"] or os.environ.get("ANTHROPIC_BASE_URL")
+    base_url = cfg.model.base_url or os.environ.get("ANTHROPIC_BASE_URL")
     if not (os.environ.get("ANTHROPIC_API_KEY") or base_url):
         return None
-    if cfg["model.name"] not in cfg.prices:
+    if cfg.model.name not in cfg.prices:
         return None
 
     def client():
         import anthropic  # lazily: only when the human actually talks to the model
         return anthropic.Anthropic(api_key=os.environ.get("ANTHROPIC_API_KEY") or "local", base_url=base_url or None,
-                                   max_retries=2, timeout=cfg["model.request_timeout_s"])
+                                   max_retries=2, timeout=cfg.model.request_timeout_s)
 
-    return ChatModel(client, cfg["model.name"], home)
+    return ChatModel(client, cfg.model.name, home)
 
 
 def _announcements(db_path, last: int, stop: threading.Event, out) -> None:
@@ -65,7 +65,7 @@ def run(args) -> int:
     from state_db import config as config_mod
 
     home = home_of(args).require()
-    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    cfg = config_mod.load_config(home)
     model = _model(cfg, args.home)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     read_line = line_reader(home.run_dir / "chat_history" if home.run_dir.is_dir() else None, interactive)

@@ -24,7 +24,7 @@ def run(args) -> int:
     from state_db import config as config_mod
 
     home = home_of(args).require()
-    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    cfg = config_mod.load_config(home)
     result = continue_run(home, cfg, ContinueRequest(
         args.id, max_iterations=args.max_iterations, budget_tokens=args.budget_tokens,
         budget_usd=args.budget_usd, timeout_s=args.timeout, idempotency_key=args.idempotency_key))

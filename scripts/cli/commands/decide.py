@@ -22,7 +22,7 @@ def run(args) -> int:
     from state_db import config as config_mod
 
     home = home_of(args).require()
-    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    cfg = config_mod.load_config(home)
     result = decide(home, cfg, args.id, args.verdict, args.text, stop=args.stop, idempotency_key=args.idempotency_key)
     if args.json:
         emit_json(result)

@@ -41,7 +41,7 @@ def diagnose(home, now: float | None = None) -> list[dict]:
         out.append({"level": level, "check": check, "detail": detail})
 
     try:
-        cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+        cfg = config_mod.load_config(home)
         add("ok", "config", f"{home.config_path} valid")
     except StateError as exc:
         cfg = None

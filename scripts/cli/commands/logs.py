@@ -32,8 +32,8 @@ def _known(home, files: list[Path]) -> list[str]:
     from state_db import config as config_mod
     from state_db.vocab import Actor
 
-    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
-    names = {str(a) for a in Actor if a != Actor.HUMAN} | {s.instance for s in org_instances(cfg["org.loop_agents"])}
+    cfg = config_mod.load_config(home)
+    names = {str(a) for a in Actor if a != Actor.HUMAN} | {s.instance for s in org_instances(cfg.org.loop_agents)}
     return sorted(names | {f.stem for f in files})
 
 

@@ -20,6 +20,6 @@ def run(args) -> int:
     from state_db import config as config_mod
 
     home = home_of(args)
-    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    cfg = config_mod.load_config(home)
     anyio.run(OrgServer(home, cfg, poll_s=max(0.05, args.poll)).serve_stdio)
     return 0

@@ -18,7 +18,7 @@ def run(args) -> int:
     from state_db import config as config_mod
 
     home = home_of(args).require()
-    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    cfg = config_mod.load_config(home)
     rows = ping_all(home, cfg, args.instances or None, timeout_s=args.timeout)
     if args.json:
         emit_json(rows)

@@ -160,7 +160,7 @@ def sandbox_view(args, item: dict) -> list[dict]:
     from scripts.cli.output import home_of
     from state_db import config as config_mod
     home = home_of(args)
-    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    cfg = config_mod.load_config(home)
     raw = item.get("toolchain")
     toolchain = Toolchain.decode(orjson.loads(raw) if isinstance(raw, str) else raw)
     return [{"path": str(path), "reason": reason} for path, reason in exposed(cfg, home, toolchain)]

@@ -38,7 +38,7 @@ def add_arguments(p) -> None:
 def _unused_days(args) -> int:
     from state_db import config as config_mod
     home = home_of(args)
-    return config_mod.load(home.config_path if home.config_path.exists() else None)["knowledge.skill_unused_days"]
+    return config_mod.load_config(home).knowledge.skill_unused_days
 
 
 def _when(at) -> str:

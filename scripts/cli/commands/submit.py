@@ -52,7 +52,7 @@ def run(args) -> int:
     from state_db import config as config_mod
 
     home = home_of(args).require()
-    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    cfg = config_mod.load_config(home)
     check_scripted_backend(args.backend)
     result = submit(home, cfg, SubmitRequest(
         goal=args.goal, workspace=args.workspace, verify=args.verify, protect=args.protect,

@@ -114,7 +114,7 @@ def decide(home, decision_id: str, verdict: str) -> str:
     from state_db import config as config_mod
 
     try:
-        cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+        cfg = config_mod.load_config(home)
         result = record(home, cfg, decision_id, verdict, idempotency_key=f"watch-{uuid.uuid4().hex}")
     except Exception as exc:  # noqa: BLE001 - shown on the screen; the watch goes on
         return f"error[{getattr(exc, 'code', 'error')}]: {exc}"

@@ -19,7 +19,7 @@ CANDIDATE_ACTIONS = ("approve", "reject", "defer")
 
 
 def _config(home: OrgHome):
-    return config_mod.load(home.config_path if home.config_path.exists() else None)
+    return config_mod.load_config(home)
 
 
 def _text(body: dict, key: str) -> str | None:

@@ -49,11 +49,11 @@ def serve(home: OrgHome, host: str = "127.0.0.1", port: int = 0, *, token: str |
     """
     import uvicorn
 
-    cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
+    cfg = config_mod.load_config(home)
     token = token or secrets.token_urlsafe(24)
     sock = bind(host, port)
     port = sock.getsockname()[1]
-    app = build_app(home, Guard(token, host, port), cfg["limits.total_spend_usd"])
+    app = build_app(home, Guard(token, host, port), cfg.limits.total_spend_usd)
     print(f"dashboard: {link(host, port, token)}", file=out, flush=True)
     if host not in LOOPBACK:
         print(f"warning: listening on {host}, not only this machine; anyone with the link can act as you",
