@@ -39,13 +39,17 @@ class BadSkillName(SkillError):
 
 
 class BadSkillText(SkillError):
-    """A SKILL.md text that does not have the Agent Skills front matter."""
+    """A SKILL.md text that does not have the Agent Skills front matter; ``lineno`` is the line of
+    the text (1 = the opening ``---``) where the problem is, when one line is to blame."""
 
     code = "bad_skill_text"
 
-    def __init__(self, why: str):
-        super().__init__(f"SKILL.md text {why}",
-                         hint="start with '---', then 'name: ...' and 'description: ...', then '---' and the body")
+    def __init__(self, why: str, lineno: int | None = None):
+        self.why, self.lineno = why, lineno
+        where = f"SKILL.md text, line {lineno}," if lineno is not None else "SKILL.md text"
+        super().__init__(f"{where} {why}",
+                         hint="start with '---', then 'name: ...' and 'description: ...' (quote a value "
+                              "that holds ': ' or starts with a quote), then '---' and the body")
 
 
 class SkillNotFound(SkillError):
