@@ -316,8 +316,9 @@ class Config(Section):
                  overridden: Mapping[str, str] | None = None, /, **fields: Any) -> None:
         try:
             super().__init__(**{**(data or {}), **fields})
-        except ValidationError as exc:
-            raise _explain(exc.errors()[0]) from None
+        except ValidationError as exc:      # an unknown key first: a misspelt key also leaves one missing
+            errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+            raise _explain(errors[0]) from None
         self._source, self._overridden = source, dict(overridden or {})
 
     @model_validator(mode="before")

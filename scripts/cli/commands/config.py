@@ -1,19 +1,24 @@
-"""``org config check|show``: validate org.toml, or print the effective configuration."""
+"""``org config check|show|schema``: validate org.toml, print the effective configuration, or print
+org.toml's JSON Schema (generated from the typed models in state_db/config.py) for editors."""
 from __future__ import annotations
 
 from scripts.cli.output import add_json, emit_json, home_of
 from state_db import config as config_mod
 
 NAME = "config"
-HELP = "check org.toml against its schema, or show the effective configuration"
+HELP = "check org.toml against its schema, show the effective configuration, or print its JSON Schema"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("action", choices=["check", "show"], help="check: validate; show: print effective values")
+    p.add_argument("action", choices=["check", "show", "schema"],
+                   help="check: validate; show: print effective values; schema: print org.toml's JSON Schema")
     add_json(p)
 
 
 def run(args) -> int:
+    if args.action == "schema":          # needs no org: editors point at the printed file
+        emit_json(config_mod.json_schema())
+        return 0
     home = home_of(args)
     path = home.config_path
     cfg = config_mod.load(path if path.exists() else None)
