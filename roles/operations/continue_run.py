@@ -21,6 +21,9 @@ recorded once per item: fix the machine, then submit again).
 
 The curator writes a retro of each ending (knowledge/notes.py numbers them), so the retro of the
 first ending does not stand in for the final one.
+
+The run is read as a typed ``WorkItem`` (state_db.queries.work) inside the write transaction; its
+caps are ``Caps``, and the flags named in errors are the submit's (``CAP_FLAGS``).
 """
 from __future__ import annotations
 
@@ -29,9 +32,14 @@ import uuid
 from dataclasses import dataclass
 
 from roles.operations import human_writer, signed
+from roles.operations.submit import CAP_FLAGS
 from state_db.config import Config
 from state_db.errors import NotFound, StateError
 from state_db.home import OrgHome
+from state_db.queries import work as work_q
+from state_db.queries.iterations import count as iterations_count
+from state_db.queries.usage import of_work, summarised
+from state_db.queries.work import Caps, WorkItem
 from state_db.vocab import StopReason as R, WorkStatus
 
 CONTINUABLE = frozenset({R.MAX_ITERATIONS, R.TOKEN_BUDGET, R.COST_BUDGET, R.TIMEOUT, R.NO_PROGRESS,
@@ -45,8 +53,7 @@ _FINAL_HINT = {
 }
 
 # cap -> (its command-line flag, whether it is a whole number)
-CAPS = {"max_iterations": ("--max-iterations", True), "budget_tokens": ("--budget-tokens", True),
-        "budget_usd": ("--budget-usd", False), "timeout_s": ("--timeout", False)}
+CAPS = {k: (CAP_FLAGS[k], k in ("max_iterations", "budget_tokens")) for k in Caps.names()}
 
 
 class ContinueError(StateError):
@@ -76,14 +83,12 @@ class ContinueRequest:
         return {k: v for k, v in caps.items() if v is not None}
 
 
-def used(conn, work) -> dict:
+def used(conn, work: WorkItem) -> dict:
     """What the run has used of each cap: iterations, budget tokens (cache reads left out), US
     dollars and seconds — the figures its stop conditions compare."""
-    from state_db.queries import usage
-    spent = usage(conn, work["id"])
-    n = conn.execute("SELECT COUNT(*) FROM iterations WHERE work_id = ?", (work["id"],)).fetchone()[0]
-    return {"max_iterations": n, "budget_tokens": spent["budget_tokens"], "budget_usd": spent["cost_usd"],
-            "timeout_s": float(work["elapsed_s"])}
+    spent = of_work(conn, work.id)
+    return {"max_iterations": iterations_count(conn, work.id), "budget_tokens": spent.budget_tokens,
+            "budget_usd": spent.cost_usd, "timeout_s": float(work.elapsed_s)}
 
 
 def raised_caps(old: dict, given: dict, spent: dict) -> dict:
@@ -115,14 +120,14 @@ def _shown(value) -> str:
     return f"{value:.4f}".rstrip("0").rstrip(".") if isinstance(value, float) else str(value)
 
 
-def refusal(work) -> ContinueError | None:
-    """Why ``work`` (a work_items row) cannot be continued, or None."""
-    if work["status"] != WorkStatus.ENDED:
-        return ContinueError(f"{work['id']} is {work['status']}, not ended",
+def refusal(work: WorkItem) -> ContinueError | None:
+    """Why ``work`` cannot be continued, or None."""
+    if work.status != WorkStatus.ENDED:
+        return ContinueError(f"{work.id} is {work.status}, not ended",
                              hint="only an ended run can be continued; follow it with 'org show'")
-    if work["stop_reason"] not in CONTINUABLE:
-        reason = R(work["stop_reason"])
-        return ContinueError(f"{work['id']} ended with {reason}, which is final", hint=_FINAL_HINT[reason])
+    if work.stop_reason not in CONTINUABLE:
+        reason = R(work.stop_reason)
+        return ContinueError(f"{work.id} ended with {reason}, which is final", hint=_FINAL_HINT[reason])
     return None
 
 
@@ -141,31 +146,30 @@ def continue_run(home: OrgHome, cfg: Config, req: ContinueRequest) -> dict:
     writer = human_writer(home.db_path, req.via)
 
     def do(tx):
-        work = tx.get("work_items", req.work_id)
+        work = work_q.item(tx.conn, req.work_id)
         if work is None:
             raise NotFound(f"no work item {req.work_id}", hint="list them with 'org status'")
         refused = refusal(work)
         if refused is not None:
             raise refused
         _still_there(home, tx, work)
-        import orjson
-        old = orjson.loads(work["caps"])
+        old = work.caps.encode()
         spent = used(tx.conn, work)
         caps = raised_caps(old, given, spent)
-        seq = tx.one("SELECT COALESCE(MAX(seq), 0) + 1 FROM stop_history WHERE work_id = ?", (req.work_id,))[0]
+        seq = work_q.next_stop_seq(tx.conn, req.work_id)
         tx.insert("stop_history", {
-            "work_id": req.work_id, "seq": seq, "stop_reason": work["stop_reason"],
-            "stop_detail": work["stop_detail"], "ended_at": work["ended_at"], "iterations": spent["max_iterations"],
+            "work_id": req.work_id, "seq": seq, "stop_reason": work.stop_reason,
+            "stop_detail": work.stop_detail, "ended_at": work.ended_at, "iterations": spent["max_iterations"],
             "caps": old, "new_caps": caps, "continued_by": signed(writer), "continued_at": tx.now})
-        lock = tx.one("SELECT work_id FROM workspace_locks WHERE workspace = ?", (work["workspace"],))
-        busy = lock[0] if lock is not None and lock[0] != req.work_id else None
+        lock = work_q.lock_holder(tx.conn, work.workspace)
+        busy = lock if lock is not None and lock != req.work_id else None
         if lock is None:
-            tx.insert("workspace_locks", {"workspace": work["workspace"], "work_id": req.work_id, "acquired_at": tx.now})
+            tx.insert("workspace_locks", {"workspace": work.workspace, "work_id": req.work_id, "acquired_at": tx.now})
         status = WorkStatus.WAITING if busy else WorkStatus.QUEUED
         tx.set_status("work_items", req.work_id, status, stop_reason=None, ended_at=None, assigned_to=None,
                       stop_detail=f"workspace busy with {busy}" if busy else None, cancel_requested=0,
                       caps=caps, updated_at=tx.now)
-        result = {"id": req.work_id, "status": str(status), "seq": seq, "stopped": work["stop_reason"],
+        result = {"id": req.work_id, "status": str(status), "seq": seq, "stopped": work.stop_reason,
                   "caps": caps, "old_caps": old, "used": spent, "waiting_for": busy}
         tx.journal("work_items.continued", req.work_id, result)
         return result
@@ -178,16 +182,16 @@ def continue_run(home: OrgHome, cfg: Config, req: ContinueRequest) -> dict:
     return {**result, "replayed": replayed, "idempotency_key": key}
 
 
-def _still_there(home: OrgHome, tx, work) -> None:
+def _still_there(home: OrgHome, tx, work: WorkItem) -> None:
     """Refuse a run whose workspace, shadow history or per-call usage is gone: it could not go
     on from where it stopped, or its budget could not be counted."""
     from pathlib import Path
-    if not Path(work["workspace"]).is_dir():
-        raise ContinueError(f"the workspace {work['workspace']} of {work['id']} is gone",
+    if not Path(work.workspace).is_dir():
+        raise ContinueError(f"the workspace {work.workspace} of {work.id} is gone",
                             hint="submit the goal again on an existing workspace")
-    if not (home.history_dir / f"{work['id']}.git").is_dir():
-        raise ContinueError(f"the shadow history of {work['id']} was removed ('org gc --history')",
+    if not (home.history_dir / f"{work.id}.git").is_dir():
+        raise ContinueError(f"the shadow history of {work.id} was removed ('org gc --history')",
                             hint="submit the goal again")
-    if tx.one("SELECT 1 FROM usage_summaries WHERE work_id = ?", (work["id"],)) is not None:
-        raise ContinueError(f"the per-call usage of {work['id']} was folded into a summary by retention; "
+    if summarised(tx.conn, work.id):
+        raise ContinueError(f"the per-call usage of {work.id} was folded into a summary by retention; "
                             "its budgets could not be counted", hint="submit the goal again")

@@ -6,6 +6,9 @@ import shutil
 import time
 from pathlib import Path
 
+from state_db.queries.work import with_status
+from state_db.vocab import WorkStatus
+
 # A run that ended this long ago has no loop-agent left that could still append to its history
 # (one notices the end within a step, and an act is bounded by the model's timeouts).
 PENDING_QUIET_S = 3600.0
@@ -51,9 +54,9 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
         out = prune(writer, events_days=cfg.retention.events_days, model_calls_days=cfg.retention.model_calls_days,
                     ledger_keep_s=Limits.from_config(cfg.data["transport"]).ledger_keep_s, dry_run=dry_run)
         now = time.time()
-        rows = writer.conn.execute("SELECT id, ended_at, workspace FROM work_items WHERE status = 'ended'").fetchall()
-        ended = {r["id"]: r["ended_at"] for r in rows}
-        workspaces = {r["id"]: r["workspace"] for r in rows}
+        rows = with_status(writer.conn, WorkStatus.ENDED)
+        ended = {r.id: r.ended_at for r in rows}
+        workspaces = {r.id: r.workspace for r in rows}
     finally:
         writer.close()
     files = {"eval_snapshots": 0, "histories": 0, "quarantine": 0, "cli_homes": 0, "histories_written_out": 0,

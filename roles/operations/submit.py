@@ -12,6 +12,10 @@ from roles.workspace.errors import RepositoryError
 from state_db.config import Config
 from state_db.errors import StateError
 from state_db.home import OrgHome
+from state_db.queries import work
+from state_db.queries.processes import session as org_session
+from state_db.queries.verdicts import preflight as preflight_of
+from state_db.queries.work import Caps
 from state_db.vocab import WorkStatus
 
 BACKENDS = ("anthropic", "command")
@@ -43,14 +47,12 @@ def new_work_id() -> str:
     return "w-" + time.strftime("%m%d") + "-" + uuid.uuid4().hex[:6]
 
 
-# each cap and the submit flag that sets it (named in errors)
-CAP_FLAGS = {"max_iterations": "--max-iterations", "budget_tokens": "--budget-tokens",
-             "budget_usd": "--budget-usd", "timeout_s": "--timeout"}
+# each cap (state_db.queries.work.Caps) and the flag that sets it (named in errors)
+CAP_FLAGS = dict(zip(Caps.names(), ("--max-iterations", "--budget-tokens", "--budget-usd", "--timeout")))
 
 
 def _caps(req: SubmitRequest, cfg: Config) -> tuple[dict, bool]:
-    given = {k: getattr(req, k) for k in CAP_FLAGS}
-    given = {k: v for k, v in given.items() if v is not None}
+    given = Caps().with_(**{k: getattr(req, k) for k in CAP_FLAGS}).encode()
     for k, v in given.items():
         if v <= 0:
             raise SubmitError(f"{CAP_FLAGS[k]} must be positive (got {v})",
@@ -87,13 +89,13 @@ def _org_environ(home: OrgHome) -> dict[str, str] | None:
     from state_db.connection import connect
     conn = connect(home.db_path, readonly=True)
     try:
-        row = conn.execute("SELECT status, supervisor_pid FROM org_session WHERE id = 1").fetchone()
+        row = org_session(conn)
     finally:
         conn.close()
-    if row is None or row["status"] != "running" or not row["supervisor_pid"]:
+    if row is None or row.status != "running" or not row.supervisor_pid:
         return None
     try:
-        raw = Path(f"/proc/{int(row['supervisor_pid'])}/environ").read_bytes()
+        raw = Path(f"/proc/{int(row.supervisor_pid)}/environ").read_bytes()
     except OSError:
         return None
     return dict(kv.decode(errors="replace").split("=", 1) for kv in raw.split(b"\0") if b"=" in kv)
@@ -158,13 +160,14 @@ def wait_for_preflight(home: OrgHome, work_id: str, *, timeout_s: float, poll_s:
     try:
         deadline = time.monotonic() + timeout_s
         while True:
-            session = conn.execute("SELECT status FROM org_session WHERE id = 1").fetchone()
-            if session is None or session["status"] != "running":
+            session = org_session(conn)
+            if session is None or session.status != "running":
                 return None
-            row = conn.execute("""SELECT p.outcome, p.detail, w.status, w.stop_reason FROM preflights p
-                                  JOIN work_items w ON w.id = p.work_id WHERE p.work_id = ?""", (work_id,)).fetchone()
-            if row is not None:
-                return dict(row)
+            done = preflight_of(conn, work_id)
+            if done is not None:
+                item = work.item(conn, work_id)
+                return {"outcome": done.outcome, "detail": done.detail, "status": item.status,
+                        "stop_reason": item.stop_reason}
             if time.monotonic() >= deadline:
                 return None
             time.sleep(poll_s)
@@ -235,7 +238,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
     own_writer = writer is None
     writer = human_writer(home.db_path, req.via) if own_writer else writer
     try:
-        done = writer.conn.execute("SELECT result FROM idempotency WHERE key = ? AND command = 'submit'", (key,)).fetchone()
+        done = work.command_result(writer.conn, key, "submit")
         work_id = new_work_id()
         workspace, branch = ws, None
         if done is None:
@@ -248,26 +251,26 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
         def do(tx):
             if guard is not None:
                 guard(tx, work_id)
-            busy = tx.one("SELECT work_id FROM workspace_locks WHERE workspace = ?", (str(workspace),))
+            busy = work.lock_holder(tx.conn, str(workspace))
             status = WorkStatus.WAITING if busy else WorkStatus.QUEUED
             tx.insert("work_items", {
                 "id": work_id, "goal": req.goal, "workspace": str(workspace), "verify": req.verify,
                 "protect": req.protect, "default_protect": int(req.default_protect), "caps": caps,
                 "backend": backend, "status": status,
-                "stop_detail": f"workspace busy with {busy[0]}" if busy else None,
+                "stop_detail": f"workspace busy with {busy}" if busy else None,
                 "worktree": int(req.worktree), "branch": branch, "created_by": signed(writer),
                 "toolchain": toolchain,
                 "created_at": tx.now, "updated_at": tx.now, **(origin or {})})
             if not busy:
                 tx.insert("workspace_locks", {"workspace": str(workspace), "work_id": work_id, "acquired_at": tx.now})
             return {"id": work_id, "status": str(status), "caps": caps, "defaults_applied": defaults_applied,
-                    "workspace": str(workspace), "branch": branch, "waiting_for": busy[0] if busy else None}
+                    "workspace": str(workspace), "branch": branch, "waiting_for": busy}
 
         result, replayed = writer.run_once(key, "submit", do)
-        session = writer.conn.execute("SELECT status FROM org_session WHERE id = 1").fetchone()
+        session = org_session(writer.conn)
     finally:
         if own_writer:
             writer.close()
     result["wake"] = waker.wake({"work_id": result["id"]}) if waker is not None else "not sent: not asked"
     return {**result, "replayed": replayed, "idempotency_key": key,
-            "org_status": session["status"] if session else "never started"}
+            "org_status": session.status if session else "never started"}
