@@ -326,9 +326,9 @@ CREATE TABLE proposals (
     seen_at REAL NOT NULL,
     expires_at REAL NOT NULL,
     decided_by TEXT, decided_at REAL, detail TEXT,
-    work_id TEXT REFERENCES work_items(id)
+    work_id TEXT REFERENCES work_items(id) DEFERRABLE INITIALLY DEFERRED   -- set with the item's insert
 );
-CREATE UNIQUE INDEX proposals_one_open ON proposals(fingerprint) WHERE status = 'proposed';
+CREATE UNIQUE INDEX proposals_one_open ON proposals(workspace, fingerprint) WHERE status = 'proposed';
 CREATE INDEX proposals_status ON proposals(status, workspace);
 """
 
