@@ -267,6 +267,16 @@ class Retention(Section):
     quarantine_days: float = key(14, "copies of bad outbox files", ge=0)
 
 
+class Review(Section):
+    """the eval-agent's review of a passing iteration (roles/eval_agent/review.py): it can only veto"""
+    criteria: str = key("", "review every work item against this; empty: only those submitted with --review")
+    model: str = key("", "empty: a model from [prices] other than the doer's")
+    base_url: HttpUrl = key("", "empty: model.base_url / ANTHROPIC_BASE_URL (a loopback server needs no key)")
+    max_tokens: int = key(1024, "per review answer", ge=1)
+    budget: int = key(50000, "review tokens (input + output) per work item; past it a review cannot run", ge=1)
+    retries: int = key(2, "further tries of a review that errs or gives no structured answer", ge=0, le=10)
+
+
 class Discover(Section):
     """org discover: a read-only scan proposes work; nothing starts unless accepted"""
     verify: Commands = key([], "the commands the scan runs (and proposes) when --verify gives none")
@@ -308,6 +318,7 @@ class Config(Section):
     mcp: Mcp = section(Mcp)
     retention: Retention = section(Retention)
     discover: Discover = section(Discover)
+    review: Review = section(Review)
 
     _source: Path | None = PrivateAttr(None)
     _overridden: dict[str, str] = PrivateAttr(default_factory=dict)

@@ -79,7 +79,7 @@ WRITERS: dict[tuple[str, str], set[str]] = {
     ("attempts", "update"): {LA, CO},
     ("iterations", "insert"): {LA},
     ("iterations", "update"): {LA},
-    ("model_calls", "insert"): {LA, CO, CU},
+    ("model_calls", "insert"): {LA, CO, CU, EV},     # EV: its reviews (roles/eval_agent/review.py)
     ("verdicts", "insert"): {EV},
     ("preflights", "insert"): {EV},
     ("decisions", "insert"): {LA, EV},

@@ -365,6 +365,15 @@ CREATE INDEX work_items_origin ON work_items(origin_id) WHERE origin_id IS NOT N
 
 
 
+# The eval-agent's review (roles/eval_agent/review.py): a work item's review criteria (from
+# --review or org.toml, fixed at submit), and on each verdict the review that judged it (its
+# answer, reasons and model; NULL when none ran). Review usage is model_calls rows of the eval-agent.
+REVIEW = """
+ALTER TABLE work_items ADD COLUMN review TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE verdicts ADD COLUMN review TEXT;
+"""
+
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
     ("0002_knowledge", KNOWLEDGE),
@@ -376,4 +385,5 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0009_attention", ATTENTION),
     ("0010_schedules", SCHEDULES),
     ("0011_proposals", PROPOSALS),
+    ("0012_review", REVIEW),
 ]

@@ -104,6 +104,14 @@ class VerdictOutcome(StrEnum):
     ERROR = "error"
 
 
+class ReviewVerdict(StrEnum):
+    """The eval-agent's review of an iteration (roles/eval_agent/review.py): it can only veto."""
+
+    APPROVE = "approve"              # nothing found against the goal or the criteria
+    REJECT = "reject"                # the change is wrong: a pass becomes a fail (review_rejected)
+    IMPOSSIBLE = "impossible"        # the goal cannot be met as stated: a human decides
+
+
 class PreflightOutcome(StrEnum):
     """What running the verify commands on the baseline showed, before the first act."""
 

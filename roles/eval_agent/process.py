@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 
+from roles.eval_agent.review import Reviewer, ReviewSettings
 from roles.eval_agent.verifier import Verifier
 from roles.runtime import RoleProcess
 from state_db.vocab import WorkStatus
@@ -60,7 +61,8 @@ class EvalAgentProcess(RoleProcess):
         from roles.sandbox import runner_from_config
         verifier = Verifier(self.home, writer, timeout_s=float(self.cfg.sandbox.cpu_seconds),
                             runner_factory=lambda snapshot, workspace: runner_from_config(self.cfg, self.home, snapshot,
-                                                                               present_at=workspace))
+                                                                               present_at=workspace),
+                            reviewer=Reviewer(ReviewSettings.from_config(self.cfg), writer))
         failures: dict[tuple[str, int], tuple[int, float]] = {}   # (work, n) -> (failed tries, next try at)
         try:
             while not self.stopping:

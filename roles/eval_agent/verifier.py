@@ -33,10 +33,12 @@ import orjson
 from roles import telemetry
 from roles.eval_agent import evidence, held as held_rules
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
+from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
 from state_db.errors import NotFound, StateError
 from state_db.home import OrgHome
-from state_db.vocab import (DecisionStatus, PreflightOutcome, StopReason, VerdictOutcome, WorkStatus)
+from state_db.queries.review import claim_of, pending_decision
+from state_db.vocab import (DecisionStatus, PreflightOutcome, ReviewVerdict, StopReason, VerdictOutcome, WorkStatus)
 from state_db.writer import StateWriter
 
 PROTECTED_CHECK = "protected files unchanged"
@@ -82,7 +84,7 @@ def feedback_of(checks: list[CheckResult], protected: list[str], held: list | No
     if held:
         parts.append(held_rules.note_for_doer(held))
     for c in checks:
-        if not c.passed and c.name != PROTECTED_CHECK:
+        if not c.passed and c.name not in (PROTECTED_CHECK, REVIEW_CHECK):
             if c.code:
                 why = f"could not run: {c.code}"
             elif c.timed_out:
@@ -136,10 +138,12 @@ class Verifier:
         history_factory: (git_dir, workspace) -> history (injectable).
         runner_factory: (snapshot dir, the work item's workspace) -> command runner (the sandbox);
             None runs plain processes.
+        reviewer: the review (``review.Reviewer``) of passes with criteria and of the doer's
+            claims that the goal is impossible; None: no review.
     """
 
     def __init__(self, home: OrgHome, writer: StateWriter, *, timeout_s: float = 300.0, history_factory=None,
-                 runner_factory=None):
+                 runner_factory=None, reviewer=None):
         if history_factory is None:
             from roles.workspace.history import WorkspaceHistory as history_factory
         self.home = home
@@ -147,6 +151,7 @@ class Verifier:
         self.timeout_s = timeout_s
         self.history_factory = history_factory
         self.runner_factory = runner_factory
+        self.reviewer = reviewer
         self._histories: OrderedDict[tuple[str, str], object] = OrderedDict()
 
     def _history(self, work_id: str, workspace: str):
@@ -250,7 +255,22 @@ class Verifier:
             checks.append(CheckResult(name=PROTECTED_CHECK, command="(compare with baseline)", passed=False,
                                       exit_code=None, timed_out=False, signature="protected:" + ",".join(protected),
                                       output_tail="changed: " + ", ".join(protected), duration_ms=0.0))
-        return self.record(work_id, n, checks, protected, held=held)
+        try:
+            review = self._review(work, it, history, checks)
+        except ReviewFailed as exc:          # tried again already: an error verdict, never the doer's fault
+            return self.record_error(work_id, n, exc.code, str(exc))
+        return self.record(work_id, n, checks, protected, held=held, review=review)
+
+    def _review(self, work, it, history, checks: list[CheckResult]) -> Review | None:
+        """The review of iteration ``it`` when one is due: on a pass of a work item with review
+        criteria, and on every claim of the doer that the goal is impossible. Raises ReviewFailed."""
+        if self.reviewer is None:
+            return None
+        claim = claim_of(it["tool_calls"])
+        if not self.reviewer.wanted(work, passed=all(c.passed for c in checks), claim=claim):
+            return None
+        diff = history.diff(history.baseline_commit(), it["checkpoint"])
+        return self.reviewer.review(work, it["n"], diff=diff, checks=checks, claim=claim)
 
     def _hold_back(self, history, commit: str, snapshot: Path, commands: list[str], protected: list[str]) -> list:
         """Hold runner configuration, start-up hooks, shadowing modules, environment files and
@@ -363,19 +383,25 @@ class Verifier:
                                       "fix the machine (see 'org doctor'); the doer is not charged with it")
 
     def record(self, work_id: str, n: int, checks: list[CheckResult], protected: list[str],
-               outcome: str | None = None, *, held: list | None = None, end_detail: str | None = None) -> Verdict:
+               outcome: str | None = None, *, held: list | None = None, end_detail: str | None = None,
+               review: Review | None = None) -> Verdict:
+        """Write the verdict. ``review`` can only veto: it is one more check, and ``impossible``
+        pauses the run with a decision for the human in the same transaction."""
+        checks = [*checks, review.check()] if review is not None else list(checks)
         outcome = outcome or (VerdictOutcome.PASS if all(c.passed for c in checks) else VerdictOutcome.FAIL)
         vid = f"v-{uuid.uuid4().hex[:12]}"
         held = list(held or [])
-        feedback = feedback_of(checks, protected, held)
+        outcome, feedback = judged(outcome, feedback_of(checks, protected, held), review)
         goal_met, ended = False, None
         with self.writer.transaction() as tx:
             tx.insert("verdicts", {"id": vid, "work_id": work_id, "iteration": n, "outcome": outcome,
                                    "checks": [c.encode() for c in checks], "feedback": feedback,
                                    "protected_changed": protected, "written_by": self.writer.instance,
                                    "held_back": [h.encode() for h in held], "evidence": evidence_line(checks),
-                                   "at": time.time()})
+                                   "review": review.encode() if review is not None else None, "at": time.time()})
             work = tx.get("work_items", work_id)
+            if review is not None and review.verdict == ReviewVerdict.IMPOSSIBLE and work["status"] != WorkStatus.ENDED:
+                self._ask_impossible(tx, work, n, review)
             latest = tx.one("SELECT MAX(n) FROM iterations WHERE work_id=?", (work_id,))[0]
             if outcome == VerdictOutcome.PASS and latest == n and work["status"] != WorkStatus.ENDED:
                 tx.set_status("work_items", work_id, WorkStatus.ENDED, stop_reason=StopReason.GOAL_MET,
@@ -387,6 +413,24 @@ class Verifier:
                 ended = StopReason.VERIFY_UNRUNNABLE
         return Verdict(vid, work_id, n, outcome, tuple(checks), feedback, tuple(protected), goal_met,
                        tuple(h.encode() for h in held), ended or (StopReason.GOAL_MET if goal_met else None))
+
+    def _ask_impossible(self, tx, work, n: int, review: Review) -> None:
+        """The review judged the goal impossible: a decision for the human (approve: the run ends
+        ``impossible``; respond: it goes on with their text), and the run pauses. Never an end by
+        itself."""
+        if pending_decision(tx.conn, work["id"], StopReason.IMPOSSIBLE):
+            return
+        who = ("the doer declared it and the eval-agent's review agrees" if review.claim is not None
+               else "the eval-agent's review judged so")
+        action = {"kind": str(StopReason.IMPOSSIBLE), "command": "", "reason": review.text()[:1000],
+                  "claim": (review.claim or "")[:1000], "model": review.model}
+        question = (f"impossible: the goal cannot be met as stated ({who}): {review.text()} — approve: confirm, the "
+                    "run ends impossible; respond TEXT: it goes on with your answer; reject: it goes on without one")
+        tx.insert("decisions", {"id": f"d-{uuid.uuid4().hex[:8]}", "work_id": work["id"], "iteration": n,
+                                "kind": str(StopReason.IMPOSSIBLE), "action": action, "question": question[:1000],
+                                "status": DecisionStatus.PENDING, "created_at": tx.now})
+        if work["status"] == WorkStatus.RUNNING:
+            tx.set_status("work_items", work["id"], WorkStatus.PAUSED)
 
 
 def _judged(check: CheckResult, baseline: dict[str, CheckResult] | None) -> CheckResult:
@@ -426,7 +470,7 @@ def evidence_line(checks) -> str:
     """One line: what the verdict's pass (or fail) rests on."""
     parts = []
     for c in checks:
-        if c.name == PROTECTED_CHECK or c.code:
+        if c.name in (PROTECTED_CHECK, REVIEW_CHECK) or c.code:
             continue
         counts = c.counts
         if counts is not None:

@@ -12,6 +12,7 @@ import orjson
 from roles.loop_agent.context import IterationDigest
 from roles.loop_agent.lessons import LessonBook
 from roles.loop_agent.stop import RunProgress, VerdictSummary
+from state_db.queries.review import DOER_CALLS
 from state_db.vocab import Actor, VerdictOutcome
 
 _VERDICTS = f"""SELECT * FROM verdicts WHERE work_id = ? AND iteration > ? AND written_by LIKE '{Actor.EVAL_AGENT}%'
@@ -107,9 +108,11 @@ def load(conn: sqlite3.Connection, work: sqlite3.Row | dict, *, running_s: float
             if r["n"] == unwritten[0] and r["verdict_id"] is None:
                 r.update(unwritten[1])
     verdicts = {**reflected.verdicts, **verdicts_by_iteration(conn, work_id, after=k)}
-    # the token budget leaves cache reads out (they count in cost): see Usage.budget_tokens
-    usage = conn.execute("""SELECT COALESCE(SUM(input_tokens + cache_write_tokens + output_tokens), 0),
-                                   COALESCE(SUM(cost_usd), 0) FROM model_calls WHERE work_id = ?""", (work_id,)).fetchone()
+    # the token budget leaves cache reads out (they count in cost): see Usage.budget_tokens; the
+    # eval-agent's review calls have a budget of their own (roles/eval_agent/review.py)
+    usage = conn.execute(f"""SELECT COALESCE(SUM(input_tokens + cache_write_tokens + output_tokens), 0),
+                                   COALESCE(SUM(cost_usd), 0) FROM model_calls WHERE work_id = ? AND {DOER_CALLS}""",
+                         (work_id,)).fetchone()
     # a continued run ('org continue') is judged for no_progress / repeated_failure on the
     # iterations after its latest continuation only: the ones before already ended it once
     since = conn.execute("SELECT COALESCE(MAX(iterations), 0) FROM stop_history WHERE work_id = ?",

@@ -90,6 +90,11 @@ TOOL_SCHEMAS: tuple[dict[str, Any], ...] = (
           {"kind": ("string", "network | outside_workspace | other"),
            "command": ("string", "the exact shell command to run once approved"),
            "reason": ("string", "why the goal needs it")}, ("kind", "command", "reason")),
+    _tool("declare_impossible", "Declare that the goal cannot be met as stated (it contradicts itself or its "
+          "verify commands, or needs what the workspace cannot have). The eval-agent reviews the claim itself; "
+          "if it agrees, a human decides whether the run ends. If it does not, you are told so and go on. "
+          "End your turn after declaring.",
+          {"reason": ("string", "why the goal cannot be met, specifically (what contradicts what)")}, ("reason",)),
 )
 GATE_KINDS = ("network", "outside_workspace", "other")
 _SCHEMA_BY_NAME = {s["name"]: s["input_schema"] for s in TOOL_SCHEMAS}
@@ -137,7 +142,7 @@ class WorkspaceTools:
         self._handlers: dict[str, Callable[..., str]] = {
             "list_files": self._list, "read_file": self._read, "write_file": self._write,
             "edit_file": self._edit, "search_files": self._search, "run_command": self._run,
-            "request_action": self._request,
+            "request_action": self._request, "declare_impossible": self._declare_impossible,
         }
         self.requests: list[dict[str, str]] = []
 
@@ -219,6 +224,13 @@ class WorkspaceTools:
         self.requests.append({"kind": kind, "command": command[:2000], "reason": reason[:1000]})
         return ("Recorded for a human decision. Nothing ran. End your turn now; the decision (and the "
                 "command's output if approved) comes back in the next iteration.")
+
+    def _declare_impossible(self, reason: str) -> str:
+        # recorded with the iteration's tool calls, where the eval-agent reads the claim
+        if not reason.strip():
+            raise ToolError("bad_tool_input", "reason is empty: say why the goal cannot be met")
+        return ("Recorded: the eval-agent reviews your claim after this iteration. If its review agrees, a "
+                "human decides whether the run ends; if not, you are told why and go on. End your turn now.")
 
     def _list(self, path: str = ".", recursive: bool = False) -> str:
         base = self.resolve(path)
@@ -396,6 +408,8 @@ def describe_call(name: object, tool_input: object, *, cap: int = 120) -> str:
 
 def summarize_call(name: str, tool_input: object, result: ToolResult, *, cap: int = 200) -> dict:
     """A bounded record of one tool call for ``ActOutcome.tool_calls``."""
+    if name == "declare_impossible":        # the claim is read back from this record: keep its reason whole
+        cap = max(cap, 2000)
     return {"name": name, "input": _truncate(tool_input, cap), "ok": not result.is_error,
             "code": result.code, "result": result.content[:cap]}
 

@@ -3,13 +3,18 @@ from __future__ import annotations
 
 import uuid
 
+import orjson
+
 from roles.operations import human_writer, signed
 from state_db.config import Config
 from state_db.errors import NotFound, StateError
 from state_db.home import OrgHome
-from state_db.vocab import DecisionStatus as D
+from state_db.vocab import DecisionStatus as D, StopReason, WorkStatus
 
 VERDICTS = {"approve": D.APPROVED, "reject": D.REJECTED, "edit": D.EDITED, "respond": D.RESPONDED}
+# Decisions whose approval confirms that the run ends, with the stop reason of the same name: the
+# eval-agent's review found the goal impossible (roles/eval_agent/verifier.py). Nothing runs.
+ENDS_RUN = {StopReason.IMPOSSIBLE}
 
 
 class DecideError(StateError):
@@ -35,6 +40,8 @@ def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str
             raise NotFound(f"no decision {decision_id}", hint="see 'org decisions'")
         tx.set_status("decisions", decision_id, VERDICTS[verdict], answer=text, stop_run=int(stop),
                       decided_by=signed(writer), decided_at=tx.now)
+        if verdict == "approve" and row["kind"] in ENDS_RUN:
+            _end_confirmed(tx, row, text)
         return {"id": decision_id, "work_id": row["work_id"], "status": str(VERDICTS[verdict])}
 
     try:
@@ -44,3 +51,16 @@ def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str
     from roles.operations.wake import wake_coordinator
     wake = wake_coordinator(home, cfg, {"decision": decision_id})
     return {**result, "replayed": replayed, "wake": wake}
+
+
+def _end_confirmed(tx, row, text: str | None) -> None:
+    """The human confirmed an ending the run asked about: it ends now with that stop reason (the
+    decision is settled too: there is no action to run)."""
+    reason = StopReason(row["kind"])
+    tx.set_status("decisions", row["id"], D.EXECUTING)
+    tx.set_status("decisions", row["id"], D.EXECUTED, result=f"confirmed: the run ended {reason}")
+    work = tx.get("work_items", row["work_id"])
+    if work is not None and work["status"] != WorkStatus.ENDED:
+        said = orjson.loads(row["action"] or "{}").get("reason") or row["question"]
+        tx.set_status("work_items", row["work_id"], WorkStatus.ENDED, stop_reason=reason, assigned_to=None,
+                      stop_detail=(f"confirmed by a human: {said}" + (f" ({text})" if text else ""))[:1000])

@@ -38,6 +38,7 @@ class SubmitRequest:
     timeout_s: float | None = None
     backend: str | None = None
     worktree: bool = False
+    review: str | None = None             # review criteria for passes (default: [review] criteria in org.toml)
     idempotency_key: str | None = None
     via: str | None = None                # the client it came through, e.g. mcp:claude-code
     toolchain: dict | None = None         # the submitter's, taken when a standing order was made (else ours)
@@ -60,6 +61,16 @@ def _caps(req: SubmitRequest, cfg: Config) -> tuple[dict, bool]:
     if given:
         return given, False
     return cfg.default_caps(), True
+
+
+def _review(req: SubmitRequest, cfg: Config) -> dict:
+    """The review criteria the eval-agent holds each pass to (roles/eval_agent/review.py): --review,
+    else [review] criteria in org.toml; {} when neither asks for a review. Raises SubmitError."""
+    if req.review is not None and not req.review.strip():
+        raise SubmitError("--review is empty", code="bad_review",
+                          hint='say what the reviewer must hold the change to, e.g. --review "no special cases"')
+    criteria = (req.review if req.review is not None else cfg.review.criteria).strip()
+    return {"criteria": criteria[:4000]} if criteria else {}
 
 
 def _backend(req: SubmitRequest, cfg: Config, home: OrgHome) -> str:
@@ -212,6 +223,7 @@ def check(home: OrgHome, cfg: Config, req: SubmitRequest) -> Checked:
         raise SubmitError(f"the org home {home.root} is inside the workspace {ws}; the agent must not reach it",
                           code="workspace_contains_org_home", hint="set ORG_HOME to a folder outside the workspace")
     caps, defaults_applied = _caps(req, cfg)
+    _review(req, cfg)
     return Checked(ws, caps, defaults_applied, _toolchain(req, ws), _backend(req, cfg, home))
 
 
@@ -259,7 +271,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
                 "backend": backend, "status": status,
                 "stop_detail": f"workspace busy with {busy}" if busy else None,
                 "worktree": int(req.worktree), "branch": branch, "created_by": signed(writer),
-                "toolchain": toolchain,
+                "toolchain": toolchain, "review": _review(req, cfg),
                 "created_at": tx.now, "updated_at": tx.now, **(origin or {})})
             if not busy:
                 tx.insert("workspace_locks", {"workspace": str(workspace), "work_id": work_id, "acquired_at": tx.now})

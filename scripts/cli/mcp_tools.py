@@ -83,10 +83,11 @@ def diff(caller: Caller, a: dict) -> dict:
 
 
 def decisions(caller: Caller, a: dict) -> list:
-    from state_db import queries
+    from state_db.queries import decisions as D
+    from state_db.queries.base import plain
     if a.get("all"):
-        return _read(caller, lambda c: queries.rows(c, "SELECT * FROM decisions ORDER BY created_at DESC LIMIT 100"))
-    return _read(caller, queries.pending_decisions)
+        return _read(caller, lambda c: plain(D.recent(c, 100)))
+    return _read(caller, lambda c: plain(D.pending(c)))
 
 
 def skills(caller: Caller, a: dict):
@@ -148,8 +149,8 @@ def submit(caller: Caller, a: dict) -> dict:
         goal=a["goal"], workspace=a["workspace"], verify=a["verify"], protect=a.get("protect") or [],
         default_protect=a.get("default_protect", True), max_iterations=a.get("max_iterations"),
         budget_tokens=a.get("budget_tokens"), budget_usd=a.get("budget_usd"), timeout_s=a.get("timeout_s"),
-        backend=a.get("backend"), worktree=bool(a.get("worktree")), idempotency_key=a.get("idempotency_key"),
-        via=caller.via))
+        backend=a.get("backend"), worktree=bool(a.get("worktree")), review=a.get("review"),
+        idempotency_key=a.get("idempotency_key"), via=caller.via))
     wait = float(a.get("wait_s", 60))
     result["preflight"] = (wait_for_preflight(home, result["id"], timeout_s=wait)
                            if wait > 0 and not result["replayed"] else None)
@@ -201,6 +202,8 @@ TOOLS = [
               default_protect={"type": "boolean", "description": "also protect the usual test files (default true)"},
               backend={**S, "description": "anthropic | command | scripted:FILE (default from org.toml)"},
               worktree={"type": "boolean", "description": "work in a new git worktree and branch"},
+              review={**S, "description": "criteria a model reviews each passing change against; it may veto "
+                                          "(default: [review] criteria in org.toml)"},
               wait_s={"type": "number", "minimum": 0, "maximum": 600,
                       "description": "seconds to wait for the verify preflight on the baseline (default 60; 0: none)"},
               idempotency_key=KEY, **CAPS), submit),

@@ -15,7 +15,11 @@ Format (JSON, UTF-8)::
         ]
       ],
       "default": [ {"text": "Nothing more to do."} ],   # optional: act for iterations past "acts"
-      "repeat_last": false                              # optional: serve the last act again instead
+      "repeat_last": false,                             # optional: serve the last act again instead
+      "reviews": [                                      # optional: reviews[i] answers the eval-agent's
+        {"tool_uses": [{"name": "submit_review",        # review of iteration i + 1 (one turn)
+                        "input": {"verdict": "reject", "reasons": ["..."]}}]}
+      ]
     }
 
 Turn fields: ``text`` (string) and/or ``tool_uses`` (list of ``{name, input}``; ``input`` any JSON
@@ -31,6 +35,10 @@ Step selection is stateless, so a crashed and re-attempted act is served exactly
   engine puts that line in every act's variable prompt, for every backend);
 - the **turn** is the number of assistant messages in the request (0 for the act's first call).
 
+A review request (the eval-agent's, ``roles/eval_agent/review.py``) is one whose first user
+message starts with a line ``Review of iteration: N``: it is answered with ``reviews[N - 1]`` (a
+``null`` entry, or none, is ``ScriptExhausted`` too).
+
 A request for an iteration or turn beyond the script raises ``ScriptExhausted``; the server
 answers it with an HTTP error and logs it — loudly, never by inventing a step.
 """
@@ -45,6 +53,7 @@ from typing import Any
 from state_db.errors import OrgError
 
 ITERATION_LINE = re.compile(r"^\s*Iteration:\s*(\d+)\s*$", re.MULTILINE)
+REVIEW_LINE = re.compile(r"\A\s*Review of iteration:\s*(\d{1,9})\s*$", re.MULTILINE)
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 DEFAULT_USAGE = {"input_tokens": 100, "output_tokens": 20,
                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
@@ -88,6 +97,15 @@ class Script:
     acts: tuple[tuple[Turn, ...], ...]
     default: tuple[Turn, ...] | None = None
     repeat_last: bool = False
+    reviews: tuple[Turn | None, ...] = ()
+
+    def review_for(self, iteration: int) -> Turn:
+        """The answer to the review of ``iteration``. Errors: ``ScriptExhausted``."""
+        turn = self.reviews[iteration - 1] if 1 <= iteration <= len(self.reviews) else None
+        if turn is None:
+            raise ScriptExhausted(f"the script has no review answer for iteration {iteration} "
+                                  f"({len(self.reviews)} in 'reviews')")
+        return turn
 
     def act_for(self, iteration: int) -> tuple[Turn, ...]:
         """Turns of the act serving ``iteration`` (1-based). Errors: ``ScriptExhausted``."""
@@ -130,7 +148,7 @@ def parse_script(text: str) -> Script:
     except RecursionError:
         raise ScriptError("script_syntax", "the JSON is nested too deeply to be a script") from None
     _require(isinstance(data, dict), "the script must be a JSON object", "$")
-    _known(data, {"version", "acts", "default", "repeat_last"}, "$")
+    _known(data, {"version", "acts", "default", "repeat_last", "reviews"}, "$")
     _require(data.get("version", 1) == 1, "unsupported script version (this server reads version 1)", "version")
     acts = data.get("acts")
     _require(isinstance(acts, list), "'acts' must be a list of acts", "acts")
@@ -138,8 +156,18 @@ def parse_script(text: str) -> Script:
     repeat_last = data.get("repeat_last", False)
     _require(isinstance(repeat_last, bool), "'repeat_last' must be true or false", "repeat_last")
     _require(not (default is not None and repeat_last), "'default' and 'repeat_last' exclude each other", "default")
+    reviews = data.get("reviews", [])
+    _require(isinstance(reviews, list), "'reviews' must be a list of turns (or null)", "reviews")
     return Script(acts=tuple(_act(a, f"acts[{i}]") for i, a in enumerate(acts)),
-                  default=None if default is None else _act(default, "default"), repeat_last=repeat_last)
+                  default=None if default is None else _act(default, "default"), repeat_last=repeat_last,
+                  reviews=tuple(None if r is None else _turn(r, f"reviews[{i}]") for i, r in enumerate(reviews)))
+
+
+def review_of_request(body: Any) -> int | None:
+    """The iteration a review request asks about (its first line ``Review of iteration: N``), or
+    None for any other request."""
+    match = REVIEW_LINE.search(first_user_text(body))
+    return int(match.group(1)) if match else None
 
 
 def step_of_request(body: Any) -> tuple[int, int]:

@@ -34,7 +34,7 @@ from typing import Any, Iterator, Mapping
 import structlog
 
 from roles.loop_agent.scripted.script import (Script, ScriptError, Turn, first_user_text, load_script,
-                                              step_of_request)
+                                              review_of_request, step_of_request)
 
 log = structlog.get_logger("loop_agent.scripted")
 
@@ -216,9 +216,14 @@ class ScriptedServer(MessagesServer):
             return self._refuse(exchange, headers, 404, "not_found_error", f"no route {exchange.path}; "
                                 "the scripted server answers POST /v1/messages only")
         body = exchange.body
+        reviewed = review_of_request(body)
         try:
-            iteration, turn_index = step_of_request(body)
-            turn = self.script.step(iteration, turn_index)
+            if reviewed is not None:       # the eval-agent's review: one scripted answer per iteration
+                iteration, turn_index = reviewed, 0
+                turn = self.script.review_for(reviewed)
+            else:
+                iteration, turn_index = step_of_request(body)
+                turn = self.script.step(iteration, turn_index)
         except ScriptError as exc:
             return self._refuse(exchange, headers, 400, "invalid_request_error", f"scripted server: {exc}",
                                 code=exc.code)
@@ -228,7 +233,10 @@ class ScriptedServer(MessagesServer):
         message = message_body(model=model, content=turn_blocks(turn, iteration, turn_index),
                                stop_reason=turn.stop_reason, usage=turn.usage)
         stream = bool(body.get("stream"))
-        if turn_index == 0:     # the act's prompt, so a test can see what reached the model
+        if reviewed is not None:
+            self._log({"event": "review", "iteration": iteration, "request_id": request_id,
+                       "prompt": first_user_text(body)[:PROMPT_LOG_CHARS], "usage": turn.usage})
+        elif turn_index == 0:   # the act's prompt, so a test can see what reached the model
             self._log({"event": "act", "iteration": iteration, "request_id": request_id,
                        "prompt": first_user_text(body)[:PROMPT_LOG_CHARS]})
         self._log({"event": "step", "request_id": request_id, "iteration": iteration, "turn": turn_index,

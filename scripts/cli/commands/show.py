@@ -5,6 +5,7 @@ import orjson
 
 from scripts.cli.output import add_json, emit_json, read_conn, table
 from state_db import queries, views
+from state_db.queries import review as review_queries
 from state_db.errors import NotFound
 
 NAME = "show"
@@ -41,7 +42,25 @@ def load(conn, work_id: str) -> dict:
     item["preflight"] = pre[0] if pre else None
     if item["preflight"]:
         item["preflight"]["checks"] = orjson.loads(item["preflight"]["checks"])
+    item["review"] = {**review_queries.work_review(conn, work_id), "usage": review_queries.review_usage(conn, work_id),
+                      "reviews": review_queries.reviews(conn, work_id)}
     return item
+
+
+def review_lines(review: dict) -> list[str]:
+    """The eval-agent's reviews of this run: criteria, each answer, and their usage (the eval-agent's,
+    under its own budget; the totals above include it)."""
+    u = review["usage"]
+    if not review.get("criteria") and not u["calls"]:
+        return []
+    lines = [f"review: {review.get('criteria') or '(of the doer’s claims only)'}"]
+    for r in review["reviews"]:
+        lines.append(f"  iteration {r['iteration']}: {r['verdict']} by {r['model']}"
+                     + (" (on the doer's claim that the goal is impossible)" if r.get("claim") is not None else "")
+                     + f" — {'; '.join(r['reasons'])[:200]}")
+    lines.append(f"  review usage (eval-agent): {u['calls']} calls, {u['budget_tokens']} tokens "
+                 f"(input {u['input_tokens']}, output {u['output_tokens']}), ${u['cost_usd']:.4f}")
+    return lines
 
 
 def _evidence(verdict: dict) -> str:
@@ -111,6 +130,8 @@ def run(args) -> int:
                                          if item.get("discarded_s") else ""))
     print(f"tokens: input {item['input_tokens']}, output {item['output_tokens']}, cache write "
           f"{item['cache_write_tokens']}, cache read {item['cache_read_tokens']} (not in the token budget; in the cost)")
+    for line in review_lines(item["review"]):
+        print(line)
     for h in item["stop_history"]:
         print(f"ending {h['seq']}: {h['stop_reason']} after {h['iterations']} iterations — {h['stop_detail'] or ''}; "
               f"continued by {h['continued_by']} with {h['new_caps']}")

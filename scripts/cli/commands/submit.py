@@ -25,6 +25,9 @@ def add_arguments(p) -> None:
     p.add_argument("--timeout", type=float, help="hard cap on working time in seconds")
     p.add_argument("--backend", help="anthropic | command | scripted:FILE (default from org.toml)")
     p.add_argument("--worktree", action="store_true", help="work in a new git worktree and branch of the workspace")
+    p.add_argument("--review", metavar="CRITERIA",
+                   help="after the verify commands pass, a model reviews the change against the goal and these "
+                        "criteria and may veto it (default: [review] criteria in org.toml)")
     p.add_argument("--no-wait", action="store_true",
                    help="return at once instead of waiting for the verify commands' preflight on the baseline")
     p.add_argument("--wait-timeout", type=float, default=120.0, metavar="S",
@@ -58,7 +61,8 @@ def run(args) -> int:
         goal=args.goal, workspace=args.workspace, verify=args.verify, protect=args.protect,
         default_protect=not args.no_default_protect,
         max_iterations=args.max_iterations, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
-        timeout_s=args.timeout, backend=args.backend, worktree=args.worktree, idempotency_key=args.idempotency_key))
+        timeout_s=args.timeout, backend=args.backend, worktree=args.worktree, review=args.review,
+        idempotency_key=args.idempotency_key))
     preflight = None
     if not args.no_wait and not result["replayed"]:
         from roles.operations.submit import wait_for_preflight
