@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from state_db import queries
+from state_db.queries import proposals as proposal_queries
 from state_db.errors import NotFound
 from state_db.vocab import Actor, RoleStatus, StopReason, WorkStatus
 
@@ -185,7 +186,8 @@ def org_view(conn: sqlite3.Connection, *, now: float | None = None, recent: int 
     Returns ``queries.status`` (session, roles, work, usage, pending_decisions, open_batches,
     transport, last_event_id) with roles carrying ``activity``, decisions their ``action`` as data,
     and ``runs``: ``{running: [run_view], recent_ended: [run_view]}`` plus ``needs_you``:
-    ``{decisions, batches, unrunnable: [run_view], failed_roles: [instance]}``.
+    ``{decisions, batches, unrunnable: [run_view], failed_roles: [instance], proposals: [open
+    discovery proposals, the recommended first]}``.
     """
     now = time.time() if now is None else now
     st = queries.status(conn)
@@ -199,6 +201,7 @@ def org_view(conn: sqlite3.Connection, *, now: float | None = None, recent: int 
         "batches": st["open_batches"],
         "unrunnable": [r for r in ended if r["stop"]["reason"] == StopReason.VERIFY_UNRUNNABLE],
         "failed_roles": [r["instance"] for r in st["roles"] if r["status"] == RoleStatus.FAILED],
+        "proposals": [p.as_dict() for p in proposal_queries.open_proposals(conn, now=now, limit=50)],
     }
     return st
 

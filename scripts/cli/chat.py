@@ -25,12 +25,13 @@ HELP = """commands (the same as the org CLI):
   /decide ID approve|reject|edit|respond [TEXT]
   /candidates [show|approve|reject|defer|edit ID…]   skills the org proposes
   /skills [show NAME]         skills the org has learned, with their uses
+  /discover [list|show|accept|dismiss ID] [--workspace DIR …]   work a scan proposes
   /logs [--role R] [-n N]     the roles' recent log lines
   /suspend  /resume           suspend or resume the org
   /help  /quit (or Ctrl-D)    Ctrl-C clears the line; arrows edit it and walk the history"""
 
 SLASH = {"submit", "status", "show", "cancel", "decisions", "decide", "suspend", "resume", "diff",
-         "candidates", "skills", "logs"}
+         "candidates", "skills", "logs", "discover"}
 PROMPT = "org> "
 HISTORY_LINES = 1000
 
@@ -58,6 +59,22 @@ TOOLS: dict[str, tuple[str, dict, Callable[[dict], list[str]]]] = {
                    "id": {"type": "string"}, "verdict": {"type": "string", "enum": ["approve", "reject", "edit", "respond"]},
                    "text": {"type": "string"}}},
                lambda a: ["decide", a["id"], a["verdict"], *([a["text"]] if a.get("text") else [])]),
+    "proposals": ("List the work a discovery scan proposes (open proposals, the recommended first).",
+                  {"type": "object", "properties": {}}, lambda a: ["discover", "list"]),
+    "discover": ("Scan a workspace (read only) for work: failing verify commands, FIXME/TODO markers, an issue "
+                 "list file. It only proposes; nothing starts.",
+                 {"type": "object", "required": ["workspace"], "properties": {
+                     "workspace": {"type": "string"}, "verify": {"type": "array", "items": {"type": "string"}},
+                     "issues": {"type": "string"}}},
+                 lambda a: ["discover", "--workspace", a["workspace"],
+                            *[x for v in a.get("verify", []) for x in ("--verify", v)],
+                            *(["--issues", a["issues"]] if a.get("issues") else [])]),
+    "accept_proposal": ("Accept a discovery proposal: submits it as a work item (only when the human said so).",
+                        {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
+                        lambda a: ["discover", "accept", a["id"]]),
+    "dismiss_proposal": ("Dismiss a discovery proposal (only when the human said so).",
+                         {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
+                         lambda a: ["discover", "dismiss", a["id"]]),
 }
 
 

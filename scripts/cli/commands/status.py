@@ -44,6 +44,10 @@ def render(st: dict, now: float | None = None) -> str:
         out.append(f"** {len(st['open_batches'])} skill-candidate batch(es) waiting for review: 'org candidates' **")
     if st["pending_decisions"]:
         out.append(f"** {len(st['pending_decisions'])} decision(s) waiting: 'org decisions' **")
+    proposals = st.get("needs_you", {}).get("proposals")
+    if proposals:
+        out.append(f"** {len(proposals)} work proposal(s) from discovery, recommended {proposals[0]['id']}: "
+                   "'org discover list' **")
     failed = [r["instance"] for r in st["roles"] if r["status"] == "failed"]
     if failed:
         out.append(f"** failed role(s), not restarted: {', '.join(failed)} **")

@@ -123,16 +123,19 @@
   function drawOrg(st, plots, cands) {
     const you = st.needs_you;
     const failed = you.failed_roles.concat(you.unrunnable.map(r => `run ${r.id}`));
-    const needs = { decisions: you.decisions, batches: you.batches, candidates: cands.candidates, failed: failed };
+    const needs = { decisions: you.decisions, batches: you.batches, candidates: cands.candidates, failed: failed, proposals: you.proposals || [] };
     section("needs", "Needs you", needs, n => {
       const out = [];
-      if (!n.decisions.length && !n.batches.length && !n.failed.length) out.push(h("div", { class: "muted", text: "nothing waits for you" }));
+      if (!n.decisions.length && !n.batches.length && !n.failed.length && !n.proposals.length) out.push(h("div", { class: "muted", text: "nothing waits for you" }));
       n.failed.forEach(what => out.push(h("div", { class: "note err", text: what.startsWith("run ")
         ? `${what} stopped: its verify commands cannot run (verify_unrunnable)` : `role ${what} failed and is not restarted` })));
       n.decisions.forEach(d => out.push(decisionForm(d)));
       if (n.batches.length) out.push(h("h3", { text: `skill candidates (${n.batches.length} open batch(es))` }), n.candidates.map(candidateForm));
+      if (n.proposals.length) out.push(h("h3", { text: `work proposals (${n.proposals.length}): org discover accept ID` }),
+        n.proposals.map(p => h("div", { class: "proposal", "data-proposal": p.id }, pill(p.kind), " ", h("b", { text: p.title }),
+          h("span", { class: "muted", text: ` · ${p.id}${p.recommended ? " · recommended" : ""}` }))));
       return out;
-    }, (needs.decisions.length || needs.batches.length || failed.length) ? "attention" : "");
+    }, (needs.decisions.length || needs.batches.length || failed.length || needs.proposals.length) ? "attention" : "");
 
     const sp = plots.spend;
     section("spend", "Spend", { sp: sp, usage: st.usage }, d => [
