@@ -11,7 +11,8 @@ iteration (``reviews`` in its script), so the runs below are laid out to share o
   pass at iteration 2 is approved: goal_met after 2 iterations, under a doer token budget the
   review's tokens would have broken had they counted in it;
 - confirmed: the doer declares impossible at iteration 3, the review agrees, the run pauses with a
-  decision, the human approves: ended ``impossible``;
+  decision, the human approves: ended ``impossible``; or the human answers: the run goes on with
+  their text in the doer's next prompt;
 - disagreed: the doer declares impossible at iteration 2, the review approves instead: the doer is
   told so and goes on to meet the goal;
 - cannot pass: criteria that ask the review to pass anything, a review that approves, and checks
@@ -189,6 +190,9 @@ RUNS = {
                    act(write("answer.txt", "left\n"),
                        declare("answer.txt must say right and also say left: the goal contradicts itself"))],
                   None, None),
+    "answered": ([act(write("answer.txt", "wrong\n")), act(write("answer.txt", "bad\n")),
+                  act(write("answer.txt", "left\n"), declare("nothing says what right means")),
+                  act(write("answer.txt", "right\n"))], None, None),
     "disagreed": ([act(write("answer.txt", "wrong\n")),
                    act(write("answer.txt", "bad\n"), declare("no file can say right")),
                    act(write("answer.txt", "right\n"))], None, None),
@@ -300,6 +304,19 @@ def test_a_declared_impossible_confirmed_by_the_review_and_the_human_ends_imposs
     w = ended(home, wid, timeout=30)
     assert w["stop_reason"] == "impossible" and "confirmed by a human" in w["stop_detail"]
     assert orjson.loads(verdicts(home, wid)[-1]["review"])["claim"].startswith("answer.txt must say right")
+
+
+@pytest.mark.timeout(150)
+def test_a_confirmed_impossible_the_human_answers_goes_on_with_their_text(org):
+    home, wid = org["home"], org["ids"]["answered"]
+    decision = wait_for(lambda: [d for d in query(home, "SELECT * FROM decisions WHERE work_id = ?", (wid,))
+                                 if d["kind"] == "impossible" and d["status"] == "pending"
+                                 and work(home, wid)["status"] == "paused"],
+                        timeout=90, what=f"{wid} paused on an impossible decision")[0]
+    cli(home, "decide", decision["id"], "respond", "right is the word right, on one line")
+    w = ended(home, wid)
+    assert w["stop_reason"] == "goal_met" and w["stop_detail"].startswith("iteration 4 passed"), w
+    assert "right is the word right, on one line" in prompt_of(home, "answered", 4)
 
 
 @pytest.mark.timeout(150)
