@@ -85,7 +85,13 @@ def test_same_submit_twice_with_one_idempotency_key_is_one_work_item(org):
 
 def test_a_second_item_on_a_busy_workspace_waits_then_runs(org):
     ws = demo_workspace(org)
-    first = submit(org, ws)
+    # the first item's model takes 3 s over its first answer, so it still holds the workspace
+    # when the second arrives (the demo's own run can end before a second CLI call starts)
+    slow = json.loads((DEMO / "script.json").read_text())
+    slow["acts"][0][0]["delay_s"] = 3
+    slow_script = org.root.parent / "slow-script.json"
+    slow_script.write_text(json.dumps(slow))
+    first = submit(org, ws, script=slow_script)
     second = submit(org, ws)
     assert second["status"] == "waiting" and second["waiting_for"] == first["id"]
     assert ended(org, first["id"])["stop_reason"] == "goal_met"

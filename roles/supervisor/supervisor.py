@@ -21,6 +21,7 @@ import structlog
 
 from roles.instances import InstanceSpec, org_instances
 from roles.supervisor import procs
+from roles.supervisor.forkserver import ForkServer, ForkServerError
 from state_db.config import Config
 from state_db.errors import StateError
 from state_db.home import OrgHome
@@ -72,6 +73,11 @@ class Supervisor:
         self.children = {s.instance: Child(s) for s in org_instances(cfg.org.loop_agents)}
         self._stop_requested: str | None = None
         self._lock_fd: int | None = None
+        # roles are forked from a pre-imported template (roles/supervisor/forkserver.py) unless
+        # ORG_SPAWN=exec asks for one interpreter per role
+        self.forks: ForkServer | None = None
+        if os.environ.get("ORG_SPAWN", "fork") != "exec":
+            self.forks = ForkServer(python, pidfile=home.run_dir / "forkserver.pid")
 
     # -- start ----------------------------------------------------------------------------
     def acquire_lock(self) -> None:
@@ -149,10 +155,20 @@ class Supervisor:
             out_path.replace(out_path.with_name(out_path.name + ".1"))     # stdout/stderr of a role: rotated
         out = open(out_path, "ab")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORG_KEY")}
-        child.proc = subprocess.Popen(
-            [self.python, "-m", child.spec.module, "--home", str(self.home.root), "--instance", name],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, close_fds=True,
-            preexec_fn=_die_with_parent)
+        argv = ["--home", str(self.home.root), "--instance", name]
+        child.proc = None
+        if self.forks is not None:
+            try:
+                child.proc = self.forks.spawn(child.spec.module, argv, env, out_path)
+            except ForkServerError as exc:          # start it as its own interpreter instead
+                self.log.warning("fork_server_failed", error=str(exc), next="exec")
+                self.forks.close()
+                self.forks = None
+        if child.proc is None:
+            child.proc = subprocess.Popen(
+                [self.python, "-m", child.spec.module, *argv],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, close_fds=True,
+                preexec_fn=_die_with_parent)
         out.close()
         child.started = procs.start_time(child.proc.pid)
         child.spawned_at = self.clock()
@@ -241,6 +257,8 @@ class Supervisor:
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
         signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))
         self.issue_keys()
+        if self.forks is not None:
+            self.forks.start()                      # imports while the session opens
         self.clear_leftovers()
         self.open_session()
         for child in self.children.values():
@@ -285,6 +303,8 @@ class Supervisor:
                 procs.signal_if_same(c.proc.pid, c.started, signal.SIGKILL)
             c.proc.wait(timeout=10)
             self._on_exit(c, c.proc.returncode)
+        if self.forks is not None:
+            self.forks.close()
         with self.writer.transaction() as tx:
             row = tx.get("org_session", 1)
             if row["status"] != target:

@@ -1,0 +1,294 @@
+"""Role processes forked from a pre-imported template (a fork server).
+
+Started with ``exec`` every role process imports the same code on its own — the runtime,
+ZeroMQ, structlog, pygit2 and, in a loop-agent, the model SDK (about 2 s of CPU) — and keeps its
+own copy of every page of it. The template imports all of that once; each role is then a
+``fork()`` of it, so start-up costs a fork instead of an interpreter, and the imported code's
+pages stay shared between the roles (copy-on-write; ``gc.freeze()`` keeps the collector from
+touching them), which ``bench/scale.py`` measures as proportional set size per role.
+
+Protocol, over a socketpair, one JSON object per line:
+
+- supervisor → template: ``{"spawn": module, "argv": [...], "env": {...}, "out": path}``;
+- template → supervisor: ``{"pid": N}`` or ``{"error": "..."}`` in answer, and
+  ``{"exit": N, "code": C}`` whenever a forked role ends (``C`` as ``Popen.returncode``: the
+  exit status, or minus the signal number).
+
+The template is single-threaded (a fork of a threaded process may inherit a held lock), dies with
+the supervisor (``PR_SET_PDEATHSIG``), and each role dies with the template the same way, so no
+role outlives the supervisor. A template that dies takes its roles with it; the supervisor
+restarts them as crashed roles, through a new template. ``[supervisor] spawn = "exec"`` in
+org.toml starts every role as its own interpreter instead, as before.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import importlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+_PR_SET_PDEATHSIG = 1
+# what the roles import, heaviest first; a module that fails to import is skipped (the role
+# that needs it reports the failure itself when it runs)
+PRELOAD = (
+    "anthropic",
+    "roles.loop_agent.backends.factory",
+    "roles.loop_agent.backends.anthropic_backend",
+    "roles.loop_agent.scripted.server",
+    "roles.loop_agent.process",
+    "roles.eval_agent.process",
+    "roles.coordinator.process",
+    "roles.curator.process",
+    "roles.workspace.history",
+)
+
+
+def _pdeathsig(sig: int) -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+
+
+class ForkServerError(RuntimeError):
+    """The template could not be started or did not answer."""
+
+
+class ForkedRole:
+    """A role forked by the template, with the part of ``subprocess.Popen``'s interface the
+    supervisor uses: ``pid``, ``returncode``, ``poll()``, ``wait(timeout)``."""
+
+    def __init__(self, server: "ForkServer", pid: int) -> None:
+        self.server, self.pid, self.returncode = server, pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.server.pump(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"role {self.pid}", timeout)
+            self.server.pump(0.05 if left is None else min(0.05, left))
+        return self.returncode
+
+
+class ForkServer:
+    """The supervisor's side: starts the template, asks it for roles, collects their exits."""
+
+    def __init__(self, python: str = sys.executable, preload: tuple[str, ...] = PRELOAD,
+                 pidfile: Path | None = None) -> None:
+        self.python, self.preload, self.pidfile = python, preload, pidfile
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self._buf = b""
+        self._roles: dict[int, ForkedRole] = {}
+        self._answers: list[dict] = []
+
+    # -- the template process ------------------------------------------------------------
+    def start(self) -> None:
+        ours, theirs = socket.socketpair()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORG_KEY")}
+        self.proc = subprocess.Popen(
+            [self.python, "-m", "roles.supervisor.forkserver", str(theirs.fileno()), *self.preload],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
+            preexec_fn=lambda: _pdeathsig(signal.SIGKILL))
+        theirs.close()
+        self.sock, self._buf = ours, b""
+        if self.pidfile is not None:
+            from roles.supervisor import procs
+            procs.write_pidfile(self.pidfile, self.proc.pid)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def spawn(self, module: str, argv: list[str], env: dict[str, str], out: Path) -> ForkedRole:
+        """Fork a role running ``python -m module argv...`` with ``env``, output to ``out``."""
+        if not self.alive():
+            self._lost()
+            self.start()
+        try:
+            self.sock.sendall(orjson.dumps({"spawn": module, "argv": argv, "env": env, "out": str(out)}) + b"\n")
+        except OSError as exc:
+            raise ForkServerError(f"the fork server is gone: {exc}") from exc
+        deadline = time.monotonic() + 30
+        while not self._answers:
+            if time.monotonic() > deadline or not self.alive():
+                raise ForkServerError("the fork server did not answer a spawn request")
+            self.pump(0.05)
+        answer = self._answers.pop(0)
+        if "pid" not in answer:
+            raise ForkServerError(f"the fork server could not fork: {answer.get('error')}")
+        role = ForkedRole(self, answer["pid"])
+        self._roles[role.pid] = role
+        return role
+
+    def pump(self, timeout: float) -> None:
+        """Read what the template said (answers and exits), waiting up to ``timeout`` seconds."""
+        if self.sock is None:
+            return
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        if ready:
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                self._lost()
+                return
+            self._buf += data
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                msg = orjson.loads(line)
+                if "exit" in msg:
+                    role = self._roles.pop(msg["exit"], None)
+                    if role is not None:
+                        role.returncode = msg["code"]
+                else:
+                    self._answers.append(msg)
+        elif not self.alive():
+            self._lost()
+
+    def _lost(self) -> None:
+        """The template died: its roles died with it (they were its children); say so."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        for role in self._roles.values():
+            if role.returncode is None:
+                role.returncode = -signal.SIGKILL if _gone(role.pid) else role.returncode
+        self._roles = {pid: r for pid, r in self._roles.items() if r.returncode is None}
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if self.pidfile is not None:
+            self.pidfile.unlink(missing_ok=True)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return Path(f"/proc/{pid}/status").exists() and "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
+
+
+# -- the template ---------------------------------------------------------------------------------
+
+def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict) -> None:
+    """In the forked child: become the role, then exit with its status (never returns)."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sock.close()
+        os.close(wake_r)
+        os.close(wake_w)
+        _pdeathsig(signal.SIGTERM)
+        if os.getppid() == 1:                       # the template died while forking
+            os._exit(1)
+        null = os.open(os.devnull, os.O_RDONLY)
+        out = os.open(req["out"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(null)
+        os.close(out)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        gc.unfreeze()
+        import runpy
+        sys.argv = [req["spawn"], *req["argv"]]
+        try:
+            runpy.run_module(req["spawn"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the role's own crash: printed, exit 1
+        import traceback
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(fd: int, preload: list[str]) -> int:
+    sock = socket.socket(fileno=fd)
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the role that needs it reports it
+            pass
+    gc.collect()
+    gc.freeze()                                     # imported objects stay on shared pages
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    buf = b""
+    while True:
+        try:
+            ready, _, _ = select.select([sock, wake_r], [], [])
+        except InterruptedError:
+            ready = []
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        _reap(sock)
+        if sock in ready:
+            data = sock.recv(65536)
+            if not data:                            # the supervisor closed it: stop
+                return 0
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                req = orjson.loads(line)
+                try:
+                    pid = os.fork()
+                except OSError as exc:
+                    sock.sendall(orjson.dumps({"error": str(exc)}) + b"\n")
+                    continue
+                if pid == 0:
+                    _child(sock, wake_r, wake_w, req)
+                sock.sendall(orjson.dumps({"pid": pid}) + b"\n")
+
+
+def _reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        sock.sendall(orjson.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}) + b"\n")
+
+
+if __name__ == "__main__":
+    sys.exit(serve(int(sys.argv[1]), sys.argv[2:]))
