@@ -15,15 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import orjson
-
 from knowledge import curated as C
-from knowledge import notes as N
 from knowledge.errors import ConsolidationRaced
 from knowledge.grouping import group
 from knowledge.similarity import vectorize
 from knowledge.thresholds import Thresholds
 from state_db.errors import Conflict, IllegalTransition
+from state_db.queries import knowledge as Q
+from state_db.queries.knowledge import CuratedNote, RawNote
 from state_db.vocab import NoteStatus
 
 
@@ -34,8 +33,8 @@ class Plan:
     curated_id: str | None
     kind: str
     topic: str | None
-    old: tuple[N.RawNote, ...]
-    new: tuple[N.RawNote, ...]
+    old: tuple[RawNote, ...]
+    new: tuple[RawNote, ...]
 
 
 @dataclass(frozen=True)
@@ -51,17 +50,17 @@ class Result:
 
 
 def due(conn, thresholds: Thresholds) -> bool:
-    return N.count_pending(conn) >= thresholds.raw_notes_to_consolidate
+    return Q.count_pending_notes(conn) >= thresholds.raw_notes_to_consolidate
 
 
-def plan(pending: list[N.RawNote], existing: list[dict], members: dict[str, list[N.RawNote]],
+def plan(pending: list[RawNote], existing: list[CuratedNote], members: dict[str, list[RawNote]],
          similarity: float) -> list[Plan]:
     """Group ``pending`` notes, kind by kind, with ``existing`` curated notes as seeds."""
     out: list[Plan] = []
     kinds = sorted({n.kind for n in pending})
     for kind in kinds:
-        seeds = [c for c in existing if c["kind"] == kind and members.get(c["id"])]
-        seed_notes = [members[c["id"]] for c in seeds]
+        seeds = [c for c in existing if c.kind == kind and members.get(c.id)]
+        seed_notes = [members[c.id] for c in seeds]
         fresh = [n for n in pending if n.kind == kind]
         corpus = [n for ms in seed_notes for n in ms] + fresh
         vecs = vectorize([n.text for n in corpus], [(n.run_id,) for n in corpus])
@@ -76,7 +75,7 @@ def plan(pending: list[N.RawNote], existing: list[dict], members: dict[str, list
             if not new:
                 continue
             if g < len(seeds):
-                out.append(Plan(seeds[g]["id"], kind, seeds[g]["topic"], tuple(seed_notes[g]), new))
+                out.append(Plan(seeds[g].id, kind, seeds[g].topic, tuple(seed_notes[g]), new))
             else:
                 out.append(Plan(None, kind, None, (), tuple(sorted(new, key=lambda n: (n.created_at, n.id)))))
     return out
@@ -93,11 +92,10 @@ def consolidate(writer, thresholds: Thresholds, *, force: bool = False) -> Resul
             written).
     """
     conn = writer.conn
-    pending = N.pending(conn)
+    pending = Q.pending_notes(conn)
     if not pending or (len(pending) < thresholds.raw_notes_to_consolidate and not force):
         return None
-    existing = [dict(r) for r in conn.execute("SELECT id, kind, topic FROM curated_notes ORDER BY created_at, id")]
-    plans = plan(pending, existing, N.members(conn), thresholds.similarity)
+    plans = plan(pending, Q.curated_notes(conn), Q.members(conn), thresholds.similarity)
     try:
         return _write(writer, plans, len(pending))
     except (Conflict, IllegalTransition) as exc:
@@ -124,18 +122,3 @@ def _write(writer, plans: list[Plan], archived: int) -> Result:
         tx.journal("knowledge.consolidated", None, {"archived": archived, "created": created, "updated": updated})
     return Result(archived, tuple(created), tuple(updated), tuple(built))
 
-
-def curated_rows(conn, ids: list[str] | None = None) -> list[dict]:
-    """Curated notes as dicts with JSON columns decoded (all, or the given ids)."""
-    if ids is None:
-        rows = conn.execute("SELECT * FROM curated_notes ORDER BY created_at, id").fetchall()
-    else:
-        rows = conn.execute(f"SELECT * FROM curated_notes WHERE id IN ({','.join('?' * len(ids))}) "
-                            "ORDER BY created_at, id", ids).fetchall()
-    out = []
-    for r in rows:
-        d = dict(r)
-        for col in ("source_notes", "contradicts", "signals"):
-            d[col] = orjson.loads(d[col] or "[]")
-        out.append(d)
-    return out

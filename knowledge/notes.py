@@ -12,11 +12,12 @@ import sqlite3
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import orjson
-
 from knowledge.errors import NoteInvalid, RetroExists, RunNotEnded
 from state_db.errors import Conflict
-from state_db.vocab import StopReason, NoteStatus, WorkStatus
+from state_db.queries import knowledge as Q
+from state_db.queries import work
+from state_db.queries.knowledge import RawNote, note_id  # noqa: F401 - the note types live with their queries
+from state_db.vocab import NoteStatus, WorkStatus
 
 PARTS = ("fact", "judgment", "rationale", "applicability")
 PART_MAX_CHARS = 2000
@@ -63,47 +64,9 @@ class NoteDraft:
                    str(data["applicability"]), dict(data.get("evidence") or {}))
 
 
-@dataclass(frozen=True)
-class RawNote:
-    """A stored raw note (one row of ``raw_notes``)."""
-
-    id: str
-    run_id: str
-    fact: str
-    judgment: str
-    rationale: str
-    applicability: str
-    evidence: dict[str, Any]
-    status: str
-    curated_id: str | None
-    created_at: float
-
-    @property
-    def kind(self) -> str:
-        return str(self.evidence.get("kind", ""))
-
-    @property
-    def text(self) -> str:
-        """What similarity compares: fact and judgment."""
-        return f"{self.fact}\n{self.judgment}"
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row | dict) -> "RawNote":
-        r = dict(row)
-        return cls(r["id"], r["run_id"], r["fact"], r["judgment"], r["rationale"], r["applicability"],
-                   orjson.loads(r["evidence"] or "{}"), r["status"], r["curated_id"], r["created_at"])
-
-    def encode(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def note_id(run_id: str, k: int, ending: int = 0) -> str:
-    return f"rn-{run_id}-{k}" if ending == 0 else f"rn-{run_id}.{ending}-{k}"
-
-
 def ending(conn: sqlite3.Connection, run_id: str) -> int:
     """How many times the run was continued: its current ending is that one (0: never)."""
-    return conn.execute("SELECT COUNT(*) FROM stop_history WHERE work_id = ?", (run_id,)).fetchone()[0]
+    return Q.endings(conn, run_id)
 
 
 def write_retro(tx, run_id: str, drafts: list[NoteDraft], *, author: str = "derived") -> list[str]:
@@ -114,9 +77,9 @@ def write_retro(tx, run_id: str, drafts: list[NoteDraft], *, author: str = "deri
         RetroExists: the run has a retro already (nothing written).
         NoteInvalid: a draft misses a part.
     """
-    work = tx.get("work_items", run_id)
-    if work is None or work["status"] != WorkStatus.ENDED:
-        raise RunNotEnded(run_id, None if work is None else work["status"])
+    run = work.item(tx.conn, run_id)
+    if run is None or run.status != WorkStatus.ENDED:
+        raise RunNotEnded(run_id, None if run is None else run.status)
     if not drafts:
         raise NoteInvalid("fact", "is missing: a retro has at least one note")
     ids, e = [], ending(tx.conn, run_id)
@@ -143,47 +106,13 @@ def skip_retro(tx, run_id: str, why: str) -> None:
 
 def has_retro(conn: sqlite3.Connection, run_id: str) -> bool:
     """True once the retro of the run's current ending is written."""
-    return conn.execute("SELECT 1 FROM raw_notes WHERE id = ?",
-                        (note_id(run_id, 0, ending(conn, run_id)),)).fetchone() is not None
+    return Q.raw_note(conn, note_id(run_id, 0, ending(conn, run_id))) is not None
 
 
 def runs_without_retro(conn: sqlite3.Connection, limit: int = 50) -> list[str]:
     """Ended runs whose retro of their current ending is not written yet, oldest first. A run
     that ended because its verify commands could not run (``verify_unrunnable``) taught nothing
     about the work: the machine failed, not the doer, so it never becomes lessons, knowledge or
-    skills; nor does an ending recorded as ``retro.skipped`` (``skip_retro``). The id test is
-    ``note_id(w.id, 0, ending)`` in SQL."""
-    rows = conn.execute(
-        """SELECT w.id FROM work_items w WHERE w.status = ?
-             AND w.stop_reason IS NOT ?
-             AND NOT EXISTS (SELECT 1 FROM raw_notes r WHERE r.id = 'rn-' || w.id || COALESCE(
-                   '.' || NULLIF((SELECT COUNT(*) FROM stop_history s WHERE s.work_id = w.id), 0), '') || '-0')
-             AND NOT EXISTS (SELECT 1 FROM events e WHERE e.kind = 'retro.skipped' AND e.subject = w.id
-                   AND json_extract(e.data, '$.ending') = (SELECT COUNT(*) FROM stop_history s WHERE s.work_id = w.id))
-           ORDER BY w.ended_at, w.id LIMIT ?""", (WorkStatus.ENDED, StopReason.VERIFY_UNRUNNABLE, limit)).fetchall()
-    return [r[0] for r in rows]
+    skills; nor does an ending recorded as ``retro.skipped`` (``skip_retro``)."""
+    return Q.runs_without_retro(conn, limit)
 
-
-def pending(conn: sqlite3.Connection) -> list[RawNote]:
-    """Pending raw notes, oldest first."""
-    rows = conn.execute("SELECT * FROM raw_notes WHERE status = ? ORDER BY created_at, id",
-                        (NoteStatus.PENDING,)).fetchall()
-    return [RawNote.from_row(r) for r in rows]
-
-
-def count_pending(conn: sqlite3.Connection) -> int:
-    return conn.execute("SELECT COUNT(*) FROM raw_notes WHERE status = ?", (NoteStatus.PENDING,)).fetchone()[0]
-
-
-def members(conn: sqlite3.Connection, curated_ids: list[str] | None = None) -> dict[str, list[RawNote]]:
-    """Archived raw notes by the curated note they went into (all curated notes, or the given)."""
-    if curated_ids is None:
-        rows = conn.execute("SELECT * FROM raw_notes WHERE curated_id IS NOT NULL ORDER BY created_at, id")
-    else:
-        marks = ",".join("?" * len(curated_ids))
-        rows = conn.execute(f"SELECT * FROM raw_notes WHERE curated_id IN ({marks}) ORDER BY created_at, id",
-                            curated_ids)
-    out: dict[str, list[RawNote]] = {}
-    for r in rows.fetchall():
-        out.setdefault(r["curated_id"], []).append(RawNote.from_row(r))
-    return out

@@ -7,20 +7,27 @@ evidence are stored on the curated note.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from knowledge import notes as N
 from knowledge.signals import Score, runs_of, score
 from knowledge.thresholds import Thresholds
+from state_db.queries import knowledge as Q
+from state_db.queries.knowledge import CuratedNote, RawNote
 
 
 @dataclass(frozen=True)
 class Pattern:
-    """A scored curated note: its row, its member notes and its score."""
+    """A scored curated note (``note``, with the tier and score just stored), its member notes
+    and its score."""
 
-    curated: dict
-    notes: tuple[N.RawNote, ...]
+    note: CuratedNote
+    notes: tuple[RawNote, ...]
     score: Score
+
+    @property
+    def curated(self) -> dict:
+        """The curated note as plain data (what the curator's pass reads its id from)."""
+        return self.note.encode()
 
 
 def score_patterns(writer, curated_ids: list[str], thresholds: Thresholds) -> list[Pattern]:
@@ -31,9 +38,8 @@ def score_patterns(writer, curated_ids: list[str], thresholds: Thresholds) -> li
     if not curated_ids:
         return []
     conn = writer.conn
-    members = N.members(conn, curated_ids)
-    rows = {r["id"]: dict(r) for r in conn.execute(
-        f"SELECT * FROM curated_notes WHERE id IN ({','.join('?' * len(curated_ids))})", curated_ids)}
+    members = Q.members(conn, curated_ids)
+    rows = {c.id: c for c in Q.curated_notes(conn, curated_ids)}
     out = []
     with writer.transaction() as tx:
         for cid in curated_ids:
@@ -42,12 +48,12 @@ def score_patterns(writer, curated_ids: list[str], thresholds: Thresholds) -> li
                 continue
             s = score(notes, thresholds.notes_per_pattern)
             tx.update("curated_notes", cid, tier=s.tier, score=s.score, signals=s.encode(), updated_at=tx.now)
-            out.append(Pattern({**rows[cid], "tier": s.tier, "score": s.score}, tuple(notes), s))
+            out.append(Pattern(replace(rows[cid], tier=s.tier, score=s.score, signals=s.encode()), tuple(notes), s))
     return out
 
 
 def queued(conn) -> list[dict]:
-    """Curated notes whose pattern scored 2 (waiting for more evidence)."""
-    return [dict(r) for r in conn.execute(
-        "SELECT id, topic, score, signals, updated_at FROM curated_notes WHERE tier = 'queued' ORDER BY updated_at")]
-
+    """Curated notes whose pattern scored 2 (waiting for more evidence), as plain data
+    (``org candidates list --queued``): id, topic, score, signals, last update."""
+    return [{"id": c.id, "topic": c.topic, "score": c.score, "signals": c.signals, "updated_at": c.updated_at}
+            for c in Q.queued_patterns(conn)]

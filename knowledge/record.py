@@ -11,10 +11,13 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from knowledge.errors import RunNotEnded
-from state_db.vocab import Actor, WorkStatus
+from state_db.queries import knowledge as Q
+from state_db.queries import skills as S
+from state_db.queries import verdicts, work
+from state_db.queries.iterations import attempts as attempts_of, of_work as iterations_of
+from state_db.queries.usage import of_work as usage_of
+from state_db.vocab import WorkStatus
 
 
 @dataclass(frozen=True)
@@ -113,54 +116,37 @@ class RunRecord:
                                for it in self.iterations]}
 
 
-def _json(text: str | None, default):
-    if not text:
-        return default
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return default
-
-
 def load(conn: sqlite3.Connection, run_id: str) -> RunRecord:
-    """Read the record of ended run ``run_id``.
+    """Read the record of ended run ``run_id``: its work item, its committed iterations each with
+    its latest eval-agent verdict, its usage (summarised calls included), models and attempts.
 
     Raises:
         RunNotEnded: the run does not exist or has not ended.
     """
-    work = conn.execute("SELECT * FROM work_items WHERE id = ?", (run_id,)).fetchone()
-    if work is None or work["status"] != WorkStatus.ENDED:
-        raise RunNotEnded(run_id, None if work is None else work["status"])
-    verdicts: dict[int, sqlite3.Row] = {}
-    for v in conn.execute("SELECT * FROM verdicts WHERE work_id = ? AND written_by LIKE ? ORDER BY iteration, at",
-                          (run_id, f"{Actor.EVAL_AGENT}%")):
-        verdicts[v["iteration"]] = v          # the latest eval-agent verdict of each iteration
+    run = work.item(conn, run_id)
+    if run is None or run.status != WorkStatus.ENDED:
+        raise RunNotEnded(run_id, None if run is None else run.status)
+    judged = verdicts.latest_eval_verdicts(conn, run_id)
     its = []
-    for r in conn.execute("SELECT * FROM iterations WHERE work_id = ? ORDER BY n", (run_id,)):
-        v = verdicts.get(r["n"])
+    for it in iterations_of(conn, run_id):
+        v = judged.get(it.n)
         its.append(Iteration(
-            n=r["n"], act_status=r["act_status"], act_summary=r["act_summary"] or "",
-            tool_calls=tuple(_json(r["tool_calls"], [])), changed_paths=tuple(_json(r["changed_paths"], [])),
-            lesson=r["lesson"], feedback=r["feedback"] or "", manifest=_json(r["prompt"], {}),
-            tokens=r["input_tokens"] + r["output_tokens"] + r["cache_write_tokens"] + r["cache_read_tokens"],
-            cost_usd=r["cost_usd"], fingerprint=r["fingerprint"] or "",
-            outcome=None if v is None else v["outcome"],
-            checks=tuple(Check.decode(c) for c in _json(v["checks"], [])) if v is not None else (),
-            protected_changed=tuple(_json(v["protected_changed"], [])) if v is not None else ()))
-    usage = conn.execute("""SELECT COUNT(*), COALESCE(SUM(input_tokens + output_tokens + cache_write_tokens
-                                   + cache_read_tokens), 0), COALESCE(SUM(cost_usd), 0)
-                              FROM model_calls WHERE work_id = ?""", (run_id,)).fetchone()
-    models = tuple(r[0] for r in conn.execute("SELECT DISTINCT model FROM model_calls WHERE work_id = ? ORDER BY model",
-                                              (run_id,)))
-    att = conn.execute("""SELECT COUNT(*), COALESCE(SUM(outcome = 'discarded'), 0) FROM attempts
-                           WHERE work_id = ?""", (run_id,)).fetchone()
+            n=it.n, act_status=it.act_status, act_summary=it.act_summary or "", tool_calls=it.tool_calls,
+            changed_paths=it.changed_paths, lesson=it.lesson, feedback=it.feedback or "", manifest=it.prompt,
+            tokens=it.tokens, cost_usd=it.cost_usd, fingerprint=it.fingerprint or "",
+            outcome=None if v is None else v.outcome,
+            checks=tuple(Check.decode(c) for c in v.checks if isinstance(c, dict)) if v is not None else (),
+            protected_changed=v.protected_changed if v is not None else ()))
+    used = usage_of(conn, run_id)
+    attempts = attempts_of(conn, run_id)
     carried = {(section, x) for it in its for section in ("skills", "knowledge") for x in it.ids(section)}
     return RunRecord(
-        id=run_id, goal=work["goal"], verify=tuple(_json(work["verify"], [])), caps=_json(work["caps"], {}),
-        status=work["status"], stop_reason=work["stop_reason"], stop_detail=work["stop_detail"] or "",
-        elapsed_s=work["elapsed_s"], iterations=tuple(its), calls=usage[0], tokens=int(usage[1]),
-        cost_usd=float(usage[2]), models=models, attempts=att[0], discarded_attempts=int(att[1]),
-        ended_at=work["ended_at"], terms=item_terms(conn, carried))
+        id=run_id, goal=run.goal, verify=run.verify, caps=run.caps.encode(), status=run.status,
+        stop_reason=run.stop_reason, stop_detail=run.stop_detail or "", elapsed_s=run.elapsed_s,
+        iterations=tuple(its), calls=used.calls, tokens=used.tokens, cost_usd=float(used.cost_usd),
+        models=Q.models_of_run(conn, run_id), attempts=len(attempts),
+        discarded_attempts=sum(1 for a in attempts if a.outcome == "discarded"),
+        ended_at=run.ended_at, terms=item_terms(conn, carried))
 
 
 _CODEISH = re.compile(r"`([^`]{2,80})`|(\b[\w./-]+\.(?:py|js|ts|json|toml|ya?ml|md|txt|sh|cfg|ini)\b)"
@@ -183,10 +169,9 @@ def item_terms(conn: sqlite3.Connection, items: set[tuple[str, str]]) -> dict[st
     out: dict[str, tuple[str, ...]] = {}
     for section, item in sorted(items):
         if section == "skills":
-            row = conn.execute("""SELECT c.description FROM skills s LEFT JOIN skill_candidates c
-                                    ON c.id = s.candidate_id WHERE s.name = ?""", (item,)).fetchone()
-            out[item] = tuple([item] + terms_of(row[0] if row and row[0] else ""))
+            skill = S.skill(conn, item)
+            out[item] = tuple([item] + terms_of(skill.description if skill else ""))
         else:
-            row = conn.execute("SELECT topic FROM curated_notes WHERE id = ?", (item,)).fetchone()
-            out[item] = tuple(terms_of(row[0]) if row else []) or (item,)
+            note = Q.curated_note(conn, item)
+            out[item] = tuple(terms_of(note.topic) if note else []) or (item,)
     return out

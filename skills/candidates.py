@@ -20,57 +20,46 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
-import orjson
-
+from skills import registry
 from skills.drafting import CandidateDraft
 from skills.errors import CandidateClosed, CandidateNotFound
 from skills.names import validate_name
 from skills.skillmd import SkillText, renamed
+from state_db.queries import skills as Q
+from state_db.queries.skills import LIVE, Candidate
 from state_db.vocab import CandidateStatus as C
 
-LIVE = (C.PENDING, C.DEFERRED)
 ACTIONS = {"approve": C.APPROVED, "reject": C.REJECTED, "defer": C.DEFERRED}
 
 
-def decode(row) -> dict:
-    d = dict(row)
-    for col in ("signals", "source_notes"):
-        if isinstance(d.get(col), str):
-            d[col] = orjson.loads(d[col] or "null")
-    return d
-
-
-def by_name(conn, name: str) -> list[dict]:
-    """Candidates named ``name``, latest first."""
-    return [decode(r) for r in conn.execute(
-        "SELECT * FROM skill_candidates WHERE name = ? ORDER BY created_at DESC, id DESC", (name,))]
-
-
-def get(conn, ref: str) -> dict:
+def find(conn, ref: str) -> Candidate:
     """A candidate by id, or by name (its latest pending or deferred entry).
 
     Raises: CandidateNotFound.
     """
-    row = conn.execute("SELECT * FROM skill_candidates WHERE id = ?", (ref,)).fetchone()
-    if row is None:
-        row = conn.execute(f"""SELECT * FROM skill_candidates WHERE name = ? AND status IN ({','.join('?' * len(LIVE))})
-                               ORDER BY created_at DESC LIMIT 1""", (ref, *LIVE)).fetchone()
-    if row is None:
+    found = Q.candidate(conn, ref) or Q.live_candidate_named(conn, ref)
+    if found is None:
         raise CandidateNotFound(ref)
-    return decode(row)
+    return found
+
+
+def get(conn, ref: str) -> dict:
+    """``find`` as plain data (what ``org candidates show --json`` and the MCP tool print).
+
+    Raises: CandidateNotFound.
+    """
+    return find(conn, ref).encode()
 
 
 def listing(conn, statuses: Iterable[str] = (C.PENDING,)) -> list[dict]:
-    statuses = list(statuses)
-    return [decode(r) for r in conn.execute(
-        f"SELECT * FROM skill_candidates WHERE status IN ({','.join('?' * len(statuses))}) ORDER BY created_at, id",
-        statuses)]
+    """Candidates in ``statuses``, oldest first, as plain data (``org candidates list --json``)."""
+    return [c.encode() for c in Q.candidates(conn, statuses)]
 
 
 def new_id(tx, name: str) -> str:
     base = f"c-{time.strftime('%Y%m%d', time.gmtime(tx.now))}-{name}"
     cid, n = base, 1
-    while tx.get("skill_candidates", cid) is not None:
+    while Q.candidate_id_taken(tx.conn, cid):
         n += 1
         cid = f"{base}-{n}"
     return cid
@@ -89,22 +78,22 @@ def propose(tx, d: CandidateDraft, notes_per_pattern: int) -> tuple[str | None, 
         ``unchanged`` | ``waiting`` | ``created`` | ``merged-into-pending`` |
         ``merged-into-deferred`` | ``merged-into-skill``).
     """
-    earlier = by_name(tx.conn, d.name)
-    covered = {n for c in earlier for n in (c["source_notes"] or [])}
+    earlier = Q.candidates_named(tx.conn, d.name)
+    covered = {n for c in earlier for n in c.source_notes}
     fresh = [(n, run) for n, run in d.notes if n not in covered]
     if not fresh:
         return None, "unchanged"
-    live = next((c for c in earlier if c["status"] in LIVE), None)
+    live = next((c for c in earlier if c.live), None)
     if live is not None:
-        tx.insert("skill_candidates", _row(tx, d, C.MERGED, new_id(tx, d.name), merged_into=live["id"]))
-        notes = list(dict.fromkeys((live["source_notes"] or []) + d.source_notes))
-        tx.update("skill_candidates", live["id"], source_notes=notes, score=d.score,
+        tx.insert("skill_candidates", _row(tx, d, C.MERGED, new_id(tx, d.name), merged_into=live.id))
+        notes = list(dict.fromkeys(list(live.source_notes) + d.source_notes))
+        tx.update("skill_candidates", live.id, source_notes=notes, score=d.score,
                   signals={**d.signals, "curated_id": d.curated_id})
-        return live["id"], f"merged-into-{live['status']}"
-    skill = tx.get("skills", d.name)
-    if skill is not None and skill["status"] == "active":
+        return live.id, f"merged-into-{live.status}"
+    skill = Q.skill(tx.conn, d.name)
+    if skill is not None and skill.active:
         tx.insert("skill_candidates", _row(tx, d, C.MERGED, new_id(tx, d.name), merged_into=f"skill:{d.name}"))
-        origin = orjson.loads(skill["origin"] or "{}")
+        origin = dict(skill.origin)
         origin["reinforced_by"] = list(dict.fromkeys(origin.get("reinforced_by", []) + [n for n, _ in fresh]))
         tx.update("skills", d.name, origin=origin)
         return None, "merged-into-skill"
@@ -122,20 +111,18 @@ def decide(tx, ref: str, action: str, who: str) -> dict:
 
     Raises: CandidateNotFound, CandidateClosed, ValueError (unknown action).
     """
-    from skills import registry
-
     status = ACTIONS.get(action)
     if status is None:
         raise ValueError(f"unknown action {action!r}")
-    c = get(tx.conn, ref)
-    if c["status"] == status:
-        return {"id": c["id"], "name": c["name"], "status": status, "changed": False}
-    if c["status"] not in LIVE:
-        raise CandidateClosed(c["id"], c["status"], str(status))
-    tx.set_status("skill_candidates", c["id"], status, decided_by=who, decided_at=tx.now)
-    out = {"id": c["id"], "name": c["name"], "status": str(status), "changed": True}
+    c = find(tx.conn, ref)
+    if c.status == status:
+        return {"id": c.id, "name": c.name, "status": status, "changed": False}
+    if not c.live:
+        raise CandidateClosed(c.id, c.status, str(status))
+    tx.set_status("skill_candidates", c.id, status, decided_by=who, decided_at=tx.now)
+    out = {"id": c.id, "name": c.name, "status": str(status), "changed": True}
     if status == C.APPROVED:
-        out["skill"] = registry.install(tx, {**c, "status": status}, who)
+        out["skill"] = registry.install(tx, c, who)
     return out
 
 
@@ -147,18 +134,20 @@ def edit(tx, ref: str, *, name: str | None = None, description: str | None = Non
 
     Raises: CandidateNotFound, CandidateClosed, BadSkillName, BadSkillText.
     """
-    c = get(tx.conn, ref)
-    if c["status"] not in LIVE:
-        raise CandidateClosed(c["id"], c["status"], "edited")
-    new = SkillText(c["name"], description if description is not None else c["description"],
-                    body if body is not None else c["body"])
-    new = renamed(new, validate_name(name) if name else c["name"]).validate()
+    c = find(tx.conn, ref)
+    if not c.live:
+        raise CandidateClosed(c.id, c.status, "edited")
+    new = SkillText(c.name, description if description is not None else c.description,
+                    body if body is not None else c.body)
+    new = renamed(new, validate_name(name) if name else c.name).validate()
     fields = {k: v for k, v in (("name", new.name), ("description", new.description), ("body", new.body))
-              if v != c[k]}
+              if v != getattr(c, k)}
     if fields:
-        tx.update("skill_candidates", c["id"], **fields)
-    return {"id": c["id"], "changed": sorted(fields)}
+        tx.update("skill_candidates", c.id, **fields)
+    return {"id": c.id, "changed": sorted(fields)}
 
 
-def as_text(c: dict) -> SkillText:
-    return SkillText(c["name"], c["description"], c["body"])
+def as_text(c: Candidate | dict) -> SkillText:
+    """The SKILL.md fields of a candidate (or of its plain data, as ``get`` returns it)."""
+    c = c if isinstance(c, Candidate) else Candidate.decode(c)
+    return SkillText(c.name, c.description, c.body)

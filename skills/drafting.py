@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import orjson
-
 from knowledge.findings import clip, short_check
-from knowledge.notes import RawNote
 from knowledge.patterns import Pattern
 from knowledge.signals import states_criteria
 from knowledge.similarity import normalize, polarity
 from skills.names import name_for
 from skills.skillmd import MAX_DESCRIPTION
+from state_db.queries.knowledge import fix_notes_about
 
 
 @dataclass(frozen=True)
@@ -43,27 +41,17 @@ def _distinct(texts) -> list[str]:
     return out
 
 
-def related_fixes(conn, subjects: list[str]) -> list[RawNote]:
-    """Fix notes (any status) about one of ``subjects`` (``check:<command>``): what made that
-    check pass in some run."""
-    if not subjects:
-        return []
-    rows = conn.execute(
-        f"""SELECT * FROM raw_notes WHERE json_extract(evidence, '$.kind') = 'fix'
-              AND json_extract(evidence, '$.subject') IN ({','.join('?' * len(subjects))})
-            ORDER BY created_at, id""", subjects).fetchall()
-    return [RawNote.from_row(r) for r in rows]
-
-
 def draft(conn, pattern: Pattern) -> CandidateDraft:
     """The candidate for a scored pattern (see the module docstring); deterministic."""
     notes = list(pattern.notes)
     kind = notes[0].kind if notes else ""
     triggers = list(dict.fromkeys(n.evidence["trigger"] for n in notes if n.evidence.get("trigger")))
-    name = name_for(kind, pattern.curated["topic"], triggers[0] if triggers else None)
+    curated = pattern.note
+    name = name_for(kind, curated.topic, triggers[0] if triggers else None)
     subjects = list(dict.fromkeys(str(n.evidence["subject"]) for n in notes
                                   if str(n.evidence.get("subject", "")).startswith("check:")))
-    fixes = [f for f in related_fixes(conn, subjects) if f.id not in {n.id for n in notes}]
+    # fix notes (any status) about the same checks: what made that check pass in some run
+    fixes = [f for f in fix_notes_about(conn, subjects) if f.id not in {n.id for n in notes}]
     when = _distinct(n.applicability.rstrip(".") for n in notes)[:3]
     advice = _distinct(n.judgment for n in notes)
     positive = [t for t in advice if polarity(t) > 0]
@@ -94,8 +82,7 @@ def draft(conn, pattern: Pattern) -> CandidateDraft:
     if stuck:
         pits.append("Repeating the same change after the same failure: it did not help in run(s) "
                     f"{', '.join(stuck[:6])}.")
-    contra = pattern.curated.get("contradicts") or []
-    for c in orjson.loads(contra) if isinstance(contra, str) else contra:
+    for c in curated.contradicts:
         pits.append(f"Notes disagree on {c.get('subject') or 'this'}: {len(c['positive'])} for, "
                     f"{len(c['negative'])} against — check which case applies.")
     if not pits:
@@ -106,8 +93,8 @@ def draft(conn, pattern: Pattern) -> CandidateDraft:
         ["", "## Steps"] + [f"{i}. {t}" for i, t in enumerate(steps or [clip(advice[0], 240)], 1)] +
         ["", "## Criteria and thresholds"] + [f"- {t}" for t in crit] +
         ["", "## Pitfalls"] + [f"- {t}" for t in pits]) + "\n"
-    description = clip(f"Use for {when[0][0].lower() + when[0][1:]}" if when else pattern.curated["topic"], 400)
+    description = clip(f"Use for {when[0][0].lower() + when[0][1:]}" if when else curated.topic, 400)
     if advice:
         description = clip(f"{description}. {advice[0]}", MAX_DESCRIPTION - 24)
     return CandidateDraft(name, description, body, pattern.score.score, pattern.score.encode(),
-                          tuple((n.id, n.run_id) for n in notes), pattern.curated["id"])
+                          tuple((n.id, n.run_id) for n in notes), curated.id)

@@ -8,74 +8,49 @@ so that what did *not* become knowledge is visible too.
 """
 from __future__ import annotations
 
-from collections import Counter
-
-import orjson
+from state_db.queries import knowledge as K
+from state_db.queries import skills as Q
+from state_db.queries.events import after as events_after
+from state_db.queries.iterations import skill_first_uses
 
 SIGNALS = ("recurrence", "multi_step", "trigger", "criteria", "reusable_output")
 
 
-def _json(text, default):
-    return orjson.loads(text) if text else default
-
-
-def _runs_of_notes(conn, ids: list[str]) -> list[str]:
-    if not ids:
-        return []
-    rows = conn.execute(f"SELECT DISTINCT run_id FROM raw_notes WHERE id IN ({','.join('?' * len(ids))}) "
-                        "ORDER BY run_id", ids)
-    return [r[0] for r in rows]
+def _runs_of_notes(conn, ids) -> list[str]:
+    return sorted({n.run_id for n in K.raw_notes(conn, list(ids))})
 
 
 def raw(conn) -> dict:
-    by_status = Counter({r[0]: r[1] for r in conn.execute("SELECT status, COUNT(*) FROM raw_notes GROUP BY status")})
-    by_kind = {r[0] or "": r[1] for r in conn.execute(
-        "SELECT json_extract(evidence, '$.kind'), COUNT(*) FROM raw_notes GROUP BY 1 ORDER BY 1")}
-    runs = conn.execute("SELECT COUNT(DISTINCT run_id) FROM raw_notes").fetchone()[0]
-    skipped = [{"run": r[0], "why": _json(r[1], {}).get("why", "")} for r in conn.execute(
-        "SELECT subject, data FROM events WHERE kind = 'retro.skipped' ORDER BY id")]
-    return {"count": sum(by_status.values()), "by_status": dict(by_status), "by_kind": by_kind, "runs": runs,
+    counts = K.note_counts(conn)
+    skipped = [{"run": e.subject, "why": e.data.get("why", "")} for e in events_after(conn, 0, "retro.skipped")]
+    return {"count": counts.total, "by_status": counts.by_status, "by_kind": counts.by_kind, "runs": counts.runs,
             "skipped_runs": skipped}
 
 
 def curated(conn) -> list[dict]:
-    out = []
-    for r in conn.execute("SELECT * FROM curated_notes ORDER BY created_at, id"):
-        notes = _json(r["source_notes"], [])
-        signals = _json(r["signals"], {}) or {}
-        out.append({"id": r["id"], "kind": r["kind"], "topic": r["topic"], "tier": r["tier"], "score": r["score"],
-                    "notes": notes, "runs": _runs_of_notes(conn, notes),
-                    "signals": {k: signals[k] for k in SIGNALS if isinstance(signals.get(k), dict)}})
-    return out
+    return [{"id": c.id, "kind": c.kind, "topic": c.topic, "tier": c.tier, "score": c.score,
+             "notes": list(c.source_notes), "runs": _runs_of_notes(conn, c.source_notes),
+             "signals": {k: c.signals[k] for k in SIGNALS if isinstance(c.signals.get(k), dict)}}
+            for c in K.curated_notes(conn)]
 
 
 def candidates(conn) -> list[dict]:
-    out = []
-    for r in conn.execute("SELECT * FROM skill_candidates ORDER BY created_at, id"):
-        notes = _json(r["source_notes"], [])
-        signals = _json(r["signals"], {}) or {}
-        out.append({"id": r["id"], "name": r["name"], "status": r["status"], "score": r["score"],
-                    "batch": r["batch_id"], "merged_into": r["merged_into"], "description": r["description"],
-                    "curated": signals.get("curated_id"), "notes": notes, "runs": _runs_of_notes(conn, notes),
-                    "signals": [k for k in SIGNALS if isinstance(signals.get(k), dict) and signals[k].get("ok")]})
-    return out
+    return [{"id": c.id, "name": c.name, "status": c.status, "score": c.score, "batch": c.batch_id,
+             "merged_into": c.merged_into, "description": c.description, "curated": c.curated_id,
+             "notes": list(c.source_notes), "runs": _runs_of_notes(conn, c.source_notes),
+             "signals": [k for k in SIGNALS if isinstance(c.signals.get(k), dict) and c.signals[k].get("ok")]}
+            for c in Q.candidates(conn)]
 
 
 def skills(conn) -> list[dict]:
-    used_in: dict[str, list[str]] = {}
-    for name, work_id in conn.execute(
-            """SELECT DISTINCT j.value, i.work_id FROM iterations i, json_each(i.prompt, '$.skills') j
-               ORDER BY i.work_id"""):
-        used_in.setdefault(name, []).append(work_id)
-    out = []
-    for r in conn.execute("SELECT * FROM skills ORDER BY name"):
-        origin = _json(r["origin"], {})
-        out.append({"name": r["name"], "status": r["status"], "uses": r["use_count"],
-                    "last_used_at": r["last_used_at"], "used_in": used_in.get(r["name"], []),
-                    "candidate": origin.get("candidate"), "learned_from": origin.get("runs", []),
-                    "notes": origin.get("source_notes", []), "approved_by": origin.get("approved_by"),
-                    "path": r["path"]})
-    return out
+    used_in: dict[str, set[str]] = {}
+    for name, work_id, _ in skill_first_uses(conn):
+        used_in.setdefault(name, set()).add(work_id)
+    return [{"name": s.name, "status": s.status, "uses": s.use_count, "last_used_at": s.last_used_at,
+             "used_in": sorted(used_in.get(s.name, ())), "candidate": s.origin.get("candidate"),
+             "learned_from": s.origin.get("runs", []), "notes": s.origin.get("source_notes", []),
+             "approved_by": s.origin.get("approved_by"), "path": s.path}
+            for s in Q.skills(conn, include_retired=True)]
 
 
 def overview(conn) -> dict:

@@ -19,6 +19,10 @@ import threading
 import orjson
 
 from knowledge.similarity import Index
+from state_db.queries import knowledge as K
+from state_db.queries import skills as Q
+from state_db.queries.iterations import last_n, of_work as iterations_of
+from state_db.queries.skills import Skill
 
 SKILL_K, SKILL_THRESHOLD, SKILLS_CAP_CHARS, SKILL_CAP_CHARS = 3, 0.15, 6000, 3000
 KNOWLEDGE_K, KNOWLEDGE_THRESHOLD = 5, 0.10
@@ -46,29 +50,30 @@ def _remember(key: tuple, value: tuple) -> None:
         _cache[key] = value
 
 
-def _skills_index(conn):
-    sig = conn.execute("""SELECT COUNT(*), group_concat(name || ':' || COALESCE(candidate_id, ''), ',') FROM
-                            (SELECT name, candidate_id FROM skills WHERE status = 'active' ORDER BY name)""").fetchone()
-    key = ("skills", _db(conn), sig[0], sig[1])
+def _cached(conn, what: str, version: tuple, build):
+    key = (what, _db(conn), *version)
     with _lock:
         hit = _cache.get(key)
-    if hit is not None:
-        return hit
-    rows = [dict(r) for r in conn.execute(
-        """SELECT s.name, c.description, c.body FROM skills s JOIN skill_candidates c ON c.id = s.candidate_id
-            WHERE s.status = 'active' ORDER BY s.name""")]
-    docs = []
-    for r in rows:
-        when = _WHEN.search(r["body"] or "")
-        docs.append(" ".join([r["name"].replace("-", " "), r["description"] or "", when.group(1) if when else ""]))
-    value = (Index(docs), rows)
-    _remember(key, value)
-    return value
+    if hit is None:
+        hit = build()
+        _remember(key, hit)
+    return hit
 
 
-def skill_text(row: dict) -> str:
+def _skills_index(conn) -> tuple[Index, list[Skill]]:
+    def build():
+        skills = Q.skills(conn)
+        docs = []
+        for s in skills:
+            when = _WHEN.search(s.body)
+            docs.append(" ".join([s.name.replace("-", " "), s.description, when.group(1) if when else ""]))
+        return Index(docs), skills
+    return _cached(conn, "skills", Q.active_skills_version(conn), build)
+
+
+def skill_text(skill: Skill) -> str:
     """What a carried skill puts in the prompt: its description and its SKILL.md body."""
-    return f"{row['description']}\n\n{(row['body'] or '').strip()}"
+    return f"{skill.description}\n\n{skill.body.strip()}"
 
 
 def choose_skills(conn, context: str, *, k: int = SKILL_K, threshold: float = SKILL_THRESHOLD,
@@ -78,15 +83,15 @@ def choose_skills(conn, context: str, *, k: int = SKILL_K, threshold: float = SK
     ``text`` is the description and body of the skill's SKILL.md; a skill longer than
     ``per_skill_chars`` or beyond the total ``cap_chars`` is left out.
     """
-    index, rows = _skills_index(conn)
-    if not rows:
+    index, skills = _skills_index(conn)
+    if not skills:
         return []
     out, used = [], 0
     for i, _ in index.query(context, k=k, threshold=threshold):
-        text = skill_text(rows[i])
+        text = skill_text(skills[i])
         if len(text) > per_skill_chars or used + len(text) > cap_chars:
             continue
-        out.append((rows[i]["name"], text))
+        out.append((skills[i].name, text))
         used += len(text)
     return out
 
@@ -99,40 +104,30 @@ def for_run(conn, work: dict) -> tuple[list[tuple[str, str]], list[tuple[str, st
     run gets a fresh choice. Knowledge is chosen afresh either way (it is not in the prefix).
     """
     context = context_of(work)
-    last = conn.execute("SELECT prompt FROM iterations WHERE work_id = ? ORDER BY n DESC LIMIT 1",
-                        (work["id"],)).fetchone()
-    if last is None:
+    last = last_n(conn, work["id"])
+    if last == 0:
         return choose_skills(conn, context), choose_knowledge(conn, context)
-    names = orjson.loads(last[0] or "{}").get("skills") or []
-    _, rows = _skills_index(conn)
-    by_name = {r["name"]: r for r in rows}
+    (latest,) = iterations_of(conn, work["id"], after=last - 1)
+    names = latest.prompt.get("skills") or []
+    _, skills = _skills_index(conn)
+    by_name = {s.name: s for s in skills}
     return [(n, skill_text(by_name[n])) for n in names if n in by_name], choose_knowledge(conn, context)
 
 
 def _knowledge_index(conn):
-    sig = conn.execute("SELECT COUNT(*), MAX(updated_at) FROM curated_notes").fetchone()
-    key = ("knowledge", _db(conn), sig[0], sig[1])
-    with _lock:
-        hit = _cache.get(key)
-    if hit is not None:
-        return hit
-    rows = [dict(r) for r in conn.execute("SELECT id, topic, body FROM curated_notes ORDER BY created_at, id")]
-    value = (Index([f"{r['topic']}\n{r['body']}" for r in rows]), rows)
-    _remember(key, value)
-    return value
+    def build():
+        notes = K.curated_notes(conn)
+        return Index([f"{c.topic}\n{c.body}" for c in notes]), notes
+    return _cached(conn, "knowledge", K.curated_version(conn), build)
 
 
 def choose_knowledge(conn, context: str, *, k: int = KNOWLEDGE_K,
                      threshold: float = KNOWLEDGE_THRESHOLD) -> list[tuple[str, str]]:
     """Curated notes for ``LoopSettings.knowledge``: ``[(curated id, body)]``, most relevant first."""
-    index, rows = _knowledge_index(conn)
-    if not rows:
+    index, notes = _knowledge_index(conn)
+    if not notes:
         return []
-    return [(rows[i]["id"], rows[i]["body"]) for i, _ in index.query(context, k=k, threshold=threshold)]
-
-
-_USES = """SELECT j.value AS name, COUNT(DISTINCT i.work_id) AS uses, MAX(i.committed_at) AS last
-             FROM iterations i, json_each(i.prompt, '$.skills') j {where} GROUP BY j.value"""
+    return [(notes[i].id, notes[i].body) for i, _ in index.query(context, k=k, threshold=threshold)]
 
 
 def record_use(writer, work_id: str | None = None) -> dict[str, int]:
@@ -142,23 +137,17 @@ def record_use(writer, work_id: str | None = None) -> dict[str, int]:
     Returns {skill name: use_count} for the skills recounted.
     """
     conn = writer.conn
-    if work_id is None:
-        names = [r[0] for r in conn.execute("SELECT name FROM skills ORDER BY name")]
-        counted = {r["name"]: (r["uses"], r["last"]) for r in conn.execute(_USES.format(where=""))}
-    else:
-        names = [r[0] for r in conn.execute(
-            """SELECT DISTINCT j.value FROM iterations i, json_each(i.prompt, '$.skills') j
-                WHERE i.work_id = ? ORDER BY j.value""", (work_id,))]
-        where = f"WHERE j.value IN ({','.join('?' * len(names))})"
-        counted = {r["name"]: (r["uses"], r["last"]) for r in conn.execute(_USES.format(where=where), names)}
+    names = Q.skill_names(conn) if work_id is None else Q.skills_carried_by(conn, work_id)
+    counted = Q.skill_uses(conn, None if work_id is None else names)
     out = {}
     with writer.transaction(render=False) as tx:
         for name in names:
-            row = tx.get("skills", name)
+            row = Q.skill(tx.conn, name)
             if row is None:
                 continue
-            count, last = counted.get(name, (0, None))
-            if count != row["use_count"] or last != row["last_used_at"]:
+            use = counted.get(name)
+            count, last = (use.runs, use.last_used_at) if use else (0, None)
+            if count != row.use_count or last != row.last_used_at:
                 tx.update("skills", name, use_count=count, last_used_at=last)
             out[name] = count
     return out

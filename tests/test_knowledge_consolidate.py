@@ -8,8 +8,8 @@ import pytest
 
 from knowledge import consolidate as K
 from knowledge.errors import ConsolidationRaced
-from knowledge.notes import pending
 from knowledge.thresholds import Thresholds
+from state_db.queries.knowledge import curated_notes, pending_notes as pending
 from state_db.vocab import Actor
 from tests.test_knowledge_helpers import note, put_notes, rows
 
@@ -142,8 +142,8 @@ def test_four_pending_notes_do_not_consolidate_and_five_do(writer_for, curator):
     result = consolidate(curator)
     assert result.archived == 5 and len(result.created) == 1
     assert pending(curator.conn) == []
-    (cn,) = K.curated_rows(curator.conn)
-    assert len(cn["source_notes"]) == 5 and "Seen in 5 run(s), 5 note(s)" in cn["body"]
+    (cn,) = curated_notes(curator.conn)
+    assert len(cn.source_notes) == 5 and "Seen in 5 run(s), 5 note(s)" in cn.body
 
 
 def test_raw_notes_are_archived_never_edited_or_deleted(writer_for, curator):
@@ -168,11 +168,11 @@ def test_contradicting_notes_are_kept_side_by_side_and_marked(writer_for, curato
         put_notes(writer_for, f"r{k}", [note(f"Skill `fix-calc` was in the prompts of iterations 1, 2 of run r{k}.",
                                              judgment, kind="context", subject="skills:fix-calc")])
     consolidate(curator)
-    (cn,) = K.curated_rows(curator.conn)
-    (c,) = cn["contradicts"]
+    (cn,) = curated_notes(curator.conn)
+    (c,) = cn.contradicts
     assert c["subject"] == "skills:fix-calc"
     assert c["positive"] == ["rn-r0-0", "rn-r1-0", "rn-r3-0"] and c["negative"] == ["rn-r2-0", "rn-r4-0"]
-    side_by_side = cn["body"].split("Contradicting judgments, kept side by side:")[1]
+    side_by_side = cn.body.split("Contradicting judgments, kept side by side:")[1]
     assert "+ Skill `fix-calc` helped" in side_by_side and "− Skill `fix-calc` did not help" in side_by_side
 
 
@@ -183,7 +183,7 @@ def test_opposite_judgments_about_different_subjects_are_not_a_contradiction(wri
                                              f"Skill `fix-{skill}` {verdict}: see the run.", kind="context",
                                              subject=f"skills:fix-{skill}")])
     consolidate(curator)
-    assert all(c["contradicts"] == [] for c in K.curated_rows(curator.conn))
+    assert all(c.contradicts == () for c in curated_notes(curator.conn))
 
 
 def test_japanese_notes_on_one_topic_merge_into_one_curated_note_apart_from_another_topic(writer_for, curator):
@@ -210,8 +210,8 @@ def test_a_later_note_on_a_known_topic_joins_its_curated_note(writer_for, curato
                                       "Mock the HTTP client in tests.")])
     later = consolidate(curator, threshold=1)
     assert later.created == () and later.updated == first.created
-    (cn,) = K.curated_rows(curator.conn)
-    assert "rn-r9-0" in cn["source_notes"] and len(cn["source_notes"]) == 6
+    (cn,) = curated_notes(curator.conn)
+    assert "rn-r9-0" in cn.source_notes and len(cn.source_notes) == 6
 
 
 def test_a_note_archived_by_another_curator_meanwhile_aborts_the_whole_consolidation(writer_for, monkeypatch):
@@ -231,5 +231,5 @@ def test_a_note_archived_by_another_curator_meanwhile_aborts_the_whole_consolida
     monkeypatch.setattr(K, "plan", racing_plan)
     with pytest.raises(ConsolidationRaced):
         K.consolidate(mine, Thresholds())
-    assert len(K.curated_rows(mine.conn)) == 1
+    assert len(curated_notes(mine.conn)) == 1
     assert len(rows(mine, "SELECT * FROM events WHERE kind = 'raw_notes.archived'")) == 5

@@ -8,6 +8,7 @@ from knowledge import signals as S
 from knowledge.notes import RawNote
 from knowledge.patterns import score_patterns
 from knowledge.thresholds import Thresholds
+from state_db.queries.knowledge import curated_notes
 from roles.curator.pipeline import Pipeline
 from state_db.vocab import Actor
 from tests.test_knowledge_helpers import BAD, BAD_AGAIN, note, put_notes, rows, run_loop
@@ -78,14 +79,14 @@ def test_a_pattern_is_scored_only_with_enough_independent_runs_and_keeps_its_evi
     result = K.consolidate(curator, Thresholds(raw_notes_to_consolidate=3))
     t = Thresholds(notes_per_pattern=4)
     assert score_patterns(curator, list(result.touched), t) == []           # 3 runs < 4: curated only
-    (cn,) = K.curated_rows(curator.conn)
-    assert cn["tier"] == "curated" and cn["score"] is None
+    (cn,) = curated_notes(curator.conn)
+    assert cn.tier == "curated" and cn.score is None
     (p,) = score_patterns(curator, list(result.touched), Thresholds(notes_per_pattern=3))
     assert p.score.score == 5 and p.score.tier == "recommended"
-    (cn,) = K.curated_rows(curator.conn)
-    assert cn["tier"] == "recommended" and cn["score"] == 5
-    assert cn["signals"]["criteria"]["ok"] and "'twice'" in cn["signals"]["criteria"]["why"]
-    assert cn["signals"]["recurrence"]["notes"] == ["rn-r1-0", "rn-r1b-0", "rn-r2-0"]
+    (cn,) = curated_notes(curator.conn)
+    assert cn.tier == "recommended" and cn.score == 5
+    assert cn.signals["criteria"]["ok"] and "'twice'" in cn.signals["criteria"]["why"]
+    assert cn.signals["recurrence"]["notes"] == ["rn-r1-0", "rn-r1b-0", "rn-r2-0"]
 
 
 def test_recurring_failures_in_three_runs_become_a_pending_candidate_and_two_runs_do_not(org_home, tmp_path,
@@ -101,7 +102,7 @@ def test_recurring_failures_in_three_runs_become_a_pending_candidate_and_two_run
     assert report.proposed == [("handle-assertionerror-import-calc-assert", "created")]
     (c,) = rows(pipe.w, "SELECT * FROM skill_candidates")
     assert c["status"] == "pending" and c["score"] >= 3
-    failure = [cn for cn in K.curated_rows(pipe.w.conn) if cn["kind"] == "failure"]
-    assert failure[0]["tier"] == "recommended" and len(failure[0]["source_notes"]) == 3
-    outcome = [cn for cn in K.curated_rows(pipe.w.conn) if cn["kind"] == "outcome"]
-    assert outcome[0]["tier"] in ("curated", "queued")                 # "ended with repeated_failure" is no skill
+    failure = [cn for cn in curated_notes(pipe.w.conn) if cn.kind == "failure"]
+    assert failure[0].tier == "recommended" and len(failure[0].source_notes) == 3
+    outcome = [cn for cn in curated_notes(pipe.w.conn) if cn.kind == "outcome"]
+    assert outcome[0].tier in ("curated", "queued")                 # "ended with repeated_failure" is no skill
