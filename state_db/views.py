@@ -29,6 +29,7 @@ import orjson
 
 from state_db import queries
 from state_db.queries import proposals as proposal_queries
+from state_db.queries.review import review_usage
 from state_db.errors import NotFound
 from state_db.vocab import Actor, RoleStatus, StopReason, WorkStatus
 
@@ -70,7 +71,9 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
     Returns: ``{id, goal, status, phase, assigned_to, iteration: {n, max, committed}, tokens:
     {used, cap, total}, cost_usd: {used, cap}, elapsed_s: {used, cap}, verdict: {iteration,
     outcome, line} | None, baseline: {outcome, line} | None, current_tool: {call, for_s} | None,
-    pending_decisions: [ids], stop: {reason, detail, ended_at} | None, created_at, updated_at}``.
+    pending_decisions: [ids], stop: {reason, detail, ended_at} | None, created_at, updated_at,
+    review: {calls, tokens, cost_usd}}``. Tokens and cost used are the doer's, against its caps: the
+    eval-agent's review calls have their own budget (``review``; ``tokens.total`` counts everything).
     Raises NotFound (no such work item).
     """
     now = time.time() if now is None else now
@@ -89,6 +92,7 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
     phase = _phase(item, attempt, committed, verified, preflight is not None)
 
     n = committed + 1
+    review = review_usage(conn, work_id)
     elapsed = item["elapsed_s"]
     if phase == RunPhase.ACTING and attempt is not None:
         n = attempt["iteration"]
@@ -106,8 +110,10 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
         "id": item["id"], "goal": item["goal"], "status": item["status"], "phase": str(phase),
         "assigned_to": item["assigned_to"], "backend": item["backend"], "workspace": item["workspace"],
         "iteration": {"n": n, "max": caps.get("max_iterations"), "committed": committed},
-        "tokens": {"used": item["budget_tokens"], "cap": caps.get("budget_tokens"), "total": item["tokens"]},
-        "cost_usd": {"used": round(item["cost_usd"], 6), "cap": caps.get("budget_usd")},
+        "tokens": {"used": item["budget_tokens"] - review["budget_tokens"], "cap": caps.get("budget_tokens"),
+                   "total": item["tokens"]},
+        "cost_usd": {"used": round(item["cost_usd"] - review["cost_usd"], 6), "cap": caps.get("budget_usd")},
+        "review": {"calls": review["calls"], "tokens": review["budget_tokens"], "cost_usd": round(review["cost_usd"], 6)},
         "elapsed_s": {"used": round(elapsed, 1), "cap": caps.get("timeout_s")},
         "verdict": None if verdict is None else {"iteration": verdict["iteration"], "outcome": verdict["outcome"],
                                                  "line": verdict_line(verdict)},

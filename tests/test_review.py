@@ -288,7 +288,9 @@ def test_the_review_vetoes_once_then_passes_and_its_tokens_are_the_eval_agents(o
     assert sum(c["input_tokens"] + c["output_tokens"] for c in calls) == 1920 <= REVIEW_BUDGET
     shown = cli(home, "show", wid)
     assert "review usage (eval-agent): 2 calls, 1920 tokens" in shown and "iteration 1: reject" in shown
-    assert json.loads(cli(home, "show", wid, "--json"))["review"]["usage"]["calls"] == 2
+    as_json = json.loads(cli(home, "show", wid, "--json"))
+    assert as_json["review"]["usage"]["calls"] == 2 and as_json["run"]["review"]["tokens"] == 1920
+    assert as_json["run"]["tokens"]["used"] <= 1000 < as_json["run"]["tokens"]["total"]   # the doer's, under its cap
 
 
 @pytest.mark.timeout(150)

@@ -59,7 +59,8 @@ def review_lines(review: dict) -> list[str]:
                      + (" (on the doer's claim that the goal is impossible)" if r.get("claim") is not None else "")
                      + f" — {'; '.join(r['reasons'])[:200]}")
     lines.append(f"  review usage (eval-agent): {u['calls']} calls, {u['budget_tokens']} tokens "
-                 f"(input {u['input_tokens']}, output {u['output_tokens']}), ${u['cost_usd']:.4f}")
+                 f"(input {u['input_tokens']}, output {u['output_tokens']}), ${u['cost_usd']:.4f} — under the "
+                 "review budget, not the doer's caps")
     return lines
 
 
@@ -125,7 +126,8 @@ def run(args) -> int:
     for line in now_lines(item["run"]):
         print(line)
     print(f"workspace: {item['workspace']}  backend: {item['backend']}  assigned: {item['assigned_to'] or '-'}")
-    print(f"caps: {item['caps']}  used: {item['budget_tokens']} budget tokens, ${item['cost_usd']:.4f}, "
+    print(f"caps: {item['caps']}  used: {item['run']['tokens']['used']} budget tokens, "
+          f"${item['run']['cost_usd']['used']:.4f}, "
           f"{item['elapsed_s']:.1f}s" + (f" ({item['discarded_s']:.1f}s of it in discarded attempts)"
                                          if item.get("discarded_s") else ""))
     print(f"tokens: input {item['input_tokens']}, output {item['output_tokens']}, cache write "
