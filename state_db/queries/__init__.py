@@ -34,7 +34,7 @@ import orjson
 # the subject modules, loaded before the functions below take three of their names
 from state_db.queries import decisions, events as _events, iterations as _iterations, processes  # noqa: F401
 from state_db.queries import usage as _usage, verdicts, work  # noqa: F401
-from state_db.queries.base import loads  # noqa: F401
+from state_db.queries.base import loads, plain  # noqa: F401
 from state_db.queries.usage import org_spend  # noqa: F401
 from state_db.vocab import DecisionStatus, WorkStatus
 
@@ -106,6 +106,11 @@ def events(conn: sqlite3.Connection, *, after: int = 0, limit: int = 100, kind: 
         sql += " AND kind = ?"
         params.append(kind)
     return rows(conn, sql + " ORDER BY id LIMIT ?", (*params, limit))
+
+
+def table_counts(conn: sqlite3.Connection, tables: tuple[str, ...]) -> dict[str, int]:
+    """Rows in each of ``tables`` (names from the schema, never from input)."""
+    return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables}
 
 
 def last_event_id(conn: sqlite3.Connection) -> int:

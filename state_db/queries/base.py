@@ -7,7 +7,7 @@ columns added by later migrations (their defaults apply).
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 import orjson
@@ -34,3 +34,18 @@ def scalar(conn: sqlite3.Connection, sql: str, params: Any = (), default: Any = 
 
 def exists(conn: sqlite3.Connection, sql: str, params: Any = ()) -> bool:
     return conn.execute(sql, params).fetchone() is not None
+
+
+def plain(value: Any) -> Any:
+    """Typed query results as plain data for JSON (``--json``, the dashboard, MCP): dataclasses
+    become dicts, tuples lists; a value with its own stored form (``Caps.encode``) takes it."""
+    if is_dataclass(value) and not isinstance(value, type):
+        encode = getattr(value, "encode", None)
+        if callable(encode):
+            return encode()
+        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value

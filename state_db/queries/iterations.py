@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 
 from state_db.queries.base import columns, loads, scalar
 
-# what the loop reads of an iteration: not the prompt manifest, which only grows
+# all but the prompt manifest, which only grows (what the loop and the views read)
 _LOOP_COLUMNS = ("work_id, n, attempt, act_status, act_summary, tool_calls, changed_paths, fingerprint, "
-                 "checkpoint, verdict_id, feedback, lesson, elapsed_s, committed_at")
+                 "checkpoint, verdict_id, feedback, lesson, elapsed_s, committed_at, input_tokens, output_tokens, "
+                 "cache_write_tokens, cache_read_tokens, cost_usd")
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def of_work(conn: sqlite3.Connection, work_id: str, *, after: int = 0, prompts: 
 def recent(conn: sqlite3.Connection, work_id: str, limit: int) -> list[Iteration]:
     """The latest ``limit`` iterations of ``work_id``, newest first."""
     return [Iteration.from_row(r) for r in conn.execute(
-        f"SELECT {_LOOP_COLUMNS}, input_tokens, output_tokens, cost_usd FROM iterations WHERE work_id = ? "
+        f"SELECT {_LOOP_COLUMNS} FROM iterations WHERE work_id = ? "
         "ORDER BY n DESC LIMIT ?", (work_id, limit))]
 
 
