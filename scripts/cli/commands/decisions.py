@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from scripts.cli.output import add_json, emit_json, read_conn, table
-from state_db import queries
+from state_db.queries import decisions
+from state_db.queries.base import plain
 
 NAME = "decisions"
 HELP = "list decisions waiting for a human (approve / edit / reject / respond with 'org decide')"
@@ -16,16 +17,15 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     conn = read_conn(args)
     try:
-        rows = (queries.rows(conn, "SELECT * FROM decisions ORDER BY created_at DESC LIMIT 100") if args.all
-                else queries.pending_decisions(conn))
+        rows = decisions.recent(conn, 100) if args.all else decisions.pending(conn)
     finally:
         conn.close()
     if args.json:
-        emit_json(rows)
+        emit_json(plain(rows))
     elif not rows:
         print("no decisions waiting")
     else:
-        print(table([[d["id"], d["work_id"], d["status"], d["question"][:90]] for d in rows],
+        print(table([[d.id, d.work_id, d.status, d.question[:90]] for d in rows],
                     ["DECISION", "WORK", "STATUS", "QUESTION"]))
         print("answer with: org decide ID approve | reject [--stop] [REASON] | edit NEW_COMMAND | respond TEXT")
     return 0

@@ -5,6 +5,9 @@ import orjson
 
 from scripts.cli.output import add_json, emit_json, read_conn, table
 from state_db import queries, views
+from state_db.queries import decisions, verdicts, work
+from state_db.queries.base import plain
+from state_db.queries.iterations import attempts, of_work as iterations_of
 from state_db.queries import review as review_queries
 from state_db.errors import NotFound
 
@@ -24,24 +27,12 @@ def load(conn, work_id: str) -> dict:
     if item is None:
         raise NotFound(f"no work item {work_id}", hint="list them with 'org status'")
     item["run"] = views.run_view(conn, work_id, item=dict(item))
-    item["iterations_detail"] = queries.iterations(conn, work_id)
-    for it in item["iterations_detail"]:
-        for col in ("tool_calls", "changed_paths", "prompt"):
-            it[col] = views.loads(it[col])
-    item["decisions"] = [views.decision_view(d) for d in queries.rows(
-        conn, "SELECT * FROM decisions WHERE work_id = ? ORDER BY created_at", (work_id,))]
-    item["verdicts"] = queries.rows(conn, "SELECT * FROM verdicts WHERE work_id = ? ORDER BY iteration, at", (work_id,))
-    item["attempts"] = queries.rows(conn, "SELECT * FROM attempts WHERE work_id = ? ORDER BY attempt", (work_id,))
-    for v in item["verdicts"]:
-        for col in ("checks", "protected_changed", "held_back"):
-            v[col] = orjson.loads(v[col]) if isinstance(v.get(col), str) else v.get(col)
-    item["stop_history"] = queries.rows(conn, "SELECT * FROM stop_history WHERE work_id = ? ORDER BY seq", (work_id,))
-    for h in item["stop_history"]:
-        h["caps"], h["new_caps"] = orjson.loads(h["caps"]), orjson.loads(h["new_caps"])
-    pre = queries.rows(conn, "SELECT * FROM preflights WHERE work_id = ?", (work_id,))
-    item["preflight"] = pre[0] if pre else None
-    if item["preflight"]:
-        item["preflight"]["checks"] = orjson.loads(item["preflight"]["checks"])
+    item["iterations_detail"] = plain(iterations_of(conn, work_id))
+    item["decisions"] = plain(decisions.of_work(conn, work_id))
+    item["verdicts"] = plain(verdicts.of_work(conn, work_id))
+    item["attempts"] = plain(attempts(conn, work_id))
+    item["stop_history"] = plain(work.stop_history(conn, work_id))
+    item["preflight"] = plain(verdicts.preflight(conn, work_id))
     item["review"] = {**review_queries.work_review(conn, work_id), "usage": review_queries.review_usage(conn, work_id),
                       "reviews": review_queries.reviews(conn, work_id)}
     return item

@@ -2,17 +2,19 @@
 
 ``org``/``run``/``diff``/``decisions``/``candidates`` call the functions behind ``org status``,
 ``org show``, ``org diff``, ``org decisions`` and ``org candidates`` so the JSON API and the
-CLI's ``--json`` cannot drift apart. ``org_plots``/``run_plots`` are the only queries of their
-own: time series and counts no CLI command prints.
+CLI's ``--json`` cannot drift apart. ``org_plots``/``run_plots`` draw time series and counts no
+CLI command prints, from the typed queries (state_db.queries), turned into plain data here.
 """
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-import orjson
-
 from state_db import queries
 from state_db.home import OrgHome
+from state_db.queries import decisions as D, verdicts
+from state_db.queries.base import plain
+from state_db.queries.iterations import of_work as iterations_of, skill_first_uses
+from state_db.queries.usage import ModelCall, calls as model_calls
 
 MAX_POINTS = 400            # a line plot thins its series to about this many points
 RECENT_RUNS = 30
@@ -41,10 +43,9 @@ def diff(home: OrgHome, work_id: str, iteration: int | None) -> bytes:
 
 def decisions(conn) -> list[dict]:
     """What ``org decisions --json --all`` prints: pending first (oldest first), then recent ones."""
-    pending = queries.pending_decisions(conn)
-    seen = {d["id"] for d in pending}
-    recent = queries.rows(conn, "SELECT * FROM decisions ORDER BY created_at DESC LIMIT 20")
-    return pending + [d for d in recent if d["id"] not in seen]
+    pending = D.pending(conn)
+    seen = {d.id for d in pending}
+    return plain(pending + [d for d in D.recent(conn, 20) if d.id not in seen])
 
 
 def candidates(conn) -> dict:
@@ -53,27 +54,22 @@ def candidates(conn) -> dict:
     return {"open_batches": queries.open_batches(conn), "candidates": C.listing(conn, ["pending", "deferred"])}
 
 
-def _cumulative(calls: list[dict]) -> list[dict]:
+def _cumulative(calls: list[ModelCall]) -> list[dict]:
     """Model calls in time order → cumulative tokens and cost, thinned to about MAX_POINTS."""
     points, tokens, cost = [], 0, 0.0
     for c in calls:
-        tokens += c["input_tokens"] + c["output_tokens"] + c["cache_write_tokens"] + c["cache_read_tokens"]
-        cost += c["cost_usd"]
-        points.append({"at": c["at"], "tokens": tokens, "cost_usd": round(cost, 6), "iteration": c.get("iteration")})
+        tokens += c.tokens
+        cost += c.cost_usd
+        points.append({"at": c.at, "tokens": tokens, "cost_usd": round(cost, 6), "iteration": c.iteration})
     step = max(1, len(points) // MAX_POINTS)
     return points[::step] + ([points[-1]] if points and (len(points) - 1) % step else [])
 
 
-_CALLS = """SELECT at, iteration, input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, cost_usd
-              FROM model_calls {where} ORDER BY at"""
-
-
 def run_plots(conn, work_id: str) -> dict:
     """A run's tokens and cost over time (one point per model call) and per iteration."""
-    calls = queries.rows(conn, _CALLS.format(where="WHERE work_id = ?"), (work_id,))
-    per_iteration = queries.rows(conn, """SELECT n, input_tokens + output_tokens + cache_write_tokens
-                                                  + cache_read_tokens AS tokens, cost_usd, elapsed_s
-                                             FROM iterations WHERE work_id = ? ORDER BY n""", (work_id,))
+    calls = model_calls(conn, work_id)
+    per_iteration = [{"n": i.n, "tokens": i.tokens, "cost_usd": i.cost_usd, "elapsed_s": i.elapsed_s}
+                     for i in iterations_of(conn, work_id, prompts=False)]
     return {"work_id": work_id, "usage_over_time": _cumulative(calls), "calls": len(calls),
             "per_iteration": per_iteration}
 
@@ -81,7 +77,7 @@ def run_plots(conn, work_id: str) -> dict:
 def org_plots(conn, spend_cap_usd: float) -> dict:
     """The org's plots: usage over time, recent runs, verification, the learning pipeline, spend."""
     return {
-        "usage_over_time": _cumulative(queries.rows(conn, _CALLS.format(where=""))),
+        "usage_over_time": _cumulative(model_calls(conn)),
         "runs": _recent_runs(conn),
         "verification": _verification(conn),
         "learning": _learning(conn),
@@ -99,22 +95,17 @@ def _recent_runs(conn) -> list[dict]:
 def _verification(conn) -> list[dict]:
     """Each verdict with how long its checks ran (the sum of their ``duration_ms``)."""
     out = []
-    for v in queries.rows(conn, "SELECT work_id, iteration, outcome, checks, at FROM verdicts ORDER BY at"):
-        checks = orjson.loads(v.pop("checks") or "[]")
-        v["duration_s"] = round(sum(c.get("duration_ms") or 0 for c in checks) / 1000, 3)
-        out.append(v)
+    for v in verdicts.everything(conn):
+        out.append({"work_id": v.work_id, "iteration": v.iteration, "outcome": v.outcome, "at": v.at,
+                    "duration_s": round(sum(c.get("duration_ms") or 0 for c in v.checks) / 1000, 3)})
     return out[-MAX_POINTS:]
 
 
 def _learning(conn) -> dict:
     """raw notes → curated notes → skill candidates → skills, and each skill's runs over time."""
-    counts = {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
-              for t in ("raw_notes", "curated_notes", "skill_candidates", "skills")}
-    first_use = queries.rows(conn, """SELECT j.value AS name, i.work_id, MIN(i.committed_at) AS at
-                                        FROM iterations i, json_each(i.prompt, '$.skills') j
-                                       GROUP BY j.value, i.work_id ORDER BY at""")
+    counts = queries.table_counts(conn, ("raw_notes", "curated_notes", "skill_candidates", "skills"))
     uses: dict[str, list[dict]] = {}
-    for u in first_use:
-        series = uses.setdefault(u["name"], [])
-        series.append({"at": u["at"], "runs": len(series) + 1})
+    for name, _work_id, at in skill_first_uses(conn):
+        series = uses.setdefault(name, [])
+        series.append({"at": at, "runs": len(series) + 1})
     return {"counts": counts, "skill_uses": uses}
