@@ -3,6 +3,11 @@
 A role subclasses ``RoleProcess`` and overrides ``reconcile`` (read state.db, act on what it finds)
 and ``handle`` (a wake-up message arrived). Messages are only wake-ups: every fact is read from
 state.db, so a lost message delays and never loses work.
+
+What a test needs to control is injected: the transport (any ``RoleTransport``; tests give a
+``transport.stub.StubTransport``), the wall clock (state.db timestamps, heartbeats), the monotonic
+clock (ticks) and the configuration. ``start()``, ``step()`` and ``close()`` run the role's
+loop one turn at a time, in-process.
 """
 from __future__ import annotations
 
@@ -12,7 +17,9 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
+from roles.transport_link import RoleTransport, TransportLink
 from state_db import config as config_mod
 from state_db.home import OrgHome
 from state_db.logsetup import configure
@@ -31,25 +38,36 @@ class RoleProcess:
     Args:
         home: the org home.
         instance: this process's instance name (``loop-agent-2``).
+        transport: its transport; default the real one (``TransportLink``), opened on first use.
+        clock: wall clock (epoch seconds) for state.db and heartbeats.
+        monotonic: clock of the tick and heartbeat schedule.
+        cfg: the configuration; default ``load_config(home)``.
         tick_s: seconds between reconcile ticks.
+
+    Raises:
+        ConfigError: org.toml is invalid.
     """
 
     tick_s = 1.0
 
-    def __init__(self, home: OrgHome, instance: str):
+    def __init__(self, home: OrgHome, instance: str, *, transport: RoleTransport | None = None,
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+                 cfg: config_mod.Config | None = None):
         self.home = home
         self.instance = instance
         self.role = str(role_of(instance))
-        self.cfg = config_mod.load_config(home)
+        self.clock, self.monotonic = clock, monotonic
+        self.cfg = cfg if cfg is not None else config_mod.load_config(home)
         self.log = configure(home.logs_dir, self.role, instance, max_bytes=self.cfg.logs.max_bytes,
                              backups=self.cfg.logs.backups)
-        self.writer = StateWriter(home.db_path, self.role, instance)
+        self.writer = StateWriter(home.db_path, self.role, instance, clock=clock)
         from roles import telemetry
         telemetry.configure(self.cfg, self.role, instance)     # OFF unless org.toml asks: nothing imported
         self.heartbeat_s = self.cfg.supervisor.heartbeat_s
         self.stopping = False
         self.stop_reason = ""
-        self._transport = None
+        self._transport: RoleTransport | None = transport
+        self._next_tick = self._next_beat = 0.0
 
     # -- hooks for roles ----------------------------------------------------------------
     def reconcile(self) -> None:
@@ -67,10 +85,9 @@ class RoleProcess:
 
     # -- machinery ----------------------------------------------------------------------
     @property
-    def transport(self):
+    def transport(self) -> RoleTransport:
         if self._transport is None:
-            from roles.transport_link import TransportLink
-            self._transport = TransportLink(self.home, self.instance, self.cfg, self._on_message)
+            self._transport = TransportLink(self.home, self.instance, self.cfg)
         return self._transport
 
     def _on_message(self, env: Envelope) -> None:
@@ -88,48 +105,61 @@ class RoleProcess:
         self.stop_reason = why
 
     def heartbeat(self, status: str | None = None) -> None:
-        now = time.time()
         with self.writer.transaction(render=status is not None) as tx:
             if status is not None:
-                tx.set_status("role_instances", self.instance, status, heartbeat_at=now, updated_at=now,
+                tx.set_status("role_instances", self.instance, status, heartbeat_at=tx.now, updated_at=tx.now,
                               pid=os.getpid())
             else:
-                tx.update("role_instances", self.instance, heartbeat_at=now, updated_at=now)
+                tx.update("role_instances", self.instance, heartbeat_at=tx.now, updated_at=tx.now)
+
+    def start(self) -> None:
+        """Open the transport and record the role ready (its row must exist: the supervisor's)."""
+        link = self.transport
+        link.start(self._on_message)
+        self.heartbeat(RoleStatus.READY)
+        self.log.info("role_ready", pid=os.getpid(), endpoint=link.endpoint, next="reconcile, then serve")
+        self._next_tick = self._next_beat = self.monotonic()
+
+    def step(self, max_wait_ms: int = STOP_LATENCY_MS) -> None:
+        """One turn of the loop: reconcile and heartbeat when due, then handle the messages that
+        arrive within ``max_wait_ms`` (at most until the next tick)."""
+        now = self.monotonic()
+        if now >= self._next_tick:
+            self.reconcile()
+            self._next_tick = now + self.tick_s
+        if now >= self._next_beat:
+            self.heartbeat()
+            self._next_beat = now + self.heartbeat_s
+        wait = max(0.0, min(self._next_tick, self._next_beat) - self.monotonic())
+        # bounded so a stop signal (which cannot interrupt the poll) is seen quickly
+        self.transport.poll(min(int(wait * 1000) + 1, max_wait_ms))
+
+    def close(self) -> None:
+        """Stop: the role's own clean-up, the transport, the STOPPED row, the database."""
+        self.log.info("role_stopping", why=self.stop_reason or "loop ended")
+        try:
+            self.on_stop()
+        finally:
+            if self._transport is not None:
+                self._transport.close()
+        try:
+            self.heartbeat(RoleStatus.STOPPED)
+        except Exception as exc:  # the supervisor records the exit either way
+            self.log.warning("stop_not_recorded", error=str(exc))
+        self.writer.close()
+        from roles import telemetry
+        telemetry.current().shutdown()          # the spans still in the batch are exported
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
         signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))
-        link = self.transport
-        link.start()
-        self.heartbeat(RoleStatus.READY)
-        self.log.info("role_ready", pid=os.getpid(), endpoint=link.endpoint, next="reconcile, then serve")
+        self.start()
         self.warm_up()
-        next_beat = next_tick = time.monotonic()
         try:
             while not self.stopping:
-                now = time.monotonic()
-                if now >= next_tick:
-                    self.reconcile()
-                    next_tick = now + self.tick_s
-                if now >= next_beat:
-                    self.heartbeat()
-                    next_beat = now + self.heartbeat_s
-                wait = max(0.0, min(next_tick, next_beat) - time.monotonic())
-                # bounded so a stop signal (which cannot interrupt the poll) is seen quickly
-                link.poll(min(int(wait * 1000) + 1, STOP_LATENCY_MS))
+                self.step()
         finally:
-            self.log.info("role_stopping", why=self.stop_reason or "loop ended")
-            try:
-                self.on_stop()
-            finally:
-                link.close()
-            try:
-                self.heartbeat(RoleStatus.STOPPED)
-            except Exception as exc:  # the supervisor records the exit either way
-                self.log.warning("stop_not_recorded", error=str(exc))
-            self.writer.close()
-            from roles import telemetry
-            telemetry.current().shutdown()          # the spans still in the batch are exported
+            self.close()
         return 0
 
 

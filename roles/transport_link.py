@@ -1,7 +1,12 @@
-"""A role's ends of the transport seam (``transport.node``), wired from the org home and config."""
+"""A role's ends of the transport seam (``transport.node``), wired from the org home and config.
+
+``RoleTransport`` is what a role process needs of a transport; ``TransportLink`` is the real one
+(ZeroMQ push, outbox fallback, ledger) and ``transport.stub.StubTransport`` the in-process one
+tests hand to a role (``RoleProcess(home, instance, transport=StubTransport(instance))``).
+"""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 from state_db.config import Config
 from state_db.home import OrgHome
@@ -11,8 +16,42 @@ from transport.ledger import Ledger
 from transport.node import open_node, open_sender
 
 
+Handler = Callable[[Envelope], None]
+
+
 def keyring_file(home: OrgHome):
     return keyring_path(home.run_dir)
+
+
+class ThreadSending(Protocol):
+    """A sender owned by one worker thread."""
+
+    def send(self, recipient: str, kind: str, payload: dict | None = None) -> str: ...
+
+    def prepare(self, recipient: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RoleTransport(Protocol):
+    """What a role process drives: ``start(handler)`` once, ``poll`` from its main loop (the
+    handler is called there, once per new valid message), ``send`` from the main thread,
+    ``thread_sender()`` for a worker thread, ``close`` once."""
+
+    @property
+    def endpoint(self) -> str | None: ...
+
+    def start(self, handler: Handler) -> None: ...
+
+    def poll(self, timeout_ms: int) -> int: ...
+
+    def send(self, recipient: str, kind: str, payload: dict | None = None) -> str: ...
+
+    def prepare(self, recipient: str) -> None: ...
+
+    def thread_sender(self) -> ThreadSending: ...
+
+    def close(self) -> None: ...
 
 
 class TransportLink:
@@ -21,20 +60,28 @@ class TransportLink:
     Args:
         home, cfg: where and how.
         instance: this instance.
-        handler: called once per new, valid message.
+        handler: called once per new, valid message (or given to ``start``).
     """
 
-    def __init__(self, home: OrgHome, instance: str, cfg: Config, handler: Callable[[Envelope], None]):
+    def __init__(self, home: OrgHome, instance: str, cfg: Config, handler: Handler | None = None):
         self.home, self.cfg, self.instance = home, cfg, instance
-        self.node = open_node(home.root, instance, handler, transport=cfg.data["transport"], start=False)
+        self.handler = handler
+        self.node = open_node(home.root, instance, self._deliver, transport=cfg.transport.model_dump(), start=False)
         self.sender = self.node.sender
         self.receiver = self.node.receiver
+
+    def _deliver(self, env: Envelope) -> None:
+        if self.handler is not None:
+            self.handler(env)
 
     @property
     def endpoint(self) -> str | None:
         return self.receiver.endpoint
 
-    def start(self) -> None:
+    def start(self, handler: Handler | None = None) -> None:
+        """Bind and watch; messages go to ``handler`` (or the one given at construction)."""
+        if handler is not None:
+            self.handler = handler
         self.receiver.start()
 
     def poll(self, timeout_ms: int) -> int:
@@ -42,6 +89,10 @@ class TransportLink:
 
     def send(self, recipient: str, kind: str, payload: dict | None = None) -> str:
         return self.sender.send(recipient, kind, payload)
+
+    def prepare(self, recipient: str) -> None:
+        """Connect to ``recipient`` now, so the first send does not wait for a handshake."""
+        self.sender.pusher.prepare(recipient)
 
     def close(self) -> None:
         self.node.close()
@@ -56,11 +107,14 @@ class ThreadSender:
 
     def __init__(self, home: OrgHome, instance: str, cfg: Config):
         self.home, self.instance, self.cfg = home, instance, cfg
-        self.sender = open_sender(home.root, instance, transport=cfg.data["transport"])
+        self.sender = open_sender(home.root, instance, transport=cfg.transport.model_dump())
         self.counters = self.sender.counters
 
     def send(self, recipient: str, kind: str, payload: dict | None = None) -> str:
         return self.sender.send(recipient, kind, payload)
+
+    def prepare(self, recipient: str) -> None:
+        self.sender.pusher.prepare(recipient)
 
     def close(self) -> None:
         self.sender.close()

@@ -67,4 +67,4 @@ class CoordinatorProcess(RoleProcess):
         from roles.instances import org_instances
         for spec in org_instances(self.cfg.org.loop_agents):
             if spec.role == "loop-agent":
-                self.transport.sender.pusher.prepare(spec.instance)
+                self.transport.prepare(spec.instance)

@@ -20,8 +20,8 @@ class CuratorProcess(RoleProcess):
     tick_s = 2.0
     slow_s = 60.0
 
-    def __init__(self, home, instance, *, author=None):
-        super().__init__(home, instance)
+    def __init__(self, home, instance, *, author=None, **seams):
+        super().__init__(home, instance, **seams)
         kwargs = {"author": author} if author is not None else {}
         self.pipeline = Pipeline(self.writer, Thresholds.from_config(self.cfg), home.skills_dir, log=self.log,
                                  **kwargs)

@@ -37,8 +37,8 @@ BACKOFF_S = 0.5
 class EvalAgentProcess(RoleProcess):
     tick_s = 0.5
 
-    def __init__(self, home, instance):
-        super().__init__(home, instance)
+    def __init__(self, home, instance, **seams):
+        super().__init__(home, instance, **seams)
         self.worker: threading.Thread | None = None
         self.more = threading.Event()
 

@@ -70,8 +70,8 @@ def current_tool_recorder(writer, work_id: str, log=None):
 class LoopAgentProcess(RoleProcess):
     tick_s = 0.5
 
-    def __init__(self, home, instance):
-        super().__init__(home, instance)
+    def __init__(self, home, instance, **seams):
+        super().__init__(home, instance, **seams)
         self.worker: threading.Thread | None = None
         self.pause = threading.Event()
         self.interrupt = threading.Event()
@@ -127,7 +127,7 @@ class LoopAgentProcess(RoleProcess):
             return                      # stopping before the previous holder let go; a later tick retries
         writer = StateWriter(self.home.db_path, self.role, self.instance)
         sender = self.transport.thread_sender()
-        sender.sender.pusher.prepare("eval-agent")     # connected before the first verify request
+        sender.prepare("eval-agent")     # connected before the first verify request
         built = None
         try:
             workspace = Path(writer.conn.execute("SELECT workspace FROM work_items WHERE id=?", (work_id,)).fetchone()[0])
