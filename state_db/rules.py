@@ -60,7 +60,7 @@ KEYS = {"work_items": "id", "org_session": "id", "role_instances": "instance", "
         "skill_candidates": "id", "candidate_batches": "id", "raw_notes": "id", "skills": "name",
         "iterations": ("work_id", "n"), "verdicts": "id", "preflights": "work_id", "model_calls": "request_id",
         "curated_notes": "id", "workspace_locks": "workspace", "attempts": ("work_id", "attempt"),
-        "stop_history": ("work_id", "seq"), "attention": "key", "proposals": "id"}
+        "stop_history": ("work_id", "seq"), "attention": "key", "handoffs": ("work_id", "ending"), "proposals": "id"}
 
 H, SUP, CO, LA, EV, CU = (Actor.HUMAN, Actor.SUPERVISOR, Actor.COORDINATOR, Actor.LOOP_AGENT,
                           Actor.EVAL_AGENT, Actor.CURATOR)
@@ -79,6 +79,7 @@ WRITERS: dict[tuple[str, str], set[str]] = {
     ("attempts", "update"): {LA, CO},
     ("iterations", "insert"): {LA},
     ("iterations", "update"): {LA},
+    ("handoffs", "insert"): {LA},
     ("model_calls", "insert"): {LA, CO, CU, EV},     # EV: its reviews (roles/eval_agent/review.py)
     ("verdicts", "insert"): {EV},
     ("preflights", "insert"): {EV},

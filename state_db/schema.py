@@ -371,6 +371,34 @@ CREATE INDEX work_items_origin ON work_items(origin_id) WHERE origin_id IS NOT N
 REVIEW = """
 ALTER TABLE work_items ADD COLUMN review TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE verdicts ADD COLUMN review TEXT;
+# The wrap-up (roles/loop_agent/wrapup.py): when a token, cost or time budget trips, one bounded
+# act with no tools that write leaves a hand-off note — what was done, what remains, what was
+# learned — one per ending of the run (``ending``: 1 for the first, then one more per 'org
+# continue'); an attempt row marks its act (``wrapup``) so a crash never buys a second one. A
+# run's next step (roles/loop_agent/steps.py) is kept on the work item while it is paused or parked.
+HANDOFF = """
+CREATE TABLE handoffs (
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    ending INTEGER NOT NULL,
+    done TEXT NOT NULL,
+    remains TEXT NOT NULL,
+    learned TEXT NOT NULL,
+    note TEXT NOT NULL DEFAULT '',
+    source TEXT NOT NULL CHECK (source IN ('wrapup', 'record')),
+    allowance TEXT NOT NULL DEFAULT '{}',
+    attempt INTEGER,
+    tokens INTEGER NOT NULL DEFAULT 0,
+    cost_usd REAL NOT NULL DEFAULT 0,
+    elapsed_s REAL NOT NULL DEFAULT 0,
+    written_by TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (work_id, ending)
+);
+ALTER TABLE attempts ADD COLUMN wrapup INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE work_items ADD COLUMN next_step TEXT;
+"""
+
+
 """
 
 
@@ -383,6 +411,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0006_vocabulary", _vocabulary),
     ("0008_status", STATUS),
     ("0009_attention", ATTENTION),
+    ("0013_handoff", HANDOFF),
     ("0010_schedules", SCHEDULES),
     ("0011_proposals", PROPOSALS),
     ("0012_review", REVIEW),

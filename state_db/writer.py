@@ -26,7 +26,9 @@ from state_db.rules import CONTINUERS, KEYS, RAW_WRITABLE, RESERVED, WRITERS, al
 from state_db.vocab import Actor, StopReason, VerdictOutcome, WorkStatus
 
 # Fields whose change alone is bookkeeping, not a domain change: no journal event.
-QUIET_FIELDS = {"heartbeat_at", "updated_at", "alive_at", "current_tool", "current_tool_at"}
+# ``next_step`` is the run's own note of where it goes on (roles/loop_agent/steps.py), written with
+# or after the change it follows from, never a change of its own.
+QUIET_FIELDS = {"heartbeat_at", "updated_at", "alive_at", "current_tool", "current_tool_at", "next_step"}
 _RAW_WRITE = re.compile(r"^\s*(?:INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE(?:\s+OR\s+\w+)?|DELETE\s+FROM|REPLACE\s+INTO)\s+[\"`]?(\w+)",
                         re.IGNORECASE)
 

@@ -8,6 +8,7 @@ import time
 from state_db.queries import processes, work
 from state_db.queries.iterations import last_started_by_instance
 from state_db.queries.usage import org_spend
+from state_db.ending import StopDecision, end_run
 from state_db.vocab import Actor, RoleStatus, StopReason, WorkStatus
 from state_db.writer import StateWriter
 
@@ -81,9 +82,9 @@ def enforce_spend_cap(tx, cap_usd: float) -> list[str]:
     if spent < cap_usd:
         return []
     ended = []
+    decision = StopDecision(StopReason.ORG_LIMIT, f"org spend ${spent:.2f} reached the cap ${cap_usd:.2f}")
     for item in work.with_status(tx.conn, WorkStatus.QUEUED, WorkStatus.WAITING):
-        tx.set_status("work_items", item.id, WorkStatus.ENDED, stop_reason=StopReason.ORG_LIMIT,
-                      stop_detail=f"org spend ${spent:.2f} reached the cap ${cap_usd:.2f}")
+        end_run(tx, item.id, decision)
         ended.append(item.id)
     return ended
 

@@ -35,6 +35,7 @@ from roles.eval_agent import evidence, held as held_rules
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
+from state_db.ending import StopDecision, end_run, goal_met as goal_met_rule
 from state_db.errors import NotFound, StateError
 from state_db.home import OrgHome
 from state_db.queries.review import claim_of, pending_decision
@@ -357,9 +358,7 @@ class Verifier:
                                      "detail": detail[:2000], "written_by": self.writer.instance, "at": time.time()})
             work = tx.get("work_items", work_id)
             if outcome == PreflightOutcome.UNRUNNABLE and work["status"] != WorkStatus.ENDED:
-                tx.set_status("work_items", work_id, WorkStatus.ENDED, stop_reason=StopReason.VERIFY_UNRUNNABLE,
-                              stop_detail=detail[:1000])
-                ended = StopReason.VERIFY_UNRUNNABLE
+                ended = end_run(tx, work_id, StopDecision(StopReason.VERIFY_UNRUNNABLE, detail)).reason
             elif outcome == PreflightOutcome.ALREADY_PASSES and work["status"] != WorkStatus.ENDED:
                 action = {"kind": "baseline_passes", "command": "",
                           "reason": "every verify command passes on the baseline, before any work"}
@@ -403,14 +402,11 @@ class Verifier:
             if review is not None and review.verdict == ReviewVerdict.IMPOSSIBLE and work["status"] != WorkStatus.ENDED:
                 self._ask_impossible(tx, work, n, review)
             latest = tx.one("SELECT MAX(n) FROM iterations WHERE work_id=?", (work_id,))[0]
-            if outcome == VerdictOutcome.PASS and latest == n and work["status"] != WorkStatus.ENDED:
-                tx.set_status("work_items", work_id, WorkStatus.ENDED, stop_reason=StopReason.GOAL_MET,
-                              stop_detail=f"iteration {n} passed every check ({evidence_line(checks)})")
-                goal_met = True
+            met = goal_met_rule(n, latest, outcome == VerdictOutcome.PASS, True, evidence_line(checks))
+            if met is not None and work["status"] != WorkStatus.ENDED:
+                goal_met = end_run(tx, work_id, met).reason == StopReason.GOAL_MET
             elif outcome == VerdictOutcome.ERROR and work["status"] != WorkStatus.ENDED:
-                tx.set_status("work_items", work_id, WorkStatus.ENDED, stop_reason=StopReason.VERIFY_UNRUNNABLE,
-                              stop_detail=(end_detail or feedback)[:1000])
-                ended = StopReason.VERIFY_UNRUNNABLE
+                ended = end_run(tx, work_id, StopDecision(StopReason.VERIFY_UNRUNNABLE, end_detail or feedback)).reason
         return Verdict(vid, work_id, n, outcome, tuple(checks), feedback, tuple(protected), goal_met,
                        tuple(h.encode() for h in held), ended or (StopReason.GOAL_MET if goal_met else None))
 

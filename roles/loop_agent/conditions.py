@@ -1,7 +1,12 @@
 """The built-in stop conditions, each with its reason code (``stop`` has the base classes and
 the precedence rules): goal_met, the hard caps (iterations, tokens, cost, time), no_progress,
 repeated_failure and the flags the engine raises (human_rejected, cancelled, model_error,
-org_limit). ``decode_condition`` reads one back from its encoded form."""
+org_limit). ``decode_condition`` reads one back from its encoded form.
+
+A budget cap (tokens, cost, time) may keep a ``reserve``: a fraction of its limit held back for
+the run's one wrap-up act (``[loop] wrapup_reserve``). It then fires once the run has used the
+rest (``limit × (1 − reserve)``), and the wrap-up may spend what is left up to the limit, so the
+budget as given still bounds the whole run."""
 from __future__ import annotations
 
 import math
@@ -11,6 +16,7 @@ from typing import Any, ClassVar
 from roles.loop_agent.stop import (
     AllOf, AnyOf, RunProgress, StopCondition, StopConfigError, StopDecision,
 )
+from state_db import ending
 from state_db.vocab import StopReason
 
 def _positive(name: str, value: float, *, integer: bool = False) -> None:
@@ -22,16 +28,16 @@ def _positive(name: str, value: float, *, integer: bool = False) -> None:
 
 
 class GoalMet(StopCondition):
-    """The latest committed iteration carries a passing verdict written by the eval-agent."""
+    """The latest committed iteration carries a passing verdict written by the eval-agent (the
+    rule is ``state_db.ending.goal_met``, which the eval-agent's verdict asks too)."""
 
     kind = "goal_met"
 
     def check(self, p: RunProgress) -> StopDecision | None:
         v = p.verdicts[-1] if p.iterations and p.verdicts else None
-        if v is not None and v.passed and v.by_eval_agent:
-            return StopDecision(StopReason.GOAL_MET,
-                                f"iteration {p.iterations} passed verification by the eval-agent")
-        return None
+        if v is None:
+            return None
+        return ending.goal_met(p.iterations, p.iterations, v.passed, v.by_eval_agent)
 
 
 class _Cap(StopCondition):
@@ -44,17 +50,36 @@ class _Cap(StopCondition):
     integer: ClassVar[bool] = False
     says: ClassVar[str]         # detail, formatted with ``value`` and ``limit``
 
-    def __init__(self, limit: float) -> None:
+    def __init__(self, limit: float, reserve: float = 0.0) -> None:
         _positive(self.kind, limit, integer=self.integer)
-        self.limit = limit
+        if reserve and not self.budget:
+            raise StopConfigError(f"{self.kind} keeps no reserve (only budgets do)", code="bad_cap")
+        if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not 0 <= reserve < 0.5:
+            raise StopConfigError(f"{self.kind} reserve must be a fraction from 0 to below 0.5, got {reserve!r}",
+                                  code="bad_cap")
+        self.limit, self.reserve = limit, float(reserve)
+
+    @property
+    def reserved(self) -> float:
+        """What the wrap-up act keeps of the limit (whole tokens for a token budget)."""
+        kept = self.limit * self.reserve
+        return int(kept) if self.integer else kept
+
+    @property
+    def trip(self) -> float:
+        """Where the cap fires: the limit, less the wrap-up's reserve."""
+        return self.limit - self.reserved
 
     def params(self) -> dict[str, Any]:
-        return {"limit": self.limit}
+        return {"limit": self.limit, **({"reserve": self.reserve} if self.reserve else {})}
 
     def check(self, p: RunProgress) -> StopDecision | None:
         value = getattr(p, self.field)
-        if value >= self.limit:
-            return StopDecision(self.reason, self.says.format(value=value, limit=self.limit))
+        if value >= self.trip:
+            said = self.says.format(value=value, limit=self.limit)
+            if self.reserved:
+                said += f" ({self.reserve:.0%} of it kept for the wrap-up)"
+            return StopDecision(self.reason, said)
         return None
 
 
@@ -136,17 +161,32 @@ class RepeatedFailure(StopCondition):
 
 
 class _Flag(StopCondition):
+    """Fires on its ``RunProgress`` flag; a flag given as a sentence is the decision's detail."""
+
     flag: ClassVar[str]
     reason: ClassVar[StopReason]
     says: ClassVar[str]
 
     def check(self, p: RunProgress) -> StopDecision | None:
-        return StopDecision(self.reason, self.says) if getattr(p, self.flag) else None
+        value = getattr(p, self.flag)
+        if not value:
+            return None
+        return StopDecision(self.reason, value if isinstance(value, str) else self.says)
 
 
 class HumanRejected(_Flag):
+    """A human stopped the run from a decision: rejected its gated action with a stop
+    (``human_rejected``), or confirmed the stop a run asked about when it met an error the
+    policy does not know (``needs_human``, which wins: the human answered that question)."""
+
     kind = flag = "human_rejected"
     reason, says = StopReason.HUMAN_REJECTED, "a human rejected the run's gated action"
+
+    def check(self, p: RunProgress) -> StopDecision | None:
+        if p.needs_human:
+            return StopDecision(StopReason.NEEDS_HUMAN, p.needs_human if isinstance(p.needs_human, str)
+                                else "a human confirmed the stop after an error the stop policy does not know")
+        return super().check(p)
 
 
 class Cancelled(_Flag):
@@ -185,7 +225,7 @@ def decode_condition(data: dict[str, Any]) -> StopCondition:
     try:
         cls = _LEAVES[kind]
         if issubclass(cls, _Cap):
-            return cls(arg["limit"])
+            return cls(arg["limit"], arg.get("reserve", 0.0))
         return cls(**(arg or {}))
     except (TypeError, KeyError) as exc:
         raise StopConfigError(f"bad parameters for {kind!r}: {arg!r} ({exc})",

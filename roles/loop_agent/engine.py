@@ -1,6 +1,18 @@
 """The loop: gather → act → commit iteration (+ checkpoint) → verify → reflect, until the
 machine says stop.
 
+The engine advances by steps (``roles.loop_agent.steps``): ``advance(step)`` does what the step
+names and returns the next one — act again, await a verdict, reflect, wrap up, await a human,
+parked, paused, ended — so where a run stands is a value. A run that pauses or parks stores its
+next step on the work item; the engine that picks it up again resumes from it (checked against
+state.db, which stays the truth: a step that finds the run moved on derives the next from it).
+
+Every ending goes through the stop policy (``policy``) and ``state_db.ending.end_run``: a model
+error, a cancel, the org spend cap and a verdict wait given up all raise the policy's flags, and
+the policy's decision is what ends the run. When a budget trips, one bounded wrap-up act writes
+a hand-off note first (``roles.loop_agent.wrapup``); the stop reason stays the budget's. An error
+the policy does not know pauses the run for a human (``roles.loop_agent.triage``).
+
 Exactly-once, precisely:
 - each model call's usage is committed the moment it arrives, keyed by request id, so tokens and
   cost count once whatever happens later;
@@ -8,8 +20,10 @@ Exactly-once, precisely:
 - an attempt cut by a crash, a forced suspend or a cancel is discarded: the next attempt starts by
   resetting the workspace to the last committed checkpoint. Attempts are numbered and recorded.
 
-The engine never decides ``goal_met``: a passing verdict by the eval-agent on the latest committed
-iteration ends the run, written by the eval-agent itself. The verify seam is a callable
+The engine never writes ``goal_met``: a passing verdict by the eval-agent on the latest committed
+iteration ends the run, written by the eval-agent itself in the verdict's transaction, by the
+same rule the policy's ``GoalMet`` evaluates (``state_db.ending.goal_met``); the engine's
+``GoalMet`` decision then meets that ending in ``end_run``. The verify seam is a callable
 ``verify(work_id, n)`` that returns once an eval-agent verdict for iteration n is in state.db.
 """
 from __future__ import annotations
@@ -24,15 +38,20 @@ import orjson
 import structlog
 
 from roles import telemetry
-from roles.loop_agent import gate, progress as prog
+from roles.loop_agent import gate, progress as prog, steps, triage, wrapup
 from roles.loop_agent.backends.base import ActContext, ActOutcome, Backend, Remaining, Usage
 from roles.loop_agent.context import assemble
 from roles.loop_agent.lessons import derive_lesson
 from roles.loop_agent.remote_verify import VerifyAbandoned, VerifyInterrupted
 from roles.loop_agent.policy import StopPolicy, policy_from_caps
+from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, Parked, Paused, Preflight, Reflect,
+                                    Step, WrapUp)
 from roles.loop_agent.stop import StopDecision, fingerprint
-from state_db import queries
+from roles.loop_agent.tools import read_only
+from state_db import ending, queries
 from state_db.errors import Conflict
+from state_db.queries import loop as loopq
+from state_db.queries.iterations import iteration as iteration_row
 from state_db.vocab import StopReason, WorkStatus
 from state_db.writer import StateWriter
 
@@ -45,6 +64,8 @@ you need, make the change, and end your turn with a one-paragraph summary of wha
 """
 
 INTERRUPTED = "interrupted"
+DISCARDED = "discarded"         # an attempt thrown away because the run must stop (the policy says why)
+_MIN_WRAPUP_S = 1.0             # a wrap-up with less time than this left is not attempted
 
 
 @dataclass
@@ -55,6 +76,7 @@ class LoopSettings:
     no_progress: tuple[int, int] = (3, 5)
     max_turns: int = 20
     org_spend_cap_usd: float | None = None
+    wrapup_reserve: float = 0.0
     instructions: str = INSTRUCTIONS
     skills: list = field(default_factory=list)
     knowledge: list = field(default_factory=list)
@@ -65,14 +87,32 @@ class LoopSettings:
         return cls(recent_iterations=cfg.loop.recent_iterations, summary_cap_chars=cfg.loop.summary_cap_chars,
                    lessons_max=cfg.loop.lessons_max,
                    no_progress=(cfg.loop.no_progress_repeat, cfg.loop.no_progress_window),
-                   org_spend_cap_usd=cfg.limits.total_spend_usd)
+                   org_spend_cap_usd=cfg.limits.total_spend_usd, wrapup_reserve=cfg.loop.wrapup_reserve)
 
 
 def policy_for(work: dict, settings: LoopSettings) -> StopPolicy:
     caps = orjson.loads(work["caps"]) if isinstance(work["caps"], str) else work["caps"]
     return policy_from_caps(max_iterations=caps.get("max_iterations"), budget_tokens=caps.get("budget_tokens"),
                             budget_usd=caps.get("budget_usd"), timeout_s=caps.get("timeout_s"),
-                            no_progress=settings.no_progress)
+                            no_progress=settings.no_progress, wrapup_reserve=settings.wrapup_reserve)
+
+
+def end_unbuildable(writer: StateWriter, work_id: str, settings: LoopSettings, exc: Exception) -> StopDecision | None:
+    """A run whose backend cannot be built (no key, unknown model, a bad script) will not fix
+    itself: the policy's ``ModelError`` ends it. Returns the ending recorded (None: it had ended)."""
+    work = queries.work_item(writer.conn, work_id)
+    if work is None or ending.recorded(work) is not None:
+        return None
+    detail = f"{getattr(exc, 'code', 'backend_config')}: {exc}"
+    progress, _, _ = prog.load(writer.conn, work, model_error=detail)
+    decision = policy_for(work, settings).evaluate(progress)
+    with writer.transaction() as tx:
+        return ending.end_run(tx, work_id, decision)
+
+
+def _same(a: Step, b: Step) -> bool:
+    """Whether two steps name the same point of a run (decision lists and details aside)."""
+    return type(a) is type(b) and getattr(a, "n", None) == getattr(b, "n", None)
 
 
 class LoopEngine:
@@ -84,7 +124,7 @@ class LoopEngine:
         backend: the act backend.
         verify: the verify seam, ``verify(work_id, n)``; returns when the verdict is in state.db.
         history: the workspace's shadow history.
-        settings: loop settings (context bounds, no_progress, org spend cap).
+        settings: loop settings (context bounds, no_progress, org spend cap, wrap-up reserve).
         interrupt: set it to cut the current act (suspend --force, shutdown); the attempt is
             discarded and ``run`` returns None.
         pause: set it to stop at the next safe boundary (after an iteration is verified).
@@ -106,6 +146,11 @@ class LoopEngine:
         self._reflected = prog.Reflected()
         self._unwritten: tuple[int, dict] | None = None   # a reflection the next transaction writes
         self._waited = 0.0                # time spent waiting for verdicts, written with the reflection
+        self._policy: StopPolicy | None = None
+        self._model_error: str | None = None            # the policy's model_error flag, with its detail
+        self._abandoned: tuple[str, str] | None = None  # a verdict wait given up: (reason, detail)
+        self._fresh: Step | None = None   # the step ``derive`` just returned (its context is ``_ctx``)
+        self._ctx: tuple = ()             # (work, progress, iterations, verdicts) of that derivation
         self.clock = clock
         self.log = structlog.get_logger("loop").bind(work_id=work_id, instance=writer.instance)
 
@@ -119,25 +164,182 @@ class LoopEngine:
             return False
         return queries.org_spend(self.w.conn) >= cap
 
+    @property
+    def policy(self) -> StopPolicy:
+        if self._policy is None:
+            self._policy = policy_for(self.work(), self.settings)
+        return self._policy
+
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> StopDecision | None:
-        """Run until a stop condition fires (returns it), or until ``pause`` (at the next safe
-        boundary) or ``interrupt`` (at once, discarding the act) is set: then returns None."""
+        """Advance until the run ends (returns the decision), parks for a human, or pauses at
+        ``pause`` (next safe boundary) or ``interrupt`` (at once, discarding the act): then the
+        next step is stored on the work item and None returned."""
         try:
-            try:
-                decision = self._run()
-            except VerifyInterrupted:
-                decision = None
-            except VerifyAbandoned as exc:
-                decision = self._end(StopDecision(StopReason(exc.reason), exc.detail))
-            if self._unwritten is not None:            # paused, interrupted, or ended by the eval-agent
+            step = self.resume()
+            while not isinstance(step, (Ended, Parked, Paused)):
+                step = self.advance(step)
+            if self._unwritten is not None:            # paused, parked, or ended by the eval-agent
                 with self.w.transaction() as tx:
                     self._write_reflection(tx)
-            if decision is not None and telemetry.current().enabled:
-                self._trace_end(decision)
-            return decision
+            if not isinstance(step, Ended):
+                self.store(step)
+                return None
+            if telemetry.current().enabled:
+                self._trace_end(step.decision)
+            return step.decision
         finally:
             self._flush_history()
+
+    def resume(self) -> Step:
+        """Where this run goes on: its stored next step (a paused or parked run), else the step
+        state.db says comes next."""
+        work = self.work()
+        if (done := ending.recorded(work)) is not None:
+            return Ended(done)
+        self._policy = policy_for(work, self.settings)
+        self._start(work)
+        stored = steps.decode(work.get("next_step"))
+        if isinstance(stored, Paused):
+            stored = stored.next
+        if isinstance(stored, Parked):
+            stored = AwaitHuman(stored.decisions)
+        return stored if stored is not None else self.derive()
+
+    def store(self, step: Step) -> None:
+        """Keep ``step`` on the work item (bookkeeping: no journal event of its own)."""
+        with self.w.transaction(render=False) as tx:
+            if tx.get("work_items", self.work_id)["status"] != WorkStatus.ENDED:
+                tx.update("work_items", self.work_id, next_step=steps.dumps(step), updated_at=tx.now)
+
+    def derive(self) -> Step:
+        """The next step as state.db says, the stop policy deciding whether the run ends."""
+        work = self.work()
+        if (done := ending.recorded(work)) is not None:
+            return self._derived(Ended(done))
+        conn = self.w.conn
+        progress, its, verdicts = prog.load(conn, work, running_s=self._waited, org_limit=self._org_spend_over(),
+                                            model_error=self._model_error or False,
+                                            human_rejected=gate.rejected_with_stop(conn, self.work_id),
+                                            needs_human=_confirmed(conn, self.work_id),
+                                            reflected=self._reflected, unwritten=self._unwritten)
+        self._ctx = (work, progress, its, verdicts)
+        decision = self.policy.evaluate(progress)
+        if decision is None and self._abandoned is not None:     # the policy always agrees; never wait again
+            decision = StopDecision(StopReason(self._abandoned[0]), self._abandoned[1])
+        if self._abandoned is None or decision is None:
+            if not its and not prog.preflight_done(conn, self.work_id):
+                # the verify commands run once on the baseline before the first model call: one
+                # that cannot start ends the run (verify_unrunnable) before a token is spent
+                return self._derived(Preflight())
+            if its and its[-1]["n"] not in verdicts:
+                return self._derived(AwaitVerdict(its[-1]["n"]))     # resumed between commit and verdict
+            if its and its[-1]["verdict_id"] is None:
+                return self._derived(Reflect(its[-1]["n"]))
+        if decision is not None:
+            if self._abandoned is not None and decision.reason == self._abandoned[0]:
+                decision = StopDecision(decision.reason, self._abandoned[1])    # the wait's own account
+            if self.policy.wraps_up(decision):
+                return self._derived(WrapUp(decision))
+            return self._derived(Ended(self._end(decision)))
+        if work["status"] == WorkStatus.PAUSED or loopq.open_decisions(conn, self.work_id):
+            return self._derived(AwaitHuman(loopq.pending_decisions(conn, self.work_id)))
+        nxt = ActAgain(progress.iterations + 1)
+        return self._derived(Paused(nxt) if self.interrupt.is_set() or self.pause.is_set() else nxt)
+
+    def _derived(self, step: Step) -> Step:
+        self._fresh = step
+        return step
+
+    def advance(self, step: Step) -> Step:
+        """Take ``step``; return the one after it. A step not just derived (a stored one) is
+        checked against state.db first."""
+        if step is not self._fresh:
+            fresh = self.derive()
+            if not _same(fresh, step):
+                self.log.info("step_moved_on", stored=step.kind, now=fresh.kind)
+                return fresh
+            step = fresh
+        self._fresh = None
+        work, progress, its, verdicts = self._ctx
+        if isinstance(step, Preflight):
+            return self._await(0) or self.derive()
+        if isinstance(step, AwaitVerdict):
+            return self._await_verdict(step.n)
+        if isinstance(step, Reflect):
+            self._reflect(its[-1], verdicts[step.n])
+            return self.derive()
+        if isinstance(step, WrapUp):
+            return Ended(self._wrap_up(step.decision))
+        if isinstance(step, AwaitHuman):
+            if not gate.settle(self.w, self.work_id, work["workspace"], self.settings.gate_runner,
+                               before_action=lambda: self._reset_once(its), after_action=self._checkpoint_action):
+                self.log.info("parked", why="a decision waits for a human",
+                              next="whichever loop-agent is free resumes it once decided")
+                return Parked(loopq.pending_decisions(self.w.conn, self.work_id))
+            return self.derive()
+        if isinstance(step, ActAgain):
+            return self._act_again(step, work, progress, its, verdicts)
+        raise Conflict(f"the loop cannot take a {step.kind} step", hint="a paused, parked or ended run is resumed")
+
+    def _act_again(self, step: ActAgain, work, progress, its, verdicts) -> Step:
+        try:
+            result = self._attempt(work, progress, its, verdicts)
+        except Exception as exc:  # noqa: BLE001 - an error out of an act: known ones propagate, new ones ask
+            asked = self._ask_about(exc, its)
+            if asked is None:
+                raise
+            return asked
+        if result is True:
+            return self._derived(AwaitVerdict(step.n))
+        if result is False:
+            return Paused(step)                          # cut by an interrupt: discarded
+        return self.derive()                             # discarded: the policy says why it stops
+
+    def _await(self, n: int) -> Step | None:
+        """Wait for the verdict of ``n`` (0: the preflight). Returns None once it is in (or the
+        run ended), else the step a pause or a given-up wait leads to."""
+        t0 = self.clock()
+        try:
+            with telemetry.current().step("await_verdict", {"loop_org.iteration": n}):
+                self.verify(self.work_id, n)
+        except VerifyInterrupted:
+            return Paused(AwaitVerdict(n) if n else Preflight())
+        except VerifyAbandoned as exc:
+            self._abandoned = (exc.reason, exc.detail)
+            return self.derive()
+        finally:
+            self._waited += self.clock() - t0      # the run's time: acts plus waits for verdicts
+        return None
+
+    def _await_verdict(self, n: int) -> Step:
+        """Wait for the verdict of iteration ``n`` and reflect on it at once (a run the verdict
+        ended keeps its last reflection too)."""
+        after = self._await(n)
+        if after is not None:
+            return after
+        verdict = prog.verdict_of(self.w.conn, self.work_id, n)
+        if verdict is None:
+            if ending.recorded(self.work()) is None:
+                raise Conflict(f"no eval-agent verdict for iteration {n} of {self.work_id}",
+                               hint="the eval-agent must verify every committed iteration")
+        else:
+            it = iteration_row(self.w.conn, self.work_id, n)
+            self._reflect({"n": n, "checkpoint": it.checkpoint}, verdict)
+        return self.derive()
+
+    def _ask_about(self, exc: Exception, its: list[dict]) -> Step | None:
+        """An exception out of an act: a class this run has not met asks a human (the run parks);
+        one it has met propagates (the loop-agent retries on a later tick)."""
+        cls = triage.exception_class(exc)
+        if self.policy.recognises(cls) or cls in loopq.errors_asked(self.w.conn, self.work_id):
+            return None
+        self.log.warning("unknown_error", error_class=cls, error=str(exc), next="parked for a human")
+        with self.w.transaction() as tx:
+            triage.ask(tx, self.work_id, its[-1]["n"] if its else 0, {cls: f"{type(exc).__name__}: {exc}"},
+                       where="an act")
+        gate.park(self.w, self.work_id)
+        return Parked(loopq.pending_decisions(self.w.conn, self.work_id))
 
     def _trace_end(self, decision: StopDecision) -> None:
         """The run's span (the root of its trace), from its creation to now, with its stop reason."""
@@ -153,52 +355,6 @@ class LoopEngine:
             self.history.flush_pending()
         except Exception as exc:  # noqa: BLE001 - pending refs stay readable and are retried
             self.log.warning("history_not_flushed", error=str(exc), next="the next run writes it out")
-
-    def _run(self) -> StopDecision | None:
-        work = self.work()
-        if work["status"] == WorkStatus.ENDED:
-            return StopDecision(StopReason(work["stop_reason"]), work["stop_detail"] or "")
-        policy = policy_for(work, self.settings)
-        self._start(work)
-        while True:
-            work = self.work()
-            if work["status"] == WorkStatus.ENDED:
-                return StopDecision(StopReason(work["stop_reason"]), work["stop_detail"] or "")
-            progress, its, verdicts = prog.load(self.w.conn, work, running_s=self._waited,
-                                                org_limit=self._org_spend_over(),
-                                                human_rejected=gate.rejected_with_stop(self.w.conn, self.work_id),
-                                                reflected=self._reflected, unwritten=self._unwritten)
-            if not its and not prog.preflight_done(self.w.conn, self.work_id):
-                # the verify commands run once on the baseline before the first model call: one
-                # that cannot start ends the run (verify_unrunnable) before a token is spent
-                self.verify(self.work_id, 0)
-                continue
-            if its and its[-1]["n"] not in verdicts:
-                self._verify_and_reflect(its[-1])          # resumed between commit and verdict
-                continue
-            if its and its[-1]["verdict_id"] is None and its[-1]["n"] in verdicts:
-                self._reflect(its[-1], verdicts[its[-1]["n"]])
-                continue
-            decision = policy.evaluate(progress)
-            if decision is None and not gate.settle(self.w, self.work_id, work["workspace"], self.settings.gate_runner,
-                                                    before_action=lambda: self._reset_once(its),
-                                                    after_action=self._checkpoint_action):
-                self.log.info("parked", why="a decision waits for a human",
-                              next="whichever loop-agent is free resumes it once decided")
-                return None
-            if decision is None and gate.rejected_with_stop(self.w.conn, self.work_id):
-                continue                                    # re-evaluate: human_rejected fires
-            if decision is not None:
-                if decision.reason == StopReason.GOAL_MET:
-                    continue                                # the eval-agent ends the run; re-read
-                return self._end(decision)
-            if self.interrupt.is_set() or self.pause.is_set():
-                return None
-            result = self._attempt(work, progress, its, verdicts, policy)
-            if isinstance(result, StopDecision):
-                return self._end(result)
-            if not result:
-                return None                                 # cut by an interrupt: discarded
 
     def _settled(self, its: list[dict]) -> str:
         """The state the next act starts from: the last checkpoint, or the checkpoint of an
@@ -234,23 +390,25 @@ class LoopEngine:
                 tx.update("work_items", self.work_id, elapsed_s=now["elapsed_s"] + lost,
                           discarded_s=now["discarded_s"] + lost, updated_at=tx.now)
 
-    def _attempt(self, work, progress, its, verdicts, policy) -> StopDecision | bool:
-        """One attempt at the next iteration: committed and verified (True), cut by an interrupt
-        (discarded; False), or discarded because the run ends (the reason). Traced as the
-        iteration's span (derived ids: ``roles.telemetry``)."""
+    def _attempt(self, work, progress, its, verdicts) -> str | bool:
+        """One attempt at the next iteration: committed (True; the verdict is the next step),
+        cut by an interrupt (discarded; False), or discarded because the run must stop
+        (``DISCARDED``: the policy's flags say why). Traced as the iteration's span (derived ids:
+        ``roles.telemetry``)."""
         n, attempt = progress.iterations + 1, work["attempt"] + 1
         with telemetry.current().iteration(self.work_id, n, attempt) as span:
-            result = self._act(work, progress, its, verdicts, policy)
+            result = self._act(work, progress, its, verdicts)
             span.set({"loop_org.outcome": "committed" if result is True else "discarded" if result is False
-                      else f"ended:{result.reason}"})
+                      else f"ended:{self._model_error and 'model_error' or 'policy'}"})
             return result
 
-    def _act(self, work, progress, its, verdicts, policy) -> StopDecision | bool:
+    def _act(self, work, progress, its, verdicts) -> str | bool:
         n = progress.iterations + 1
         attempt = work["attempt"] + 1
+        policy = self.policy
         with self.w.transaction() as tx:
             self._write_reflection(tx)
-            tx.update("work_items", self.work_id, attempt=attempt, updated_at=tx.now)
+            tx.update("work_items", self.work_id, attempt=attempt, next_step=None, updated_at=tx.now)
             tx.insert("attempts", {"work_id": self.work_id, "attempt": attempt, "iteration": n,
                                    "instance": self.w.instance, "started_at": tx.now})
         last = self._settled(its)
@@ -266,14 +424,15 @@ class LoopEngine:
             span.set({"loop_org.prompt_bytes": prompt.manifest.get("variable_bytes")})
         t0 = self.clock()
         spent = {"tokens": progress.tokens, "cost": progress.cost_usd}
-        caps = orjson.loads(work["caps"]) if isinstance(work["caps"], str) else work["caps"]
+        # an act may spend up to where each budget trips (its limit less the wrap-up's reserve)
+        trips = {cap.field: cap.trip for cap in policy.budgets()}
 
         def remaining() -> Remaining:
             def left(cap, used):
                 return None if cap is None else max(0, cap - used)
-            return Remaining(tokens=left(caps.get("budget_tokens"), spent["tokens"]),
-                             cost_usd=left(caps.get("budget_usd"), spent["cost"]),
-                             seconds=left(caps.get("timeout_s"), progress.elapsed_s + self.clock() - t0))
+            return Remaining(tokens=left(trips.get("tokens"), spent["tokens"]),
+                             cost_usd=left(trips.get("cost_usd"), spent["cost"]),
+                             seconds=left(trips.get("elapsed_s"), progress.elapsed_s + self.clock() - t0))
 
         ctx = ActContext(self.work_id, n, attempt, Path(work["workspace"]), prompt.system_prefix, prompt.variable,
                          max_turns=self.settings.max_turns, remaining=remaining)
@@ -306,17 +465,15 @@ class LoopEngine:
             self._close_attempt(attempt, outcome.error_code, elapsed)
             self.history.reset_to(last)
             self._needs_reset = False
-            if outcome.error_code == StopReason.CANCELLED:
-                return StopDecision(StopReason.CANCELLED, "cancelled during an act; the act was discarded")
-            if outcome.error_code == StopReason.ORG_LIMIT:
-                return StopDecision(StopReason.ORG_LIMIT, "the org-wide spend cap was reached")
-            return False
+            # cancelled / org_limit: the policy's flags (the work item's cancel, the org's spend) end it
+            return False if outcome.error_code == INTERRUPTED else DISCARDED
         if outcome.status == "model_error":
             self._close_attempt(attempt, f"model_error:{outcome.error_code}", elapsed)
             self.history.reset_to(last)
             self._needs_reset = False
-            return StopDecision(StopReason.MODEL_ERROR, f"{outcome.error_code}: {outcome.error}")
-        self._commit(work, n, attempt, outcome, prompt.manifest, elapsed, last)
+            self._model_error = f"{outcome.error_code}: {outcome.error}"     # the policy's ModelError fires
+            return DISCARDED
+        self._commit(work, n, attempt, outcome, prompt.manifest, elapsed, last, its)
         return True
 
     def _commit_usage(self, u: Usage, n: int, attempt: int) -> None:
@@ -332,7 +489,7 @@ class LoopEngine:
         except Conflict:
             self.log.warning("usage_already_counted", request_id=u.request_id)
 
-    def _commit(self, work, n, attempt, outcome: ActOutcome, manifest, elapsed, last_commit) -> None:
+    def _commit(self, work, n, attempt, outcome: ActOutcome, manifest, elapsed, last_commit, its) -> None:
         with telemetry.current().step("checkpoint") as span:
             checkpoint = self.history.checkpoint(n)
             changed = self.history.changed_paths(last_commit, checkpoint)
@@ -354,23 +511,13 @@ class LoopEngine:
                       updated_at=tx.now)
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome="committed")
             gate.record_requests(tx, self.work_id, n, outcome.requests)
+            # an error class the policy does not know, met for the first time in this run, asks a human
+            unknown = triage.unknown(self.policy, triage.tool_errors(outcome.tool_calls), its, tx.conn, self.work_id)
+            if triage.ask(tx, self.work_id, n, unknown, where=f"iteration {n}"):
+                self.log.warning("unknown_error", iteration=n, classes=sorted(unknown),
+                                 next="verified as usual, then parked for a human")
         self.log.info("iteration_committed", iteration=n, attempt=attempt, act=outcome.status,
                       changed=len(changed), next="verify by the eval-agent")
-        self._verify_and_reflect({"n": n, "checkpoint": checkpoint})
-
-    def _verify_and_reflect(self, it: dict) -> None:
-        t0 = self.clock()
-        with telemetry.current().step("await_verdict", {"loop_org.iteration": it["n"]}) as span:
-            try:
-                self.verify(self.work_id, it["n"])
-            finally:
-                self._waited += self.clock() - t0      # the run's time: acts plus waits for verdicts
-            verdict = prog.verdict_of(self.w.conn, self.work_id, it["n"])
-            span.set({"loop_org.verdict": verdict["outcome"] if verdict else None})
-        if verdict is None:
-            raise Conflict(f"no eval-agent verdict for iteration {it['n']} of {self.work_id}",
-                           hint="the eval-agent must verify every committed iteration")
-        self._reflect(it, verdict)
 
     def _reflect(self, it: dict, verdict: dict) -> None:
         summary = prog.summary_of(verdict)
@@ -403,16 +550,98 @@ class LoopEngine:
             tx.update("work_items", self.work_id, elapsed_s=work["elapsed_s"] + elapsed,
                       discarded_s=work["discarded_s"] + elapsed, updated_at=tx.now)
 
-    def _end(self, decision: StopDecision) -> StopDecision:
+    def _end(self, decision: StopDecision, handoff: dict | None = None) -> StopDecision:
+        """The policy's ``decision`` through ``end_run`` (with the hand-off note, if any, in the
+        same transaction); returns the ending recorded — an earlier one if the run had ended."""
         with self.w.transaction() as tx:
-            work = tx.get("work_items", self.work_id)
             self._write_reflection(tx)
-            if work["status"] == WorkStatus.ENDED:
-                return StopDecision(StopReason(work["stop_reason"]), work["stop_detail"] or "")
-            tx.set_status("work_items", self.work_id, WorkStatus.ENDED, stop_reason=decision.reason,
-                          stop_detail=decision.detail[:1000])
-        self.log.info("run_ended", reason=str(decision.reason), detail=decision.detail)
-        return decision
+            if handoff is not None:
+                tx.insert("handoffs", handoff)
+            recorded = ending.end_run(tx, self.work_id, decision)
+        self.log.info("run_ended", reason=str(recorded.reason), detail=recorded.detail,
+                      by="policy" if recorded == decision else "an earlier ending")
+        return recorded
+
+    # -- the wrap-up ----------------------------------------------------------------------------
+    def _wrap_up(self, decision: StopDecision) -> StopDecision:
+        """A budget tripped: one bounded act writes the hand-off note (``wrapup``), then the run
+        ends with the budget's ``decision``."""
+        work, progress, its, verdicts = self._ctx
+        conn = self.w.conn
+        continued, since = loopq.endings(conn, self.work_id)
+        parts = wrapup.record_parts(prog.digests(its, verdicts, self._reflected), _feedback(conn, self.work_id, its, verdicts),
+                                    prog.lessons(its, self.settings.lessons_max, self._reflected))
+        allowance = self.policy.wrapup_allowance(progress)
+        attempt, note, elapsed = loopq.wrapup_attempt(conn, self.work_id, since), "", 0.0
+        if attempt is None and _worth_it(allowance):
+            attempt, note, elapsed = self._wrapup_act(work, progress, its, decision, parts, allowance)
+        said = wrapup.parse(note)
+        tokens, cost = loopq.attempt_usage(conn, self.work_id, attempt) if attempt else (0, 0.0)
+        handoff = {"work_id": self.work_id, "ending": continued + 1, **parts, **said, "note": note[:4000],
+                   "source": "wrapup" if said else "record", "allowance": allowance, "attempt": attempt,
+                   "tokens": tokens, "cost_usd": cost, "elapsed_s": round(elapsed, 4),
+                   "written_by": self.w.instance, "at": time.time()}
+        self.log.info("handed_off", source=handoff["source"], tokens=tokens, allowance=allowance,
+                      next=f"the run ends {decision.reason}")
+        return self._end(decision, handoff)
+
+    def _wrapup_act(self, work, progress, its, decision, parts, allowance) -> tuple[int, str, float]:
+        """Run the wrap-up act; returns (its attempt, the model's text or '', its time)."""
+        n, attempt = progress.iterations + 1, work["attempt"] + 1
+        with self.w.transaction() as tx:        # committed first: a crash never buys a second one
+            self._write_reflection(tx)
+            tx.update("work_items", self.work_id, attempt=attempt, updated_at=tx.now)
+            tx.insert("attempts", {"work_id": self.work_id, "attempt": attempt, "iteration": n, "wrapup": 1,
+                                   "instance": self.w.instance, "started_at": tx.now})
+        spent = {"tokens": 0, "cost": 0.0}
+        t0 = self.clock()
+
+        def remaining() -> Remaining:
+            def left(cap, used):
+                return None if cap is None else max(0, cap - used)
+            return Remaining(tokens=left(allowance["tokens"], spent["tokens"]),
+                             cost_usd=left(allowance["cost_usd"], spent["cost"]),
+                             seconds=left(allowance["seconds"], self.clock() - t0))
+
+        def on_usage(u: Usage) -> None:
+            self._commit_usage(u, n, attempt)
+            spent["tokens"] += u.budget_tokens
+            spent["cost"] += u.cost_usd
+
+        text = wrapup.prompt(work["goal"], n, decision, parts, allowance["tokens"])
+        ctx = ActContext(self.work_id, n, attempt, Path(work["workspace"]), wrapup.INSTRUCTIONS, text,
+                         max_turns=wrapup.MAX_TURNS, remaining=remaining)
+        outcome = None
+        try:
+            with read_only(), telemetry.current().step("wrap_up"):
+                outcome = self.backend.act(ctx, on_usage=on_usage,
+                                           budget_left=lambda: INTERRUPTED if self.interrupt.is_set() else None)
+        except Exception as exc:  # noqa: BLE001 - the note then comes from the record; the run ends all the same
+            self.log.warning("wrapup_failed", error=str(exc), next="a hand-off note from the record")
+        elapsed = self.clock() - t0
+        with self.w.transaction() as tx:
+            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now,
+                      outcome=f"wrapup:{outcome.status if outcome else 'error'}")
+            tx.update("work_items", self.work_id, elapsed_s=tx.get("work_items", self.work_id)["elapsed_s"] + elapsed,
+                      updated_at=tx.now)
+        self.history.reset_to(self._settled(its))   # whatever the act did, the run ends where it stood
+        ok = outcome is not None and outcome.status in ("ok", "failed") and outcome.turns > 0
+        return attempt, (outcome.summary if ok else ""), elapsed
+
+
+def _confirmed(conn, work_id: str) -> str | bool:
+    """The ``needs_human`` flag: a human confirmed the stop an unknown error asked about."""
+    cls = loopq.stop_confirmed(conn, work_id)
+    return f"a human confirmed the stop after an error the stop policy does not know ({cls})" if cls else False
+
+
+def _worth_it(allowance: dict) -> bool:
+    """Whether the wrap-up's slice leaves room for a prompt and a note on every budget."""
+    if allowance["cost_usd"] is not None and allowance["cost_usd"] <= 0:
+        return False
+    if allowance["seconds"] is not None and allowance["seconds"] < _MIN_WRAPUP_S:
+        return False
+    return wrapup.fits(allowance["tokens"])
 
 
 def _feedback(conn, work_id: str, its: list, verdicts: dict) -> str:

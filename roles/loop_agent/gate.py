@@ -28,6 +28,7 @@ from typing import Callable
 import orjson
 
 from state_db.processes import identity, identity_alive
+from state_db.queries.loop import UNKNOWN_ERROR
 from state_db.vocab import DecisionStatus as D, WorkStatus
 
 # The eval-agent's question when every verify command passes on the baseline (approve: go on).
@@ -122,7 +123,7 @@ def park(writer, work_id: str) -> None:
 def _execute(writer, d: dict, workspace: str, runner: GateRunner, after_action=None) -> None:
     action = orjson.loads(d["action"])
     command = d["answer"] if d["status"] == D.EDITED and d["answer"] else action["command"]
-    if d["kind"] == BASELINE_PASSES:        # nothing to run: the human chose to go on
+    if d["kind"] in (BASELINE_PASSES, UNKNOWN_ERROR):   # nothing to run: a choice, not an action
         with writer.transaction() as tx:
             tx.set_status("decisions", d["id"], D.EXECUTING, executor=identity())
             tx.set_status("decisions", d["id"], D.EXECUTED, result="the human chose to go on")

@@ -1,15 +1,38 @@
 """The stop policy of a run: the top-level any-of the engine evaluates between iterations and,
-for its budget caps, between model calls inside an act."""
+for its budget caps, between model calls inside an act.
+
+It also says which errors it knows (``recognises``): the tools' refusals of the doer's own
+mistakes (a bad path, an edit that does not match, a failing command), which go back to the model
+as tool errors, and the model service's failures, which its ``ModelError`` condition ends. An error
+of any other class — the environment failing under a tool (``os_error``, the sandbox), a tool's own
+bug, an exception out of an act — met for the first time in a run pauses it with a decision for a
+human instead of spending more iterations on it (``roles.loop_agent.triage``).
+
+With a wrap-up reserve (``policy_from_caps(wrapup_reserve=…)``), each budget cap fires once the
+run has used all but its reserve, and ``wrapup_allowance`` says what the wrap-up act may spend:
+what is left of each budget, never more than its reserve."""
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from roles.loop_agent.conditions import (
     Cancelled, CostBudget, GoalMet, HumanRejected, MaxIterations, ModelError, NoProgress, OrgLimit,
-    RepeatedFailure, Timeout, TokenBudget, decode_condition,
+    RepeatedFailure, Timeout, TokenBudget, _Cap, decode_condition,
 )
 from roles.loop_agent.stop import AnyOf, RunProgress, StopCondition, StopConfigError, StopDecision, _pick
 from state_db.vocab import StopReason
+
+#: Tool error codes that are the doer's own mistakes, answered to the model as tool errors
+#: (roles/loop_agent/tools.py); the model corrects itself, and no_progress / repeated_failure end
+#: a run that cannot.
+KNOWN_TOOL_ERRORS = frozenset({
+    "bad_path", "path_absolute", "path_escape", "bad_tool_input", "bad_regex", "binary_file", "edit_no_match",
+    "edit_not_unique", "is_directory", "not_found", "not_text", "too_large", "unknown_tool", "run_timeout",
+    "command_failed", "command_timeout",
+})
+#: The stop reasons a budget trips with: the ones a wrap-up act follows.
+BUDGET_REASONS = frozenset({StopReason.TOKEN_BUDGET, StopReason.COST_BUDGET, StopReason.TIMEOUT})
+
 
 class StopPolicy:
     """The top-level stop composite of a run: any of ``conditions``, in declared order.
@@ -41,6 +64,31 @@ class StopPolicy:
         d = _pick(self.root.fired(progress, budget_only=True))
         return d.reason if d else None
 
+    def recognises(self, error_class: str) -> bool:
+        """True for an error class the policy knows what to do with (see the module docstring)."""
+        return error_class in KNOWN_TOOL_ERRORS
+
+    def budgets(self) -> list[_Cap]:
+        """The budget caps (tokens, cost, time) in the tree."""
+        return [c for c in self.root.leaves() if isinstance(c, _Cap) and c.budget]
+
+    def wraps_up(self, decision: StopDecision) -> bool:
+        """True when ``decision`` is a budget's and the policy keeps a reserve for a wrap-up act."""
+        return decision.reason in BUDGET_REASONS and any(c.reserved for c in self.budgets())
+
+    def wrapup_allowance(self, progress: RunProgress) -> dict[str, float | None]:
+        """What a wrap-up act may spend: per budget (``tokens``, ``cost_usd``, ``seconds``; None
+        where the run has no such budget), what is left of it up to its limit, never more than
+        its reserve, never below 0."""
+        used = {"tokens": progress.tokens, "cost_usd": progress.cost_usd, "seconds": progress.elapsed_s}
+        field_of = {"tokens": "tokens", "cost_usd": "cost_usd", "elapsed_s": "seconds"}
+        out: dict[str, float | None] = {"tokens": None, "cost_usd": None, "seconds": None}
+        for cap in self.budgets():
+            name = field_of[cap.field]
+            left = max(0, min(cap.limit - used[name], cap.reserved))
+            out[name] = left if out[name] is None else min(out[name], left)
+        return out
+
     def encode(self) -> list[dict[str, Any]]:
         return [c.encode() for c in self.root.conditions]
 
@@ -58,19 +106,21 @@ def policy_from_caps(
     budget_usd: float | None = None,
     timeout_s: float | None = None,
     no_progress: tuple[int, int] | None = (3, 5),
+    wrapup_reserve: float = 0.0,
 ) -> StopPolicy:
     """The standard policy: goal_met, the caps given, no_progress (``(repeat, window)``, None to
-    leave out), repeated_failure, cancelled, human_rejected, model_error, org_limit — in that
-    order of precedence. Raises: StopConfigError (``no_hard_cap`` if no cap is given)."""
+    leave out), repeated_failure, cancelled, human_rejected (with needs_human), model_error,
+    org_limit — in that order of precedence. ``wrapup_reserve``: the fraction of each budget kept
+    for the wrap-up act. Raises: StopConfigError (``no_hard_cap`` if no cap is given, ``bad_cap``)."""
     conds: list[StopCondition] = [GoalMet()]
     if max_iterations is not None:
         conds.append(MaxIterations(max_iterations))
     if budget_tokens is not None:
-        conds.append(TokenBudget(budget_tokens))
+        conds.append(TokenBudget(budget_tokens, wrapup_reserve))
     if budget_usd is not None:
-        conds.append(CostBudget(budget_usd))
+        conds.append(CostBudget(budget_usd, wrapup_reserve))
     if timeout_s is not None:
-        conds.append(Timeout(timeout_s))
+        conds.append(Timeout(timeout_s, wrapup_reserve))
     if no_progress is not None:
         conds.append(NoProgress(*no_progress))
     conds += [RepeatedFailure(), Cancelled(), HumanRejected(), ModelError(), OrgLimit()]

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from roles.loop_agent.engine import LoopEngine, LoopSettings
+from roles.loop_agent.engine import LoopEngine, LoopSettings, end_unbuildable
 from roles.loop_agent.remote_verify import RemoteVerify
 from roles.loop_agent.tools import observed
 from roles.runtime import RoleProcess
@@ -185,14 +185,11 @@ class LoopAgentProcess(RoleProcess):
                 time.sleep(0.05)
 
     def _end_if_unbuildable(self, writer, work_id: str, exc: Exception) -> None:
-        """A backend that cannot be built (no key, unknown model) will not fix itself: end the run."""
+        """A backend that cannot be built (no key, unknown model) will not fix itself: the stop
+        policy's ModelError ends the run."""
         from roles.loop_agent.backends.base import BackendConfigError
-        from state_db.vocab import StopReason
         if isinstance(exc, BackendConfigError):
-            with writer.transaction() as tx:
-                if tx.get("work_items", work_id)["status"] != WorkStatus.ENDED:
-                    tx.set_status("work_items", work_id, WorkStatus.ENDED, stop_reason=StopReason.MODEL_ERROR,
-                                  stop_detail=f"{exc.code}: {exc}")
+            end_unbuildable(writer, work_id, LoopSettings.from_config(self.cfg), exc)
 
     def on_stop(self) -> None:
         if self.worker is None or not self.worker.is_alive():

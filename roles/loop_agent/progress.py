@@ -88,12 +88,13 @@ class Reflected:
 
 
 def load(conn: sqlite3.Connection, work: sqlite3.Row | dict, *, running_s: float = 0.0,
-         org_limit: bool = False, model_error: bool = False, human_rejected: bool = False,
-         reflected: Reflected | None = None,
+         org_limit: bool | str = False, model_error: bool | str = False, human_rejected: bool | str = False,
+         needs_human: bool | str = False, reflected: Reflected | None = None,
          unwritten: tuple[int, dict] | None = None) -> tuple[RunProgress, list[dict], dict[int, dict]]:
     """Return (progress, iteration rows, verdicts by iteration) for ``work``.
 
-    ``running_s`` is time spent in the current, uncommitted attempt (counts toward timeout);
+    ``running_s`` is time spent in the current, uncommitted attempt (counts toward timeout); the
+    flags (``org_limit`` … ``needs_human``) are the stop policy's, True or the sentence that says why;
     ``reflected`` (one per run) spares reading the reflected iterations again; ``unwritten``
     is ``(n, columns)`` of a reflection the engine will write with its next transaction, read
     as if written.
@@ -123,7 +124,7 @@ def load(conn: sqlite3.Connection, work: sqlite3.Row | dict, *, running_s: float
         fingerprints=tuple(r["fingerprint"] or "" for r in its[since:]),
         verdicts=(*reflected.summaries, *(summary_of(verdicts.get(r["n"])) for r in its[k:]))[since:],
         cancelled=bool(work["cancel_requested"]), org_limit=org_limit, model_error=model_error,
-        human_rejected=human_rejected,
+        human_rejected=human_rejected, needs_human=needs_human,
     )
     reflected.keep(its, verdicts)
     return progress, its, verdicts

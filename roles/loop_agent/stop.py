@@ -15,6 +15,9 @@ A tree bounds a run if a hard cap can end it alone: an any-of needs one member t
 run, an all-of needs every member to (``AllOf(MaxIterations(5), GoalMet())`` may never fire).
 ``StopPolicy.budget_check`` evaluates the same tree over the budget caps only (tokens, cost,
 time), between model calls inside an act.
+
+``StopDecision`` is the state layer's (``state_db.ending``): the eval-agent, the coordinator and
+the operations end runs with it too, through the same ``end_run``.
 """
 from __future__ import annotations
 
@@ -23,8 +26,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Sequence
 
+from state_db.ending import StopDecision
 from state_db.errors import StateError
 from state_db.vocab import StopReason
+
+__all__ = ["AllOf", "AnyOf", "RunProgress", "StopCondition", "StopConfigError", "StopDecision", "VerdictSummary",
+           "fingerprint"]
 
 
 class StopConfigError(StateError):
@@ -61,6 +68,10 @@ class RunProgress:
     ``fingerprints`` and ``verdicts`` are per committed iteration, oldest first, aligned on the
     latest: their last element belongs to iteration ``iterations``. They may omit the oldest
     iterations (a window is enough). A ``None`` verdict means "not verified (yet)".
+
+    The flags (``cancelled`` … ``needs_human``) are False, True, or a sentence saying what
+    raised them (the detail of the decision their condition makes). ``needs_human``: a human
+    confirmed the stop of a run that met an error the policy does not know.
     """
 
     iterations: int = 0
@@ -69,27 +80,15 @@ class RunProgress:
     elapsed_s: float = 0.0
     fingerprints: tuple[str, ...] = ()
     verdicts: tuple[VerdictSummary | None, ...] = ()
-    cancelled: bool = False
-    human_rejected: bool = False
-    model_error: bool = False
-    org_limit: bool = False
+    cancelled: bool | str = False
+    human_rejected: bool | str = False
+    model_error: bool | str = False
+    org_limit: bool | str = False
+    needs_human: bool | str = False
 
     def __post_init__(self) -> None:
         if len(self.fingerprints) > self.iterations or len(self.verdicts) > self.iterations:
             raise ValueError("more fingerprints or verdicts than committed iterations")
-
-
-@dataclass(frozen=True)
-class StopDecision:
-    reason: StopReason
-    detail: str
-
-    def encode(self) -> dict[str, str]:
-        return {"reason": str(self.reason), "detail": self.detail}
-
-    @classmethod
-    def decode(cls, data: dict[str, Any]) -> StopDecision:
-        return cls(StopReason(data["reason"]), str(data["detail"]))
 
 
 def _pick(decisions: Sequence[StopDecision]) -> StopDecision | None:

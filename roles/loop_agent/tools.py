@@ -145,10 +145,13 @@ class WorkspaceTools:
             "request_action": self._request, "declare_impossible": self._declare_impossible,
         }
         self.requests: list[dict[str, str]] = []
+        if getattr(_reading, "only", False):      # a wrap-up act: nothing that changes anything
+            for name in WRITING_TOOLS:
+                self._handlers.pop(name, None)
 
     def schemas(self) -> list[dict[str, Any]]:
-        """Tool definitions for the Messages API ``tools`` parameter."""
-        return [dict(s) for s in TOOL_SCHEMAS]
+        """Tool definitions for the Messages API ``tools`` parameter (the tools this set offers)."""
+        return [dict(s) for s in TOOL_SCHEMAS if s["name"] in self._handlers]
 
     def call(self, name: str, tool_input: object) -> ToolResult:
         """Run tool ``name`` with the model's ``tool_input``. Never raises; returns a result.
@@ -365,6 +368,25 @@ class WorkspaceTools:
 
 class _CommandFailed(ToolError):
     """A command that ran but failed: its output goes to the model as-is (no error prefix)."""
+
+
+# The tools that change the workspace or the run's course (an action asked for, a claim made). A
+# wrap-up act (the one act a run gets when a budget trips, to write its hand-off note) runs without
+# them: the backend builds its WorkspaceTools in the engine's thread, so the engine says so for the
+# thread (``read_only``).
+WRITING_TOOLS = frozenset({"write_file", "edit_file", "run_command", "request_action", "declare_impossible"})
+_reading = threading.local()
+
+
+@contextmanager
+def read_only() -> Iterator[None]:
+    """Tools built in this thread meanwhile offer only the tools that read (list, read, search)."""
+    before = getattr(_reading, "only", False)
+    _reading.only = True
+    try:
+        yield
+    finally:
+        _reading.only = before
 
 
 # The observer of the tool calls made in this thread: each act runs its tools in the thread that

@@ -1,8 +1,9 @@
 """Cancelling a work item as the human: one durable write, then a wake.
 
-A run that has not started ends at once (``cancelled``); a running or waiting one gets
-``cancel_requested``, which its loop-agent honours at the next model call, tool call boundary or
-wait for a verdict, discarding the act in progress.
+A run that has not started ends at once (``cancelled``, through ``state_db.ending.end_run`` like
+every ending); a running or waiting one gets ``cancel_requested``, which its loop-agent's stop
+policy honours (``Cancelled``) at the next model call, tool call boundary or wait for a verdict,
+discarding the act in progress.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import uuid
 
 from roles.operations import human_writer, signed
 from state_db.config import Config
+from state_db.ending import StopDecision, end_run
 from state_db.errors import NotFound
 from state_db.home import OrgHome
 from state_db.vocab import StopReason, WorkStatus
@@ -28,9 +30,9 @@ def cancel(home: OrgHome, cfg: Config, work_id: str, *, idempotency_key: str | N
         if item["status"] == WorkStatus.ENDED:
             return {"id": work_id, "status": "ended", "stop_reason": item["stop_reason"], "changed": False}
         if item["status"] in (WorkStatus.QUEUED, WorkStatus.WAITING):
-            tx.set_status("work_items", work_id, WorkStatus.ENDED, stop_reason=StopReason.CANCELLED,
-                          stop_detail=f"cancelled by {signed(writer)} before it started")
-            return {"id": work_id, "status": "ended", "stop_reason": "cancelled", "changed": True}
+            ended = end_run(tx, work_id, StopDecision(StopReason.CANCELLED,
+                                                      f"cancelled by {signed(writer)} before it started"))
+            return {"id": work_id, "status": "ended", "stop_reason": str(ended.reason), "changed": True}
         tx.update("work_items", work_id, cancel_requested=1, updated_at=tx.now)
         return {"id": work_id, "status": item["status"], "stop_reason": None, "changed": True,
                 "note": "the loop-agent stops at its next model call or iteration boundary"}

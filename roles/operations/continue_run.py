@@ -50,6 +50,9 @@ _FINAL_HINT = {
     R.HUMAN_REJECTED: "a human rejected its action; submit it again with 'org submit'",
     R.CANCELLED: "it was cancelled; submit it again with 'org submit'",
     R.VERIFY_UNRUNNABLE: "its verify commands cannot start here; fix the machine, then submit it again",
+    R.IMPOSSIBLE: "a human confirmed its goal cannot be met as stated; submit a goal that can be",
+    R.NEEDS_HUMAN: "a human stopped it at an error the stop policy does not know; fix what failed (see "
+                   "'org show'), then submit it again",
 }
 
 # cap -> (its command-line flag, whether it is a whole number)

@@ -7,6 +7,7 @@ import orjson
 
 from roles.operations import human_writer, signed
 from state_db.config import Config
+from state_db.ending import StopDecision, end_run
 from state_db.errors import NotFound, StateError
 from state_db.home import OrgHome
 from state_db.vocab import DecisionStatus as D, StopReason, WorkStatus
@@ -62,5 +63,5 @@ def _end_confirmed(tx, row, text: str | None) -> None:
     work = tx.get("work_items", row["work_id"])
     if work is not None and work["status"] != WorkStatus.ENDED:
         said = orjson.loads(row["action"] or "{}").get("reason") or row["question"]
-        tx.set_status("work_items", row["work_id"], WorkStatus.ENDED, stop_reason=reason, assigned_to=None,
-                      stop_detail=(f"confirmed by a human: {said}" + (f" ({text})" if text else ""))[:1000])
+        end_run(tx, row["work_id"], StopDecision(reason, f"confirmed by a human: {said}" + (f" ({text})" if text else "")),
+                assigned_to=None)
