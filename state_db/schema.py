@@ -371,6 +371,9 @@ CREATE INDEX work_items_origin ON work_items(origin_id) WHERE origin_id IS NOT N
 REVIEW = """
 ALTER TABLE work_items ADD COLUMN review TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE verdicts ADD COLUMN review TEXT;
+"""
+
+
 # The wrap-up (roles/loop_agent/wrapup.py): when a token, cost or time budget trips, one bounded
 # act with no tools that write leaves a hand-off note — what was done, what remains, what was
 # learned — one per ending of the run (``ending``: 1 for the first, then one more per 'org
@@ -399,9 +402,6 @@ ALTER TABLE work_items ADD COLUMN next_step TEXT;
 """
 
 
-"""
-
-
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
     ("0002_knowledge", KNOWLEDGE),
@@ -411,8 +411,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0006_vocabulary", _vocabulary),
     ("0008_status", STATUS),
     ("0009_attention", ATTENTION),
-    ("0013_handoff", HANDOFF),
     ("0010_schedules", SCHEDULES),
     ("0011_proposals", PROPOSALS),
     ("0012_review", REVIEW),
+    ("0013_handoff", HANDOFF),
 ]
