@@ -16,6 +16,8 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
 import structlog
 
@@ -40,6 +42,16 @@ class AlreadyRunning(StateError):
     code = "already_running"
 
 
+class Spawner(Protocol):
+    """Starts one role process: ``spawner(spec, argv, env, out_path)`` runs ``python -m spec.module
+    *argv`` (or anything a test wants in its place) with ``env``, its output appended to ``out_path``,
+    and returns a ``Popen``-like handle (``pid``, ``poll``, ``wait``, ``returncode``) that the
+    supervisor owns from then on."""
+
+    def __call__(self, spec: InstanceSpec, argv: list[str], env: dict[str, str],
+                 out_path: Path) -> subprocess.Popen: ...
+
+
 @dataclass
 class Child:
     spec: InstanceSpec
@@ -60,10 +72,11 @@ class Supervisor:
         cfg: validated configuration.
         python: interpreter for role processes.
         clock: monotonic clock (injectable).
+        spawner: starts a role process (a ``Spawner``); default the fork server, else ``python -m``.
     """
 
     def __init__(self, home: OrgHome, cfg: Config, *, python: str = sys.executable,
-                 clock=time.monotonic):
+                 clock=time.monotonic, spawner: Spawner | None = None):
         self.home = home
         self.cfg = cfg
         self.python = python
@@ -73,10 +86,11 @@ class Supervisor:
         self.children = {s.instance: Child(s) for s in org_instances(cfg.org.loop_agents)}
         self._stop_requested: str | None = None
         self._lock_fd: int | None = None
+        self.spawner = spawner
         # roles are forked from a pre-imported template (roles/supervisor/forkserver.py) unless
         # ORG_SPAWN=exec asks for one interpreter per role
         self.forks: ForkServer | None = None
-        if os.environ.get("ORG_SPAWN", "fork") != "exec":
+        if spawner is None and os.environ.get("ORG_SPAWN", "fork") != "exec":
             self.forks = ForkServer(python, pidfile=home.run_dir / "forkserver.pid")
 
     # -- start ----------------------------------------------------------------------------
@@ -157,7 +171,9 @@ class Supervisor:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORG_KEY")}
         argv = ["--home", str(self.home.root), "--instance", name]
         child.proc = None
-        if self.forks is not None:
+        if self.spawner is not None:
+            child.proc = self.spawner(child.spec, argv, env, out_path)
+        elif self.forks is not None:
             try:
                 child.proc = self.forks.spawn(child.spec.module, argv, env, out_path)
             except ForkServerError as exc:          # start it as its own interpreter instead
@@ -249,6 +265,17 @@ class Supervisor:
             self.log.warning("retention_failed", error=str(exc), next=f"retry in {RETENTION_EVERY_S:.0f}s")
 
     # -- main loop ------------------------------------------------------------------------
+    def reap_and_restart(self) -> None:
+        """Record every child that exited (stopped, crashed or failed) and start again each
+        crashed one whose backoff has passed."""
+        for child in self.children.values():
+            if child.proc is not None and (code := child.proc.poll()) is not None:
+                child.proc = None
+                self._on_exit(child, code)
+            if (child.proc is None and not child.failed and child.restart_at is not None
+                    and self.clock() >= child.restart_at):
+                self.spawn(child)
+
     def request_stop(self, why: str) -> None:
         self._stop_requested = why
 
@@ -268,13 +295,7 @@ class Supervisor:
         last_hb_check = self.clock()
         next_retention = self.clock() + RETENTION_EVERY_S
         while not self._stop_requested:
-            for child in self.children.values():
-                if child.proc is not None and (code := child.proc.poll()) is not None:
-                    child.proc = None
-                    self._on_exit(child, code)
-                if (child.proc is None and not child.failed and child.restart_at is not None
-                        and self.clock() >= child.restart_at):
-                    self.spawn(child)
+            self.reap_and_restart()
             if self.clock() - last_hb_check > 1.0:
                 self.check_heartbeats()
                 last_hb_check = self.clock()
