@@ -134,6 +134,19 @@ def test_markers_come_from_tracked_text_files_outside_vendored_folders(org_home,
     found = D.scan(ws, None, None, None, cfg=config_mod.load_config(org_home), home=org_home)
     assert [(p.kind, p.evidence["path"], p.evidence["line"]) for p in found] == [("fixme", "calc.py", 2),
                                                                                   ("todo", "calc.py", 7)]
+    # a tracked folder the doer replaced by a symlink to elsewhere: the scan does not follow it
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "lib.py").write_text("# FIXME: a secret outside the workspace\n")
+    (ws / "pkg").mkdir()
+    (ws / "pkg" / "lib.py").write_text("x = 1\n")
+    _git(ws, "add", "pkg")
+    _git(ws, "commit", "-q", "-m", "pkg")
+    (ws / "pkg" / "lib.py").unlink()
+    (ws / "pkg").rmdir()
+    (ws / "pkg").symlink_to(outside)
+    again = D.scan(ws, None, None, None, cfg=config_mod.load_config(org_home), home=org_home)
+    assert [p.evidence["path"] for p in again] == ["calc.py", "calc.py"]
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "a.py").write_text("# TODO: not in a repository\n")

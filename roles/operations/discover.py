@@ -245,7 +245,9 @@ def marker_candidates(ws: Path, commands: list[str], cfg: Config) -> tuple[list[
     for path in paths:
         full = ws / path
         try:
-            if full.is_symlink() or not full.is_file() or full.stat().st_size > MAX_FILE_BYTES:
+            # a folder replaced by a symlink must not lead the scan out of the workspace
+            if full.is_symlink() or not full.resolve().is_relative_to(ws) or not full.is_file() \
+                    or full.stat().st_size > MAX_FILE_BYTES:
                 continue
             data = full.read_bytes()
         except OSError:
