@@ -94,7 +94,8 @@ def test_tool_use_conversation_edits_file_in_workspace(fake, workspace, stream):
     assert first["system"] == [{"type": "text", "text": "You fix code. Use the tools.",
                                 "cache_control": {"type": "ephemeral"}}]
     assert {t["name"] for t in first["tools"]} == {"list_files", "read_file", "write_file", "edit_file",
-                                                   "search_files", "run_command", "request_action"}
+                                                   "search_files", "run_command", "request_action",
+                                                   "declare_impossible"}
     result = second["messages"][-1]["content"][0]
     assert (result["type"], result["tool_use_id"], result["is_error"]) == ("tool_result", "toolu_1", False)
     assert "hello world" in result["content"]
