@@ -1,0 +1,79 @@
+"""The eval-agent role in-process with a StubTransport: its reconcile finds the work in state.db
+(a preflight, an iteration waiting for its verdict), runs the real verifier in its worker thread,
+and wakes whoever waits — all observed as the messages it sends."""
+from __future__ import annotations
+
+import pytest
+
+from roles.eval_agent.process import EvalAgentProcess
+from roles.workspace.history import WorkspaceHistory
+from state_db.connection import read_rows
+from state_db.vocab import Actor
+from state_db.writer import StateWriter
+from tests.support.loop import submit
+from transport.kinds import Kind
+from transport.stub import StubTransport
+
+
+@pytest.fixture
+def eval_agent(org_home):
+    sup = StateWriter(org_home.db_path, Actor.SUPERVISOR)
+    with sup.transaction() as tx:
+        tx.insert("role_instances", {"instance": "eval-agent", "role": "eval-agent", "status": "starting",
+                                     "updated_at": tx.now})
+    sup.close()
+    stub = StubTransport("eval-agent")
+    proc = EvalAgentProcess(org_home, "eval-agent", transport=stub)
+    proc.start()
+    yield proc, stub
+    proc.request_stop("test over")
+    proc.close()
+    assert proc.worker is None or not proc.worker.is_alive()
+
+
+@pytest.fixture
+def ws(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    return ws
+
+
+def test_reconcile_runs_the_preflight_and_tells_the_assigned_loop_agent(org_home, eval_agent, ws):
+    proc, stub = eval_agent
+    submit(org_home, ws, "w1", verify=("python3 -c 'import calc'",))
+    proc.reconcile()
+    got = stub.wait_for(Kind.VERDICT_READY, recipient="loop-agent-1", timeout_s=30)
+    assert got[0].payload == {"work_id": "w1", "iteration": 0, "verdict": "preflight"}
+    assert read_rows(org_home.db_path, "SELECT work_id FROM preflights") == [{"work_id": "w1"}]
+    assert stub.messages(Kind.WAKE) == []                  # the run goes on: nothing for the coordinator
+
+
+def test_a_verify_command_that_cannot_start_ends_the_run_and_wakes_the_coordinator(org_home, eval_agent, ws):
+    proc, stub = eval_agent
+    submit(org_home, ws, "w1", verify=("no-such-command-anywhere --check",))
+    proc.reconcile()
+    wake = stub.wait_for(Kind.WAKE, recipient="coordinator", timeout_s=30)[0]
+    assert wake.payload == {"work_id": "w1", "ended": "verify_unrunnable"}
+    row = read_rows(org_home.db_path, "SELECT status, stop_reason FROM work_items WHERE id='w1'")[0]
+    assert row == {"status": "ended", "stop_reason": "verify_unrunnable"}
+
+
+def test_a_verify_request_gets_the_verdict_of_the_committed_iteration(org_home, eval_agent, ws):
+    proc, stub = eval_agent
+    submit(org_home, ws, "w1", verify=("python3 -c 'import calc; assert calc.add(2, 2) == 4'",))
+    proc.reconcile()
+    stub.wait_for(Kind.VERDICT_READY, recipient="loop-agent-1", timeout_s=30)           # the preflight
+    (ws / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    checkpoint = WorkspaceHistory(org_home.history_dir / "w1.git", ws).checkpoint(1)
+    la = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
+    with la.transaction() as tx:
+        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
+                                 "checkpoint": checkpoint, "committed_at": tx.now})
+    la.close()
+    stub.deliver(Kind.VERIFY_REQUEST, {"work_id": "w1", "iteration": 1}, sender="loop-agent-1")
+    proc.step(max_wait_ms=0)                              # the request reaches handle(): the worker looks again
+    got = stub.wait_for(Kind.VERDICT_READY, recipient="loop-agent-1", count=2, timeout_s=30)[1]
+    assert got.payload["iteration"] == 1
+    verdict = read_rows(org_home.db_path, "SELECT outcome, written_by FROM verdicts WHERE iteration = 1")[0]
+    assert verdict == {"outcome": "pass", "written_by": "eval-agent"}
