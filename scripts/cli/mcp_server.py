@@ -30,6 +30,7 @@ from state_db.config import Config
 from state_db.connection import connect
 from state_db.errors import NotFound, OrgError
 from state_db.home import OrgHome
+from state_db.queries.events import after as events_after, last_id
 
 log = structlog.get_logger("mcp")
 
@@ -140,11 +141,11 @@ class OrgServer:
         """The journal's newest id, and (subject, data) of the events after ``after``."""
         conn = connect(self.home.db_path, readonly=True)
         try:
-            newest = conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+            newest = last_id(conn)
             if after is None or newest <= after:
                 return newest, []
-            rows = conn.execute("SELECT subject, data FROM events WHERE id > ? AND id <= ?", (after, newest))
-            return newest, [(r[0] or "", r[1] or "") for r in rows]
+            return newest, [(e.subject or "", orjson.dumps(e.data).decode())
+                            for e in events_after(conn, after, upto=newest)]
         finally:
             conn.close()
 

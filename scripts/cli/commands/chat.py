@@ -6,6 +6,8 @@ import sys
 import threading
 
 from scripts.cli.output import home_of
+from state_db.connection import connect
+from state_db.queries.events import after, last_id
 
 NAME = "chat"
 HELP = "an interactive session with the coordinator: slash commands always work, free text goes to its model"
@@ -34,14 +36,11 @@ def _model(cfg, home: str | None):
 
 
 def _announcements(db_path, last: int, stop: threading.Event, out) -> None:
-    import orjson
-
-    from state_db.connection import connect
     conn = connect(db_path, readonly=True)
     while not stop.wait(0.3):
-        for ev in conn.execute("SELECT id, data FROM events WHERE id > ? AND kind = 'announce' ORDER BY id", (last,)):
-            last = ev["id"]
-            out(f"\n[coordinator] {orjson.loads(ev['data']).get('text')}")
+        for ev in after(conn, last, "announce"):
+            last = ev.id
+            out(f"\n[coordinator] {ev.data.get('text')}")
     conn.close()
 
 
@@ -83,9 +82,8 @@ def run(args) -> int:
             print(PROMPT + typed, end="", flush=True)
 
     if not args.no_announcements:
-        from state_db.connection import connect
         conn = connect(home.db_path, readonly=True)
-        since = conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]  # before the banner
+        since = last_id(conn)  # before the banner
         conn.close()
         threading.Thread(target=_announcements, args=(home.db_path, since, stop, announce), daemon=True).start()
     say("loop-org chat — /help for commands" + ("" if model else "; no model configured, so slash commands only"))

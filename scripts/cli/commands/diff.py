@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import sys
 
+from pathlib import Path
+
 from scripts.cli.output import read_conn, home_of
 from state_db.errors import NotFound
+from state_db.queries import work
+from state_db.queries.iterations import checkpoints
 
 NAME = "diff"
 HELP = "show the changes of a work item since its baseline (or of one iteration with --iteration)"
@@ -20,14 +24,13 @@ def patch_of(args) -> bytes:
 
     conn = read_conn(args)
     try:
-        item = conn.execute("SELECT workspace FROM work_items WHERE id = ?", (args.id,)).fetchone()
+        item = work.item(conn, args.id)
         if item is None:
             raise NotFound(f"no work item {args.id}", hint="list them with 'org status'")
-        its = {r["n"]: r["checkpoint"] for r in conn.execute(
-            "SELECT n, checkpoint FROM iterations WHERE work_id = ? ORDER BY n", (args.id,))}
+        its = checkpoints(conn, args.id)
     finally:
         conn.close()
-    history = WorkspaceHistory(home_of(args).history_dir / f"{args.id}.git", __import__("pathlib").Path(item[0]))
+    history = WorkspaceHistory(home_of(args).history_dir / f"{args.id}.git", Path(item.workspace))
     n = getattr(args, "iteration", None)
     if n is not None:
         if n not in its:

@@ -10,6 +10,7 @@ from state_db import config as config_mod, queries
 from state_db.connection import connect
 from state_db.errors import StateError
 from state_db.migrations import check_version
+from state_db.queries.events import last_at as last_event_at
 from state_db.schema import MIGRATIONS
 from state_db.snapshot import snapshot_event_id
 
@@ -68,7 +69,7 @@ def diagnose(home, now: float | None = None) -> list[dict]:
         session = queries.session(conn)
         running = bool(session and session["status"] in ("running", "suspending"))
         last_event = queries.last_event_id(conn)
-        last_at = conn.execute("SELECT MAX(at) FROM events").fetchone()[0] or 0
+        last_at = last_event_at(conn)
     finally:
         conn.close()
 

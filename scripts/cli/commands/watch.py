@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 
 from scripts.cli.commands.status import of
 from scripts.cli.output import home_of
-from state_db import queries, views
+from state_db import views
+from state_db.queries import decisions
+from state_db.queries.iterations import recent as recent_iterations
+from state_db.queries.verdicts import latest_eval_verdicts
 from state_db.connection import connect
 from state_db.errors import StateError
+from state_db.vocab import DecisionStatus
 
 NAME = "watch"
 HELP = "live view of the org: what needs you, what runs, what ended; open a run, approve or reject a decision"
@@ -123,15 +127,14 @@ def decide(home, decision_id: str, verdict: str) -> str:
 
 
 def _run_of(conn, decision_id: str) -> str | None:
-    row = conn.execute("SELECT work_id FROM decisions WHERE id = ?", (decision_id,)).fetchone()
-    return row[0] if row else None
+    found = decisions.decision(conn, decision_id)
+    return found.work_id if found else None
 
 
 def _selected_decision(screen: Screen, conn) -> str | None:
     if screen.open_run is not None:
-        row = conn.execute("SELECT id FROM decisions WHERE work_id = ? AND status = 'pending' ORDER BY created_at",
-                           (screen.open_run,)).fetchone()
-        return row[0] if row else None
+        waiting = decisions.of_work(conn, screen.open_run, DecisionStatus.PENDING)
+        return waiting[0].id if waiting else None
     if not screen.items:
         return None
     kind, ident = screen.items[min(screen.cursor, len(screen.items) - 1)]
@@ -264,17 +267,15 @@ def detail_lines(conn, work_id: str) -> list[tuple[str, None]]:
         out.append(f"verdict (iteration {r['verdict']['iteration']}): {_esc(r['verdict']['line'])}")
     if r["current_tool"]:
         out.append(f"now: {_esc(r['current_tool']['call'])} ({r['current_tool']['for_s']:.0f}s)")
-    for d in queries.rows(conn, "SELECT id, question FROM decisions WHERE work_id = ? AND status = 'pending'", (work_id,)):
-        out.append(f"[yellow]waits for {d['id']}[/]: {_esc(d['question'])}  (a approve · r reject)")
-    its = queries.rows(conn, """SELECT i.n, i.act_status, i.input_tokens + i.output_tokens AS tokens, i.cost_usd,
-                                       v.outcome, i.lesson FROM iterations i LEFT JOIN verdicts v
-                                    ON v.id = i.verdict_id WHERE i.work_id = ? ORDER BY i.n DESC LIMIT 12""",
-                       (work_id,))
+    for d in decisions.of_work(conn, work_id, DecisionStatus.PENDING):
+        out.append(f"[yellow]waits for {d.id}[/]: {_esc(d.question)}  (a approve · r reject)")
+    its = recent_iterations(conn, work_id, 12)
     if its:
+        judged = latest_eval_verdicts(conn, work_id, after=its[-1].n - 1)
         out.append("")
         out.append("[bold]ITER  ACT      VERDICT  TOKENS   COST     LESSON[/]")
-        out += [f"{i['n']:<5} {i['act_status']:<8} {i['outcome'] or '-':<8} {i['tokens']:<8} ${i['cost_usd']:<7.4f} "
-                f"{_esc(i['lesson'] or '')}" for i in its]
+        out += [f"{i.n:<5} {i.act_status:<8} {judged[i.n].outcome if i.n in judged else '-':<8} "
+                f"{i.input_tokens + i.output_tokens:<8} ${i.cost_usd:<7.4f} {_esc(i.lesson or '')}" for i in its]
     return [(line, None) for line in out]
 
 
