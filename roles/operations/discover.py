@@ -121,11 +121,16 @@ def scan_all(workspace, verify: list[str] | None, issues_file, *, cfg: Config | 
     snapshot is written under it) defaults to the resolved org home; ``runner_factory``
     (snapshot, workspace) -> runner replaces the sandbox org.toml asks for (tests)."""
     cfg = cfg or config_mod.load(None)
+    if "\0" in str(workspace) or "\0" in str(issues_file or ""):
+        raise DiscoverError("a path holds a NUL byte", code="bad_path", hint="give the path as it is on disk")
     ws = Path(workspace).expanduser().resolve()
     if not ws.is_dir():
         raise DiscoverError(f"workspace {ws} is not a directory", code="workspace_missing",
                             hint="pass an existing --workspace")
-    commands = [c for c in (verify or cfg.discover.verify) if c.strip()]
+    if any(not c.strip() for c in verify or ()):
+        raise DiscoverError("a --verify command is empty: it would run nothing", code="empty_verify",
+                            hint="give each --verify a command, or leave the flag out")
+    commands = list(verify or cfg.discover.verify)
     issues = read_issues(Path(issues_file).expanduser()) if issues_file else None
     home = home or resolve_home()
     found, sources, notes = [], [], []
