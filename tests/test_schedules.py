@@ -196,8 +196,16 @@ def test_a_human_cannot_sign_a_work_item_as_a_schedule(org_home, writer_for):
 # -- the command line: bad input is one coded line -------------------------------------------------
 
 def cli(home, *argv):
-    return subprocess.run([sys.executable, "-m", "scripts.cli.main", *argv], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "ORG_HOME": str(home.root)})
+    """The org command in-process (the same main(), without an interpreter start per call)."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    from scripts.cli.main import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["--home", str(home.root), *argv])
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 @pytest.mark.parametrize("rule, code", [

@@ -1,7 +1,7 @@
 """Coordinator process: reconciles (locks, dispatch, recovery, spend cap) and announces."""
 from __future__ import annotations
 
-from roles.coordinator import announce, dispatch
+from roles.coordinator import announce, dispatch, schedules, triggers
 from roles.runtime import RoleProcess
 from transport.kinds import Kind
 
@@ -11,8 +11,13 @@ class CoordinatorProcess(RoleProcess):
     _rendered_event = -1
     _rendered_at = 0.0
     _attention = None
+    _watcher = None
 
     def reconcile(self) -> None:
+        schedules.tick(self.writer, self.home, self.cfg)     # standing orders due now: dispatched below
+        if self._watcher is None:                            # triggers: a thread (a check may take minutes)
+            self._watcher = triggers.Watcher(self.home, self.cfg, self.instance)
+            self._watcher.start()
         changed = dispatch.reconcile(self.writer, heartbeat_timeout_s=self.cfg.supervisor.heartbeat_timeout_s,
                                      spend_cap_usd=self.cfg.limits.total_spend_usd)
         for work_id, agent in changed["dispatched"]:
@@ -40,6 +45,8 @@ class CoordinatorProcess(RoleProcess):
         return self._attention
 
     def on_stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
         if self._attention is not None:
             self._attention.stop()
 

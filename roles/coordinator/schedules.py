@@ -64,8 +64,11 @@ def tick(writer: StateWriter, home: OrgHome, cfg: Config, now: float | None = No
         slot, count = rules.slots(order.kind, order.rule, order.last_tick_at or order.created_at, now)
         if slot is None:
             continue
-        out.append(start(writer, home, cfg, order, now=now, mark={"last_tick_at": slot}, coalesced=count - 1,
-                         key=f"tick-{slot:.3f}"))
+        try:
+            out.append(start(writer, home, cfg, order, now=now, mark={"last_tick_at": slot}, coalesced=count - 1,
+                             key=f"tick-{slot:.3f}"))
+        except OrgError as exc:           # one order's trouble (a stored request that no longer fits) stops no other
+            log.warning("schedule_failed", order=order.name, error=exc.line(), next="tries again on its next tick")
     return out
 
 

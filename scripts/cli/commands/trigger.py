@@ -1,0 +1,92 @@
+"""``org trigger``: standing orders on an event in a workspace — a new commit on a branch, files
+matching a glob changing, the verify commands failing — each starts a work item.
+
+    org trigger add NAME --on git-commit [--branch B] -- <org submit arguments>
+    org trigger add NAME --on file-change --glob 'src/**/*.py' [--debounce 2s] -- <org submit arguments>
+    org trigger add NAME --on verify-fails [--every 10m] -- <org submit arguments>
+    org trigger list | show NAME | pause NAME | resume NAME | remove NAME
+
+The workspace watched is the submit arguments' ``--workspace``; verify-fails runs their
+``--verify`` commands.
+"""
+from __future__ import annotations
+
+from scripts.cli.commands.schedule import (add_common, add_submit_tail, run_add, run_common, split_options,
+                                           submit_request)
+from state_db.vocab import EVENT_KINDS
+
+NAME = "trigger"
+HELP = "standing orders on an event: a new commit, a file change, the verify commands failing"
+
+
+def add_arguments(p) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
+    add = sub.add_parser("add", help="make a trigger: an event, then -- and the arguments of 'org submit'",
+                         description="make a trigger: an event, then -- and the arguments of 'org submit'")
+    add.add_argument("name", help="a plain name (letters, digits, - _ .)")
+    add_event_options(add)
+    add_submit_tail(add)
+    add_common(sub, "trigger")
+
+
+def add_event_options(p) -> None:
+    p.add_argument("--on", metavar="EVENT", help="git-commit | file-change | verify-fails")
+    p.add_argument("--branch", help="git-commit: the branch watched (default: the one checked out now)")
+    p.add_argument("--glob", help="file-change: the files watched, e.g. 'src/**/*.py' (** spans folders)")
+    p.add_argument("--debounce", metavar="DURATION",
+                   help="wait until changes have stopped this long, then fire once (default 2s for file-change)")
+    p.add_argument("--every", metavar="DURATION", help="verify-fails: how often the checks run (default 10m)")
+
+
+def run(args) -> int:
+    if args.action != "add":
+        return run_common(args, EVENT_KINDS, "trigger")
+    from roles.operations.schedules import ScheduleError, parse_duration
+    from scripts.cli.main import UsageError
+    split_options(args, add_event_options)
+    kind = args.on
+    if kind is None:
+        raise UsageError("say which event: --on git-commit | file-change | verify-fails — see 'org trigger add --help'")
+    if kind not in EVENT_KINDS:
+        raise ScheduleError(f"unknown trigger kind {kind!r}", code="bad_trigger_kind",
+                            hint="use --on git-commit, file-change or verify-fails")
+    misplaced = {"--branch": args.branch if kind != "git-commit" else None,
+                 "--glob": args.glob if kind != "file-change" else None,
+                 "--every": args.every if kind != "verify-fails" else None}
+    for flag, value in misplaced.items():
+        if value is not None:
+            raise UsageError(f"{flag} has no meaning with --on {kind} — drop it")
+    rule: dict = {}
+    if args.debounce is not None:
+        rule["debounce_s"] = parse_duration(args.debounce, "--debounce")
+    if kind == "git-commit":
+        rule["branch"] = args.branch or _current_branch(submit_request(args.submit)[0].workspace)
+    elif kind == "file-change":
+        if not args.glob or not args.glob.strip():
+            raise ScheduleError("--on file-change needs --glob", code="bad_trigger",
+                                hint="say which files, e.g. --glob 'src/**/*.py'")
+        rule["glob"] = args.glob.strip()
+        rule.setdefault("debounce_s", 2.0)
+    else:
+        rule["every_s"] = parse_duration(args.every or "10m")
+    return run_add(args, kind, rule)
+
+
+def _current_branch(workspace: str) -> str:
+    """The branch checked out in ``workspace``'s repository (read with libgit2: nothing the
+    repository configures runs). Raises ScheduleError when there is none to watch."""
+    from pathlib import Path
+
+    from roles.operations.schedules import ScheduleError
+    from roles.workspace import safegit
+    from roles.workspace.errors import RepositoryError
+    if not Path(workspace).expanduser().is_dir():
+        return ""                       # the submit arguments' check says what is wrong with it
+    try:
+        repo = safegit.open_repository(Path(workspace).expanduser().resolve())
+    except RepositoryError as exc:
+        raise ScheduleError(f"--on git-commit: {exc.message}", code=exc.code, hint=exc.hint) from None
+    if repo.head_is_detached or repo.head_is_unborn:
+        raise ScheduleError(f"--on git-commit: {workspace} has no branch checked out", code="no_branch",
+                            hint="name one with --branch NAME")
+    return repo.head.shorthand
