@@ -26,7 +26,7 @@ from skills.errors import CandidateClosed, CandidateNotFound
 from skills.names import validate_name
 from skills.skillmd import SkillText, renamed
 from state_db.queries import skills as Q
-from state_db.queries.skills import LIVE, Candidate
+from state_db.queries.skills import LIVE, Candidate  # noqa: F401 - LIVE: the statuses a decision can still change
 from state_db.vocab import CandidateStatus as C
 
 ACTIONS = {"approve": C.APPROVED, "reject": C.REJECTED, "defer": C.DEFERRED}
