@@ -329,7 +329,7 @@ class Config(Section):
             super().__init__(**{**(data or {}), **fields})
         except ValidationError as exc:      # an unknown key first: a misspelt key also leaves one missing
             errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
-            raise _explain(errors[0]) from None
+            raise _explain(errors[0], type(self)) from None
         self._source, self._overridden = source, dict(overridden or {})
 
     @model_validator(mode="before")
@@ -486,6 +486,8 @@ def expect(field: FieldInfo) -> str:
         return _choices(get_args(kind))
     if get_origin(kind) is list:
         (item,) = get_args(kind)
+        if _is_table(item):
+            return "a list of tables ([[...]])"
         return "a list of " + (_choices(get_args(item)) if get_origin(item) is Literal else "strings")
     bounds = {type(m).__name__.lower(): getattr(m, type(m).__name__.lower()) for m in field.metadata
               if type(m).__name__ in ("Ge", "Gt", "Le", "Lt", "MinLen")}
@@ -505,14 +507,18 @@ def _choices(values: tuple) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def _explain(error: dict) -> ConfigKeyError:
+def _is_table(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, BaseModel)
+
+
+def _explain(error: dict, root: type[BaseModel]) -> ConfigKeyError:
     """One pydantic error as a coded error naming the key (the first of several: fix, check again)."""
     loc = tuple(str(p) for p in error["loc"])
-    parts, field = _resolve(loc)
+    parts, field, _ = _resolve(loc, root)
     dotted = ".".join(parts)
     kind, got = error["type"], error.get("input")
     if kind == "extra_forbidden":
-        return _unknown(loc)
+        return _unknown(loc, root)
     if field is None:                        # a table, or a price entry, is something else
         if parts and parts[0] == "prices" and len(parts) == 2:
             return ConfigKeyError(f"{dotted} must be a table with {', '.join(PRICE_KEYS)}", key=dotted, parts=parts)
@@ -522,30 +528,39 @@ def _explain(error: dict) -> ConfigKeyError:
     return ConfigKeyError(f"{dotted} must be {expect(field)} (got {got!r})", key=dotted, parts=parts)
 
 
-def _resolve(loc: tuple[str, ...]) -> tuple[tuple[str, ...], FieldInfo | None]:
-    """The key a pydantic location names (list indexes and union tags dropped) and its field."""
+def _resolve(loc: tuple[str, ...], root: type[BaseModel]
+             ) -> tuple[tuple[str, ...], FieldInfo | None, type[BaseModel] | None]:
+    """The key a pydantic location names, its field (None: a table) and the table that holds the
+    last part. Tables nest as sections, ``[[name]]`` lists (``name.0.key``) and ``[name.id]`` maps;
+    an index into a list of values is dropped (``gate.ask_for.1`` is ``gate.ask_for``)."""
     if loc[:1] == ("prices",):
         if len(loc) >= 3 and loc[2] in PRICE_KEYS:
-            return loc[:3], PRICE_FIELDS[loc[2]]
-        return loc[:2], None
-    owner: Any = Config
+            return loc[:3], PRICE_FIELDS[loc[2]], None
+        return loc[:2], None, None
+    owner: type[BaseModel] = root
     parts: list[str] = []
-    for part in loc:
-        fields = getattr(owner, "model_fields", {})
-        if part not in fields:
-            break
+    rest = list(loc)
+    while rest and rest[0] in owner.model_fields:
+        part = rest.pop(0)
         parts.append(part)
-        field = fields[part]
-        owner = field.annotation
-        if not (isinstance(owner, type) and issubclass(owner, BaseModel)):
-            return tuple(parts), field
-    return tuple(parts), None
+        field = owner.model_fields[part]
+        kind = field.annotation
+        if get_origin(kind) in (list, dict) and _is_table(get_args(kind)[-1]):
+            if not rest:
+                return tuple(parts), field, owner
+            parts.append(rest.pop(0))                     # the index or id of one table
+            owner = get_args(kind)[-1]
+        elif _is_table(kind):
+            owner = kind
+        else:
+            return tuple(parts), field, owner
+    return tuple(parts), None, owner
 
 
-def _unknown(loc: tuple[str, ...]) -> ConfigKeyError:
+def _unknown(loc: tuple[str, ...], root: type[BaseModel]) -> ConfigKeyError:
     *where, name = loc
     if not where:
-        known = sorted(Config.model_fields)
+        known = sorted(root.model_fields)
         close = difflib.get_close_matches(name, known, n=1)
         return ConfigKeyError(f"unknown section [{name}]", key=name, parts=loc, suggestion=close[0] if close else None,
                               hint=(f"did you mean [{close[0]}]? " if close else "") + f"known sections: {', '.join(known)}")
@@ -554,8 +569,8 @@ def _unknown(loc: tuple[str, ...]) -> ConfigKeyError:
     if where[0] == "prices":
         known = list(PRICE_KEYS)
     else:
-        owner = SECTIONS.get(where[0])
-        known = list(owner.model_fields) if owner is not None and len(where) == 1 else []
+        parts, field, owner = _resolve(tuple(where), root)
+        known = list(owner.model_fields) if field is None and owner is not None and parts == tuple(where) else []
     close = difflib.get_close_matches(name, known, n=1)
     guess = f"{table}.{close[0]}" if close else next((k for k in SCHEMA if k.endswith("." + name)), None)
     hint = (f"did you mean {guess}? " if guess else "") + (
@@ -639,7 +654,10 @@ def render_default() -> str:
                 out += [f"[prices.\"{model}\"]", *(f"{k} = {v!r}" for k, v in price.items()), ""]
             out.pop()
             continue
-        cls = SECTIONS[name]
+        cls = SECTIONS.get(name)
+        if cls is None:                      # a list of tables: documented, none by default
+            out += _commented(f"# [[{name}]]", field.description or "")
+            continue
         out += _commented(f"[{name}]", " ".join((cls.__doc__ or "").split()))
         for k, f in cls.model_fields.items():
             out += _commented(f"{k} = {_toml(f.default)}", f.description or "")

@@ -186,3 +186,29 @@ def test_the_typed_config_is_frozen_and_reads_as_attributes():
     assert cfg.prices["scripted"]["input"] == 0
     with pytest.raises(Exception):
         cfg.caps.max_iterations = 11                              # type: ignore[misc]
+
+
+class Every(config_mod.Section):
+    """a standing order"""
+    goal: str = config_mod.key("x", min_length=1)
+    every_s: float = config_mod.key(3600, gt=0)
+
+
+class WithSchedules(config_mod.Config):
+    """The configuration with one more line: a list of tables, as ``[[schedules]]`` will be."""
+    schedules: list[Every] = config_mod.key([], "standing orders")
+
+
+def test_a_list_of_tables_added_in_one_line_gets_lines_suggestions_and_a_schema(tmp_path):
+    text = "[org]\nloop_agents = 1\n\n[[schedules]]\ngoal = 'a'\n\n[[schedules]]\ngoal = 'b'\nevry_s = 60\n"
+    with pytest.raises(ConfigKeyError) as info:
+        WithSchedules(tomllib.loads(text))
+    err = info.value.at(tmp_path / "org.toml", text)
+    assert (err.key, err.suggestion, err.lineno) == ("schedules.1.evry_s", "schedules.1.every_s", 9)
+    with pytest.raises(ConfigKeyError) as info:
+        WithSchedules(tomllib.loads("[[schedules]]\ngoal = 'a'\nevery_s = 0\n"))
+    assert info.value.key == "schedules.0.every_s" and "a number > 0" in str(info.value)
+    cfg = WithSchedules(tomllib.loads(text.replace("evry_s", "every_s")))
+    assert [s.every_s for s in cfg.schedules] == [3600, 60]
+    schema = WithSchedules.model_json_schema()
+    assert schema["properties"]["schedules"]["items"] == {"$ref": "#/$defs/Every"}
