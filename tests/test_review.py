@@ -35,6 +35,7 @@ from roles.eval_agent.checks import CheckResult
 from roles.eval_agent.review import Review, ReviewFailed, Reviewer, ReviewSettings, default_model, judged
 from state_db.config import DEFAULT_PRICES
 from state_db.queries.review import review_usage
+from state_db.queries.work import WorkItem
 from state_db.vocab import Actor, ReviewVerdict, VerdictOutcome, WorkStatus
 from state_db.writer import StateWriter
 from tests.support.org import query, running_org, wait_for
@@ -106,16 +107,16 @@ def test_the_default_review_model_is_not_the_doers():
 
 # -- the reviewer against a real server process: its cap, its retries ---------------------------------------
 
-def _work(org_home, work_id: str = "w-review") -> dict:
+def _work(org_home, work_id: str = "w-review") -> WorkItem:
     human = StateWriter(org_home.db_path, Actor.HUMAN)
     with human.transaction() as tx:
         tx.insert("work_items", {"id": work_id, "goal": "make answer.txt say right", "workspace": str(org_home.root),
                                  "verify": [VERIFY], "caps": {"max_iterations": 9}, "backend": "scripted:/nowhere",
                                  "review": {"criteria": "no special cases"}, "status": WorkStatus.QUEUED,
                                  "created_by": "human", "created_at": time.time(), "updated_at": time.time()})
-        row = dict(tx.get("work_items", work_id))
+        row = tx.get("work_items", work_id)
     human.close()
-    return row
+    return WorkItem.from_row(row)
 
 
 PASSED = [CheckResult(name="check", command=VERIFY, passed=True, exit_code=0, timed_out=False, signature=None,
@@ -141,10 +142,10 @@ def test_review_usage_is_the_eval_agents_and_stays_within_its_budget(org_home, t
                 done += 1
         assert refused.value.code == "review_budget"
         assert done >= 2 and len(served(log)) == done, "a request was sent past the budget"
-        rows = query(org_home, "SELECT * FROM model_calls WHERE work_id = ?", (work["id"],))
+        rows = query(org_home, "SELECT * FROM model_calls WHERE work_id = ?", (work.id,))
         assert len(rows) == done and all(r["instance"] == "eval-agent-1" and r["attempt"] is None for r in rows)
         assert sorted(r["iteration"] for r in rows) == list(range(1, done + 1))
-        used = review_usage(writer.conn, work["id"])
+        used = review_usage(writer.conn, work.id)
         assert used["budget_tokens"] == 440 * done <= budget
         assert used["cost_usd"] == pytest.approx(done * (400 * 1.0 + 40 * 5.0) / 1e6)     # haiku's prices
         writer.close()
@@ -161,7 +162,7 @@ def test_a_review_without_a_structured_answer_is_tried_again_then_fails_as_the_v
             reviewer.review(work, 1, diff="+right\n", checks=PASSED)
         assert failed.value.code == "review_failed" and "no submit_review call" in str(failed.value)
         assert len(served(log)) == 3                                  # one try and two more
-        assert review_usage(writer.conn, work["id"])["calls"] == 3   # every answer's tokens are counted
+        assert review_usage(writer.conn, work.id)["calls"] == 3   # every answer's tokens are counted
         with pytest.raises(ReviewFailed):                            # the script has no answer: HTTP 400s
             reviewer.review(work, 2, diff="+right\n", checks=PASSED)
         writer.close()
@@ -302,7 +303,11 @@ def test_a_declared_impossible_confirmed_by_the_review_and_the_human_ends_imposs
                         timeout=90, what=f"{wid} paused on an impossible decision")[0]
     assert decision["iteration"] == 3 and "two contents of one file" in decision["question"]
     assert work(home, wid)["status"] == "paused"           # not ended on anyone's word yet
-    cli(home, "decide", decision["id"], "approve")
+    refused = subprocess.run([sys.executable, "-m", "scripts.cli.main", "decide", decision["id"], "edit", "true"],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT,
+                             env={**os.environ, "ORG_HOME": str(home.root)})
+    assert refused.returncode != 0 and refused.stderr.startswith("error[bad_decision]"), refused.stderr
+    assert "ended impossible" in cli(home, "decide", decision["id"], "approve")
     w = ended(home, wid, timeout=30)
     assert w["stop_reason"] == "impossible" and "confirmed by a human" in w["stop_detail"]
     assert orjson.loads(verdicts(home, wid)[-1]["review"])["claim"].startswith("answer.txt must say right")

@@ -25,7 +25,8 @@ class DecideError(StateError):
 def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str | None = None, *,
            stop: bool = False, idempotency_key: str | None = None, via: str | None = None) -> dict:
     """Record the human's decision, then wake the coordinator. Raises NotFound, DecideError,
-    IllegalTransition (already decided). Returns {id, work_id, status, replayed, wake} (``wake``:
+    IllegalTransition (already decided). Returns {id, work_id, status, ended, replayed, wake}
+    (``ended``: the stop reason when approving ended the run, e.g. ``impossible``; ``wake``:
     "push", "outbox" or "not sent: <why>"). ``via``: the client it came through (``human_writer``)."""
     if verdict not in VERDICTS:
         raise DecideError(f"unknown decision {verdict!r}", hint="use approve, reject, edit or respond")
@@ -39,11 +40,13 @@ def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str
         row = tx.get("decisions", decision_id)
         if row is None:
             raise NotFound(f"no decision {decision_id}", hint="see 'org decisions'")
+        if verdict == "edit" and row["kind"] in ENDS_RUN:       # there is no command to edit
+            raise DecideError(f"{decision_id} asks whether the run ends {row['kind']}: there is no command to edit",
+                              hint="approve (it ends), respond TEXT (it goes on with your text) or reject")
         tx.set_status("decisions", decision_id, VERDICTS[verdict], answer=text, stop_run=int(stop),
                       decided_by=signed(writer), decided_at=tx.now)
-        if verdict == "approve" and row["kind"] in ENDS_RUN:
-            _end_confirmed(tx, row, text)
-        return {"id": decision_id, "work_id": row["work_id"], "status": str(VERDICTS[verdict])}
+        ended = _end_confirmed(tx, row, text) if verdict == "approve" and row["kind"] in ENDS_RUN else None
+        return {"id": decision_id, "work_id": row["work_id"], "status": str(VERDICTS[verdict]), "ended": ended}
 
     try:
         result, replayed = writer.run_once(idempotency_key or uuid.uuid4().hex, "decide", do)
@@ -54,9 +57,9 @@ def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str
     return {**result, "replayed": replayed, "wake": wake}
 
 
-def _end_confirmed(tx, row, text: str | None) -> None:
+def _end_confirmed(tx, row, text: str | None) -> str:
     """The human confirmed an ending the run asked about: it ends now with that stop reason (the
-    decision is settled too: there is no action to run)."""
+    decision is settled too: there is no action to run). Returns the stop reason."""
     reason = StopReason(row["kind"])
     tx.set_status("decisions", row["id"], D.EXECUTING)
     tx.set_status("decisions", row["id"], D.EXECUTED, result=f"confirmed: the run ended {reason}")
@@ -65,3 +68,4 @@ def _end_confirmed(tx, row, text: str | None) -> None:
         said = orjson.loads(row["action"] or "{}").get("reason") or row["question"]
         end_run(tx, row["work_id"], StopDecision(reason, f"confirmed by a human: {said}" + (f" ({text})" if text else "")),
                 assigned_to=None)
+    return str(reason)

@@ -27,6 +27,7 @@ def run(args) -> int:
     if args.json:
         emit_json(result)
     else:
-        print(f"{args.id}: {result['status']}" + (" (already decided)" if result["replayed"] else ""))
+        print(f"{args.id}: {result['status']}" + (" (already decided)" if result["replayed"] else "")
+              + (f"; the run {result['work_id']} ended {result['ended']}" if result.get("ended") else ""))
     print_unsent(result["wake"], "the decision is recorded and takes effect when the org runs", args.json)
     return 0
