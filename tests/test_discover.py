@@ -22,6 +22,7 @@ from scripts.cli.main import main
 from state_db import config as config_mod
 from state_db.connection import read_rows
 from state_db.writer import StateWriter
+from tests.support.org import ONE_AGENT, query, running_org, wait_for
 
 SNAPSHOT = Path(__file__).parent / "data" / "discover_snapshot.json"
 COMMAND_BACKEND = '[model]\nbackend = "command"\n'          # submits need no API key
@@ -313,3 +314,28 @@ def test_open_proposals_show_in_status_and_the_needs_you_list(org_home, repo, ca
     assert [p["kind"] for p in needs] == ["bug", "fixme", "todo", "issue"] and needs[0]["recommended"]
     assert cli(org_home, "discover", "list", "--json") == 0
     assert [p["id"] for p in orjson.loads(capsys.readouterr().out)] == [p["id"] for p in needs]
+
+
+DEMO = Path(__file__).resolve().parents[1] / "scripts" / "demo"
+
+
+@pytest.mark.timeout(240)
+def test_an_accepted_proposal_is_worked_by_a_real_org_to_goal_met_and_a_rescan_finds_nothing_failing():
+    """The whole gate with real processes: the scan proposes, nothing runs, the human accepts, the
+    org's loop-agent and eval-agent take the item to goal_met, and the failure is gone."""
+    import shutil
+    with running_org(ONE_AGENT) as home:
+        ws = home.root.parent / "ws"
+        shutil.copytree(DEMO / "project", ws)
+        cfg = config_mod.load_config(home)
+        verify = "python3 -m unittest -q"
+        shown = P.record(home, cfg, ws, D.scan_all(ws, [verify], None, cfg=cfg, home=home))["proposals"]
+        assert [p["kind"] for p in shown] == ["failing_test"] and shown[0]["evidence"]["exit_code"] == 1
+        assert query(home, "SELECT id FROM work_items") == []
+        done = P.accept(home, cfg, shown[0]["id"], P.Edits(backend=f"scripted:{DEMO / 'script.json'}",
+                                                            max_iterations=5))
+        item = wait_for(lambda: (r := query(home, "SELECT * FROM work_items WHERE id = ?", (done["work_id"],))[0])
+                        ["status"] == "ended" and r, timeout=120, what=f"{done['work_id']} to end")
+        assert item["stop_reason"] == "goal_met" and item["origin_id"] == shown[0]["id"]
+        again = P.record(home, cfg, ws, D.scan_all(ws, [verify], None, cfg=cfg, home=home))
+        assert again["found"] == 0 and again["proposals"] == []
