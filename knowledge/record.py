@@ -14,7 +14,7 @@ from typing import Any
 from knowledge.errors import RunNotEnded
 from state_db.queries import knowledge as Q
 from state_db.queries import skills as S
-from state_db.queries import verdicts, work
+from state_db.queries import loop as loop_queries, verdicts, work
 from state_db.queries.iterations import attempts as attempts_of, of_work as iterations_of
 from state_db.queries.usage import of_work as usage_of
 from state_db.vocab import WorkStatus
@@ -94,6 +94,7 @@ class RunRecord:
     discarded_attempts: int
     ended_at: float | None
     terms: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    handoff: dict[str, Any] | None = None    # the latest hand-off note (a budget's wrap-up), if any
 
     @property
     def goal_met(self) -> bool:
@@ -113,7 +114,8 @@ class RunRecord:
                                 "failing_checks": [{"name": c.name, "signature": c.signature,
                                                     "exit_code": c.exit_code, "timed_out": c.timed_out,
                                                     "output_tail": c.output_tail[-400:]} for c in it.failing]}
-                               for it in self.iterations]}
+                               for it in self.iterations],
+                "handoff": self.handoff}
 
 
 def load(conn: sqlite3.Connection, run_id: str) -> RunRecord:
@@ -146,7 +148,13 @@ def load(conn: sqlite3.Connection, run_id: str) -> RunRecord:
         iterations=tuple(its), calls=used.calls, tokens=used.tokens, cost_usd=float(used.cost_usd),
         models=Q.models_of_run(conn, run_id), attempts=len(attempts),
         discarded_attempts=sum(1 for a in attempts if a.outcome == "discarded"),
-        ended_at=run.ended_at, terms=item_terms(conn, carried))
+        ended_at=run.ended_at, terms=item_terms(conn, carried),
+        handoff=_handoff(conn, run_id))
+
+
+def _handoff(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
+    note = loop_queries.latest_handoff(conn, run_id)
+    return None if note is None else note.encode()
 
 
 _CODEISH = re.compile(r"`([^`]{2,80})`|(\b[\w./-]+\.(?:py|js|ts|json|toml|ya?ml|md|txt|sh|cfg|ini)\b)"

@@ -61,7 +61,7 @@ def outcome_note(rec: RunRecord) -> NoteDraft:
         judgment=f"The stop reason {'fits' if fit.ok else 'does not fit'}: {fit.why}.",
         rationale=(f"Goal verifiable as stated: {'yes' if verifiable.ok else 'no'} — {verifiable.why}. "
                    f"Budget: {cost.line()}" + (f" (near the cap: {', '.join(cost.near)})" if cost.near else "")
-                   + f". Lessons: {lessons.line()}."),
+                   + f". Lessons: {lessons.line()}." + _handed_off(rec)),
         applicability=f"Runs that end with {rec.stop_reason}; goal of this one: {F.clip(rec.goal, 100)}",
         evidence={"kind": "outcome", "topic": f"runs ending {rec.stop_reason}", "subject": f"stop:{rec.stop_reason}",
                   "iterations": [it.n for it in rec.iterations], "stop_reason": rec.stop_reason,
@@ -70,7 +70,17 @@ def outcome_note(rec: RunRecord) -> NoteDraft:
                               "ignored": list(lessons.ignored)},
                   "usage": {"calls": rec.calls, "tokens": rec.tokens, "cost_usd": round(rec.cost_usd, 6)},
                   "knowledge": [{"id": c.id, "iterations": list(c.iterations), "used": c.used, "helped": c.helped}
-                                for c in F.carried(rec, rec.terms) if c.section == "knowledge"]})
+                                for c in F.carried(rec, rec.terms) if c.section == "knowledge"],
+                  **({"handoff": {k: rec.handoff[k] for k in ("ending", "source", "done", "remains", "learned")}}
+                     if rec.handoff else {})})
+
+
+def _handed_off(rec: RunRecord) -> str:
+    """What the run's hand-off note (its wrap-up when a budget tripped) says remains and was learned."""
+    if not rec.handoff:
+        return ""
+    return (f" Hand-off ({'the wrap-up act' if rec.handoff['source'] == 'wrapup' else 'from the record'}): "
+            f"remains — {F.clip(rec.handoff['remains'], 300)}; learned — {F.clip(rec.handoff['learned'], 300)}.")
 
 
 def steps(rec: RunRecord, upto: int | None = None) -> str:

@@ -215,8 +215,7 @@ class LoopEngine:
     def derive(self) -> Step:
         """The next step as state.db says, the stop policy deciding whether the run ends."""
         work = self.work()
-        if (done := ending.recorded(work)) is not None:
-            return self._derived(Ended(done))
+        done = ending.recorded(work)
         conn = self.w.conn
         progress, its, verdicts = prog.load(conn, work, running_s=self._waited, org_limit=self._org_spend_over(),
                                             model_error=self._model_error or False,
@@ -225,6 +224,8 @@ class LoopEngine:
                                             reflected=self._reflected, unwritten=self._unwritten)
         self._ctx = (work, progress, its, verdicts)
         decision = self.policy.evaluate(progress)
+        if done is not None:        # ended meanwhile (the verdict's goal_met, a cancel): end_run keeps that ending
+            return self._derived(Ended(self._end(decision or done)))
         if decision is None and self._abandoned is not None:     # the policy always agrees; never wait again
             decision = StopDecision(StopReason(self._abandoned[0]), self._abandoned[1])
         if self._abandoned is None or decision is None:
@@ -558,8 +559,8 @@ class LoopEngine:
             if handoff is not None:
                 tx.insert("handoffs", handoff)
             recorded = ending.end_run(tx, self.work_id, decision)
-        self.log.info("run_ended", reason=str(recorded.reason), detail=recorded.detail,
-                      by="policy" if recorded == decision else "an earlier ending")
+        self.log.info("run_ended", reason=str(recorded.reason), detail=recorded.detail, policy=str(decision.reason),
+                      recorded="now" if recorded == decision else "earlier")
         return recorded
 
     # -- the wrap-up ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from state_db import queries, views
 from state_db.queries import decisions, verdicts, work
 from state_db.queries.base import plain
 from state_db.queries.iterations import attempts, of_work as iterations_of
-from state_db.queries import review as review_queries
+from state_db.queries import loop as loop_queries, review as review_queries
 from state_db.errors import NotFound
 
 NAME = "show"
@@ -32,6 +32,7 @@ def load(conn, work_id: str) -> dict:
     item["verdicts"] = plain(verdicts.of_work(conn, work_id))
     item["attempts"] = plain(attempts(conn, work_id))
     item["stop_history"] = plain(work.stop_history(conn, work_id))
+    item["handoffs"] = [h.encode() for h in loop_queries.handoffs(conn, work_id)]
     item["preflight"] = plain(verdicts.preflight(conn, work_id))
     item["review"] = {**review_queries.work_review(conn, work_id), "usage": review_queries.review_usage(conn, work_id),
                       "reviews": review_queries.reviews(conn, work_id)}
@@ -73,13 +74,24 @@ def _evidence(verdict: dict) -> str:
     return "; ".join(parts) or "-"
 
 
-def acts_per_iteration(attempts: list[dict]) -> dict[int, int]:
+def acts_per_iteration(attempts: list[dict], wrapups: set[int] = frozenset()) -> dict[int, int]:
     """How many acts each iteration took: more than one when an act was cut (a crash, a forced
-    suspend) and redone. Attempt numbers count acts over the whole run, not per iteration."""
+    suspend) and redone. Attempt numbers count acts over the whole run, not per iteration; the
+    wrap-up acts (attempts in ``wrapups``) belong to no iteration."""
     counts: dict[int, int] = {}
     for a in attempts:
-        counts[a["iteration"]] = counts.get(a["iteration"], 0) + 1
+        if a["attempt"] not in wrapups:
+            counts[a["iteration"]] = counts.get(a["iteration"], 0) + 1
     return counts
+
+
+def handoff_lines(handoff: dict) -> list[str]:
+    """A hand-off note (the wrap-up after a budget tripped): what was done, remains, was learned."""
+    slice_ = ", ".join(f"{k} {v:.4g}" for k, v in (handoff["allowance"] or {}).items() if v is not None) or "none"
+    how = ("written by the wrap-up act" if handoff["source"] == "wrapup" else "from the record (no wrap-up act "
+           "could be made)") + f"; it used {handoff['tokens']} budget tokens, ${handoff['cost_usd']:.4f} of a slice of {slice_}"
+    return [f"hand-off (ending {handoff['ending']}, {how}):", f"  done: {handoff['done']}",
+            f"  remains: {handoff['remains']}", f"  learned: {handoff['learned']}"]
 
 
 def run_line(run: dict) -> str:
@@ -128,12 +140,15 @@ def run(args) -> int:
     for h in item["stop_history"]:
         print(f"ending {h['seq']}: {h['stop_reason']} after {h['iterations']} iterations — {h['stop_detail'] or ''}; "
               f"continued by {h['continued_by']} with {h['new_caps']}")
+    for h in item["handoffs"]:
+        for line in handoff_lines(h):
+            print(line)
     pre = item["preflight"]
     line = pre["detail"] if pre else ("not checked yet (the eval-agent runs the verify commands on the baseline "
                                       "before the first act)")
     print(line if line.startswith("baseline") else f"baseline: {line}")
     verdicts = {v["iteration"]: v for v in item["verdicts"]}
-    tries = acts_per_iteration(item["attempts"])
+    tries = acts_per_iteration(item["attempts"], {h["attempt"] for h in item["handoffs"] if h["attempt"]})
     redone = any(n > 1 for n in tries.values())   # else the column would only repeat ITER
     rows = []
     for it in item["iterations_detail"]:

@@ -1,0 +1,345 @@
+"""The loop as next-step data: every ending through the stop policy and one end_run; a paused or
+parked run as a stored step another engine resumes from; an error class the policy does not know
+asks a human (needs_human); a budget that trips buys one wrap-up act within its reserved slice.
+
+The model is the real anthropic backend (official SDK over HTTP) against the scripted server or
+a recording fake Messages API, both on 127.0.0.1; the verifier is the eval-agent's own."""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from roles.loop_agent import steps
+from roles.loop_agent.backends.anthropic_backend import AnthropicBackend, AnthropicConfig
+from roles.loop_agent.backends.retry import MemoryRateGate, RetryPolicy
+from roles.loop_agent.engine import LoopSettings, policy_for
+from roles.loop_agent.policy import policy_from_caps
+from roles.loop_agent.progress import load
+from roles.loop_agent.scripted.server import ScriptedServer
+from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, Parked, Paused, Preflight, Reflect,
+                                    WrapUp)
+from roles.loop_agent.stop import RunProgress, StopDecision
+from roles.operations.decide import decide
+from state_db import config, ending
+from state_db.connection import connect
+from state_db.vocab import Actor, StopReason, WorkStatus
+from state_db.writer import StateWriter
+from tests.fake_messages_api import FakeMessagesAPI, text_turn, tool_use_turn
+from tests.support.loop import BUGGY, FIXED, ScriptedActs, engine, make_workspace, submit
+from tests.support.org import query
+
+GOOD = {"write": {"calc.py": FIXED}}
+BAD = {"write": {"calc.py": BUGGY.replace("a - b", "a * b")}}
+ASK = {"request": {"kind": "network", "command": "echo fetched", "reason": "need the upstream file"}}
+PRICES = {"scripted": {"input": 0.0, "output": 0.0, "cache_write": 0.0, "cache_read": 0.0},
+          "fake": {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.3}}
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return make_workspace(tmp_path)
+
+
+def _backend(base_url: str, model: str = "scripted") -> AnthropicBackend:
+    conf = AnthropicConfig(model=model, max_tokens=4096, base_url=base_url, timeout_s=20.0,
+                           retry=RetryPolicy(max_attempts=2, base_delay_s=0.01))
+    return AnthropicBackend(conf, PRICES, gate=MemoryRateGate(), environ={})
+
+
+@pytest.fixture
+def scripted(tmp_path):
+    """start(acts) -> (backend, log path): the scripted server on 127.0.0.1, stopped after."""
+    servers = []
+
+    def start(acts, **extra):
+        path = tmp_path / f"script-{len(servers)}.json"
+        path.write_text(json.dumps({"version": 1, "acts": acts, **extra}))
+        server = ScriptedServer(path, tmp_path / f"served-{len(servers)}.jsonl")
+        servers.append(server)
+        return _backend(server.start()), server.log_path
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def served(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def work(home, wid="w1"):
+    return query(home, "SELECT * FROM work_items WHERE id=?", (wid,))[0]
+
+
+def redispatch(home, wid="w1", agent="loop-agent-1"):
+    from roles.coordinator.dispatch import unpark
+    co = StateWriter(home.db_path, Actor.COORDINATOR)
+    with co.transaction() as tx:
+        assert unpark(tx) == [wid]
+        tx.set_status("work_items", wid, WorkStatus.DISPATCHED, assigned_to=agent)
+    co.close()
+
+
+# -- every ending through the policy and end_run ------------------------------------------------
+
+def test_a_refusal_from_the_model_service_fires_the_policys_model_error(org_home, ws, scripted):
+    """A real backend failure (the scripted server answers with a refusal) reaches the stop policy
+    as its model_error flag: ModelError ends the run, the act discarded, nothing committed."""
+    submit(org_home, ws)
+    backend, log = scripted([[{"text": "I will not do that.", "stop_reason": "refusal"}]])
+    decision = engine(org_home, "w1", backend).run()
+    assert decision.reason == StopReason.MODEL_ERROR and decision.detail.startswith("refusal: ")
+    row = work(org_home)
+    assert (row["status"], row["stop_reason"], row["stop_detail"]) == ("ended", "model_error", decision.detail)
+    assert query(org_home, "SELECT outcome FROM attempts") == [{"outcome": "model_error:refusal"}]
+    assert query(org_home, "SELECT * FROM iterations") == [] and (ws / "calc.py").read_text() == BUGGY
+    assert [e["event"] for e in served(log)].count("step") == 1
+    # the decision is the policy's: the same flag through progress.load fires ModelError alone
+    conn = connect(org_home.db_path, readonly=True)
+    progress, _, _ = load(conn, query(org_home, "SELECT * FROM work_items")[0], model_error=decision.detail)
+    conn.close()
+    assert policy_from_caps(max_iterations=6).evaluate(progress) == StopDecision(StopReason.MODEL_ERROR, decision.detail)
+
+
+def test_a_script_with_no_act_left_is_a_model_error_through_the_policy(org_home, ws, scripted):
+    """The scripted server refusing a request it has no step for (HTTP 400, not retried) ends the
+    run model_error after the iterations it could serve."""
+    submit(org_home, ws, caps={"max_iterations": 5})
+    backend, _ = scripted([[{"text": "First try.", "tool_uses": [{"name": "write_file", "input": {
+        "path": "calc.py", "content": BUGGY.replace("a - b", "a * b")}}]}, {"text": "Done."}]])
+    decision = engine(org_home, "w1", backend).run()
+    assert decision.reason == StopReason.MODEL_ERROR and "bad_request" in decision.detail
+    assert [r["n"] for r in query(org_home, "SELECT n FROM iterations")] == [1]
+
+
+def test_goal_met_ends_through_the_policy_and_the_verdicts_one_rule(org_home, ws):
+    """The eval-agent's passing verdict ends the run by the rule GoalMet evaluates
+    (state_db.ending.goal_met), and the engine's own GoalMet decision meets that ending in
+    end_run instead of being skipped."""
+    submit(org_home, ws)
+    with capture_logs() as logs:
+        decision = engine(org_home, "w1", ScriptedActs([[BAD], [GOOD]])).run()
+    assert decision.reason == StopReason.GOAL_MET
+    row = work(org_home)
+    assert row["stop_detail"].startswith("iteration 2 passed every check")
+    ended = [e for e in logs if e["event"] == "run_ended"]
+    assert [(e["policy"], e["reason"], e["recorded"]) for e in ended] == [("goal_met", "goal_met", "earlier")]
+    assert query(org_home, "SELECT actor FROM events WHERE kind='work_items.ended'") == [{"actor": "eval-agent"}]
+    # one rule: the policy's GoalMet and the verdict agree on the same iteration
+    from tests.test_stop import PASS, fail
+    assert policy_from_caps(max_iterations=6).evaluate(RunProgress(iterations=2, verdicts=(fail(), PASS))).reason \
+        == StopReason.GOAL_MET
+    assert ending.goal_met(2, 2, True, True) is not None and ending.goal_met(1, 2, True, True) is None
+
+
+def test_end_run_keeps_the_first_ending_and_refuses_goal_met_to_the_doer(org_home, ws):
+    from state_db.errors import NotAllowed
+    submit(org_home, ws)
+    la = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
+    with pytest.raises(NotAllowed), la.transaction() as tx:
+        ending.end_run(tx, "w1", StopDecision(StopReason.GOAL_MET, "the doer says so"))
+    with la.transaction() as tx:
+        first = ending.end_run(tx, "w1", StopDecision(StopReason.MAX_ITERATIONS, "6 iterations"))
+        again = ending.end_run(tx, "w1", StopDecision(StopReason.CANCELLED, "late"))
+    la.close()
+    assert first == again == StopDecision(StopReason.MAX_ITERATIONS, "6 iterations")
+    assert len(query(org_home, "SELECT id FROM events WHERE kind='work_items.ended'")) == 1
+
+
+def test_cancel_org_limit_and_the_spend_cap_end_through_end_run(org_home, ws, tmp_path):
+    """The operations' cancel of a queued run and the coordinator's spend cap record their
+    StopDecision through end_run, like the loop."""
+    from roles.coordinator.dispatch import enforce_spend_cap
+    from roles.operations.cancel import cancel
+    human = StateWriter(org_home.db_path, Actor.HUMAN)
+    for wid in ("q1", "q2"):
+        with human.transaction() as tx:
+            tx.insert("work_items", {"id": wid, "goal": "g", "workspace": str(ws), "verify": ["true"],
+                                     "caps": {"max_iterations": 1}, "backend": "anthropic", "status": "queued",
+                                     "created_by": "human", "created_at": 1.0, "updated_at": 1.0})
+    human.close()
+    out = cancel(org_home, config.load(None), "q1")
+    assert (out["stop_reason"], work(org_home, "q1")["stop_reason"]) == ("cancelled", "cancelled")
+    co = StateWriter(org_home.db_path, Actor.COORDINATOR)
+    with co.transaction() as tx:
+        assert enforce_spend_cap(tx, 0.0000001) == [] and enforce_spend_cap(tx, 0.0) == ["q2"]
+    co.close()
+    assert work(org_home, "q2")["stop_detail"].startswith("org spend $0.00 reached the cap")
+
+
+# -- next steps as data -------------------------------------------------------------------------
+
+def test_every_step_round_trips_through_its_encoding():
+    decision = StopDecision(StopReason.TOKEN_BUDGET, "9600 tokens used, budget 10000")
+    every = [Preflight(), ActAgain(3), AwaitVerdict(3), Reflect(3), WrapUp(decision), AwaitHuman(("d-1",)),
+             Parked(("d-1", "d-2")), Paused(ActAgain(4)), Paused(AwaitVerdict(2)), Ended(decision)]
+    for step in every:
+        assert steps.decode(steps.dumps(step)) == step
+    with pytest.raises(ValueError):
+        steps.decode({"kind": "teleport"})
+
+
+def test_a_parked_run_is_a_stored_step_that_another_engine_resumes(org_home, ws):
+    submit(org_home, ws)
+    backend = ScriptedActs([[ASK], [GOOD]])
+    settings = LoopSettings(gate_runner=lambda c, k, w: (0, "fetched"))
+    assert engine(org_home, "w1", backend, settings=settings).run() is None
+    row = work(org_home)
+    pending = query(org_home, "SELECT id FROM decisions WHERE status='pending'")
+    stored = steps.decode(row["next_step"])
+    assert stored == Parked((pending[0]["id"],)) and row["status"] == "paused" and row["assigned_to"] is None
+    decide(org_home, config.load(None), pending[0]["id"], "approve")
+    redispatch(org_home)
+    resumed = engine(org_home, "w1", backend, settings=settings)
+    assert resumed.resume() == AwaitHuman((pending[0]["id"],))     # from the stored step, not derived
+    decision = engine(org_home, "w1", backend, settings=settings).run()
+    assert decision.reason == StopReason.GOAL_MET
+    assert query(org_home, "SELECT status FROM decisions") == [{"status": "executed"}]
+
+
+def test_a_paused_run_stores_where_it_goes_on_and_resumes_there(org_home, ws):
+    submit(org_home, ws)
+    pause = threading.Event()
+
+    class PauseAfterFirst(ScriptedActs):
+        def act(self, ctx, *, on_usage, budget_left):
+            pause.set()                     # the next safe boundary is after this iteration's verdict
+            return super().act(ctx, on_usage=on_usage, budget_left=budget_left)
+
+    assert engine(org_home, "w1", PauseAfterFirst([[BAD], [GOOD]]), pause=pause).run() is None
+    assert steps.decode(work(org_home)["next_step"]) == Paused(ActAgain(2))
+    assert [r["n"] for r in query(org_home, "SELECT n FROM iterations")] == [1]
+    again = engine(org_home, "w1", ScriptedActs([[BAD], [GOOD]]))
+    assert again.resume() == ActAgain(2)
+    assert engine(org_home, "w1", ScriptedActs([[BAD], [GOOD]])).run().reason == StopReason.GOAL_MET
+    assert work(org_home)["next_step"] is None                      # cleared when the act began
+
+
+def test_a_stored_step_the_run_has_moved_past_is_derived_again(org_home, ws):
+    """A stored step is never trusted over state.db: one behind the run is replaced by the step
+    state.db says comes next."""
+    submit(org_home, ws)
+    la = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
+    with la.transaction() as tx:
+        tx.update("work_items", "w1", next_step=steps.dumps(Paused(ActAgain(7))))
+    la.close()
+    eng = engine(org_home, "w1", ScriptedActs([[BAD], [GOOD]]))
+    stored = eng.resume()
+    assert stored == ActAgain(7)
+    assert eng.advance(stored) == Preflight()                       # nothing committed yet: the preflight first
+
+
+# -- an error the policy does not know -----------------------------------------------------------
+
+LOOP_READ = {"text": "Reading the notes.", "tool_uses": [{"name": "read_file", "input": {"path": "notes"}}]}
+
+
+def _fix_turns(word: str) -> list[dict]:
+    return [LOOP_READ, {"text": f"Fix {word}.", "tool_uses": [{"name": "write_file", "input": {
+        "path": "calc.py", "content": FIXED if word == "right" else BUGGY.replace("a - b", "a * b")}}]},
+        {"text": f"I wrote the {word} fix."}]
+
+
+@pytest.mark.timeout(90)
+def test_an_unknown_tool_error_pauses_for_a_human_who_confirms_the_stop(org_home, ws, scripted):
+    """A tool failing in a way the policy does not know (a symlink loop in the workspace) parks
+    the run with an unknown_error decision before another iteration is bought; approving it ends
+    the run needs_human through the policy."""
+    (ws / "notes").symlink_to("notes")
+    submit(org_home, ws)
+    backend, log = scripted([_fix_turns("wrong"), _fix_turns("right")])
+    assert engine(org_home, "w1", backend).run() is None
+    asked = query(org_home, "SELECT * FROM decisions")
+    assert [(d["kind"], d["status"], d["iteration"]) for d in asked] == [("unknown_error", "pending", 1)]
+    assert "tool_failed: RuntimeError" in asked[0]["question"] and "Symlink loop" in asked[0]["question"]
+    assert steps.decode(work(org_home)["next_step"]) == Parked((asked[0]["id"],))
+    acts = [e for e in served(log) if e["event"] == "act"]
+    assert len(acts) == 1                                   # iteration 1 only: no iteration bought meanwhile
+    decide(org_home, config.load(None), asked[0]["id"], "approve")
+    redispatch(org_home)
+    decision = engine(org_home, "w1", backend).run()
+    assert decision.reason == StopReason.NEEDS_HUMAN and "tool_failed: RuntimeError" in decision.detail
+    assert len([e for e in served(log) if e["event"] == "act"]) == 1
+
+
+@pytest.mark.timeout(90)
+def test_a_human_answer_goes_on_and_the_same_error_class_never_asks_twice(org_home, ws, scripted):
+    (ws / "notes").symlink_to("notes")
+    submit(org_home, ws)
+    backend, log = scripted([_fix_turns("wrong"), _fix_turns("right")])
+    assert engine(org_home, "w1", backend).run() is None
+    did = query(org_home, "SELECT id FROM decisions")[0]["id"]
+    decide(org_home, config.load(None), did, "respond", "the notes link is broken on purpose; ignore it")
+    redispatch(org_home)
+    decision = engine(org_home, "w1", backend).run()
+    assert decision.reason == StopReason.GOAL_MET           # iteration 2 met the same error: no second question
+    assert len(query(org_home, "SELECT id FROM decisions")) == 1
+    prompt = json.loads(query(org_home, "SELECT prompt FROM iterations WHERE n=2")[0]["prompt"])
+    assert prompt["iteration"] == 2
+    firsts = [e for e in served(log) if e["event"] == "act"]
+    assert [e["iteration"] for e in firsts] == [1, 2]
+
+
+# -- the wrap-up -----------------------------------------------------------------------------------
+
+SHOW_AND_FAIL = f"{sys.executable} -c 'import sys; print(\"error: state \" + open(\"state\").read()); sys.exit(1)'"
+
+
+def _u(inp: int, out: int) -> dict:
+    return {"input_tokens": inp, "output_tokens": out, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+@pytest.mark.timeout(90)
+def test_the_wrap_up_request_is_bounded_by_the_slice_and_offers_no_tool_that_writes(org_home, ws):
+    """What the model is asked for: max_tokens within the reserved slice, only the reading tools,
+    a prompt that fits the slice; the stop reason stays the budget's and the note is stored."""
+    (ws / "state").write_text("start")
+    submit(org_home, ws, caps={"budget_tokens": 10_000, "max_iterations": 10}, verify=(SHOW_AND_FAIL,))
+    fake = FakeMessagesAPI()
+    fake.start()
+    try:
+        for word in ("alpha", "beta", "gamma", "delta"):
+            fake.enqueue(tool_use_turn("write_file", {"path": "state", "content": word}, usage=_u(2000, 100)))
+            if word != "delta":              # the fourth act trips the budget before its second call
+                fake.enqueue(text_turn(f"wrote {word}", usage=_u(300, 100)))
+        fake.enqueue(text_turn("Done: four tries.\nRemains: the state check.\nLearned: words do not help.",
+                               usage=_u(250, 60)))
+        settings = LoopSettings(wrapup_reserve=0.05)
+        decision = engine(org_home, "w1", _backend(fake.base_url, "fake"), settings=settings).run()
+        wrap = fake.requests[-1]
+    finally:
+        fake.stop()
+    assert decision.reason == StopReason.TOKEN_BUDGET
+    note = query(org_home, "SELECT * FROM handoffs")[0]
+    allowance = json.loads(note["allowance"])
+    assert 0 < allowance["tokens"] <= 500                            # 5 % of 10,000, less what the acts overshot
+    assert wrap["max_tokens"] <= allowance["tokens"]
+    assert sorted(t["name"] for t in wrap["tools"]) == ["list_files", "read_file", "search_files"]
+    assert len(json.dumps(wrap["messages"][0]["content"])) <= allowance["tokens"] * 3
+    assert (note["source"], note["remains"], note["learned"]) == ("wrapup", "the state check.", "words do not help.")
+    assert note["tokens"] == 310 <= allowance["tokens"]
+    total = query(org_home, "SELECT SUM(input_tokens + output_tokens + cache_write_tokens) AS t FROM model_calls")[0]
+    assert total["t"] <= 10_000
+
+
+def test_no_wrap_up_without_a_reserve_and_a_record_note_when_no_slice_is_left(org_home, ws):
+    """With no reserve the run ends as it always did (no act, no note); with a reserve the acts
+    used up entirely, the hand-off note comes from the record and no model call is made."""
+    submit(org_home, ws, caps={"budget_tokens": 250, "max_iterations": 10})
+    backend = ScriptedActs([[{}, {}, {}, {}, {}, BAD]], tokens=(100, 0))
+    assert engine(org_home, "w1", backend).run().reason == StopReason.TOKEN_BUDGET
+    assert len(backend.calls) == 3 and query(org_home, "SELECT * FROM handoffs") == []
+    ws2 = make_workspace(ws.parent / "two")
+    submit(org_home, ws2, work_id="w2", caps={"budget_tokens": 250, "max_iterations": 10})
+    backend = ScriptedActs([[{}, {}, {}, {}, {}, BAD]], tokens=(100, 0))
+    decision = engine(org_home, "w2", backend, settings=LoopSettings(wrapup_reserve=0.1)).run()
+    assert decision.reason == StopReason.TOKEN_BUDGET and "kept for the wrap-up" in decision.detail
+    assert len(backend.calls) == 3                                   # 300 ≥ 225: no slice left for a wrap-up
+    note = query(org_home, "SELECT * FROM handoffs WHERE work_id='w2'")[0]
+    assert note["source"] == "record" and note["attempt"] is None and note["tokens"] == 0
+    assert "Iteration 1" in note["done"] and "No lesson" not in note["remains"]
