@@ -43,6 +43,8 @@ from roles.eval_agent.checks import CheckResult
 from state_db.errors import OrgError
 from state_db.pricing import PriceTable
 from state_db.queries.review import review_usage
+from state_db.queries.usage import call_recorded
+from state_db.queries.work import WorkItem
 from state_db.vocab import ReviewVerdict, VerdictOutcome
 
 log = structlog.get_logger("eval_agent.review")
@@ -190,30 +192,28 @@ class Reviewer:
         self.sleep = sleep
         self._clients: dict[str, Any] = {}
 
-    def criteria_of(self, work: Mapping[str, Any]) -> str:
+    def criteria_of(self, work: WorkItem) -> str:
         """The criteria ``work`` was submitted with ('' when its passes are not reviewed)."""
-        raw = work["review"] if "review" in work.keys() else None
-        given = json.loads(raw) if isinstance(raw, str) and raw else (raw or {})
-        return str(given.get("criteria") or "")
+        return str(work.review.get("criteria") or "")
 
-    def wanted(self, work: Mapping[str, Any], *, passed: bool, claim: str | None) -> bool:
+    def wanted(self, work: WorkItem, *, passed: bool, claim: str | None) -> bool:
         """A review runs on a pass of a work item with criteria, and on every claim of the doer."""
         return claim is not None or (passed and bool(self.criteria_of(work)))
 
-    def review(self, work: Mapping[str, Any], n: int, *, diff: str, checks: list[CheckResult],
+    def review(self, work: WorkItem, n: int, *, diff: str, checks: list[CheckResult],
                claim: str | None = None) -> Review:
         """Review iteration ``n`` of ``work``. Raises ReviewFailed (after every try)."""
-        model = self.settings.model_for(work["backend"])
+        model = self.settings.model_for(work.backend)
         try:
             price = PriceTable(self.settings.prices).price(model)
         except OrgError as exc:
             raise ReviewFailed(f"the review model cannot be priced: {exc.message}", code="review_config",
                                hint="set [review] model to a model in [prices], or add its prices") from None
         criteria = self.criteria_of(work)
-        prompt = review_prompt(work["goal"], n, criteria, claim, checks, diff)
+        prompt = review_prompt(work.goal, n, criteria, claim, checks, diff)
         tries, last = self.settings.retries + 1, "no try was made"
         for attempt in range(1, tries + 1):
-            max_tokens = self._answer_room(work["id"], prompt)
+            max_tokens = self._answer_room(work.id, prompt)
             try:
                 message, request_id = self._call(model, prompt, max_tokens)
             except ReviewFailed:
@@ -221,16 +221,16 @@ class Reviewer:
             except Exception as exc:  # noqa: BLE001 - any failure of the call is retried, then recorded
                 last = f"{type(exc).__name__}: {str(exc)[:300]}"
             else:
-                self._count(work["id"], n, model, message, request_id, price)
+                self._count(work.id, n, model, message, request_id, price)
                 answer = parse_answer(message)
                 if answer is not None:
                     verdict, reasons = answer
-                    log.info("reviewed", work_id=work["id"], iteration=n, verdict=verdict, model=model,
+                    log.info("reviewed", work_id=work.id, iteration=n, verdict=verdict, model=model,
                              claim=claim is not None, tries=attempt)
                     return Review(verdict, reasons, model, claim, criteria, attempt)
                 last = "the answer had no submit_review call with a verdict (approve, reject or impossible)"
             if attempt < tries:
-                log.warning("review_retry", work_id=work["id"], iteration=n, error=last, attempt=attempt, of=tries,
+                log.warning("review_retry", work_id=work.id, iteration=n, error=last, attempt=attempt, of=tries,
                             next=f"try again in {_BACKOFF_S * 2 ** (attempt - 1):.1f} s")
                 self.sleep(_BACKOFF_S * 2 ** (attempt - 1))
         raise ReviewFailed(f"no usable review of iteration {n} after {tries} tries: {last}",
@@ -275,7 +275,7 @@ class Reviewer:
                   "cache_creation_input_tokens": getattr(u, "cache_creation_input_tokens", 0) or 0,
                   "cache_read_input_tokens": getattr(u, "cache_read_input_tokens", 0) or 0}
         with self.writer.transaction(render=False) as tx:
-            if tx.one("SELECT 1 FROM model_calls WHERE request_id = ?", (request_id,)):
+            if call_recorded(tx.conn, request_id):
                 return
             tx.insert("model_calls", {"request_id": request_id, "work_id": work_id, "iteration": n, "attempt": None,
                                       "instance": self.writer.instance, "model": getattr(message, "model", None) or model,

@@ -28,8 +28,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import orjson
-
 from roles import telemetry
 from roles.eval_agent import evidence, held as held_rules
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
@@ -38,7 +36,10 @@ from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
 from state_db.ending import StopDecision, end_run, goal_met as goal_met_rule
 from state_db.errors import NotFound, StateError
 from state_db.home import OrgHome
+from state_db.queries import verdicts, work as work_q
+from state_db.queries.iterations import iteration, last_n
 from state_db.queries.review import claim_of, pending_decision
+from state_db.queries.work import WorkItem
 from state_db.vocab import (DecisionStatus, PreflightOutcome, ReviewVerdict, StopReason, VerdictOutcome, WorkStatus)
 from state_db.writer import StateWriter
 
@@ -167,13 +168,11 @@ class Verifier:
             self._histories.popitem(last=False)
         return history
 
-    def existing(self, work_id: str, n: int) -> dict | None:
-        row = self.writer.conn.execute("SELECT * FROM verdicts WHERE work_id=? AND iteration=? ORDER BY at DESC LIMIT 1",
-                                       (work_id, n)).fetchone()
-        return dict(row) if row else None
+    def existing(self, work_id: str, n: int) -> verdicts.Verdict | None:
+        return verdicts.latest_eval_verdict(self.writer.conn, work_id, n)
 
-    def _work(self, work_id: str):
-        work = self.writer.conn.execute("SELECT * FROM work_items WHERE id=?", (work_id,)).fetchone()
+    def _work(self, work_id: str) -> WorkItem:
+        work = work_q.item(self.writer.conn, work_id)
         if work is None:
             raise NotFound(f"work item {work_id} does not exist")
         return work
@@ -187,17 +186,16 @@ class Verifier:
             history.discard_snapshot(snapshot)     # left half-written by a killed eval-agent
             return history.materialize(commit, snapshot, paths=paths)
 
-    def _run(self, work, snapshot: Path) -> list[CheckResult]:
+    def _run(self, work: WorkItem, snapshot: Path) -> list[CheckResult]:
         """Run every verify command in ``snapshot``. Raises VerifyUnavailable (the sandbox)."""
-        runner = self.runner_factory(snapshot, Path(work["workspace"])) if self.runner_factory else None
-        commands = orjson.loads(work["verify"])
+        runner = self.runner_factory(snapshot, Path(work.workspace)) if self.runner_factory else None
+        commands = list(work.verify)
         if not [c for c in commands if c.strip()]:
-            raise StateError(f"{work['id']} has no verify command", code="no_verify_command",
+            raise StateError(f"{work.id} has no verify command", code="no_verify_command",
                              hint="submit with at least one --verify command")
         def run_over() -> bool:       # a cancelled or ended run's checks are stopped, not waited for
-            row = self.writer.conn.execute("SELECT status, cancel_requested FROM work_items WHERE id = ?",
-                                           (work["id"],)).fetchone()
-            return row is None or row["status"] == WorkStatus.ENDED or bool(row["cancel_requested"])
+            now = work_q.item(self.writer.conn, work.id)
+            return now is None or now.status == WorkStatus.ENDED or now.cancel_requested
         inside = Path(getattr(runner, "present_at", None) or snapshot)
         checks = []
         for cmd in commands:
@@ -214,8 +212,8 @@ class Verifier:
         tracing = telemetry.current()
         if not tracing.enabled:
             return self._verify(work_id, n)
-        it = self.writer.conn.execute("SELECT attempt FROM iterations WHERE work_id=? AND n=?", (work_id, n)).fetchone()
-        with tracing.verification(work_id, n, it["attempt"] if it else None) as span:
+        it = iteration(self.writer.conn, work_id, n)
+        with tracing.verification(work_id, n, it.attempt if it else None) as span:
             result = self._verify(work_id, n)
             span.set({"loop_org.verdict": result.outcome, "loop_org.goal_met": getattr(result, "goal_met", None),
                       "loop_org.ended": str(result.ended) if result.ended else None})
@@ -224,20 +222,19 @@ class Verifier:
     def _verify(self, work_id: str, n: int) -> Verdict | Preflight:
         if n == 0:
             return self.preflight(work_id)
-        conn = self.writer.conn
         work = self._work(work_id)
-        it = conn.execute("SELECT * FROM iterations WHERE work_id=? AND n=?", (work_id, n)).fetchone()
+        it = iteration(self.writer.conn, work_id, n)
         if it is None:
             raise NotFound(f"iteration {n} of {work_id} is not committed", hint="verify only committed iterations")
         found = self.existing(work_id, n)
         if found:
-            return _from_row(found, work["stop_reason"] == StopReason.GOAL_MET)
-        history = self._history(work_id, work["workspace"])
+            return _from_row(found, work.stop_reason == StopReason.GOAL_MET)
+        history = self._history(work_id, work.workspace)
         snapshot = self.home.root / "eval" / work_id
-        patterns = (*(DEFAULT_PROTECTED_PATTERNS if work["default_protect"] else ()), *orjson.loads(work["protect"]))
+        patterns = (*(DEFAULT_PROTECTED_PATTERNS if work.default_protect else ()), *work.protect)
         paths = history.protected_paths(patterns=patterns) if patterns else []
-        protected = self._snapshot(history, it["checkpoint"], snapshot, paths)
-        held = self._hold_back(history, it["checkpoint"], snapshot, orjson.loads(work["verify"]), paths)
+        protected = self._snapshot(history, it.checkpoint, snapshot, paths)
+        held = self._hold_back(history, it.checkpoint, snapshot, list(work.verify), paths)
         try:
             checks = self._run(work, snapshot)
         except VerifyUnavailable as exc:
@@ -267,11 +264,11 @@ class Verifier:
         criteria, and on every claim of the doer that the goal is impossible. Raises ReviewFailed."""
         if self.reviewer is None:
             return None
-        claim = claim_of(it["tool_calls"])
+        claim = claim_of(list(it.tool_calls))
         if not self.reviewer.wanted(work, passed=all(c.passed for c in checks), claim=claim):
             return None
-        diff = history.diff(history.baseline_commit(), it["checkpoint"])
-        return self.reviewer.review(work, it["n"], diff=diff, checks=checks, claim=claim)
+        diff = history.diff(history.baseline_commit(), it.checkpoint)
+        return self.reviewer.review(work, it.n, diff=diff, checks=checks, claim=claim)
 
     def _hold_back(self, history, commit: str, snapshot: Path, commands: list[str], protected: list[str]) -> list:
         """Hold runner configuration, start-up hooks, shadowing modules, environment files and
@@ -299,21 +296,20 @@ class Verifier:
 
     def _baseline_checks(self, work_id: str) -> dict[str, CheckResult] | None:
         """The preflight's run of each verify command on the baseline, by command."""
-        row = self.writer.conn.execute("SELECT checks FROM preflights WHERE work_id = ?", (work_id,)).fetchone()
-        if row is None:
+        done = verdicts.preflight(self.writer.conn, work_id)
+        if done is None:
             return None
-        return {c["command"]: CheckResult.decode(c) for c in orjson.loads(row["checks"])}
+        return {c["command"]: CheckResult.decode(c) for c in done.checks}
 
     # -- the preflight ----------------------------------------------------------------------------
 
     def preflight(self, work_id: str) -> Preflight:
         """Run every verify command on the baseline once (idempotent)."""
-        row = self.writer.conn.execute("SELECT * FROM preflights WHERE work_id = ?", (work_id,)).fetchone()
-        if row is not None:
-            return Preflight(work_id, row["outcome"], tuple(CheckResult.decode(c) for c in orjson.loads(row["checks"])),
-                             row["detail"])
+        done = verdicts.preflight(self.writer.conn, work_id)
+        if done is not None:
+            return _preflight_of(done)
         work = self._work(work_id)
-        history = self._history(work_id, work["workspace"])
+        history = self._history(work_id, work.workspace)
         snapshot = self.home.root / "eval" / work_id
         self._snapshot(history, history.baseline_commit() or history.baseline(), snapshot, [])
         try:
@@ -336,8 +332,8 @@ class Verifier:
                                      + ", as expected before any work")
 
     def record_preflight_error(self, work_id: str, code: str, message: str) -> Preflight:
-        row = self.writer.conn.execute("SELECT verify FROM work_items WHERE id = ?", (work_id,)).fetchone()
-        commands = orjson.loads(row["verify"]) if row else []
+        work = work_q.item(self.writer.conn, work_id)
+        commands = list(work.verify) if work else []
         named = ", ".join(f"`{c}`" for c in commands) or "the verify commands"
         check = CheckResult(name="preflight", command="; ".join(commands) or "(the verify commands)", passed=False,
                             exit_code=None, timed_out=False, signature=code, output_tail=message[-2000:],
@@ -350,16 +346,15 @@ class Verifier:
     def _write_preflight(self, work_id: str, outcome: str, checks: list[CheckResult], detail: str) -> Preflight:
         ended = None
         with self.writer.transaction() as tx:
-            if tx.one("SELECT 1 FROM preflights WHERE work_id = ?", (work_id,)):
-                row = tx.get("preflights", work_id)
-                return Preflight(work_id, row["outcome"], tuple(CheckResult.decode(c) for c in orjson.loads(row["checks"])),
-                                 row["detail"])
+            done = verdicts.preflight(tx.conn, work_id)
+            if done is not None:
+                return _preflight_of(done)
             tx.insert("preflights", {"work_id": work_id, "outcome": str(outcome), "checks": [c.encode() for c in checks],
                                      "detail": detail[:2000], "written_by": self.writer.instance, "at": time.time()})
-            work = tx.get("work_items", work_id)
-            if outcome == PreflightOutcome.UNRUNNABLE and work["status"] != WorkStatus.ENDED:
+            work = work_q.item(tx.conn, work_id)
+            if outcome == PreflightOutcome.UNRUNNABLE and work.status != WorkStatus.ENDED:
                 ended = end_run(tx, work_id, StopDecision(StopReason.VERIFY_UNRUNNABLE, detail)).reason
-            elif outcome == PreflightOutcome.ALREADY_PASSES and work["status"] != WorkStatus.ENDED:
+            elif outcome == PreflightOutcome.ALREADY_PASSES and work.status != WorkStatus.ENDED:
                 action = {"kind": "baseline_passes", "command": "",
                           "reason": "every verify command passes on the baseline, before any work"}
                 tx.insert("decisions", {"id": f"d-{uuid.uuid4().hex[:8]}", "work_id": work_id, "iteration": 0,
@@ -398,23 +393,23 @@ class Verifier:
                                    "protected_changed": protected, "written_by": self.writer.instance,
                                    "held_back": [h.encode() for h in held], "evidence": evidence_line(checks),
                                    "review": review.encode() if review is not None else None, "at": time.time()})
-            work = tx.get("work_items", work_id)
-            if review is not None and review.verdict == ReviewVerdict.IMPOSSIBLE and work["status"] != WorkStatus.ENDED:
+            work = work_q.item(tx.conn, work_id)
+            if review is not None and review.verdict == ReviewVerdict.IMPOSSIBLE and work.status != WorkStatus.ENDED:
                 self._ask_impossible(tx, work, n, review)
-            latest = tx.one("SELECT MAX(n) FROM iterations WHERE work_id=?", (work_id,))[0]
+            latest = last_n(tx.conn, work_id)
             met = goal_met_rule(n, latest, outcome == VerdictOutcome.PASS, True, evidence_line(checks))
-            if met is not None and work["status"] != WorkStatus.ENDED:
+            if met is not None and work.status != WorkStatus.ENDED:
                 goal_met = end_run(tx, work_id, met).reason == StopReason.GOAL_MET
-            elif outcome == VerdictOutcome.ERROR and work["status"] != WorkStatus.ENDED:
+            elif outcome == VerdictOutcome.ERROR and work.status != WorkStatus.ENDED:
                 ended = end_run(tx, work_id, StopDecision(StopReason.VERIFY_UNRUNNABLE, end_detail or feedback)).reason
         return Verdict(vid, work_id, n, outcome, tuple(checks), feedback, tuple(protected), goal_met,
                        tuple(h.encode() for h in held), ended or (StopReason.GOAL_MET if goal_met else None))
 
-    def _ask_impossible(self, tx, work, n: int, review: Review) -> None:
+    def _ask_impossible(self, tx, work: WorkItem, n: int, review: Review) -> None:
         """The review judged the goal impossible: a decision for the human (approve: the run ends
         ``impossible``; respond: it goes on with their text), and the run pauses. Never an end by
         itself."""
-        if pending_decision(tx.conn, work["id"], StopReason.IMPOSSIBLE):
+        if pending_decision(tx.conn, work.id, StopReason.IMPOSSIBLE):
             return
         who = ("the doer declared it and the eval-agent's review agrees" if review.claim is not None
                else "the eval-agent's review judged so")
@@ -422,11 +417,11 @@ class Verifier:
                   "claim": (review.claim or "")[:1000], "model": review.model}
         question = (f"impossible: the goal cannot be met as stated ({who}): {review.text()} — approve: confirm, the "
                     "run ends impossible; respond TEXT: it goes on with your answer; reject: it goes on without one")
-        tx.insert("decisions", {"id": f"d-{uuid.uuid4().hex[:8]}", "work_id": work["id"], "iteration": n,
+        tx.insert("decisions", {"id": f"d-{uuid.uuid4().hex[:8]}", "work_id": work.id, "iteration": n,
                                 "kind": str(StopReason.IMPOSSIBLE), "action": action, "question": question[:1000],
                                 "status": DecisionStatus.PENDING, "created_at": tx.now})
-        if work["status"] == WorkStatus.RUNNING:
-            tx.set_status("work_items", work["id"], WorkStatus.PAUSED)
+        if work.status == WorkStatus.RUNNING:
+            tx.set_status("work_items", work.id, WorkStatus.PAUSED)
 
 
 def _judged(check: CheckResult, baseline: dict[str, CheckResult] | None) -> CheckResult:
@@ -487,8 +482,14 @@ def _sentence(text: str, limit: int) -> str:
     return text[: cut + 1] if cut > limit // 2 else text[:limit].rsplit(" ", 1)[0] + " …"
 
 
-def _from_row(row: dict, goal_met: bool) -> Verdict:
-    checks = tuple(CheckResult.decode(c) for c in orjson.loads(row["checks"]))
-    return Verdict(row["id"], row["work_id"], row["iteration"], row["outcome"], checks, row["feedback"],
-                   tuple(orjson.loads(row["protected_changed"])), goal_met,
-                   tuple(orjson.loads(row.get("held_back") or "[]")))
+def _from_row(stored: verdicts.Verdict, goal_met: bool) -> Verdict:
+    """The verdict message of a verdict already in state.db."""
+    return Verdict(stored.id, stored.work_id, stored.iteration, stored.outcome,
+                   tuple(CheckResult.decode(c) for c in stored.checks), stored.feedback, stored.protected_changed,
+                   goal_met, stored.held_back)
+
+
+def _preflight_of(stored: verdicts.Preflight) -> Preflight:
+    """The preflight message of a preflight already in state.db."""
+    return Preflight(stored.work_id, stored.outcome, tuple(CheckResult.decode(c) for c in stored.checks),
+                     stored.detail)

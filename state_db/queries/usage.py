@@ -87,6 +87,11 @@ def of_attempt(conn: sqlite3.Connection, work_id: str, iteration: int, attempt: 
                                        (work_id, iteration, attempt)).fetchone())
 
 
+def call_recorded(conn: sqlite3.Connection, request_id: str) -> bool:
+    """True once the model call ``request_id`` is counted (each call counts once)."""
+    return conn.execute("SELECT 1 FROM model_calls WHERE request_id = ?", (request_id,)).fetchone() is not None
+
+
 def summarised(conn: sqlite3.Connection, work_id: str) -> bool:
     """True once retention folded some of ``work_id``'s calls into a summary."""
     return conn.execute("SELECT 1 FROM usage_summaries WHERE work_id = ?", (work_id,)).fetchone() is not None

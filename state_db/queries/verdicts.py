@@ -33,12 +33,14 @@ class Verdict:
     protected_changed: tuple[str, ...] = ()
     held_back: tuple = ()
     evidence: str = ""
+    review: dict | None = None           # the model review that judged this pass, if one did
 
     @classmethod
     def from_row(cls, row) -> "Verdict":
         v = columns(cls, row)
         for col in ("checks", "protected_changed", "held_back"):
             v[col] = tuple(loads(v.get(col), []))
+        v["review"] = loads(v.get("review"))
         return cls(**v)
 
     @property

@@ -75,6 +75,7 @@ class WorkItem:
     default_protect: bool = True
     toolchain: dict = field(default_factory=dict)
     discarded_s: float = 0.0
+    review: dict = field(default_factory=dict)        # the review criteria it was submitted with
 
     @classmethod
     def from_row(cls, row: sqlite3.Row | dict) -> "WorkItem":
@@ -83,6 +84,7 @@ class WorkItem:
         v["protect"] = tuple(loads(v.get("protect"), []))
         v["caps"] = Caps.parse(v.get("caps"))
         v["toolchain"] = loads(v.get("toolchain"), {}) or {}
+        v["review"] = loads(v.get("review"), {}) or {}
         for flag in ("cancel_requested", "worktree", "default_protect"):
             if flag in v:
                 v[flag] = bool(v[flag])
