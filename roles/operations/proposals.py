@@ -52,6 +52,7 @@ class Edits:
     timeout_s: float | None = None
     backend: str | None = None
     worktree: bool = False
+    review: str | None = None
 
 
 def record(home: OrgHome, cfg: Config, workspace, result: ScanResult, *, limit: int | None = None,
@@ -151,7 +152,7 @@ def accept(home: OrgHome, cfg: Config, proposal_id: str, edits: Edits | None = N
         req = SubmitRequest(goal=edits.goal or p.goal, workspace=p.workspace,
                             verify=list(edits.verify) if edits.verify else list(p.verify),
                             protect=list(edits.protect or []), default_protect=edits.default_protect,
-                            backend=edits.backend, worktree=edits.worktree,
+                            backend=edits.backend, worktree=edits.worktree, review=edits.review,
                             idempotency_key=f"discover:{p.id}", via=via, **caps)
         edited = edits != Edits()
 

@@ -54,6 +54,8 @@ def add_arguments(p) -> None:
     acc.add_argument("--backend", help="anthropic | command | scripted:FILE (with --edit)")
     acc.add_argument("--worktree", action="store_true",
                      help="work in a new git worktree and branch of the workspace (with --edit)")
+    acc.add_argument("--review", metavar="CRITERIA",
+                     help="a model reviews passing changes against the goal and these criteria (with --edit)")
     add_json(acc)
     dis = sub.add_parser("dismiss", help="say no: the same evidence is not proposed again")
     dis.add_argument("id", help="proposal id")
@@ -157,7 +159,8 @@ def _accept(args) -> int:
 
     flags = {"goal": args.goal, "verify": args.verify or None, "protect": args.protect or None,
              "max_iterations": args.max_iterations, "budget_tokens": args.budget_tokens,
-             "budget_usd": args.budget_usd, "timeout_s": args.timeout, "backend": args.backend}
+             "budget_usd": args.budget_usd, "timeout_s": args.timeout, "backend": args.backend,
+             "review": args.review}
     changed = {k: v for k, v in flags.items() if v is not None}
     if args.no_default_protect:
         changed["default_protect"] = False
