@@ -5,7 +5,7 @@ environment overrides and validates it against ``Config``: one frozen model per 
 each key a typed attribute (``cfg.caps.max_iterations``, ``cfg.prices["scripted"]["input"]``).
 A value that breaks the schema is a ``ConfigKeyError`` (code ``config_invalid``) naming the key,
 what is expected, and the line of org.toml that wrote it; an unknown key says which known key
-was probably meant. ``json_schema()`` is the same schema for editors (``org config schema``), and
+was probably meant (``state_db.config_errors`` puts pydantic's errors in those words). ``json_schema()`` is the same schema for editors (``org config schema``), and
 the documented default file (``DEFAULT_TOML``) is generated from the same models, so a key's
 default, meaning and constraints are written once.
 
@@ -27,48 +27,24 @@ class deriving ``Section`` whose docstring says what it is for, and one line in 
 """
 from __future__ import annotations
 
-import difflib
-import math
 import os
-import re
 import textwrap
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from typing_extensions import TypedDict
 
+from state_db.config_errors import ConfigKeyError, Expect, expect, explain, fields_of, line_of  # noqa: F401 - re-exported
 from state_db.errors import ConfigError
 from state_db.vocab import ProposalKind
 
 CONFIG_FILE = "org.toml"
 
 
-class ConfigKeyError(ConfigError):
-    """A key of org.toml breaks the schema: which key, where it was written, what was meant."""
-
-    def __init__(self, message: str, *, key: str, parts: tuple = (), hint: str | None = None,
-                 lineno: int | None = None, path: Path | None = None, suggestion: str | None = None):
-        self.parts = parts or tuple(key.split("."))
-        self.lineno, self.path, self.suggestion = lineno, path, suggestion
-        self.what = message
-        where = f" ({path}:{lineno})" if path is not None and lineno is not None else ""
-        super().__init__(message + where, key=key, hint=hint)
-
-    def at(self, path: Path | None, text: str | None) -> ConfigKeyError:
-        """The same error with the line of ``text`` (the file at ``path``) that wrote the key."""
-        lineno = line_of(text, self.parts) if text is not None else None
-        return ConfigKeyError(self.what, key=self.key, parts=self.parts, hint=self.hint, lineno=lineno,
-                              path=path, suggestion=self.suggestion)
-
-
 # ---------------------------------------------------------------------------------- the schema
-
-class Expect(str):
-    """What a value must be, in words, for a type whose constraints do not say it themselves."""
-
 
 def key(default: Any, doc: str = "", *, env: str | None = None, **constraints: Any) -> Any:
     """One key: its default, what it means (the default file's comment and the schema's
@@ -122,8 +98,7 @@ class Price(TypedDict):
     cache_read: PriceValue
 
 
-PRICE_FIELDS = {k: FieldInfo.from_annotation(t) for k, t in get_type_hints(Price, include_extras=True).items()}
-PRICE_KEYS = tuple(PRICE_FIELDS)
+PRICE_KEYS = tuple(fields_of(Price) or ())
 DEFAULT_PRICES: dict[str, Price] = {
     "claude-sonnet-4-5": {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.30},
     "claude-opus-4-1": {"input": 15.0, "output": 75.0, "cache_write": 18.75, "cache_read": 1.50},
@@ -329,7 +304,7 @@ class Config(Section):
             super().__init__(**{**(data or {}), **fields})
         except ValidationError as exc:      # an unknown key first: a misspelt key also leaves one missing
             errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
-            raise _explain(errors[0], type(self)) from None
+            raise explain(errors[0], type(self)) from None
         self._source, self._overridden = source, dict(overridden or {})
 
     @model_validator(mode="before")
@@ -470,153 +445,6 @@ def _from_env(dotted: str, raw: str, var: str) -> Any:
     except ValueError:
         raise ConfigKeyError(f"environment {var}={raw!r} is not valid for {dotted}: expected {expect(field)}",
                              key=dotted, hint=f"fix or unset {var}") from None
-
-
-# ---------------------------------------------------------------------------------- errors
-
-def expect(field: FieldInfo) -> str:
-    """What a value of ``field`` must be, in words ("an integer from 1 to 64")."""
-    words = [m for m in field.metadata if isinstance(m, Expect)]
-    if words:
-        return str(words[-1])
-    kind = field.annotation
-    if kind is bool:
-        return "true or false"
-    if get_origin(kind) is Literal:
-        return _choices(get_args(kind))
-    if get_origin(kind) is list:
-        (item,) = get_args(kind)
-        if _is_table(item):
-            return "a list of tables ([[...]])"
-        return "a list of " + (_choices(get_args(item)) if get_origin(item) is Literal else "strings")
-    bounds = {type(m).__name__.lower(): getattr(m, type(m).__name__.lower()) for m in field.metadata
-              if type(m).__name__ in ("Ge", "Gt", "Le", "Lt", "MinLen")}
-    if kind is str:
-        return "a non-empty string" if bounds.get("minlen") else "a string"
-    noun = "an integer" if kind is int else "a number"
-    if "ge" in bounds and "le" in bounds:
-        return f"{noun} from {bounds['ge']} to {bounds['le']}"
-    for op, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
-        if op in bounds:
-            return f"{noun} {sign} {bounds[op]}"
-    return noun
-
-
-def _choices(values: tuple) -> str:
-    names = [str(v) for v in values]
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
-
-
-def _is_table(kind: Any) -> bool:
-    return isinstance(kind, type) and issubclass(kind, BaseModel)
-
-
-def _explain(error: dict, root: type[BaseModel]) -> ConfigKeyError:
-    """One pydantic error as a coded error naming the key (the first of several: fix, check again)."""
-    loc = tuple(str(p) for p in error["loc"])
-    parts, field, _ = _resolve(loc, root)
-    dotted = ".".join(parts)
-    kind, got = error["type"], error.get("input")
-    if kind == "extra_forbidden":
-        return _unknown(loc, root)
-    if field is None:                        # a table, or a price entry, is something else
-        if parts and parts[0] == "prices" and len(parts) == 2:
-            return ConfigKeyError(f"{dotted} must be a table with {', '.join(PRICE_KEYS)}", key=dotted, parts=parts)
-        return ConfigKeyError(f"[{dotted}] must be a table (got {got!r})", key=dotted, parts=parts)
-    if kind == "missing":
-        return ConfigKeyError(f"{dotted} is missing: it must be {expect(field)}", key=dotted, parts=parts)
-    return ConfigKeyError(f"{dotted} must be {expect(field)} (got {got!r})", key=dotted, parts=parts)
-
-
-def _resolve(loc: tuple[str, ...], root: type[BaseModel]
-             ) -> tuple[tuple[str, ...], FieldInfo | None, type[BaseModel] | None]:
-    """The key a pydantic location names, its field (None: a table) and the table that holds the
-    last part. Tables nest as sections, ``[[name]]`` lists (``name.0.key``) and ``[name.id]`` maps;
-    an index into a list of values is dropped (``gate.ask_for.1`` is ``gate.ask_for``)."""
-    if loc[:1] == ("prices",):
-        if len(loc) >= 3 and loc[2] in PRICE_KEYS:
-            return loc[:3], PRICE_FIELDS[loc[2]], None
-        return loc[:2], None, None
-    owner: type[BaseModel] = root
-    parts: list[str] = []
-    rest = list(loc)
-    while rest and rest[0] in owner.model_fields:
-        part = rest.pop(0)
-        parts.append(part)
-        field = owner.model_fields[part]
-        kind = field.annotation
-        if get_origin(kind) in (list, dict) and _is_table(get_args(kind)[-1]):
-            if not rest:
-                return tuple(parts), field, owner
-            parts.append(rest.pop(0))                     # the index or id of one table
-            owner = get_args(kind)[-1]
-        elif _is_table(kind):
-            owner = kind
-        else:
-            return tuple(parts), field, owner
-    return tuple(parts), None, owner
-
-
-def _unknown(loc: tuple[str, ...], root: type[BaseModel]) -> ConfigKeyError:
-    *where, name = loc
-    if not where:
-        known = sorted(root.model_fields)
-        close = difflib.get_close_matches(name, known, n=1)
-        return ConfigKeyError(f"unknown section [{name}]", key=name, parts=loc, suggestion=close[0] if close else None,
-                              hint=(f"did you mean [{close[0]}]? " if close else "") + f"known sections: {', '.join(known)}")
-    dotted = ".".join(loc)
-    table = ".".join(where)
-    if where[0] == "prices":
-        known = list(PRICE_KEYS)
-    else:
-        parts, field, owner = _resolve(tuple(where), root)
-        known = list(owner.model_fields) if field is None and owner is not None and parts == tuple(where) else []
-    close = difflib.get_close_matches(name, known, n=1)
-    guess = f"{table}.{close[0]}" if close else next((k for k in SCHEMA if k.endswith("." + name)), None)
-    hint = (f"did you mean {guess}? " if guess else "") + (
-        f"known keys in [{table}]: {', '.join(known)}" if known else f"[{table}] has no sub-tables")
-    return ConfigKeyError(f"unknown key {dotted}", key=dotted, parts=loc, suggestion=guess, hint=hint)
-
-
-# ---------------------------------------------------------------------------------- line numbers
-
-_PART = r'(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|\'[^\']*\')'
-_DOTTED = rf"{_PART}(?:\s*\.\s*{_PART})*"
-_HEADER = re.compile(rf"^\s*(\[\[?)\s*({_DOTTED})\s*\]\]?\s*(?:#.*)?$")
-_KEY_LINE = re.compile(rf"^\s*({_DOTTED})\s*=")
-
-
-def _split(dotted: str) -> tuple[str, ...]:
-    return tuple(p[1:-1] if p[:1] in "\"'" else p for p in re.findall(_PART, dotted))
-
-
-def line_of(text: str, parts: tuple[str, ...]) -> int | None:
-    """The line of ``text`` that writes the key ``parts`` (for ``("org", "loop_agents")``:
-    ``loop_agents = ...`` under ``[org]``, or ``org.loop_agents = ...``), else the line of the
-    nearest table that holds it (a missing price names its ``[prices."m"]``); None if absent.
-    The nth ``[[name]]`` is the key ``(name, n)``. A scan of the lines, exact for files written as
-    tables and keys, one per line (TOML parsers keep no positions)."""
-    table: tuple[str, ...] = ()
-    arrays: dict[tuple[str, ...], int] = {}
-    best, best_len = None, 0
-    for n, line in enumerate(text.splitlines(), 1):
-        header = _HEADER.match(line)
-        if header:
-            table = _split(header.group(2))
-            if header.group(1) == "[[":
-                arrays[table] = arrays.get(table, -1) + 1
-                table = (*table, str(arrays[table]))
-            path = table if header.group(1) == "[" else table[:-1]
-        else:
-            m = _KEY_LINE.match(line)
-            if not m:
-                continue
-            path = (*table, *_split(m.group(1)))
-        if path == parts[:len(path)] and len(path) > best_len:
-            best, best_len = n, len(path)
-            if len(path) == len(parts):
-                return n
-    return best
 
 
 # ---------------------------------------------------------------------------------- the default file
