@@ -259,3 +259,39 @@ def test_the_cli_makes_and_lists_triggers_apart_from_schedules(org_home, ws):
     assert wrong.returncode == 1 and wrong.stderr.startswith("error[no_such_schedule]: ")
     assert cli(org_home, "trigger", "pause", "on-commit").returncode == 0
     assert "already paused" in cli(org_home, "trigger", "pause", "on-commit").stdout
+
+
+@pytest.mark.timeout(150)
+def test_a_real_org_ignores_what_its_own_run_changed_and_fires_on_a_human_change():
+    """Real processes: a file-change trigger on the demo project sees the org's run rewrite
+    textstats.py and starts nothing; a human's new file then starts one item, as trigger:py."""
+    import shutil
+
+    from tests.support.org import ONE_AGENT, query, running_org, wait_for
+    demo = Path(__file__).resolve().parents[1] / "scripts" / "demo"
+    with running_org(ONE_AGENT) as home:
+        ws = home.root.parent / "ws"
+        shutil.copytree(demo / "project", ws)
+        args = ["--workspace", str(ws), "--verify", "python3 -m unittest -q", "--backend",
+                f"scripted:{demo / 'script.json'}", "--max-iterations", "5"]
+        made = cli(home, "trigger", "add", "py", "--on", "file-change", "--glob", "**/*.py", "--debounce", "0.5s",
+                   "--", "review the change", *args)
+        assert made.returncode == 0, made.stderr
+
+        def order():
+            return json.loads(cli(home, "trigger", "show", "py", "--json").stdout)
+        wait_for(lambda: order()["watch"].get("seen"), timeout=20, what="the watcher's first look")
+        run = cli(home, "submit", "make word_count right", *args, "--no-wait", "--json")
+        assert run.returncode == 0, run.stderr
+        work_id = json.loads(run.stdout)["id"]
+        done = wait_for(lambda: (r := query(home, "SELECT * FROM work_items WHERE id = ?", (work_id,))[0])["status"]
+                        == "ended" and r, timeout=90, what="the human's run to end")
+        assert done["stop_reason"] == "goal_met" and "text.split()" in (ws / "textstats.py").read_text()
+        seen = wait_for(lambda: order()["watch"].get("ignored") == 1 and order(), timeout=20,
+                        what="the watcher to look at what the run left")
+        assert seen["fired"] == 0 and query(home, "SELECT COUNT(*) AS n FROM work_items WHERE origin = 'trigger'")[0]["n"] == 0
+        (ws / "helpers.py").write_text("def shout(s):\n    return s.upper()\n")
+        item = wait_for(lambda: query(home, "SELECT * FROM work_items WHERE origin = 'trigger'"), timeout=20,
+                        what="the trigger's work item")
+        assert len(item) == 1 and item[0]["created_by"] == "trigger:py"
+        assert "files matching **/*.py changed" in item[0]["goal"]
