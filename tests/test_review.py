@@ -16,7 +16,9 @@ iteration (``reviews`` in its script), so the runs below are laid out to share o
 - disagreed: the doer declares impossible at iteration 2, the review approves instead: the doer is
   told so and goes on to meet the goal;
 - cannot pass: criteria that ask the review to pass anything, a review that approves, and checks
-  that fail: the verdict stays fail and the run never ends goal_met.
+  that fail: the verdict stays fail and the run never ends goal_met;
+- erring: a pass at iteration 4, where the review server has no answer: an error verdict, the
+  run ends verify_unrunnable.
 """
 from __future__ import annotations
 
@@ -194,6 +196,9 @@ RUNS = {
     "answered": ([act(write("answer.txt", "wrong\n")), act(write("answer.txt", "bad\n")),
                   act(write("answer.txt", "left\n"), declare("nothing says what right means")),
                   act(write("answer.txt", "right\n"))], None, None),
+    "erring": ([act(write("answer.txt", "wrong\n")), act(write("answer.txt", "bad\n")),
+                act(write("answer.txt", "left\n")), act(write("answer.txt", "right\n"))],
+               "the answer must be computed", None),
     "disagreed": ([act(write("answer.txt", "wrong\n")),
                    act(write("answer.txt", "bad\n"), declare("no file can say right")),
                    act(write("answer.txt", "right\n"))], None, None),
@@ -324,6 +329,18 @@ def test_a_confirmed_impossible_the_human_answers_goes_on_with_their_text(org):
     w = ended(home, wid)
     assert w["stop_reason"] == "goal_met" and w["stop_detail"].startswith("iteration 4 passed"), w
     assert "right is the word right, on one line" in prompt_of(home, "answered", 4)
+
+
+@pytest.mark.timeout(150)
+def test_a_review_that_cannot_be_had_is_the_verifiers_error_never_a_pass(org):
+    """The review server has no answer for iteration 4: the review is tried again, then the
+    verdict is an error (review_failed) and the run ends verify_unrunnable, not goal_met."""
+    home, wid = org["home"], org["ids"]["erring"]
+    w = ended(home, wid)
+    vs = verdicts(home, wid)
+    assert w["stop_reason"] == "verify_unrunnable" and [v["outcome"] for v in vs] == ["fail"] * 3 + ["error"], (w, vs)
+    assert [c["code"] for c in orjson.loads(vs[-1]["checks"])] == ["review_failed"]
+    assert "could not be verified (review_failed)" in w["stop_detail"] and "not charged" in w["stop_detail"]
 
 
 @pytest.mark.timeout(150)
