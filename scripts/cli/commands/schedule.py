@@ -21,7 +21,8 @@ VERBS = ("pause", "resume", "remove")
 
 
 def add_arguments(p) -> None:
-    sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
+    sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p),
+                           help="add | list | show | pause | resume | remove")
     add = sub.add_parser("add", help="make a schedule: a rule, then -- and the arguments of 'org submit'",
                          description="make a schedule: a rule, then -- and the arguments of 'org submit'")
     add.add_argument("name", help="a plain name (letters, digits, - _ .)")

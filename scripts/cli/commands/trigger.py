@@ -20,7 +20,8 @@ HELP = "standing orders on an event: a new commit, a file change, the verify com
 
 
 def add_arguments(p) -> None:
-    sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
+    sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p),
+                           help="add | list | show | pause | resume | remove")
     add = sub.add_parser("add", help="make a trigger: an event, then -- and the arguments of 'org submit'",
                          description="make a trigger: an event, then -- and the arguments of 'org submit'")
     add.add_argument("name", help="a plain name (letters, digits, - _ .)")
