@@ -22,7 +22,8 @@ trivial (``cat`` and a comparison). Per N it reports:
   org during the run ÷ committed iterations; ``host_cpu_busy``: the share of both cores busy.
 - ``pss_mb``: proportional set size per role (``/proc/PID/smaps_rollup``) with the org idle,
   so pages shared between processes are counted once, split fairly.
-- ``startup_ms``: start-org to every role ready.
+- ``startup_ms``: start-org to every role ready; ``warm_ms``: to every loop-agent forked from the
+  template after it imported the model SDK (the idle org as it stays; PSS is measured then).
 
 The closing figures: ``throughput_ratio_n32`` (``ratio`` at the largest N), ``overhead_ms_p99_n32``,
 ``pss_mb_idle_loop_agent`` (mean over the idle loop-agents at the largest N), ``startup_ms`` (the
@@ -175,7 +176,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
     control.start_background(home, timeout_s=180)
     startup_ms = round((time.monotonic() - t0) * 1000, 1)
     try:
-        time.sleep(1.0)                                      # let start-up's imports settle
+        settled_ms = _settle(home, n, t0)
         pids = org_pids(home)
         pss = {inst: pss_mb(pid) for inst, pid in pids.items()}
         template = workload.make_template(root / "template")
@@ -202,11 +203,29 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
     finally:
         control.request(home, "stop", force=True, timeout_s=60)
         workload.kill_everything(home)
-    figures = _figures(home, n, ids, w0, latency, iterations, startup_ms, pss, probe.waits_ms, cpu_s,
+    figures = _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss, probe.waits_ms, cpu_s,
                        (busy1 - busy0) / max(1, total1 - total0))
     its = max(1, figures["iterations"])
     figures["cpu_ms_per_iteration_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(cpu_by.items())}
     return figures
+
+
+def _settle(home, n: int, t0: float) -> float | None:
+    """Wait until the loop-agents forked before the template imported the model SDK have been
+    replaced by forks of the warm template (roles/supervisor/forkserver.py), so PSS is measured
+    on the org as it runs; returns when that was, in ms after start-up began."""
+    time.sleep(0.5)
+    if os.environ.get("ORG_SPAWN") == "exec":
+        return None
+    try:
+        workload.wait(lambda: len(workload.query(
+            home, "SELECT 1 FROM role_instances WHERE role = 'loop-agent' AND status = 'ready' "
+                  "AND last_exit LIKE 'replaced%'")) == n, 120, "the loop-agents forked from the warm template",
+            interval=0.1)
+    except TimeoutError:
+        return None
+    time.sleep(0.3)
+    return round((time.monotonic() - t0) * 1000, 1)
 
 
 def _cpu_by_role(pids: dict[str, int]) -> dict[str, float]:
@@ -218,7 +237,7 @@ def _cpu_by_role(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
-def _figures(home, n, ids, w0, latency, iterations, startup_ms, pss, waits, cpu_s, busy) -> dict:
+def _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss, waits, cpu_s, busy) -> dict:
     q = workload.query
     marks = ",".join("?" * len(ids))
     its = q(home, f"SELECT work_id, n, elapsed_s, committed_at FROM iterations WHERE work_id IN ({marks})", ids)
@@ -256,7 +275,7 @@ def _figures(home, n, ids, w0, latency, iterations, startup_ms, pss, waits, cpu_
         "sqlite_write_wait_ms_p50": _pct(waits, 0.5), "sqlite_write_wait_ms_p99": _pct(waits, 0.99),
         "cpu_ms_per_iteration": round(cpu_s * 1000 / len(its), 1) if its else None,
         "run_s": round(span, 2) if span else None,
-        "host_cpu_busy": round(busy, 3), "startup_ms": startup_ms,
+        "host_cpu_busy": round(busy, 3), "startup_ms": startup_ms, "warm_ms": settled_ms,
         "pss_mb": {"loop_agent_mean": round(statistics.mean(loop_pss), 1) if loop_pss else None,
                    **{k: v for k, v in pss.items() if not k.startswith("loop-agent")}},
     }

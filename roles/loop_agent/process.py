@@ -17,12 +17,14 @@ from roles.loop_agent.remote_verify import RemoteVerify
 from roles.loop_agent.tools import observed
 from roles.runtime import RoleProcess
 from state_db.connection import connect
+from state_db.queries import work as work_q
+from state_db.queries.iterations import open_attempt
+from state_db.queries.work import assigned_to
 from state_db.vocab import WorkStatus
 from transport.kinds import Kind
 
 # every run assigned here in a non-terminal state (a paused one is parked by its engine)
-_MINE = f"""SELECT id, backend FROM work_items WHERE assigned_to = ? AND status IN
-            ('{WorkStatus.DISPATCHED}', '{WorkStatus.RUNNING}', '{WorkStatus.PAUSED}') ORDER BY created_at LIMIT 1"""
+MINE = (WorkStatus.DISPATCHED, WorkStatus.RUNNING, WorkStatus.PAUSED)
 
 
 def gate_runner(cfg, home):
@@ -46,9 +48,6 @@ def gate_runner(cfg, home):
     return run
 
 
-_OPEN_ATTEMPT = "SELECT attempt FROM attempts WHERE work_id = ? AND ended_at IS NULL ORDER BY attempt DESC LIMIT 1"
-
-
 def current_tool_recorder(writer, work_id: str, log=None):
     """An observer for ``tools.observed`` that keeps ``attempts.current_tool`` of the run's open
     attempt up to date (set as a tool starts, cleared as it ends): what ``org status`` and
@@ -57,9 +56,9 @@ def current_tool_recorder(writer, work_id: str, log=None):
     def record(description: str | None) -> None:
         try:
             with writer.transaction(render=False) as tx:
-                row = tx.one(_OPEN_ATTEMPT, (work_id,))
+                row = open_attempt(tx.conn, work_id)
                 if row is not None:
-                    tx.update("attempts", (work_id, row[0]), current_tool=description,
+                    tx.update("attempts", (work_id, row.attempt), current_tool=description,
                               current_tool_at=tx.now if description else None)
         except Exception as exc:  # noqa: BLE001 - status is best effort; the act must go on
             if log is not None:
@@ -79,7 +78,13 @@ class LoopAgentProcess(RoleProcess):
         self.current: str | None = None
 
     def warm_up(self) -> None:
-        """Import the model SDK in the background once ready, so the first act does not pay ~2 s."""
+        """Import the model SDK in the background once ready, so the first act does not pay ~2 s.
+        Not in a role forked from the supervisor's template (``ORG_FORKED``): the template imports
+        the SDK once for every role, and an idle loop-agent forked before it had is replaced by
+        one forked after (roles/supervisor/forkserver.py)."""
+        if os.environ.get("ORG_FORKED"):
+            return
+
         def load():
             try:
                 import anthropic  # noqa: F401
@@ -94,14 +99,14 @@ class LoopAgentProcess(RoleProcess):
     def reconcile(self) -> None:
         if self.stopping or (self.worker is not None and self.worker.is_alive()):
             return
-        row = self.writer.conn.execute(_MINE, (self.instance,)).fetchone()
-        if row is None:
+        mine = assigned_to(self.writer.conn, self.instance, *MINE)
+        if mine is None:
             if self.current is not None:
                 self._set_current(None)
             return
-        self._set_current(row["id"])
-        self.worker = threading.Thread(target=self._run_loop, args=(row["id"], row["backend"]),
-                                       name=f"loop-{row['id']}", daemon=True)
+        self._set_current(mine.id)
+        self.worker = threading.Thread(target=self._run_loop, args=(mine.id, mine.backend),
+                                       name=f"loop-{mine.id}", daemon=True)
         self.worker.start()
 
     def handle(self, env) -> None:
@@ -130,7 +135,8 @@ class LoopAgentProcess(RoleProcess):
         sender.prepare("eval-agent")     # connected before the first verify request
         built = None
         try:
-            workspace = Path(writer.conn.execute("SELECT workspace FROM work_items WHERE id=?", (work_id,)).fetchone()[0])
+            item = work_q.item(writer.conn, work_id)
+            workspace = Path(item.workspace)
             built = build(backend_spec, self.cfg, self.home, self.instance)
             log.info("loop_starting", backend=built.label)
             self.verifier = RemoteVerify(connect(self.home.db_path, readonly=True), sender.send,
@@ -139,8 +145,8 @@ class LoopAgentProcess(RoleProcess):
             settings = LoopSettings.from_config(self.cfg)
             settings.gate_runner = gate_runner(self.cfg, self.home)
             from skills import select
-            work = dict(writer.conn.execute("SELECT id, goal, verify FROM work_items WHERE id = ?", (work_id,)).fetchone())
-            settings.skills, settings.knowledge = select.for_run(writer.conn, work)
+            settings.skills, settings.knowledge = select.for_run(
+                writer.conn, {"id": item.id, "goal": item.goal, "verify": list(item.verify)})
             engine = LoopEngine(writer, work_id, built.backend, self.verifier, history, settings,
                                 interrupt=self.interrupt, pause=self.pause)
             with observed(current_tool_recorder(writer, work_id, log)):

@@ -37,19 +37,25 @@ from pathlib import Path
 import orjson
 
 _PR_SET_PDEATHSIG = 1
-# what the roles import, heaviest first; a module that fails to import is skipped (the role
-# that needs it reports the failure itself when it runs)
-PRELOAD = (
-    "anthropic",
-    "roles.loop_agent.backends.factory",
-    "roles.loop_agent.backends.anthropic_backend",
-    "roles.loop_agent.scripted.server",
+# What the roles import, in two stages. The template forks the first roles as soon as the light
+# stage is in (start-up is not held up by the model SDK, ~2 s of CPU), then imports the heavy
+# stage while idle and says it is warm; a role forked after that finds the SDK already imported.
+# A module that fails to import is skipped (the role that needs it reports the failure itself).
+LIGHT = (
     "roles.loop_agent.process",
     "roles.eval_agent.process",
     "roles.coordinator.process",
     "roles.curator.process",
     "roles.workspace.history",
 )
+HEAVY = (
+    "anthropic",
+    "roles.loop_agent.backends.factory",
+    "roles.loop_agent.backends.anthropic_backend",
+    "roles.loop_agent.scripted.server",
+)
+PRELOAD = LIGHT + ("--",) + HEAVY
+IDLE_BEFORE_HEAVY_S = 0.2      # no spawn request for this long: the start-up burst is over
 
 
 def _pdeathsig(sig: int) -> None:
@@ -64,8 +70,9 @@ class ForkedRole:
     """A role forked by the template, with the part of ``subprocess.Popen``'s interface the
     supervisor uses: ``pid``, ``returncode``, ``poll()``, ``wait(timeout)``."""
 
-    def __init__(self, server: "ForkServer", pid: int) -> None:
+    def __init__(self, server: "ForkServer", pid: int, warm: bool) -> None:
         self.server, self.pid, self.returncode = server, pid, None
+        self.warm = warm            # forked after the heavy stage: the model SDK is already in
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -93,6 +100,7 @@ class ForkServer:
         self._buf = b""
         self._roles: dict[int, ForkedRole] = {}
         self._answers: list[dict] = []
+        self.warm = False           # the template has imported the heavy stage
 
     # -- the template process ------------------------------------------------------------
     def start(self) -> None:
@@ -103,7 +111,7 @@ class ForkServer:
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
             preexec_fn=lambda: _pdeathsig(signal.SIGKILL))
         theirs.close()
-        self.sock, self._buf = ours, b""
+        self.sock, self._buf, self.warm = ours, b"", False
         if self.pidfile is not None:
             from roles.supervisor import procs
             procs.write_pidfile(self.pidfile, self.proc.pid)
@@ -128,13 +136,14 @@ class ForkServer:
         answer = self._answers.pop(0)
         if "pid" not in answer:
             raise ForkServerError(f"the fork server could not fork: {answer.get('error')}")
-        role = ForkedRole(self, answer["pid"])
+        role = ForkedRole(self, answer["pid"], bool(answer.get("warm")))
         self._roles[role.pid] = role
         return role
 
     def pump(self, timeout: float) -> None:
         """Read what the template said (answers and exits), waiting up to ``timeout`` seconds."""
         if self.sock is None:
+            self._lost()                            # roles of a dead template: ended when gone
             return
         ready, _, _ = select.select([self.sock], [], [], timeout)
         if ready:
@@ -153,6 +162,8 @@ class ForkServer:
                     role = self._roles.pop(msg["exit"], None)
                     if role is not None:
                         role.returncode = msg["code"]
+                elif "warm" in msg and "pid" not in msg:
+                    self.warm = True
                 else:
                     self._answers.append(msg)
         elif not self.alive():
@@ -164,8 +175,8 @@ class ForkServer:
             self.sock.close()
             self.sock = None
         for role in self._roles.values():
-            if role.returncode is None:
-                role.returncode = -signal.SIGKILL if _gone(role.pid) else role.returncode
+            if role.returncode is None and _gone(role.pid):
+                role.returncode = -signal.SIGKILL   # its status went to init with the template
         self._roles = {pid: r for pid, r in self._roles.items() if r.returncode is None}
 
     def close(self) -> None:
@@ -238,15 +249,22 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict) -> None:
             os._exit(code)
 
 
-def serve(fd: int, preload: list[str]) -> int:
-    sock = socket.socket(fileno=fd)
-    for name in preload:
+def _load(names) -> None:
+    for name in names:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the role that needs it reports it
             pass
     gc.collect()
     gc.freeze()                                     # imported objects stay on shared pages
+
+
+def serve(fd: int, preload: list[str]) -> int:
+    sock = socket.socket(fileno=fd)
+    light, heavy = (preload[:preload.index("--")], preload[preload.index("--") + 1:]) if "--" in preload \
+        else (preload, [])
+    _load(light)
+    warm = not heavy
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -255,9 +273,14 @@ def serve(fd: int, preload: list[str]) -> int:
     buf = b""
     while True:
         try:
-            ready, _, _ = select.select([sock, wake_r], [], [])
+            ready, _, _ = select.select([sock, wake_r], [], [], None if warm else IDLE_BEFORE_HEAVY_S)
         except InterruptedError:
             ready = []
+        if not ready and not warm:                  # idle after the start-up burst: the heavy stage
+            _load(heavy)
+            warm = True
+            sock.sendall(orjson.dumps({"warm": True}) + b"\n")
+            continue
         if wake_r in ready:
             os.read(wake_r, 4096)
         _reap(sock)
@@ -276,7 +299,7 @@ def serve(fd: int, preload: list[str]) -> int:
                     continue
                 if pid == 0:
                     _child(sock, wake_r, wake_w, req)
-                sock.sendall(orjson.dumps({"pid": pid}) + b"\n")
+                sock.sendall(orjson.dumps({"pid": pid, "warm": warm}) + b"\n")
 
 
 def _reap(sock: socket.socket) -> None:

@@ -23,11 +23,12 @@ import structlog
 
 from roles.instances import InstanceSpec, org_instances
 from roles.supervisor import procs
-from roles.supervisor.forkserver import ForkServer, ForkServerError
+from roles.supervisor.forkserver import ForkedRole, ForkServer, ForkServerError
 from state_db.config import Config
 from state_db.errors import StateError
 from state_db.home import OrgHome
-from state_db.vocab import Actor, RoleStatus, SessionStatus
+from state_db.queries import processes, work
+from state_db.vocab import Actor, RoleStatus, SessionStatus, WorkStatus
 from state_db.writer import StateWriter
 
 _PR_SET_PDEATHSIG = 1
@@ -62,6 +63,7 @@ class Child:
     restart_at: float | None = None
     failed: bool = False
     stopping: bool = False
+    replacing: bool = False       # stopped on purpose, to be forked again from the warm template
 
 
 class Supervisor:
@@ -175,7 +177,7 @@ class Supervisor:
             child.proc = self.spawner(child.spec, argv, env, out_path)
         elif self.forks is not None:
             try:
-                child.proc = self.forks.spawn(child.spec.module, argv, env, out_path)
+                child.proc = self.forks.spawn(child.spec.module, argv, {**env, "ORG_FORKED": "1"}, out_path)
             except ForkServerError as exc:          # start it as its own interpreter instead
                 self.log.warning("fork_server_failed", error=str(exc), next="exec")
                 self.forks.close()
@@ -200,6 +202,14 @@ class Supervisor:
         name = child.spec.instance
         now_m = self.clock()
         (self.home.run_dir / f"{name}.pid").unlink(missing_ok=True)
+        if child.replacing and not self._stop_requested:
+            child.replacing = False
+            child.restart_at = now_m                 # at once, and not a crash
+            self._record_exit(name, RoleStatus.STOPPED, "replaced by a fork of the warm template")
+            with self.writer.transaction(render=False) as tx:     # the role wrote its own stop
+                tx.update("role_instances", name, last_exit="replaced by a fork of the warm template",
+                          updated_at=time.time())
+            return
         if child.stopping or self._stop_requested:
             self._record_exit(name, RoleStatus.STOPPED, f"exit {code}")
             return
@@ -217,6 +227,29 @@ class Supervisor:
         child.restart_at = now_m + backoff
         self._record_exit(name, RoleStatus.CRASHED, f"exit {code}", restarts=True)
         self.log.warning("role_crashed", instance=name, exit=code, restart_in_s=backoff)
+
+    def replace_cold_agents(self) -> None:
+        """Once the template has imported the model SDK, stop each idle loop-agent forked before
+        that (SIGTERM; it holds no work) so that it is forked again with the SDK's pages shared.
+        A loop-agent that took work in the meantime imports the SDK itself and is left alone."""
+        if self.forks is None or not self.forks.warm:
+            return
+        cold = [c for c in self.children.values()
+                if c.spec.role == Actor.LOOP_AGENT and isinstance(c.proc, ForkedRole) and not c.proc.warm
+                and not c.replacing and not c.stopping and c.proc.poll() is None]
+        if not cold:
+            return
+        rows = {r.instance: r for r in processes.role_instances(self.writer.conn, Actor.LOOP_AGENT)}
+        busy = work.busy_agents(self.writer.conn, WorkStatus.DISPATCHED, WorkStatus.RUNNING, WorkStatus.PAUSED)
+        for c in cold:
+            row = rows.get(c.spec.instance)
+            if row is None or row.status != RoleStatus.READY or row.current_work or c.spec.instance in busy:
+                if row is not None and (row.current_work or c.spec.instance in busy):
+                    c.proc.warm = True               # working: keep it, it has its own SDK now
+                continue
+            c.replacing = True
+            self.log.info("role_replaced", instance=c.spec.instance, why="forked before the template was warm")
+            procs.signal_if_same(c.proc.pid, c.started, signal.SIGTERM)
 
     def _record_exit(self, name: str, status: str, detail: str, restarts: bool = False) -> None:
         now = time.time()
@@ -296,6 +329,7 @@ class Supervisor:
         next_retention = self.clock() + RETENTION_EVERY_S
         while not self._stop_requested:
             self.reap_and_restart()
+            self.replace_cold_agents()
             if self.clock() - last_hb_check > 1.0:
                 self.check_heartbeats()
                 last_hb_check = self.clock()

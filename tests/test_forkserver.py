@@ -1,0 +1,160 @@
+"""Roles forked from the supervisor's pre-imported template (roles/supervisor/forkserver.py).
+
+Real processes throughout: the template is a real interpreter, every role a real fork of it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from roles.supervisor import control, procs
+from roles.supervisor.forkserver import ForkServer
+from state_db.bootstrap import init_home
+from state_db.home import OrgHome
+from tests.support.org import cleanup, query, roles, short_home_dir, wait_for, write_config
+
+pytestmark = pytest.mark.timeout(120)
+
+CONFIG = """
+[org]
+loop_agents = 2
+[supervisor]
+heartbeat_s = 0.2
+heartbeat_timeout_s = 5.0
+restart_max = 5
+restart_window_s = 30.0
+stop_timeout_s = 5.0
+"""
+
+
+@pytest.fixture
+def org(monkeypatch):
+    home = OrgHome(short_home_dir() / "org")
+    write_config(home, CONFIG)
+    init_home(home)
+    monkeypatch.setenv("ORG_HOME", str(home.root))
+    yield home
+    cleanup(home)
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+# -- the template alone --------------------------------------------------------------------------
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))       # where the probe module is written
+    fs = ForkServer(preload=("json", "--", "email.parser"), pidfile=tmp_path / "fs.pid")
+    fs.start()
+    yield fs
+    fs.close()
+
+
+def test_a_forked_module_runs_with_its_arguments_environment_and_output_file(server, tmp_path):
+    out = tmp_path / "out.txt"
+    probe = tmp_path / "probe.py"
+    probe.write_text("import json, os, sys\nprint(json.dumps({'argv': sys.argv[1:], 'v': os.environ.get('V'),"
+                     " 'keys': sorted(os.environ)}))\nsys.exit(7)\n")
+    role = server.spawn("probe", ["--home", "/x"], {"V": "yes"}, out)
+    assert role.wait(20) == 7
+    printed = json.loads(out.read_text().strip().splitlines()[-1])
+    assert printed["argv"] == ["--home", "/x"] and printed["v"] == "yes"
+    assert printed["keys"] == ["V"]                      # exactly the environment given, nothing inherited
+
+
+def test_exit_codes_are_reported_as_popen_reports_them(server, tmp_path):
+    out = tmp_path / "out.txt"
+    ok = server.spawn("platform", [], {}, out)
+    assert ok.wait(20) == 0
+    missing = server.spawn("no_such_module_here", [], {}, out)
+    assert missing.wait(20) == 1
+    assert "No module named no_such_module_here" in out.read_text()
+    sleeper = server.spawn("http.server", ["0", "--bind", "127.0.0.1"], {}, out)
+    wait_for(lambda: _alive(sleeper.pid), what="the forked server to run")
+    assert sleeper.poll() is None
+    os.kill(sleeper.pid, signal.SIGKILL)
+    assert sleeper.wait(20) == -signal.SIGKILL
+
+
+def test_the_template_warms_up_when_idle_and_later_forks_say_so(server, tmp_path):
+    first = server.spawn("platform", [], {}, tmp_path / "o")
+    first.wait(20)
+    wait_for(lambda: server.pump(0.05) or server.warm, timeout=30, what="the heavy stage")
+    assert first.warm is False
+    later = server.spawn("platform", [], {}, tmp_path / "o")
+    assert later.wait(20) == 0 and later.warm is True
+
+
+def test_roles_die_with_a_killed_template(server, tmp_path):
+    role = server.spawn("http.server", ["0", "--bind", "127.0.0.1"], {}, tmp_path / "o")
+    wait_for(lambda: _alive(role.pid), what="the role to run")
+    os.kill(server.proc.pid, signal.SIGKILL)
+    wait_for(lambda: not _alive(role.pid), timeout=10, what="the role to die with its template")
+    assert role.wait(10) < 0
+    again = server.spawn("platform", [], {}, tmp_path / "o")     # a new template on demand
+    assert again.wait(20) == 0
+
+
+# -- the org -----------------------------------------------------------------------------------
+
+def test_every_role_is_a_fork_of_the_template_and_idle_loop_agents_are_reforked_warm(org):
+    control.start_background(org, timeout_s=60)
+    template = procs.read_pidfile(org.run_dir / "forkserver.pid")
+    assert template is not None
+    rs = roles(org)
+    assert all(_ppid(r["pid"]) == template[0] for r in rs.values())
+    wait_for(lambda: all((r["last_exit"] or "").startswith("replaced") and r["status"] == "ready"
+                         for n, r in roles(org).items() if n.startswith("loop-agent")),
+             timeout=60, what="idle loop-agents forked again from the warm template")
+    rs = roles(org)
+    assert all(_ppid(r["pid"]) == template[0] for r in rs.values())
+    assert {n: r["restarts"] for n, r in rs.items()} == {n: 0 for n in rs}     # replaced, not crashed
+    assert control.request(org, "stop", timeout_s=30)["status"] == "stopped"
+    assert not _alive(template[0])
+
+
+def test_killing_the_supervisor_takes_the_template_and_every_role_with_it(org):
+    control.start_background(org, timeout_s=60)
+    template = procs.read_pidfile(org.run_dir / "forkserver.pid")
+    pids = [r["pid"] for r in roles(org).values()]
+    sup = procs.read_pidfile(org.run_dir / "supervisor.pid")
+    os.kill(sup[0], signal.SIGKILL)
+    wait_for(lambda: not any(_alive(p) for p in [template[0], *pids]), timeout=20,
+             what="the template and every role to die with the supervisor")
+
+
+def test_a_killed_template_is_replaced_and_its_roles_restarted(org):
+    control.start_background(org, timeout_s=60)
+    old = procs.read_pidfile(org.run_dir / "forkserver.pid")
+    before = {n: r["pid"] for n, r in roles(org).items()}
+    os.kill(old[0], signal.SIGKILL)
+    wait_for(lambda: (rs := roles(org)) and all(r["status"] == "ready" and r["pid"] != before[n]
+                                                for n, r in rs.items()),
+             timeout=60, what="every role restarted through a new template")
+    new = procs.read_pidfile(org.run_dir / "forkserver.pid")
+    assert new[0] != old[0]
+    assert all(_ppid(r["pid"]) == new[0] for r in roles(org).values())
+
+
+def test_exec_mode_starts_each_role_as_its_own_interpreter(org, monkeypatch):
+    monkeypatch.setenv("ORG_SPAWN", "exec")
+    # five interpreters importing at once on a busy 2-core host can take longer than 5 s
+    write_config(org, CONFIG.replace("heartbeat_timeout_s = 5.0", "heartbeat_timeout_s = 30.0"))
+    control.start_background(org, timeout_s=60)
+    sup = procs.read_pidfile(org.run_dir / "supervisor.pid")
+    assert not (org.run_dir / "forkserver.pid").exists()
+    assert all(_ppid(r["pid"]) == sup[0] for r in roles(org).values())
