@@ -155,6 +155,18 @@ def test_markers_come_from_tracked_text_files_outside_vendored_folders(org_home,
     assert result.proposals == [] and result.notes and "not in a git repository" in result.notes[0]
 
 
+@pytest.mark.parametrize("line, want", [
+    (b"# TODO: x", ("TODO", "x")), (b"    return 1  # FIXME: y", ("FIXME", "y")), (b"// FIXME(ann): z", ("FIXME", "z")),
+    (b" * TODO handle it", ("TODO", "handle it")), (b"-- TODO: sql", ("TODO", "sql")),
+    (b"<!-- FIXME: html -->", ("FIXME", "html")), (b"/* TODO: c */", ("TODO", "c")),
+    (b"`TODO` and `FIXME` markers", None), (b"kind = K.TODO", None), (b'word == "FIXME"', None),
+    (b"TODO: a line of its own", ("TODO", "a line of its own")), (b"    FIXME = 'fixme'", None),
+    (b"the TODO list", None), (b"# TODOs", None), (b"x = 'TODO: a string'", None),
+])
+def test_a_marker_opens_a_comment_and_prose_naming_the_words_is_not_one(line, want):
+    assert D.marker(line) == want
+
+
 def test_a_fingerprint_survives_moved_lines_and_a_rescan_refreshes_instead_of_duplicating(org_home, repo):
     ws, issues = repo
     cfg = config_mod.load_config(org_home)

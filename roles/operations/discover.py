@@ -9,8 +9,8 @@ Sources:
   eval-agent's preflight uses (``runner_from_config``), on a snapshot of the workspace written
   from a throwaway shadow history (``WorkspaceHistory``), with pytest asked for a JUnit report
   whose failing test ids name what fails (``roles/sandbox/reports.py``);
-- ``TODO`` / ``FIXME`` markers in the files git tracks (libgit2 reads the index: no git process,
-  no hook), text files only, vendored and cache folders left out;
+- ``TODO`` / ``FIXME`` markers that open a comment in the files git tracks (libgit2 reads the
+  index: no git process, no hook), text files only, vendored and cache folders left out;
 - an issue list exported as JSON: ``gh issue list --json number,title,body,labels`` (an array)
   or JSON lines of ``{title, body, labels}``.
 
@@ -51,7 +51,11 @@ SKIPPED_DIRS = frozenset({"node_modules", "vendor", "vendored", "third_party", "
                           ".pytest_cache", ".ruff_cache", ".cache", "dist", "build", "target", ".eggs"})
 MAX_FILE_BYTES = 1_000_000
 MAX_FAILING_SHOWN = 20
-_MARKER = re.compile(rb"\b(TODO|FIXME)\b[\s:(\[\-]*(.*)")
+# a marker opens a comment, or a comment's continuation line (after #, //, /*, *, --, <!--, ;, %),
+# or stands first on a line followed by a colon; prose that only names the words, and code that
+# names them (an enum member), are not markers (tests/test_discover.py lists examples)
+_IN_COMMENT = re.compile(rb"(?:^\s*\*|#|//|/\*|<!--|--|;|%)[ \t*#/!-]*\b(TODO|FIXME)\b(?:\([^)]*\))?[\s:\-]*(.*)")
+_OWN_LINE = re.compile(rb"^\s*(TODO|FIXME)(?:\([^)]*\))?:\s*(.*)")
 _BUG_LABEL = re.compile(r"\bbug\b", re.IGNORECASE)
 _CANNOT_START = (126, 127)
 
@@ -215,7 +219,7 @@ def _failing(cmd: str, commands: list[str], exit_code, timed_out: bool, junit: d
                     evidence, fingerprint(K.FAILING_TEST, cmd, key))
 
 
-# -- TODO / FIXME markers -----------------------------------------------------------------------
+# -- markers in tracked files ----------------------------------------------------------------
 
 def tracked_files(ws: Path) -> list[str]:
     """Regular files git tracks under ``ws``, relative to it, sorted; vendored and cache folders
@@ -260,10 +264,10 @@ def marker_candidates(ws: Path, commands: list[str], cfg: Config) -> tuple[list[
         if b"\0" in data[:8192]:                             # a binary file
             continue
         for n, line in enumerate(data.splitlines(), 1):
-            m = _MARKER.search(line)
-            if not m:
+            found = marker(line)
+            if found is None:
                 continue
-            word, text = m.group(1).decode(), _clean(m.group(2).decode("utf-8", "replace"))
+            word, text = found
             kind = K.FIXME if word == "FIXME" else K.TODO
             nth = seen[(kind, path, text)] = seen.get((kind, path, text), 0) + 1
             about = f": {text}" if text else ""
@@ -275,6 +279,12 @@ def marker_candidates(ws: Path, commands: list[str], cfg: Config) -> tuple[list[
                 {"path": path, "line": n, "marker": word, "text": text},
                 fingerprint(kind, path, text, str(nth))))
     return out, None
+
+
+def marker(line: bytes) -> tuple[str, str] | None:
+    """(``TODO`` or ``FIXME``, its text cleaned) when ``line`` holds a marker, else None."""
+    m = _IN_COMMENT.search(line) or _OWN_LINE.match(line)
+    return None if m is None else (m.group(1).decode(), _clean(m.group(2).decode("utf-8", "replace")))
 
 
 def _clean(text: str) -> str:
