@@ -166,7 +166,8 @@ def ranked(found: list[Proposal]) -> list[Proposal]:
 
 # -- the verify commands ------------------------------------------------------------------------
 
-def verify_failures(ws: Path, commands: list[str], cfg: Config, home, runner_factory) -> tuple[list[Proposal], list[str]]:
+def verify_failures(ws: Path, commands: list[str], cfg: Config, home,
+                    runner_factory) -> tuple[list[Proposal], list[str]]:
     """Run each command on a snapshot of ``ws`` in the sandbox; a candidate per failing command."""
     root = Path(home.root) / "discover" if Path(home.root).is_dir() else None     # no stray org home
     if root is not None:
@@ -304,7 +305,8 @@ def read_issues(path: Path) -> list[dict]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise DiscoverError(f"issues file {path} does not exist", code="issues_file_missing",
-                            hint="export one with: gh issue list --json number,title,body,labels > issues.json") from None
+                            hint="export one with: gh issue list --json number,title,body,labels > issues.json"
+                            ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise DiscoverError(f"issues file {path} cannot be read: {exc}", code="bad_issues_file",
                             hint="give a UTF-8 JSON or JSON-lines file") from None

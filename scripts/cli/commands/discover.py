@@ -14,6 +14,7 @@ from scripts.cli.commands.submit import check_scripted_backend
 from scripts.cli.main import UsageError
 from scripts.cli.output import add_json, emit_json, home_of, read_conn, table
 from state_db import config as config_mod
+from state_db.errors import NotFound
 from state_db.queries import proposals as Q
 
 NAME = "discover"
@@ -39,7 +40,8 @@ def add_arguments(p) -> None:
     add_json(show)
     acc = sub.add_parser("accept", help="submit the proposal as a work item (--edit: change it first)")
     acc.add_argument("id", help="proposal id")
-    acc.add_argument("--edit", action="store_true", help="change the goal, verify commands or caps with the flags below")
+    acc.add_argument("--edit", action="store_true",
+                     help="change the goal, verify commands or caps with the flags below")
     acc.add_argument("--goal", help="the goal instead of the proposed one (with --edit)")
     acc.add_argument("--verify", action="append", default=[], metavar="CMD",
                      help="verify commands instead of the proposed ones (repeatable; with --edit)")
@@ -104,14 +106,17 @@ def render_scan(out: dict) -> str:
         lines.append("nothing to propose")
     started = out.get("auto_start")
     if started:
-        lines.append(f"auto_start: {started['proposal']} " + (f"started as {started['work_id']} ({started['why']})"
-                                                             if started["started"] else f"not started: {started['why']}"))
+        how = (f"started as {started['work_id']} ({started['why']})" if started["started"]
+               else f"not started: {started['why']}")
+        lines.append(f"auto_start: {started['proposal']} {how}")
     return "\n".join(lines)
 
 
 def render_list(rows: list[dict]) -> str:
-    return table([[("* " if r["recommended"] and r["status"] == "proposed" else "  ") + r["id"], r["kind"], r["status"], r["rank"],
-                   r["title"][:70]] for r in rows], ["  PROPOSAL", "KIND", "STATUS", "RANK", "WHAT"])
+    def mark(r: dict) -> str:
+        return "* " if r["recommended"] and r["status"] == "proposed" else "  "
+    return table([[mark(r) + r["id"], r["kind"], r["status"], r["rank"], r["title"][:70]] for r in rows],
+                 ["  PROPOSAL", "KIND", "STATUS", "RANK", "WHAT"])
 
 
 def _list(args) -> int:
@@ -128,7 +133,6 @@ def _list(args) -> int:
 
 
 def _show(args) -> int:
-    from state_db.errors import NotFound
     conn = read_conn(args)
     try:
         row = Q.proposal(conn, args.id)
@@ -147,9 +151,10 @@ def _show(args) -> int:
              f"goal: {p['goal']}", f"verify: {'; '.join(p['verify']) or '(none: accept with --edit --verify CMD)'}",
              "caps: " + ", ".join(f"{k}={v}" for k, v in p["caps"].items()), "", "evidence:"]
     lines += [f"  {k}: {v}" for k, v in p["evidence"].items()]
-    if p["status"] != "proposed" or not p["open"]:
-        lines += ["", f"{p['status'] if p['open'] or p['status'] != 'proposed' else 'expired'}"
-                      + (f" by {p['decided_by']}" if p["decided_by"] else "") + (f": {p['detail']}" if p["detail"] else "")]
+    if not p["open"]:                    # decided, or lapsed and not yet marked expired
+        state = "expired" if p["status"] == "proposed" else p["status"]
+        lines += ["", state + (f" by {p['decided_by']}" if p["decided_by"] else "")
+                  + (f": {p['detail']}" if p["detail"] else "")]
     print("\n".join(lines))
     return 0
 
