@@ -108,7 +108,8 @@ class Observer:
                 try:
                     ids = WorkspaceHistory(self.home.history_dir / f"{work_id}.git", Path(ws)).file_ids(commit)
                 except Exception as exc:  # noqa: BLE001 - a pruned history: that run is no help
-                    log.debug("checkpoint_unreadable", work_id=work_id, commit=commit, error=str(exc))
+                    log.warning("checkpoint_unreadable", work_id=work_id, commit=commit, error=str(exc),
+                                next="its changes cannot be told from a human's")
                     ids = {}
                 self._org[key] = {p: v.split(" ", 1)[1] for p, v in ids.items()}
             out.append(self._org[key])
@@ -248,7 +249,8 @@ def _one(writer, home, cfg, observer: Observer, order: q.Schedule, now: float) -
     if seen.fingerprint is None:
         if seen.why != watch.get("why"):
             log.info("trigger_cannot_look", trigger=order.name, why=seen.why, next="looks again on the next tick")
-        _mark(writer, order, {**watch, "why": seen.why}, last_skip=f"cannot look: {seen.why}"[:500])
+        if {**watch, "why": seen.why} != order.watch:       # written when it changes, not on every look
+            _mark(writer, order, {**watch, "why": seen.why}, last_skip=f"cannot look: {seen.why}"[:500])
         return None
     watch.pop("why", None)
     # verify-fails fires on the first failing look; the others take their first look as the start

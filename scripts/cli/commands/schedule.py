@@ -196,6 +196,11 @@ def _show(args, kinds, what: str) -> int:
     print(f"  signed: {view['actor']}; made by {view['created_by']} at {_when(view['created_at'])}")
     if view["next_due"]:
         print(f"  next tick: {_when(view['next_due'])}")
+    if view["kind"] not in TIMER_KINDS:
+        w = view["watch"]
+        print(f"  watching: {'last seen ' + str(w['seen'])[-12:] if w.get('seen') else 'the first look is to come'}"
+              f"{', a change settling' if w.get('pending') else ''}; the org's own changes passed over: "
+              f"{w.get('ignored', 0)}")
     print(f"  fired {view['fired']}, skipped while busy {view['skipped_busy']}, skipped by the daily cap "
           f"{view['skipped_spend']}, missed ticks taken as one {view['coalesced']}")
     if view["last_skip"]:
