@@ -61,8 +61,10 @@ def section(cls: type[BaseModel]) -> Any:
 class Section(BaseModel):
     """A ``[table]`` of org.toml: exact types (a string is not a number), no unknown keys."""
 
+    # defer_build: validators are built when a configuration is first validated, not on import
+    # (most CLI commands import this module and never load org.toml)
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False,
-                              validate_default=True)
+                              validate_default=True, defer_build=True)
 
 
 def _bind_paths(paths: list[str]) -> list[str]:
