@@ -85,7 +85,7 @@ def start(writer: StateWriter, home: OrgHome, cfg: Config, order: q.Schedule, *,
         return _skip(writer, order, BUSY, f"{order.last_work_id} is still {previous}", mark, coalesced)
     req = rules.request_of(order)
     budget = req.budget_usd if req.budget_usd is not None else _default_budget(req, cfg)
-    allowed, why = q.automatic_start_allowed(writer.conn, now, cap_usd=float(cfg["limits.daily_spend_usd"]),
+    allowed, why = q.automatic_start_allowed(writer.conn, now, cap_usd=float(cfg.limits.daily_spend_usd),
                                              budget_usd=budget)
     if not allowed:
         return _skip(writer, order, SPEND, why, mark, coalesced)

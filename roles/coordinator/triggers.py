@@ -173,7 +173,7 @@ class Observer:
             runner = runner_from_config(self.cfg, self.home, snapshot, present_at=ws)
             for command in order.request["verify"]:
                 try:
-                    res = runner.execute(command, cwd=snapshot, timeout_s=float(self.cfg["sandbox.cpu_seconds"]),
+                    res = runner.execute(command, cwd=snapshot, timeout_s=float(self.cfg.sandbox.cpu_seconds),
                                          max_output=200_000)
                 except Exception as exc:  # noqa: BLE001 - the sandbox refused: the machine's fault
                     return Seen(None, why=f"`{command}` cannot run: {getattr(exc, 'code', type(exc).__name__)}: {exc}",
