@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from state_db.errors import NotFound
+from state_db.queries.work import WorkItem, item
 from state_db.vocab import StopReason, WorkStatus
 
 DETAIL_CAP = 1000
@@ -48,11 +49,11 @@ def goal_met(iteration: int, latest: int, passed: bool, by_eval_agent: bool,
                         + (f" ({evidence})" if evidence else " (verified by the eval-agent)"))
 
 
-def recorded(row) -> StopDecision | None:
-    """The ending a work item row carries, or None while it runs."""
-    if row is None or row["status"] != WorkStatus.ENDED or row["stop_reason"] is None:
+def recorded(work: WorkItem | None) -> StopDecision | None:
+    """The ending a work item carries, or None while it runs."""
+    if work is None or work.status != WorkStatus.ENDED or work.stop_reason is None:
         return None
-    return StopDecision(StopReason(row["stop_reason"]), row["stop_detail"] or "")
+    return StopDecision(StopReason(work.stop_reason), work.stop_detail or "")
 
 
 def end_run(tx, work_id: str, decision: StopDecision, **fields: Any) -> StopDecision:
@@ -64,10 +65,10 @@ def end_run(tx, work_id: str, decision: StopDecision, **fields: Any) -> StopDeci
     record that reason (goal_met is the eval-agent's alone); StateError for a reason outside the
     closed set.
     """
-    row = tx.get("work_items", work_id)
-    if row is None:
+    work = item(tx.conn, work_id)
+    if work is None:
         raise NotFound(f"work item {work_id} does not exist")
-    earlier = recorded(row)
+    earlier = recorded(work)
     if earlier is not None:
         return earlier
     tx.set_status("work_items", work_id, WorkStatus.ENDED, stop_reason=StopReason(decision.reason),

@@ -27,6 +27,7 @@ from roles.loop_agent.stop import RunProgress, StopDecision
 from roles.operations.decide import decide
 from state_db import config, ending
 from state_db.connection import connect
+from state_db.queries.work import WorkItem
 from state_db.vocab import Actor, StopReason, WorkStatus
 from state_db.writer import StateWriter
 from tests.fake_messages_api import FakeMessagesAPI, text_turn, tool_use_turn
@@ -101,7 +102,8 @@ def test_a_refusal_from_the_model_service_fires_the_policys_model_error(org_home
     assert [e["event"] for e in served(log)].count("step") == 1
     # the decision is the policy's: the same flag through progress.load fires ModelError alone
     conn = connect(org_home.db_path, readonly=True)
-    progress, _, _ = load(conn, query(org_home, "SELECT * FROM work_items")[0], model_error=decision.detail)
+    progress, _, _ = load(conn, WorkItem.from_row(query(org_home, "SELECT * FROM work_items")[0]),
+                          model_error=decision.detail)
     conn.close()
     assert policy_from_caps(max_iterations=6).evaluate(progress) == StopDecision(StopReason.MODEL_ERROR, decision.detail)
 

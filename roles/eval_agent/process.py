@@ -9,6 +9,9 @@ A verification that raises (its snapshot cannot be written, the sandbox fails to
 retried ``RETRIES`` times with exponential backoff from ``BACKOFF_S``; then an ``error`` verdict
 with the code ``verifier_error`` (or the sandbox's code) is written and the run ends
 ``verify_unrunnable``: a verdict that can never be written must not keep a run waiting.
+
+What is owed is one query (``state_db.queries.verdicts.due``): the preflights of live runs
+without one, then committed iterations of live runs without a verdict.
 """
 from __future__ import annotations
 
@@ -18,18 +21,9 @@ import time
 from roles.eval_agent.review import Reviewer, ReviewSettings
 from roles.eval_agent.verifier import Verifier
 from roles.runtime import RoleProcess
-from state_db.vocab import WorkStatus
+from state_db.queries.verdicts import Due, due
 from transport.kinds import Kind
 
-PREFLIGHT = f"""SELECT w.id AS work_id, 0 AS n, w.assigned_to FROM work_items w
-                 WHERE w.status != '{WorkStatus.ENDED}'
-                   AND NOT EXISTS (SELECT 1 FROM preflights p WHERE p.work_id = w.id)
-                   AND NOT EXISTS (SELECT 1 FROM iterations i WHERE i.work_id = w.id)
-                 ORDER BY w.created_at"""
-PENDING = f"""SELECT i.work_id, i.n, w.assigned_to FROM iterations i JOIN work_items w ON w.id = i.work_id
-               WHERE w.status != '{WorkStatus.ENDED}'
-                 AND NOT EXISTS (SELECT 1 FROM verdicts v WHERE v.work_id = i.work_id AND v.iteration = i.n)
-               ORDER BY i.committed_at"""
 RETRIES = 3
 BACKOFF_S = 0.5
 
@@ -69,20 +63,19 @@ class EvalAgentProcess(RoleProcess):
                 soonest = min((at for _, at in failures.values()), default=None)
                 self.more.wait(1.0 if soonest is None else min(1.0, max(0.05, soonest - time.monotonic())))
                 self.more.clear()
-                rows = writer.conn.execute(PREFLIGHT).fetchall() + writer.conn.execute(PENDING).fetchall()
-                for row in rows:
+                for row in due(writer.conn):
                     if self.stopping:
                         break
-                    key = (row["work_id"], row["n"])
+                    key = (row.work_id, row.n)
                     tries, next_at = failures.get(key, (0, 0.0))
                     if time.monotonic() < next_at:
                         continue
                     try:
-                        result = verifier.verify(row["work_id"], row["n"])
+                        result = verifier.verify(row.work_id, row.n)
                     except Exception as exc:  # noqa: BLE001 - one bad item must not stop the others
                         code = getattr(exc, "code", None)
                         if code == "run_ended":      # cancelled or ended while its check ran
-                            self.log.info("verify_abandoned", work_id=row["work_id"], iteration=row["n"],
+                            self.log.info("verify_abandoned", work_id=row.work_id, iteration=row.n,
                                           next="nothing: the run is over")
                             failures.pop(key, None)
                             continue
@@ -90,17 +83,17 @@ class EvalAgentProcess(RoleProcess):
                         if tries < RETRIES:
                             delay = BACKOFF_S * 2 ** (tries - 1)
                             failures[key] = (tries, time.monotonic() + delay)
-                            self.log.error("verify_failed", work_id=row["work_id"], iteration=row["n"], error=str(exc),
+                            self.log.error("verify_failed", work_id=row.work_id, iteration=row.n, error=str(exc),
                                            code=code, attempt=tries, of=RETRIES, next=f"retry in {delay:.1f} s")
                             continue
                         failures.pop(key, None)
                         code = code if code in ("sandbox_failed", "sandbox_error") else "verifier_error"
-                        self.log.error("verify_gave_up", work_id=row["work_id"], iteration=row["n"], error=str(exc),
+                        self.log.error("verify_gave_up", work_id=row.work_id, iteration=row.n, error=str(exc),
                                        code=code, attempts=tries, next="error verdict; the run ends verify_unrunnable")
                         try:
-                            result = verifier.record_error(row["work_id"], row["n"], code, str(exc))
+                            result = verifier.record_error(row.work_id, row.n, code, str(exc))
                         except Exception as again:  # noqa: BLE001 - e.g. the run ended meanwhile
-                            self.log.error("error_verdict_failed", work_id=row["work_id"], error=str(again))
+                            self.log.error("error_verdict_failed", work_id=row.work_id, error=str(again))
                             continue
                     failures.pop(key, None)
                     self._announce(sender, row, result)
@@ -108,19 +101,19 @@ class EvalAgentProcess(RoleProcess):
             sender.close()
             writer.close()
 
-    def _announce(self, sender, row, result) -> None:
+    def _announce(self, sender, row: Due, result) -> None:
         """Log the verdict (or preflight) and wake whoever waits for it."""
-        if row["n"] == 0:
-            self.log.info("preflight", work_id=row["work_id"], outcome=result.outcome, detail=result.detail[:300],
+        if row.n == 0:
+            self.log.info("preflight", work_id=row.work_id, outcome=result.outcome, detail=result.detail[:300],
                           ended=result.ended)
         else:
-            self.log.info("verdict", work_id=row["work_id"], iteration=row["n"], outcome=result.outcome,
+            self.log.info("verdict", work_id=row.work_id, iteration=row.n, outcome=result.outcome,
                           goal_met=result.goal_met, held_back=len(result.held_back), ended=result.ended)
-        if row["assigned_to"]:
-            sender.send(row["assigned_to"], Kind.VERDICT_READY,
-                        {"work_id": row["work_id"], "iteration": row["n"], "verdict": getattr(result, "id", "preflight")})
+        if row.assigned_to:
+            sender.send(row.assigned_to, Kind.VERDICT_READY,
+                        {"work_id": row.work_id, "iteration": row.n, "verdict": getattr(result, "id", "preflight")})
         if result.ended:
-            sender.send("coordinator", Kind.WAKE, {"work_id": row["work_id"], "ended": str(result.ended)})
+            sender.send("coordinator", Kind.WAKE, {"work_id": row.work_id, "ended": str(result.ended)})
 
     def on_stop(self) -> None:
         self.more.set()

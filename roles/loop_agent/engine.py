@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import orjson
 import structlog
 
 from roles import telemetry
@@ -48,10 +47,14 @@ from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, P
                                     Step, WrapUp)
 from roles.loop_agent.stop import StopDecision, fingerprint
 from roles.loop_agent.tools import read_only
-from state_db import ending, queries
+from state_db import ending
 from state_db.errors import Conflict
-from state_db.queries import loop as loopq
-from state_db.queries.iterations import iteration as iteration_row
+from state_db.queries import loop as loopq, work as work_q
+from state_db.queries.decisions import Decision
+from state_db.queries.iterations import count, iteration as iteration_row, open_attempts
+from state_db.queries.usage import of_attempt, of_work, org_spend
+from state_db.queries.verdicts import Verdict
+from state_db.queries.work import WorkItem
 from state_db.vocab import StopReason, WorkStatus
 from state_db.writer import StateWriter
 
@@ -90,17 +93,17 @@ class LoopSettings:
                    org_spend_cap_usd=cfg.limits.total_spend_usd, wrapup_reserve=cfg.loop.wrapup_reserve)
 
 
-def policy_for(work: dict, settings: LoopSettings) -> StopPolicy:
-    caps = orjson.loads(work["caps"]) if isinstance(work["caps"], str) else work["caps"]
-    return policy_from_caps(max_iterations=caps.get("max_iterations"), budget_tokens=caps.get("budget_tokens"),
-                            budget_usd=caps.get("budget_usd"), timeout_s=caps.get("timeout_s"),
+def policy_for(work: WorkItem, settings: LoopSettings) -> StopPolicy:
+    caps = work.caps
+    return policy_from_caps(max_iterations=caps.max_iterations, budget_tokens=caps.budget_tokens,
+                            budget_usd=caps.budget_usd, timeout_s=caps.timeout_s,
                             no_progress=settings.no_progress, wrapup_reserve=settings.wrapup_reserve)
 
 
 def end_unbuildable(writer: StateWriter, work_id: str, settings: LoopSettings, exc: Exception) -> StopDecision | None:
     """A run whose backend cannot be built (no key, unknown model, a bad script) will not fix
     itself: the policy's ``ModelError`` ends it. Returns the ending recorded (None: it had ended)."""
-    work = queries.work_item(writer.conn, work_id)
+    work = work_q.item(writer.conn, work_id)
     if work is None or ending.recorded(work) is not None:
         return None
     detail = f"{getattr(exc, 'code', 'backend_config')}: {exc}"
@@ -155,14 +158,14 @@ class LoopEngine:
         self.log = structlog.get_logger("loop").bind(work_id=work_id, instance=writer.instance)
 
     # -- reading ------------------------------------------------------------------------------
-    def work(self) -> dict:
-        return dict(self.w.conn.execute("SELECT * FROM work_items WHERE id = ?", (self.work_id,)).fetchone())
+    def work(self) -> WorkItem:
+        return work_q.item(self.w.conn, self.work_id)
 
     def _org_spend_over(self) -> bool:
         cap = self.settings.org_spend_cap_usd
         if cap is None:
             return False
-        return queries.org_spend(self.w.conn) >= cap
+        return org_spend(self.w.conn) >= cap
 
     @property
     def policy(self) -> StopPolicy:
@@ -199,7 +202,7 @@ class LoopEngine:
             return Ended(done)
         self._policy = policy_for(work, self.settings)
         self._start(work)
-        stored = steps.decode(work.get("next_step"))
+        stored = steps.decode(work.next_step)
         if isinstance(stored, Paused):
             stored = stored.next
         if isinstance(stored, Parked):
@@ -243,7 +246,7 @@ class LoopEngine:
             if self.policy.wraps_up(decision):
                 return self._derived(WrapUp(decision))
             return self._derived(Ended(self._end(decision)))
-        if work["status"] == WorkStatus.PAUSED or loopq.open_decisions(conn, self.work_id):
+        if work.status == WorkStatus.PAUSED or loopq.open_decisions(conn, self.work_id):
             return self._derived(AwaitHuman(loopq.pending_decisions(conn, self.work_id)))
         nxt = ActAgain(progress.iterations + 1)
         return self._derived(Paused(nxt) if self.interrupt.is_set() or self.pause.is_set() else nxt)
@@ -273,7 +276,7 @@ class LoopEngine:
         if isinstance(step, WrapUp):
             return Ended(self._wrap_up(step.decision))
         if isinstance(step, AwaitHuman):
-            if not gate.settle(self.w, self.work_id, work["workspace"], self.settings.gate_runner,
+            if not gate.settle(self.w, self.work_id, work.workspace, self.settings.gate_runner,
                                before_action=lambda: self._reset_once(its), after_action=self._checkpoint_action):
                 self.log.info("parked", why="a decision waits for a human",
                               next="whichever loop-agent is free resumes it once decided")
@@ -344,10 +347,10 @@ class LoopEngine:
 
     def _trace_end(self, decision: StopDecision) -> None:
         """The run's span (the root of its trace), from its creation to now, with its stop reason."""
-        work = queries.work_item(self.w.conn, self.work_id)
-        telemetry.current().run_ended(self.work_id, work["created_at"], str(decision.reason), decision.detail, {
-            "loop_org.iterations": work["iterations"], "loop_org.tokens": work.get("tokens"),
-            "loop_org.cost_usd": work.get("cost_usd"), "loop_org.instance": self.w.instance})
+        work, used = self.work(), of_work(self.w.conn, self.work_id)
+        telemetry.current().run_ended(self.work_id, work.created_at, str(decision.reason), decision.detail, {
+            "loop_org.iterations": count(self.w.conn, self.work_id), "loop_org.tokens": used.tokens,
+            "loop_org.cost_usd": used.cost_usd, "loop_org.instance": self.w.instance})
 
     def _flush_history(self) -> None:
         """Write the history's deferred objects and refs out as git's own (a killed run's are
@@ -370,22 +373,21 @@ class LoopEngine:
             self.history.reset_to(self._settled(its))
             self._needs_reset = False
 
-    def _checkpoint_action(self, decision: dict) -> str:
-        return self.history.checkpoint_action(decision["id"])
+    def _checkpoint_action(self, decision: Decision) -> str:
+        return self.history.checkpoint_action(decision.id)
 
-    def _start(self, work: dict) -> None:
+    def _start(self, work: WorkItem) -> None:
         self.history.baseline()
         gate.ask_again_if_interrupted(self.w, self.work_id)
         with self.w.transaction() as tx:
-            if work["status"] == WorkStatus.DISPATCHED:
+            if work.status == WorkStatus.DISPATCHED:
                 tx.set_status("work_items", self.work_id, WorkStatus.RUNNING)
             # an attempt left open by a crash is discarded (its workspace changes are reset below);
             # its time up to its last sign of life (its last model response) still counts
             lost = 0.0
-            for row in tx.conn.execute("""SELECT attempt, started_at, alive_at FROM attempts
-                                           WHERE work_id = ? AND ended_at IS NULL""", (self.work_id,)).fetchall():
-                lost += max(0.0, (row["alive_at"] or row["started_at"]) - row["started_at"])
-                tx.update("attempts", (self.work_id, row["attempt"]), ended_at=tx.now, outcome="discarded")
+            for cut in open_attempts(tx.conn, self.work_id):
+                lost += max(0.0, (cut.alive_at or cut.started_at) - cut.started_at)
+                tx.update("attempts", (self.work_id, cut.attempt), ended_at=tx.now, outcome="discarded")
             if lost:
                 now = tx.get("work_items", self.work_id)
                 tx.update("work_items", self.work_id, elapsed_s=now["elapsed_s"] + lost,
@@ -396,7 +398,7 @@ class LoopEngine:
         cut by an interrupt (discarded; False), or discarded because the run must stop
         (``DISCARDED``: the policy's flags say why). Traced as the iteration's span (derived ids:
         ``roles.telemetry``)."""
-        n, attempt = progress.iterations + 1, work["attempt"] + 1
+        n, attempt = progress.iterations + 1, work.attempt + 1
         with telemetry.current().iteration(self.work_id, n, attempt) as span:
             result = self._act(work, progress, its, verdicts)
             span.set({"loop_org.outcome": "committed" if result is True else "discarded" if result is False
@@ -405,7 +407,7 @@ class LoopEngine:
 
     def _act(self, work, progress, its, verdicts) -> str | bool:
         n = progress.iterations + 1
-        attempt = work["attempt"] + 1
+        attempt = work.attempt + 1
         policy = self.policy
         with self.w.transaction() as tx:
             self._write_reflection(tx)
@@ -418,7 +420,7 @@ class LoopEngine:
         self._reset_once(its)
         with telemetry.current().step("gather") as span:
             prompt = assemble(
-                work["goal"] + _verify_note(work), self.settings.instructions, self.settings.skills,
+                work.goal + _verify_note(work), self.settings.instructions, self.settings.skills,
                 self.settings.knowledge, prog.digests(its, verdicts, self._reflected), prog.lessons(its, self.settings.lessons_max, self._reflected),
                 _feedback(self.w.conn, self.work_id, its, verdicts), n,
                 k_recent=self.settings.recent_iterations, summary_cap_chars=self.settings.summary_cap_chars)
@@ -435,7 +437,7 @@ class LoopEngine:
                              cost_usd=left(trips.get("cost_usd"), spent["cost"]),
                              seconds=left(trips.get("elapsed_s"), progress.elapsed_s + self.clock() - t0))
 
-        ctx = ActContext(self.work_id, n, attempt, Path(work["workspace"]), prompt.system_prefix, prompt.variable,
+        ctx = ActContext(self.work_id, n, attempt, Path(work.workspace), prompt.system_prefix, prompt.variable,
                          max_turns=self.settings.max_turns, remaining=remaining)
 
         def on_usage(u: Usage) -> None:
@@ -449,7 +451,7 @@ class LoopEngine:
             now = self.work()
             live = progress.__class__(**{**progress.__dict__, "tokens": spent["tokens"], "cost_usd": spent["cost"],
                                          "elapsed_s": progress.elapsed_s + self.clock() - t0,
-                                         "cancelled": bool(now["cancel_requested"]),
+                                         "cancelled": now.cancel_requested,
                                          "org_limit": self._org_spend_over()})
             reason = policy.budget_check(live)
             if reason is None and live.cancelled:
@@ -497,16 +499,13 @@ class LoopEngine:
             fp = fingerprint(self.history.tree_id(checkpoint), "")
             span.set({"loop_org.checkpoint": checkpoint, "loop_org.changed_paths": len(changed)})
         with self.w.transaction() as tx:
-            u = tx.one("""SELECT COALESCE(SUM(input_tokens),0), COALESCE(SUM(output_tokens),0),
-                                 COALESCE(SUM(cache_write_tokens),0), COALESCE(SUM(cache_read_tokens),0),
-                                 COALESCE(SUM(cost_usd),0)
-                            FROM model_calls WHERE work_id = ? AND iteration = ? AND attempt = ?""",
-                       (self.work_id, n, attempt))
+            u = of_attempt(tx.conn, self.work_id, n, attempt)
             tx.insert("iterations", {
                 "work_id": self.work_id, "n": n, "attempt": attempt, "act_status": outcome.status,
                 "act_summary": outcome.summary[:4000], "tool_calls": [dict(c) for c in outcome.tool_calls][:200],
-                "input_tokens": u[0], "output_tokens": u[1], "cache_write_tokens": u[2], "cache_read_tokens": u[3],
-                "cost_usd": u[4], "elapsed_s": round(elapsed, 4), "fingerprint": fp, "checkpoint": checkpoint,
+                "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+                "cache_write_tokens": u.cache_write_tokens, "cache_read_tokens": u.cache_read_tokens,
+                "cost_usd": u.cost_usd, "elapsed_s": round(elapsed, 4), "fingerprint": fp, "checkpoint": checkpoint,
                 "changed_paths": changed[:500], "prompt": manifest, "committed_at": tx.now})
             tx.update("work_items", self.work_id, elapsed_s=tx.get("work_items", self.work_id)["elapsed_s"] + elapsed,
                       updated_at=tx.now)
@@ -520,17 +519,17 @@ class LoopEngine:
         self.log.info("iteration_committed", iteration=n, attempt=attempt, act=outcome.status,
                       changed=len(changed), next="verify by the eval-agent")
 
-    def _reflect(self, it: dict, verdict: dict) -> None:
+    def _reflect(self, it: dict, verdict: Verdict) -> None:
         summary = prog.summary_of(verdict)
-        lesson = None if summary.passed else derive_lesson(summary.failing, verdict["feedback"])
+        lesson = None if summary.passed else derive_lesson(summary.failing, verdict.feedback)
         outcome = "pass" if summary.passed else ";".join(f"{c}:{s}" for c, s in summary.failing)
         fp = fingerprint(self.history.tree_id(it["checkpoint"]), outcome)
         # written with the next transaction (the next attempt's start, or the run's end): a
         # crash before that leaves a verdict without its reflection, which the next run derives
         # again, identically
-        self._unwritten = (it["n"], {"verdict_id": verdict["id"], "feedback": verdict["feedback"][:4000],
+        self._unwritten = (it["n"], {"verdict_id": verdict.id, "feedback": verdict.feedback[:4000],
                                      "lesson": lesson, "fingerprint": fp})
-        self.log.info("reflected", iteration=it["n"], verdict=verdict["outcome"], lesson=bool(lesson))
+        self.log.info("reflected", iteration=it["n"], verdict=verdict.outcome, lesson=bool(lesson))
 
     def _write_reflection(self, tx) -> None:
         if self._unwritten is not None:
@@ -588,7 +587,7 @@ class LoopEngine:
 
     def _wrapup_act(self, work, progress, its, decision, parts, allowance) -> tuple[int, str, float]:
         """Run the wrap-up act; returns (its attempt, the model's text or '', its time)."""
-        n, attempt = progress.iterations + 1, work["attempt"] + 1
+        n, attempt = progress.iterations + 1, work.attempt + 1
         with self.w.transaction() as tx:        # committed first: a crash never buys a second one
             self._write_reflection(tx)
             tx.update("work_items", self.work_id, attempt=attempt, updated_at=tx.now)
@@ -609,8 +608,8 @@ class LoopEngine:
             spent["tokens"] += u.budget_tokens
             spent["cost"] += u.cost_usd
 
-        text = wrapup.prompt(work["goal"], n, decision, parts, allowance["tokens"])
-        ctx = ActContext(self.work_id, n, attempt, Path(work["workspace"]), wrapup.INSTRUCTIONS, text,
+        text = wrapup.prompt(work.goal, n, decision, parts, allowance["tokens"])
+        ctx = ActContext(self.work_id, n, attempt, Path(work.workspace), wrapup.INSTRUCTIONS, text,
                          max_turns=wrapup.MAX_TURNS, remaining=remaining)
         outcome = None
         try:
@@ -649,11 +648,11 @@ def _feedback(conn, work_id: str, its: list, verdicts: dict) -> str:
     if not its:
         return ""
     last = its[-1]["n"]
-    text = verdicts[last]["feedback"] if last in verdicts else ""
+    text = verdicts[last].feedback if last in verdicts else ""
     human = gate.feedback_for(conn, work_id, last)
     return f"{text}\n\n{human}".strip() if human else text
 
 
-def _verify_note(work: dict) -> str:
-    cmds = orjson.loads(work["verify"]) if isinstance(work["verify"], str) else work["verify"]
+def _verify_note(work: WorkItem) -> str:
+    cmds = work.verify
     return "\n\nThe eval-agent verifies with: " + "; ".join(f"`{c}`" for c in cmds) if cmds else ""

@@ -18,6 +18,8 @@ start. When a human decides:
 - reject → recorded, the loop continues without it (``reject --stop`` ends the run with
   ``human_rejected`` through the stop policy);
 - respond → the text goes to the next gather.
+
+Decisions are read as typed ``Decision`` rows (state_db.queries.decisions).
 """
 from __future__ import annotations
 
@@ -25,9 +27,9 @@ import time
 import uuid
 from typing import Callable
 
-import orjson
-
 from state_db.processes import identity, identity_alive
+from state_db.queries import decisions, work
+from state_db.queries.decisions import Decision
 from state_db.queries.loop import UNKNOWN_ERROR
 from state_db.vocab import DecisionStatus as D, WorkStatus
 
@@ -47,8 +49,7 @@ def record_requests(tx, work_id: str, n: int, requests) -> list[str]:
     pending — same kind and command — is the same decision) and pause the run if any waits."""
     ids = []
     for req in requests:
-        if tx.one("""SELECT 1 FROM decisions WHERE work_id = ? AND status = ? AND kind = ?
-                      AND json_extract(action, '$.command') = ?""", (work_id, D.PENDING, req["kind"], req["command"])):
+        if decisions.has_pending(tx.conn, work_id, kind=req["kind"], command=req["command"]):
             continue
         did = f"d-{uuid.uuid4().hex[:8]}"
         question = f"{req['kind']}: run `{req['command']}` — {req['reason']}"
@@ -56,7 +57,7 @@ def record_requests(tx, work_id: str, n: int, requests) -> list[str]:
                                 "action": req, "question": question[:1000], "status": D.PENDING,
                                 "created_at": tx.now})
         ids.append(did)
-    if tx.one("SELECT 1 FROM decisions WHERE work_id = ? AND status = ?", (work_id, D.PENDING)):
+    if decisions.has_pending(tx.conn, work_id):
         tx.set_status("work_items", work_id, WorkStatus.PAUSED)
     return ids
 
@@ -67,22 +68,20 @@ def ask_again_if_interrupted(writer, work_id: str) -> int:
     is left alone (it is still running the action)."""
     mine = identity()
     with writer.transaction() as tx:
-        rows = tx.conn.execute("SELECT id, executor FROM decisions WHERE work_id = ? AND status = ?",
-                               (work_id, D.EXECUTING)).fetchall()
         asked = 0
-        for r in rows:
-            if r["executor"] and r["executor"] != mine and identity_alive(r["executor"]):
+        for r in decisions.of_work(tx.conn, work_id, D.EXECUTING):
+            if r.executor and r.executor != mine and identity_alive(r.executor):
                 continue
-            tx.set_status("decisions", r["id"], D.PENDING, executor=None,
+            tx.set_status("decisions", r.id, D.PENDING, executor=None,
                           result="interrupted while executing; it may have run partly — decide again")
-            tx.update("decisions", r["id"], announced_at=None)
+            tx.update("decisions", r.id, announced_at=None)
             asked += 1
     return asked
 
 
 def settle(writer, work_id: str, workspace: str, runner: GateRunner, *,
            before_action: Callable[[], None] | None = None,
-           after_action: Callable[[dict], str | None] | None = None) -> bool:
+           after_action: Callable[[Decision], str | None] | None = None) -> bool:
     """Process this run's decisions once: run every approved or edited action (once), then
     return True when nothing is pending (the run goes on), or park the run and return False
     when a decision still waits for a human.
@@ -91,17 +90,15 @@ def settle(writer, work_id: str, workspace: str, runner: GateRunner, *,
     ``after_action(decision)`` records the action's effect and returns its checkpoint.
     """
     conn = writer.conn
-    for d in conn.execute("SELECT * FROM decisions WHERE work_id = ? AND status IN (?, ?) ORDER BY created_at",
-                          (work_id, D.APPROVED, D.EDITED)).fetchall():
+    for d in decisions.of_work(conn, work_id, D.APPROVED, D.EDITED):
         if before_action is not None:
             before_action()
             before_action = None
-        _execute(writer, dict(d), workspace, runner, after_action)
-    if conn.execute("SELECT 1 FROM decisions WHERE work_id = ? AND status = ?", (work_id, D.PENDING)).fetchone():
+        _execute(writer, d, workspace, runner, after_action)
+    if decisions.has_pending(conn, work_id):
         park(writer, work_id)
         return False
-    paused = conn.execute("SELECT status = ? FROM work_items WHERE id = ?", (WorkStatus.PAUSED, work_id)).fetchone()[0]
-    if paused:                          # only then a write: the common case costs one read
+    if work.item(conn, work_id).status == WorkStatus.PAUSED:   # only then a write: the common case reads
         with writer.transaction() as tx:
             if tx.get("work_items", work_id)["status"] == WorkStatus.PAUSED:
                 tx.set_status("work_items", work_id, WorkStatus.RUNNING)
@@ -120,49 +117,43 @@ def park(writer, work_id: str) -> None:
             tx.update("work_items", work_id, assigned_to=None, updated_at=tx.now)
 
 
-def _execute(writer, d: dict, workspace: str, runner: GateRunner, after_action=None) -> None:
-    action = orjson.loads(d["action"])
-    command = d["answer"] if d["status"] == D.EDITED and d["answer"] else action["command"]
-    if d["kind"] in (BASELINE_PASSES, UNKNOWN_ERROR):   # nothing to run: a choice, not an action
+def _execute(writer, d: Decision, workspace: str, runner: GateRunner, after_action=None) -> None:
+    command = d.answer if d.status == D.EDITED and d.answer else d.command
+    if d.kind in (BASELINE_PASSES, UNKNOWN_ERROR):   # nothing to run: a choice, not an action
         with writer.transaction() as tx:
-            tx.set_status("decisions", d["id"], D.EXECUTING, executor=identity())
-            tx.set_status("decisions", d["id"], D.EXECUTED, result="the human chose to go on")
+            tx.set_status("decisions", d.id, D.EXECUTING, executor=identity())
+            tx.set_status("decisions", d.id, D.EXECUTED, result="the human chose to go on")
         return
     with writer.transaction() as tx:             # the marker, committed before running
-        tx.set_status("decisions", d["id"], D.EXECUTING, executor=identity())
+        tx.set_status("decisions", d.id, D.EXECUTING, executor=identity())
     t0 = time.monotonic()
-    code, output = runner(command, d["kind"], workspace)
+    code, output = runner(command, d.kind, workspace)
     result = f"exit {code} after {time.monotonic() - t0:.1f}s\n{output[-3000:]}"
     checkpoint = after_action(d) if after_action is not None else None
     with writer.transaction() as tx:
-        tx.set_status("decisions", d["id"], D.EXECUTED, result=result, checkpoint=checkpoint)
+        tx.set_status("decisions", d.id, D.EXECUTED, result=result, checkpoint=checkpoint)
 
 
 def settled_checkpoint(conn, work_id: str, after_iteration: int) -> str | None:
     """The checkpoint of the latest action a human approved after ``after_iteration`` (its
     effect is part of the state the next act starts from), or None."""
-    row = conn.execute("""SELECT checkpoint FROM decisions WHERE work_id = ? AND status = ? AND checkpoint IS NOT NULL
-                           AND COALESCE(iteration, 0) >= ? ORDER BY decided_at DESC, created_at DESC LIMIT 1""",
-                       (work_id, D.EXECUTED, after_iteration)).fetchone()
-    return row["checkpoint"] if row else None
+    return decisions.settled_checkpoint(conn, work_id, after_iteration)
 
 
 def feedback_for(conn, work_id: str, n: int) -> str:
     """What the human decided about the actions iteration ``n`` asked for, for the next gather."""
     lines = []
-    for d in conn.execute("SELECT * FROM decisions WHERE work_id = ? AND iteration = ? ORDER BY created_at",
-                          (work_id, n)).fetchall():
-        if d["status"] == D.EXECUTED:
-            lines.append(f"Human approved `{d['question']}`; it ran: {d['result']}")
-        elif d["status"] == D.REJECTED:
-            lines.append(f"Human rejected `{d['question']}`" + (f": {d['answer']}" if d["answer"] else "")
+    for d in decisions.of_work(conn, work_id, iteration=n):
+        if d.status == D.EXECUTED:
+            lines.append(f"Human approved `{d.question}`; it ran: {d.result}")
+        elif d.status == D.REJECTED:
+            lines.append(f"Human rejected `{d.question}`" + (f": {d.answer}" if d.answer else "")
                          + ". Continue without it.")
-        elif d["status"] == D.RESPONDED:
-            lines.append(f"Human answered `{d['question']}`: {d['answer']}")
+        elif d.status == D.RESPONDED:
+            lines.append(f"Human answered `{d.question}`: {d.answer}")
     return "\n".join(lines)
 
 
 def rejected_with_stop(conn, work_id: str) -> bool:
     """A rejection that ends the run: ``reject --stop``, or rejecting a run whose baseline passes."""
-    return conn.execute("SELECT 1 FROM decisions WHERE work_id = ? AND status = ? AND (stop_run = 1 OR kind = ?)",
-                        (work_id, D.REJECTED, BASELINE_PASSES)).fetchone() is not None
+    return decisions.rejected_to_stop(conn, work_id, BASELINE_PASSES)

@@ -1,68 +1,53 @@
 """A run's progress, read from state.db: what the stop conditions and the next gather see.
 
 Everything here is derived from committed rows (iterations, eval-agent verdicts, model calls),
-so a resumed run sees exactly what an uninterrupted one would.
+so a resumed run sees exactly what an uninterrupted one would. Rows come from the typed queries
+(state_db.queries): verdicts as ``Verdict``; iterations as plain dicts of their decoded columns,
+the loop's working rows (a reflection not written yet is merged into them).
 """
 from __future__ import annotations
 
 import sqlite3
 
-import orjson
-
 from roles.loop_agent.context import IterationDigest
 from roles.loop_agent.lessons import LessonBook
 from roles.loop_agent.stop import RunProgress, VerdictSummary
-from state_db.queries.review import DOER_CALLS
-from state_db.vocab import Actor, VerdictOutcome
-
-_VERDICTS = f"""SELECT * FROM verdicts WHERE work_id = ? AND iteration > ? AND written_by LIKE '{Actor.EVAL_AGENT}%'
-                ORDER BY iteration, at"""
-
-
-# what the stop conditions and the gather read (not the prompt manifests, which only grow)
-_ITERATION_COLUMNS = ("work_id, n, attempt, act_status, act_summary, tool_calls, changed_paths, fingerprint, "
-                      "checkpoint, verdict_id, feedback, lesson, elapsed_s, committed_at")
+from state_db.queries.base import plain
+from state_db.queries.iterations import of_work as iterations_of
+from state_db.queries.usage import of_doer
+from state_db.queries.verdicts import Verdict, latest_eval_verdict, latest_eval_verdicts, verified
+from state_db.queries.work import WorkItem, continued_after
 
 
-def verdicts_by_iteration(conn: sqlite3.Connection, work_id: str, *, after: int = 0) -> dict[int, dict]:
+def verdicts_by_iteration(conn: sqlite3.Connection, work_id: str, *, after: int = 0) -> dict[int, Verdict]:
     """The latest eval-agent verdict of each iteration after ``after`` (verdicts by anyone else
     do not count)."""
-    out: dict[int, dict] = {}
-    for row in conn.execute(_VERDICTS, (work_id, after)):
-        out[row["iteration"]] = dict(row)
-    return out
+    return latest_eval_verdicts(conn, work_id, after=after)
 
 
-def verdict_of(conn: sqlite3.Connection, work_id: str, n: int) -> dict | None:
+def verdict_of(conn: sqlite3.Connection, work_id: str, n: int) -> Verdict | None:
     """The latest eval-agent verdict of iteration ``n``, or None."""
-    row = conn.execute(f"""SELECT * FROM verdicts WHERE work_id = ? AND iteration = ?
-                           AND written_by LIKE '{Actor.EVAL_AGENT}%' ORDER BY at DESC LIMIT 1""",
-                       (work_id, n)).fetchone()
-    return dict(row) if row else None
+    return latest_eval_verdict(conn, work_id, n)
 
 
 def preflight_done(conn: sqlite3.Connection, work_id: str) -> bool:
     """True once the eval-agent ran the verify commands on the baseline (the preflight)."""
-    return conn.execute(f"SELECT 1 FROM preflights WHERE work_id = ? AND written_by LIKE '{Actor.EVAL_AGENT}%'",
-                        (work_id,)).fetchone() is not None
+    return verified(conn, work_id, 0)
 
 
-def summary_of(verdict: dict | None) -> VerdictSummary | None:
+def summary_of(verdict: Verdict | None) -> VerdictSummary | None:
     if verdict is None:
         return None
-    checks = orjson.loads(verdict["checks"])
-    failing = tuple((c["name"], c.get("signature") or "") for c in checks if not c.get("passed"))
-    return VerdictSummary(passed=verdict["outcome"] == VerdictOutcome.PASS, by_eval_agent=True, failing=failing)
+    failing = tuple((c["name"], c.get("signature") or "") for c in verdict.failing)
+    return VerdictSummary(passed=verdict.passed, by_eval_agent=True, failing=failing)
 
 
-def outcome_line(verdict: dict | None) -> str:
+def outcome_line(verdict: Verdict | None) -> str:
     if verdict is None:
         return "not verified"
-    if verdict["outcome"] == VerdictOutcome.PASS:
+    if verdict.passed:
         return "pass"
-    checks = orjson.loads(verdict["checks"])
-    names = [c["name"] for c in checks if not c.get("passed")]
-    return "fail: " + ", ".join(names[:3])
+    return "fail: " + ", ".join(c["name"] for c in verdict.failing[:3])
 
 
 class Reflected:
@@ -72,12 +57,12 @@ class Reflected:
 
     def __init__(self) -> None:
         self.rows: list[dict] = []              # iterations 1..k, each with its verdict_id set
-        self.verdicts: dict[int, dict] = {}
+        self.verdicts: dict[int, Verdict] = {}
         self.summaries: list[VerdictSummary] = []
         self.digests: dict[int, IterationDigest] = {}
         self.book: tuple[int, LessonBook] | None = None   # the lessons of rows[:int]
 
-    def keep(self, its: list[dict], verdicts: dict[int, dict]) -> None:
+    def keep(self, its: list[dict], verdicts: dict[int, Verdict]) -> None:
         for r in its[len(self.rows):]:
             verdict = verdicts.get(r["n"])
             if r["n"] != len(self.rows) + 1 or r["verdict_id"] is None or verdict is None:
@@ -87,10 +72,10 @@ class Reflected:
             self.summaries.append(summary_of(verdict))
 
 
-def load(conn: sqlite3.Connection, work: sqlite3.Row | dict, *, running_s: float = 0.0,
+def load(conn: sqlite3.Connection, work: WorkItem, *, running_s: float = 0.0,
          org_limit: bool | str = False, model_error: bool | str = False, human_rejected: bool | str = False,
          needs_human: bool | str = False, reflected: Reflected | None = None,
-         unwritten: tuple[int, dict] | None = None) -> tuple[RunProgress, list[dict], dict[int, dict]]:
+         unwritten: tuple[int, dict] | None = None) -> tuple[RunProgress, list[dict], dict[int, Verdict]]:
     """Return (progress, iteration rows, verdicts by iteration) for ``work``.
 
     ``running_s`` is time spent in the current, uncommitted attempt (counts toward timeout); the
@@ -99,11 +84,10 @@ def load(conn: sqlite3.Connection, work: sqlite3.Row | dict, *, running_s: float
     is ``(n, columns)`` of a reflection the engine will write with its next transaction, read
     as if written.
     """
-    work_id = work["id"]
+    work_id = work.id
     reflected = reflected if reflected is not None else Reflected()
     k = len(reflected.rows)
-    its = reflected.rows + [dict(r) for r in conn.execute(
-        f"SELECT {_ITERATION_COLUMNS} FROM iterations WHERE work_id = ? AND n > ? ORDER BY n", (work_id, k))]
+    its = reflected.rows + plain(iterations_of(conn, work_id, after=k, prompts=False))
     if unwritten is not None:
         for r in its[k:]:
             if r["n"] == unwritten[0] and r["verdict_id"] is None:
@@ -111,35 +95,32 @@ def load(conn: sqlite3.Connection, work: sqlite3.Row | dict, *, running_s: float
     verdicts = {**reflected.verdicts, **verdicts_by_iteration(conn, work_id, after=k)}
     # the token budget leaves cache reads out (they count in cost): see Usage.budget_tokens; the
     # eval-agent's review calls have a budget of their own (roles/eval_agent/review.py)
-    usage = conn.execute(f"""SELECT COALESCE(SUM(input_tokens + cache_write_tokens + output_tokens), 0),
-                                   COALESCE(SUM(cost_usd), 0) FROM model_calls WHERE work_id = ? AND {DOER_CALLS}""",
-                         (work_id,)).fetchone()
+    usage = of_doer(conn, work_id)
     # a continued run ('org continue') is judged for no_progress / repeated_failure on the
     # iterations after its latest continuation only: the ones before already ended it once
-    since = conn.execute("SELECT COALESCE(MAX(iterations), 0) FROM stop_history WHERE work_id = ?",
-                         (work_id,)).fetchone()[0]
+    since = continued_after(conn, work_id)
     progress = RunProgress(
-        iterations=len(its), tokens=int(usage[0]), cost_usd=float(usage[1]),
-        elapsed_s=float(work["elapsed_s"]) + running_s,
+        iterations=len(its), tokens=usage.budget_tokens, cost_usd=float(usage.cost_usd),
+        elapsed_s=float(work.elapsed_s) + running_s,
         fingerprints=tuple(r["fingerprint"] or "" for r in its[since:]),
         verdicts=(*reflected.summaries, *(summary_of(verdicts.get(r["n"])) for r in its[k:]))[since:],
-        cancelled=bool(work["cancel_requested"]), org_limit=org_limit, model_error=model_error,
+        cancelled=work.cancel_requested, org_limit=org_limit, model_error=model_error,
         human_rejected=human_rejected, needs_human=needs_human,
     )
     reflected.keep(its, verdicts)
     return progress, its, verdicts
 
 
-def digests(its: list[dict], verdicts: dict[int, dict], reflected: Reflected | None = None) -> list[IterationDigest]:
+def digests(its: list[dict], verdicts: dict[int, Verdict], reflected: Reflected | None = None) -> list[IterationDigest]:
     out = []
     for r in its:
         known = reflected.digests.get(r["n"]) if reflected is not None else None
         if known is None:
-            calls = orjson.loads(r["tool_calls"])
+            calls = r["tool_calls"]
             known = IterationDigest(
                 iteration=r["n"], summary=r["act_summary"], outcome=outcome_line(verdicts.get(r["n"])),
                 tool_calls=tuple(_call_line(c) for c in calls[:8]),
-                changed_paths=tuple(orjson.loads(r["changed_paths"])))
+                changed_paths=tuple(r["changed_paths"]))
             if reflected is not None and r["n"] <= len(reflected.rows):
                 reflected.digests[r["n"]] = known
         out.append(known)

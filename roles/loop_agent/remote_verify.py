@@ -10,6 +10,8 @@ import time
 from typing import Callable
 
 from state_db.errors import OrgError
+from state_db.queries.verdicts import verified
+from state_db.queries.work import item
 
 
 class VerifyInterrupted(OrgError):
@@ -31,16 +33,14 @@ def wait_check(conn, work_id: str, waited_s: float) -> tuple[str, str] | None | 
     """While a loop-agent waits for a verdict: ``True`` if the run ended meanwhile (the eval-agent
     ended it), ``(reason, detail)`` if it must end now (cancel requested; the act time plus this
     wait passed the run's timeout), else None."""
-    import orjson
-    row = conn.execute("SELECT status, cancel_requested, caps, elapsed_s FROM work_items WHERE id = ?",
-                       (work_id,)).fetchone()
-    if row is None or row["status"] == "ended":
+    work = item(conn, work_id)
+    if work is None or work.ended:
         return True
-    if row["cancel_requested"]:
+    if work.cancel_requested:
         return ("cancelled", "cancelled while waiting for the eval-agent's verdict")
-    timeout = (orjson.loads(row["caps"]) or {}).get("timeout_s")
-    if timeout is not None and row["elapsed_s"] + waited_s > timeout:
-        return ("timeout", f"{row['elapsed_s'] + waited_s:.1f} s elapsed (acts plus the wait for a verdict), "
+    timeout = work.caps.timeout_s
+    if timeout is not None and work.elapsed_s + waited_s > timeout:
+        return ("timeout", f"{work.elapsed_s + waited_s:.1f} s elapsed (acts plus the wait for a verdict), "
                            f"limit {timeout} s")
     return None
 
@@ -64,11 +64,7 @@ class RemoteVerify:
         self.arrived = threading.Event()
 
     def _found(self, work_id: str, n: int) -> bool:
-        if n == 0:      # the preflight: the verify commands on the baseline
-            return self.conn.execute("SELECT 1 FROM preflights WHERE work_id=? AND written_by LIKE 'eval-agent%'",
-                                     (work_id,)).fetchone() is not None
-        return self.conn.execute("SELECT 1 FROM verdicts WHERE work_id=? AND iteration=? AND written_by LIKE 'eval-agent%'",
-                                 (work_id, n)).fetchone() is not None
+        return verified(self.conn, work_id, n)      # n == 0: the preflight, on the baseline
 
     def __call__(self, work_id: str, n: int) -> None:
         """Wait for the verdict of iteration ``n`` (0: the preflight). Returns when it is in

@@ -10,6 +10,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from state_db.queries.base import columns
+from state_db.queries.review import DOER_CALLS
 
 _SUMS = """COALESCE(SUM(input_tokens),0) AS input_tokens, COALESCE(SUM(output_tokens),0) AS output_tokens,
            COALESCE(SUM(cache_write_tokens),0) AS cache_write_tokens,
@@ -85,6 +86,12 @@ def of_attempt(conn: sqlite3.Connection, work_id: str, iteration: int, attempt: 
     """What the calls of one attempt at ``iteration`` used (never summarised: the run is live)."""
     return Usage.from_row(conn.execute(_CALLS + " WHERE work_id = ? AND iteration = ? AND attempt = ?",
                                        (work_id, iteration, attempt)).fetchone())
+
+
+def of_doer(conn: sqlite3.Connection, work_id: str) -> Usage:
+    """What the doer's calls of ``work_id`` used: the eval-agent's review calls are left out (they
+    have a budget of their own, roles/eval_agent/review.py). Never summarised: a live run's."""
+    return Usage.from_row(conn.execute(_CALLS + f" WHERE work_id = ? AND {DOER_CALLS}", (work_id,)).fetchone())
 
 
 def call_recorded(conn: sqlite3.Connection, request_id: str) -> bool:

@@ -12,7 +12,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from state_db.queries.base import columns, loads
-from state_db.vocab import Actor, VerdictOutcome
+from state_db.vocab import Actor, VerdictOutcome, WorkStatus
 
 _BY_EVAL = "written_by LIKE ?"
 _EVAL = f"{Actor.EVAL_AGENT}%"
@@ -142,12 +142,12 @@ class Due:
 def due(conn: sqlite3.Connection) -> list[Due]:
     """What the eval-agent must verify, in order: preflights of live runs that have none and no
     iteration yet (oldest run first), then committed iterations of live runs with no verdict."""
-    preflights = conn.execute("""SELECT w.id, 0, w.assigned_to FROM work_items w WHERE w.status != 'ended'
+    preflights = conn.execute("""SELECT w.id, 0, w.assigned_to FROM work_items w WHERE w.status != ?
                                    AND NOT EXISTS (SELECT 1 FROM preflights p WHERE p.work_id = w.id)
                                    AND NOT EXISTS (SELECT 1 FROM iterations i WHERE i.work_id = w.id)
-                                 ORDER BY w.created_at""").fetchall()
+                                 ORDER BY w.created_at""", (WorkStatus.ENDED,)).fetchall()
     pending = conn.execute("""SELECT i.work_id, i.n, w.assigned_to FROM iterations i JOIN work_items w ON w.id = i.work_id
-                               WHERE w.status != 'ended'
+                               WHERE w.status != ?
                                  AND NOT EXISTS (SELECT 1 FROM verdicts v WHERE v.work_id = i.work_id AND v.iteration = i.n)
-                               ORDER BY i.committed_at""").fetchall()
+                               ORDER BY i.committed_at""", (WorkStatus.ENDED,)).fetchall()
     return [Due(r[0], r[1], r[2]) for r in (*preflights, *pending)]
