@@ -212,3 +212,17 @@ def test_a_list_of_tables_added_in_one_line_gets_lines_suggestions_and_a_schema(
     assert [s.every_s for s in cfg.schedules] == [3600, 60]
     schema = WithSchedules.model_json_schema()
     assert schema["properties"]["schedules"]["items"] == {"$ref": "#/$defs/Every"}
+
+
+def test_code_reads_the_configuration_as_attributes_not_dotted_strings():
+    """``cfg.caps.max_iterations``, not ``cfg["caps.max_iterations"]``: a typo in an attribute fails
+    where it is written (and in a type checker), a typo in a string only when that line runs."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    dotted = re.compile(r'(?<=[\w)\]])\[["\'](' + "|".join(config_mod.SECTIONS) + r')\.[a-z_]+["\']\]')
+    found = [f"{p.relative_to(root)}:{n}: {line.strip()}"
+             for top in ("roles", "scripts", "knowledge", "skills", "bench", "transport", "state_db")
+             for p in sorted((root / top).rglob("*.py")) if p.name != "config.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if dotted.search(line)]
+    assert found == [], "read these as attributes (cfg.section.key):\n" + "\n".join(found)
