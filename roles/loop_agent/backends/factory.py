@@ -56,7 +56,7 @@ def build(spec: str, cfg: Config, home: OrgHome, instance: str, *, runner=None) 
                                base_url=cfg.model.base_url or None, timeout_s=cfg.model.request_timeout_s,
                                retry=retry)
         backend = AnthropicBackend(conf, cfg.prices, gate=gate, runner=runner)
-        return BuiltBackend(backend, f"anthropic {cfg['model.name']} at {backend.base_url}", lambda: None)
+        return BuiltBackend(backend, f"anthropic {cfg.model.name} at {backend.base_url}", lambda: None)
     if spec == "command":
         from roles.loop_agent.backends.command_backend import CommandBackend, CommandConfig
         conf = CommandConfig(binary=cfg.command.binary, model=cfg.model.name,
@@ -67,5 +67,5 @@ def build(spec: str, cfg: Config, home: OrgHome, instance: str, *, runner=None) 
                              readonly_binds=tuple(cfg.command.readonly_binds))
         backend = CommandBackend(conf, cfg.prices, make_runner=lambda ws: runner_from_config(cfg, home, ws),
                                  state_dir=home.run_dir / "cli" / instance)
-        return BuiltBackend(backend, f"command: {cfg['command.binary']} in the sandbox", lambda: None)
+        return BuiltBackend(backend, f"command: {cfg.command.binary} in the sandbox", lambda: None)
     raise BackendConfigError(f"unknown backend {spec!r}", code="unknown_backend")
