@@ -85,13 +85,9 @@ def scripted_log(logs_dir: Path) -> dict:
 
 
 def trails(git_dir: Path, checkpoints: list[str], path: str = "trail.txt") -> dict[str, str | None]:
-    """``path`` at each checkpoint commit (None if missing), with one ``git cat-file``.
-    Objects a killed loop-agent left pending are written out first, as every reader that runs
-    git does (``org diff``)."""
+    """``path`` at each checkpoint commit (None if missing), with one ``git cat-file``."""
     if not checkpoints:
         return {}
-    from roles.workspace import objects
-    objects.store_for(git_dir).publish_pending(drop=False)
     query = "".join(f"{c}:{path}\n" for c in checkpoints).encode()
     out = subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "--batch"], input=query,
                          capture_output=True, check=False).stdout

@@ -10,8 +10,6 @@ import pytest
 
 from roles.loop_agent.engine import LoopSettings
 from roles.workspace.history import WorkspaceHistory
-from roles.workspace.pending import PENDING_OBJECTS
-from roles.workspace.refs import PENDING as PENDING_REFS
 from tests.support.loop import BUGGY, FIXED, ScriptedActs, engine, make_workspace, submit
 from tests.support.org import query
 
@@ -161,10 +159,12 @@ def test_kill_9_mid_act_then_resume_no_iteration_twice_usage_once_workspace_rese
     assert [r["n"] for r in its(org_home)] == [1]
     calls_after_crash = query(org_home, "SELECT request_id FROM model_calls ORDER BY at")
     assert len(calls_after_crash) == 2      # iteration 1 and the cut act: both counted, once
-    # the killed run's checkpoint is still only in its history's pending files: readable all the same
+    # the killed run's checkpoint is git's own commit already, named by its ref
     git_dir = org_home.history_dir / "w1.git"
-    assert sorted(p.name for p in git_dir.glob("loop-org-pending-*")) == [PENDING_OBJECTS, PENDING_REFS]
-    assert WorkspaceHistory(git_dir, ws).tree_id(its(org_home)[0]["checkpoint"])
+    checkpoint = its(org_home)[0]["checkpoint"]
+    assert subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "refs/iterations/1"],
+                          capture_output=True, text=True, check=True).stdout.strip() == checkpoint
+    assert WorkspaceHistory(git_dir, ws).tree_id(checkpoint)
     second = _run_process(org_home, [[BAD], [GOOD]])
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout.strip().splitlines()[-1])["reason"] == "goal_met"

@@ -4,12 +4,14 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from roles.workspace.history import (
-    GitMissing, HistoryError, NoBaseline, UnknownCommit, WorkspaceHistory, WorkspaceMissing,
+    HistoryError, NoBaseline, UnknownCommit, WorkspaceHistory, WorkspaceMissing,
 )
 from bench.history_bench import bench_checkpoint
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
@@ -267,14 +269,11 @@ def test_materialize_refuses_a_foreign_directory_and_one_inside_the_workspace(hi
     assert not (tmp_path / "s").exists()
 
 
-def test_missing_workspace_git_and_bad_location_are_coded_errors(tmp_path, ws):
+def test_missing_workspace_and_bad_location_are_coded_errors(tmp_path, ws):
     hist = WorkspaceHistory(tmp_path / "h.git", tmp_path / "gone")
     with pytest.raises(WorkspaceMissing) as err:
         hist.baseline()
     assert err.value.code == "workspace_missing"
-    with pytest.raises(GitMissing) as err:
-        WorkspaceHistory(tmp_path / "h2.git", ws, git="/nonexistent/git").baseline()
-    assert err.value.code == "git_missing"
     with pytest.raises(HistoryError) as err:
         WorkspaceHistory(ws / ".history.git", ws)
     assert err.value.code == "history_inside_workspace"
@@ -320,14 +319,48 @@ def test_locks_left_by_a_killed_writer_are_cleared_when_the_run_restarts(hist, w
     assert hist.checkpoint(2) == hist.iteration_commit(2)
 
 
-def test_a_snapshot_torn_by_a_killed_eval_agent_is_rewritten_whole(hist, ws, tmp_path):
+_SNAPSHOT_WRITER = """
+import sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from roles.workspace.history import WorkspaceHistory
+hist = WorkspaceHistory(Path({git_dir!r}), Path({ws!r}), on_step=lambda step: print(step, flush=True))
+hist.materialize({commit!r}, Path({snap!r}))
+print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_snapshot_whose_writer_was_killed_is_finished_exactly(hist, ws, tmp_path):
+    """An eval-agent killed while writing its snapshot (at several moments of the write): the
+    next one makes the directory exactly the checkpoint, strays and half-written files gone."""
     hist.baseline()
-    c1 = hist.checkpoint(1)
+    (ws / "many").mkdir()
+    for i in range(200):
+        (ws / "many" / f"f{i}.txt").write_text(f"{i}\n" * 50)
+    commits = [hist.checkpoint(1)]
+    for i in range(0, 200, 2):
+        (ws / "many" / f"f{i}.txt").write_text("changed\n")
+    (ws / "many" / "f1.txt").unlink()
+    commits.append(hist.checkpoint(2))
     snap = tmp_path / "snap"
-    hist.materialize(c1, snap)
-    index = next((hist.git_dir / "snapshots").glob("*.index"))
-    index.with_name(index.name + ".lock").write_text("")
-    (snap / "src" / "calc.py").unlink()
-    (snap / "half-written").write_text("")
-    assert hist.materialize(c1, snap) == []
-    assert tree_of(snap) == tree_of(ws)
+    hist.materialize(commits[0], snap)
+    root = str(Path(__file__).resolve().parents[1])
+    for n, delay in enumerate((0.0, 0.002, 0.01, 0.03, 0.08)):
+        commit = commits[(n + 1) % 2]
+        code = _SNAPSHOT_WRITER.format(root=root, git_dir=str(hist.git_dir), ws=str(ws), commit=commit,
+                                       snap=str(snap))
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "snapshot_writing"
+            time.sleep(delay)
+            proc.kill()
+        finally:
+            proc.wait(timeout=30)
+            proc.stdout.close()
+        (snap / "half-written").write_text("")
+        assert hist.materialize(commit, snap) == []
+        fresh = tmp_path / f"fresh{n}"
+        hist.materialize(commit, fresh)
+        assert tree_of(snap) == tree_of(fresh)
+        assert tree_of(snap)["many/f0.txt"][0] == (b"changed\n" if commit == commits[1] else b"0\n" * 50)

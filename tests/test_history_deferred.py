@@ -1,21 +1,21 @@
-"""The running loop's history defers its objects and refs (``WorkspaceHistory(defer=True)``):
-readers see them at once, git sees them once they are written out, and a killed writer loses
-nothing that a later writer cannot write out."""
+"""The running loop's history (``WorkspaceHistory(defer=True)``): its checkpoints are git's own
+commits and refs the moment they are recorded, only its index (the stat cache) is written out
+now and then; a kill -9 at any moment leaves a history git accepts and the next run reads."""
 from __future__ import annotations
 
-import os
+import random
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from roles.workspace import objects, refs, statcache
+from roles.workspace import shadow
 from roles.workspace.history import HEAD_REF, WorkspaceHistory, iteration_ref
-from roles.workspace.pending import PENDING_OBJECTS
-from tests.test_history_fast import files_of, git, git_tree_of
+from tests.test_history_fast import GIT_ENV, files_of, git, git_tree_of
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(60)
@@ -30,17 +30,21 @@ def ws(tmp_path) -> Path:
     return ws
 
 
-def _fresh_process_caches(git_dir: Path) -> None:
-    """What another process starts with: no parsed objects, no stat caches."""
-    statcache._MEMORY.clear()
-    objects.forget(git_dir)
+def _in_child(code: str) -> str:
+    """Run ``code`` in a fresh Python process (as another role would) and return its stdout."""
+    full = f"import sys; sys.path.insert(0, {str(ROOT)!r})\n" + textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-c", full], capture_output=True, text=True, timeout=30,
+                          check=True).stdout
 
 
-def _pending(git_dir: Path) -> list[str]:
-    return sorted(p.name for p in git_dir.iterdir() if p.name.startswith("loop-org-pending"))
+def _fsck(git_dir: Path) -> None:
+    """``git fsck --full --strict`` accepts the history (objects no ref names are fine)."""
+    proc = subprocess.run(["git", "--git-dir", str(git_dir), "fsck", "--full", "--strict", "--no-dangling"],
+                          env=GIT_ENV, capture_output=True, text=True)
+    assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
 
 
-def test_deferred_checkpoints_are_read_at_once_and_given_to_git_when_written_out(tmp_path, ws):
+def test_a_running_loops_checkpoints_are_gits_own_at_once(tmp_path, ws):
     writer = WorkspaceHistory(tmp_path / "h.git", ws, defer=True)
     gd = ["--git-dir", str(writer.git_dir)]
     base = writer.baseline()
@@ -48,32 +52,34 @@ def test_deferred_checkpoints_are_read_at_once_and_given_to_git_when_written_out
     for n in (1, 2, 3):
         (ws / "src" / "calc.py").write_text(f"def add(a, b):\n    return a + b  # {n}\n")
         commits.append(writer.checkpoint(n))
-    # nothing of it is a file git reads yet: no loose object, no loose ref
-    assert _pending(writer.git_dir) == [PENDING_OBJECTS, refs.PENDING]
-    assert subprocess.run(["git", *gd, "cat-file", "-e", commits[-1]], capture_output=True).returncode != 0
-    # another reader (the eval-agent) sees every pending object and ref
-    _fresh_process_caches(writer.git_dir)
-    reader = WorkspaceHistory(writer.git_dir, ws)
-    assert reader.iteration_commit(2) == commits[1] and reader.baseline_commit() == base
-    assert reader.tree_id(commits[-1]) == git_tree_of(ws, tmp_path)
-    assert reader.changed_paths(commits[0], commits[1]) == ["src/calc.py"]
-    snap = tmp_path / "snap"
-    reader.materialize(commits[-1], snap)
-    assert files_of(snap) == files_of(ws)
-    # a reader running git (org diff) writes the objects out first, and leaves the rest alone
-    assert b"+    return a + b  # 3" in reader.diff_bytes(base, commits[-1])
-    assert git(*gd, "cat-file", "-t", commits[-1]).strip() == "commit"
-    assert refs.PENDING in _pending(writer.git_dir)
-    # the writer writes everything out: git's own refs, reflogs and objects, nothing pending
-    writer.flush_pending()
-    assert _pending(writer.git_dir) == []
+        # git's own files, before anything is written out
+        assert git(*gd, "cat-file", "-t", commits[-1]).strip() == "commit"
+        assert git(*gd, "rev-parse", iteration_ref(n)).strip() == commits[-1]
     assert git(*gd, "rev-list", HEAD_REF).split() == [*reversed(commits), base]
-    assert git(*gd, "rev-parse", iteration_ref(2)).strip() == commits[1]
     assert "loop-org: checkpoint of iteration 3" in git(*gd, "reflog", "show", HEAD_REF)
-    git(*gd, "fsck", "--strict", "--no-dangling")
+    _fsck(writer.git_dir)
+    # another process (the eval-agent, org diff) reads them, with the writer's index not yet out
+    out = _in_child(f"""
+        from pathlib import Path
+        from roles.workspace.history import WorkspaceHistory
+        h = WorkspaceHistory(Path({str(writer.git_dir)!r}), Path({str(ws)!r}))
+        print(h.iteration_commit(2), h.fingerprint_of_workspace(), h.changed_paths({commits[0]!r}, {commits[1]!r}))
+        h.materialize({commits[-1]!r}, Path({str(tmp_path / "snap")!r}))
+    """).split()
+    assert out[:2] == [commits[1], git_tree_of(ws, tmp_path)] and "src/calc.py" in out[2]
+    assert files_of(tmp_path / "snap") == files_of(ws)
+    assert b"+    return a + b  # 3" in writer.diff_bytes(base, commits[-1])
+    writer.flush_pending()                  # the run stops: the index is written out
+    (ws / "README").write_text("after the stop\n")
+    out = _in_child(f"""
+        from pathlib import Path
+        from roles.workspace.history import WorkspaceHistory
+        print(WorkspaceHistory(Path({str(writer.git_dir)!r}), Path({str(ws)!r})).fingerprint_of_workspace())
+    """)
+    assert out.split()[-1] == git_tree_of(ws, tmp_path)
 
 
-def test_a_killed_deferred_writer_leaves_what_the_next_one_writes_out(tmp_path, ws):
+def test_a_killed_deferred_writer_leaves_what_the_next_one_reads(tmp_path, ws):
     git_dir = tmp_path / "h.git"
     code = textwrap.dedent(f"""
         import os, signal, sys
@@ -86,87 +92,101 @@ def test_a_killed_deferred_writer_leaves_what_the_next_one_writes_out(tmp_path, 
         for n in (1, 2):
             (ws / "README").write_text(f"r{{n}}\\n")
             print("checkpoint", h.checkpoint(n), flush=True)
+        (ws / "README").write_text("being worked on when the process died\\n")
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     c1, c2 = [ln.split()[1] for ln in proc.stdout.decode().splitlines() if ln.startswith("checkpoint ")]
-    # and a third checkpoint was being appended when it died: a torn record and a torn line
-    with open(git_dir / PENDING_OBJECTS, "ab") as f:
-        f.write(b"LOOB\x00\x00\x01\x00" + b"\x07" * 30)
-    with open(git_dir / refs.PENDING, "ab") as f:
-        f.write(b'["refs/iterations/3","0000')
-    _fresh_process_caches(git_dir)
-    assert WorkspaceHistory(git_dir, ws).iteration_commit(2) == c2   # readable before any repair
+    _fsck(git_dir)
+    shadow.forget(git_dir)                  # what a new process starts with
     restarted = WorkspaceHistory(git_dir, ws, defer=True)
+    assert restarted.iteration_commit(2) == c2 and restarted.baseline_commit()
+    restarted.reset_to(c2)
+    assert (ws / "README").read_text() == "r2\n"
     (ws / "README").write_text("r3\n")
-    c3 = restarted.checkpoint(3)            # appended after cutting the torn tail, not behind it
-    _fresh_process_caches(git_dir)
-    reader = WorkspaceHistory(git_dir, ws)
-    assert reader.iteration_commit(3) == c3 and reader.tree_id(c3) == git_tree_of(ws, tmp_path)
-    restarted.reset_to(c3)                  # a restarted loop's first step writes it all out
-    assert _pending(git_dir) == []
+    c3 = restarted.checkpoint(3)
     gd = ["--git-dir", str(git_dir)]
     assert git(*gd, "rev-parse", iteration_ref(1), iteration_ref(2), iteration_ref(3)).split() == [c1, c2, c3]
     assert git(*gd, "rev-parse", f"{c3}^").strip() == c2
-    git(*gd, "fsck", "--strict", "--no-dangling")
+    assert restarted.tree_id(c3) == git_tree_of(ws, tmp_path)
+    _fsck(git_dir)
 
 
-def test_a_reader_follows_the_pending_refs_as_they_grow_and_are_written_out(tmp_path, ws):
-    writer = WorkspaceHistory(tmp_path / "h.git", ws, defer=True)
-    reader = WorkspaceHistory(writer.git_dir, ws)
-    base = writer.baseline()
-    assert reader.baseline_commit() == base
-    pending = writer.git_dir / refs.PENDING
-    commits = []
-    for n in (1, 2, 3):
-        (ws / "README").write_text(f"r{n}\n")
-        commits.append(writer.checkpoint(n))
-        assert reader.iteration_commit(n) == commits[-1]
-        assert reader._refs._pending_at[1] == pending.stat().st_size   # read up to the end, once
-    with open(pending, "ab") as f:
-        f.write(b'["refs/iterations/4"')                               # being appended right now
-    assert reader.iteration_commit(4) is None and reader.iteration_commit(3) == commits[-1]
-    pending.write_bytes(pending.read_bytes()[: reader._refs._pending_at[1]])
-    writer.flush_pending()                    # the run stops: git's own refs, the file gone
-    assert not pending.exists() and reader.iteration_commit(3) == commits[-1]
-    (ws / "README").write_text("r4\n")
-    c4 = writer.checkpoint(4)                 # a new pending file: read from its start
-    assert reader.iteration_commit(4) == c4 and reader.iteration_commit(1) == commits[0]
-    gd = ["--git-dir", str(writer.git_dir)]
-    assert git(*gd, "rev-parse", iteration_ref(3)).strip() == commits[-1]
+_LOOP = """
+import sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from roles.workspace.history import WorkspaceHistory
+ws = Path({ws!r})
+h = WorkspaceHistory(Path({git_dir!r}), ws, defer=True)
+h.baseline()
+n = {start}
+while True:
+    for i in range(0, 120, 7):
+        (ws / "bulk" / f"f{{(i + n) % 120}}.txt").write_text(f"{{n}}-{{i}}\\n" * 20)
+    (ws / "README").write_text(f"iteration {{n}}\\n")
+    if n % 3 == 0:
+        (ws / "bulk" / f"new{{n}}").mkdir()
+        (ws / "bulk" / f"new{{n}}" / "x.txt").write_text("x\\n")
+    print(n, h.checkpoint(n), flush=True)
+    if n % 4 == 0:
+        h.reset_to(h.baseline_commit())   # an attempt cut and its workspace put back
+        h.reset_to(h.iteration_commit(n))
+    n += 1
+"""
 
 
-def test_git_run_by_the_writer_sees_its_pending_refs(tmp_path, ws):
-    writer = WorkspaceHistory(tmp_path / "h.git", ws, defer=True)
-    base = writer.baseline()
-    (ws / "README").write_text("changed\n")
-    c1 = writer.checkpoint(1)
-    (ws / ".gitattributes").write_text("*.py diff=python\n")   # git records this one
-    c2 = writer.checkpoint(2)
-    assert writer.iteration_commit(2) == c2
-    gd = ["--git-dir", str(writer.git_dir)]
-    assert git(*gd, "rev-list", HEAD_REF).split() == [c2, c1, base]
-    assert writer.tree_id(c2) == git_tree_of(ws, tmp_path)
+def _checkpoint_line(line: str, recorded: dict[int, str]) -> int:
+    """Note ``<n> <commit>`` lines (the child's logs go to the same stream)."""
+    parts = line.split()
+    if len(parts) == 2 and parts[0].isdigit() and len(parts[1]) == 40:
+        recorded[int(parts[0])] = parts[1]
+        return 1
+    return 0
 
 
-def test_a_reader_tells_a_new_pending_file_from_the_old_one_whatever_its_inode(tmp_path, ws):
-    from roles.workspace.pending import PendingObjects
-
+@pytest.mark.timeout(180)
+def test_kill_9_at_any_moment_of_a_running_loop_leaves_a_sound_history(tmp_path, ws):
+    """A loop-agent killed at random moments (mid-write of objects, refs, the index, a reset):
+    after each kill git accepts the history, the next run finds the last checkpoint it recorded
+    (and at most one more, with the right parent), and carries on from it."""
+    (ws / "bulk").mkdir()
+    for i in range(120):
+        (ws / "bulk" / f"f{i}.txt").write_text(f"{i}\n" * 20)
     git_dir = tmp_path / "h.git"
-    writer = WorkspaceHistory(git_dir, ws, defer=True)
-    writer.baseline()
-    other = PendingObjects(os.fsencode(git_dir))      # another process's view of the objects
-    reader = WorkspaceHistory(git_dir, ws)            # and of the refs
-    store = objects.store_for(git_dir)
-    seen = []
-    for n in range(1, 5):
-        (ws / "README").write_text(f"r{n}\n" * n)
-        commit = writer.checkpoint(n)
-        assert reader.iteration_commit(n) == commit
-        assert other.get(bytes.fromhex(commit)) == store.pending.get(bytes.fromhex(commit))
-        seen.append(commit)
-        writer.flush_pending()                        # written out; the next file is a new one
-    assert other.get(bytes.fromhex(seen[0])) is None  # gone from the pending file: loose now
-    assert [reader.iteration_commit(n) for n in range(1, 5)] == seen
-    git(*["--git-dir", str(git_dir)], "fsck", "--strict", "--no-dangling")
+    gd = ["--git-dir", str(git_dir)]
+    rng = random.Random(17)
+    start, recorded = 1, {}
+    for _ in range(12):
+        code = _LOOP.format(root=str(ROOT), ws=str(ws), git_dir=str(git_dir), start=start)
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        try:
+            seen = 0
+            while seen < 2:                             # a couple of checkpoints, then the kill
+                line = proc.stdout.readline()
+                assert line, "the loop stopped on its own"
+                seen += _checkpoint_line(line, recorded)
+            time.sleep(rng.uniform(0, 0.06))
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+            for line in proc.stdout.read().splitlines():  # printed just before the kill
+                _checkpoint_line(line, recorded)
+            proc.stdout.close()
+        _fsck(git_dir)
+        shadow.forget(git_dir)                      # a new process's view
+        history = WorkspaceHistory(git_dir, ws, defer=True)
+        history.baseline()                          # what a restarted run does first
+        last = max(recorded)
+        assert history.iteration_commit(last) == recorded[last]
+        assert git(*gd, "rev-parse", f"{recorded[last]}^").strip() == (
+            recorded.get(last - 1) or history.baseline_commit())
+        unprinted = history.iteration_commit(last + 1)   # recorded, killed before it said so
+        if unprinted is not None:
+            assert git(*gd, "rev-parse", f"{unprinted}^").strip() == recorded[last]
+        history.reset_to(recorded[last])
+        assert history.fingerprint_of_workspace() == history.tree_id(recorded[last])
+        start = last + 1
+    assert len(recorded) >= 24
+    _fsck(git_dir)

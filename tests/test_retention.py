@@ -93,29 +93,3 @@ def test_org_gc_removes_the_cli_homes_of_ended_runs_only(org_home, capsys):
     assert all(d.exists() for d in homes.values())
     assert cli.main(["gc", "--json"]) == 0
     assert not homes["old"].exists() and homes["live"].exists()
-
-
-def test_org_gc_writes_out_what_a_killed_loop_agent_left_pending_in_an_ended_run(org_home, tmp_path, capsys):
-    import subprocess
-
-    from roles.workspace.history import WorkspaceHistory
-
-    _seed(org_home, time.time() - 2 * DAY)
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "a.txt").write_text("1\n")
-    stranded = {}
-    for wid in ("old", "live"):   # a loop-agent died before it could write either out
-        h = WorkspaceHistory(org_home.history_dir / f"{wid}.git", ws, defer=True)
-        h.baseline()
-        (ws / "a.txt").write_text(f"{wid}\n")
-        stranded[wid] = h.checkpoint(1)
-    pending = {wid: sorted((org_home.history_dir / f"{wid}.git").glob("loop-org-pending-*")) for wid in stranded}
-    assert all(len(files) == 2 for files in pending.values())
-    assert cli.main(["gc", "--dry-run", "--json"]) == 0
-    assert '"histories_written_out": 1' in capsys.readouterr().out
-    assert cli.main(["gc", "--json"]) == 0
-    assert not any(p.exists() for p in pending["old"]) and all(p.exists() for p in pending["live"])
-    out = subprocess.run(["git", "--git-dir", str(org_home.history_dir / "old.git"), "rev-parse", "refs/iterations/1"],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    assert out == stranded["old"]

@@ -9,9 +9,6 @@ from pathlib import Path
 from state_db.queries.work import with_status
 from state_db.vocab import WorkStatus
 
-# A run that ended this long ago has no loop-agent left that could still append to its history
-# (one notices the end within a step, and an act is bounded by the model's timeouts).
-PENDING_QUIET_S = 3600.0
 # A wake a CLI left in the outbox (the coordinator was down) that nobody took within this long is
 # only noise: the coordinator reconciles from state.db at every start and every few seconds, so
 # the write it announced was seen long ago; and the receiver refuses it as expired anyway.
@@ -56,10 +53,9 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
         now = time.time()
         rows = with_status(writer.conn, WorkStatus.ENDED)
         ended = {r.id: r.ended_at for r in rows}
-        workspaces = {r.id: r.workspace for r in rows}
     finally:
         writer.close()
-    files = {"eval_snapshots": 0, "histories": 0, "quarantine": 0, "cli_homes": 0, "histories_written_out": 0,
+    files = {"eval_snapshots": 0, "histories": 0, "quarantine": 0, "cli_homes": 0,
              "cli_outbox": 0}
     for f in stale_cli_outbox(home, now=time.time()):
         files["cli_outbox"] += 1
@@ -79,20 +75,6 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
             files["cli_homes"] += 1
             if not dry_run:
                 shutil.rmtree(d, ignore_errors=True)
-    # objects and refs a killed loop-agent left pending in an ended run's history: readers see
-    # them, but git's own files would lag for good, as no run of that item starts again
-    from roles.workspace.history import WorkspaceHistory, has_pending
-    for wid, at in ended.items():
-        git_dir = home.history_dir / f"{wid}.git"
-        if now - at > PENDING_QUIET_S and has_pending(git_dir):
-            files["histories_written_out"] += 1
-            if not dry_run:
-                try:
-                    WorkspaceHistory(git_dir, Path(workspaces[wid]), defer=True).flush_pending()
-                except Exception as exc:  # noqa: BLE001 - readers still see them; the next pass retries
-                    import structlog
-                    structlog.get_logger("retention").warning("history_not_written_out", work_id=wid,
-                                                              error=str(exc), next="the next gc retries")
     if history:
         for wid, at in ended.items():
             git_dir = home.history_dir / f"{wid}.git"

@@ -1,8 +1,6 @@
 """Errors of the workspace history; each carries a machine-readable ``code``."""
 from __future__ import annotations
 
-from typing import Sequence
-
 from state_db.errors import StateError
 
 
@@ -10,10 +8,6 @@ class HistoryError(StateError):
     """Base error of the workspace history; ``code`` is machine-readable."""
 
     code = "history_error"
-
-
-class GitMissing(HistoryError):
-    code = "git_missing"
 
 
 class WorkspaceMissing(HistoryError):
@@ -47,33 +41,7 @@ class RefConflict(HistoryError):
     code = "ref_conflict"
 
 
-class GitFailed(HistoryError):
-    """A git command failed; ``args``, ``returncode`` and ``stderr`` say which and why."""
-
-    code = "git_failed"
-
-    def __init__(self, args: Sequence[str], returncode: int, stderr: str) -> None:
-        self.git_args = tuple(args)
-        self.returncode = returncode
-        self.stderr = stderr
-        super().__init__(
-            f"git {' '.join(args[:3])} exited {returncode}: {stderr.strip()[:500]}; "
-            "check the workspace is readable and the org home is writable"
-        )
-
-
 class RepositoryError(HistoryError):
     """A user's repository could not be read or extended (``safegit``); ``code`` says why."""
 
     code = "repository_error"
-
-
-class FastPathUnavailable(Exception):
-    """Internal: the in-process path cannot answer exactly as git would; use git instead.
-
-    Never escapes ``WorkspaceHistory``: every caller catches it and runs the git path.
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason

@@ -1,42 +1,59 @@
-"""The eval-agent's snapshot of a checkpoint, written in-process and reused from one to the next.
+"""The eval-agent's snapshot of a checkpoint, checked out by libgit2 and reused from one to the next.
 
-A snapshot directory has a sidecar in the git dir (``snapshots/<key>.index``, a stat cache
-whose ``meta`` names the directory) describing the tree the directory holds and the stat of
-every file written there. The next ``materialize`` compares the tree it wants with that, walks
-the directory once, and rewrites only files that differ or were touched (any stat change,
-ctime included, so tampering by a verify command is caught), removing everything else found
-there. A writer killed midway needs no repair: whatever it rewrote has a new stat and is
-checked again, and a sidecar torn mid-write fails its checksum, so every file is then read and
-compared. ``flock`` on the sidecar keeps a second writer out.
+A snapshot directory has a private repository in the history (``snapshots/<key>.git``): its
+objects are the history's (``objects/info/alternates``), its index describes what the directory
+holds. The next ``materialize`` scans the directory against that index once (any stat change,
+ctime included, so tampering by a verify command is caught; anything the index does not
+describe, build output and files the verify commands wrote, is removed) and then checks out only
+the paths where the index and the wanted tree differ (``shadow.Shadow.sync``).
+
+libgit2 never looks at special files (fifos, sockets) or ``.git`` entries, which a verify command
+could leave there too: ``sweep`` removes them, reading only the directories whose stat changed
+since it last looked (a directory's mtime and ctime move whenever an entry is added, removed or
+renamed in it).
+
+A writer killed midway needs no repair: whatever it rewrote has a new stat and is checked
+again, and a stale ``index.lock`` it left is removed under the snapshot's lock. ``flock`` on
+``snapshots/<key>.lock`` keeps a second writer out. The snapshot's index is written the first
+time and then every ``INDEX_EVERY`` changed entries; in between it is kept in memory by the
+process (an older index on disk only means more files are read again).
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
 import os
 import shutil
+import stat
+import threading
+import time
+import uuid
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Iterator
 
+import pygit2
 import structlog
 
-from roles.workspace import statcache
-from roles.workspace.checkout import Syncer
-from roles.workspace.errors import FastPathUnavailable, HistoryError
-from roles.workspace.objects import ObjectStore
-from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
+from roles.workspace import shadow
+from roles.workspace.errors import HistoryError
 
 log = structlog.get_logger("loop_agent.history")
 
-_MATCHES: dict[tuple, list[str]] = {}
+INDEX_EVERY = 64
 
 
 @functools.lru_cache(maxsize=256)
 def key_of(dest: Path) -> str:
-    """The sidecar name of a snapshot directory (stable for its real path; remembered per path,
-    as the eval-agent writes the same few snapshot directories again and again)."""
+    """The name of a snapshot directory's repository (stable for its real path; remembered per
+    path, as the eval-agent writes the same few snapshot directories again and again)."""
     return hashlib.sha1(os.path.realpath(dest).encode("utf-8", "surrogateescape")).hexdigest()[:20]
+
+
+def git_dir_of(history: Path, dest: Path) -> Path:
+    """The private repository of snapshot directory ``dest`` of history ``history``."""
+    return history / "snapshots" / f"{key_of(dest)}.git"
 
 
 def is_empty(dest: Path) -> bool:
@@ -48,91 +65,125 @@ def is_empty(dest: Path) -> bool:
         return True
 
 
-def check_ours(dest: Path, sidecar: Path, gitindex: Path) -> None:
+def check_ours(dest: Path, snap_dir: Path) -> None:
     """Make sure ``dest`` may be written: absent, empty or written by this history before.
-
-    A lock left beside the sidecar or git's index means its writer was killed midway: the
-    snapshot is discarded and written whole. Raises: HistoryError(code="dest_not_empty").
-    """
-    if any(p.with_name(p.name + ".lock").exists() for p in (sidecar, gitindex)):
-        log.warning("snapshot_torn", snapshot=str(dest), next="written whole")
-        discard(dest, sidecar)
-    if not sidecar.exists() and not gitindex.exists() and not is_empty(dest):
+    Raises: HistoryError(code="dest_not_empty")."""
+    if not (snap_dir / "HEAD").exists() and not is_empty(dest):
         raise HistoryError(f"snapshot directory {dest} is not empty and was not written "
                            "by this history; pass a fresh one", code="dest_not_empty")
 
 
-def discard(dest: Path, sidecar: Path) -> None:
-    """Remove a snapshot directory, its sidecar and git's private index for it."""
+def discard(dest: Path, snap_dir: Path) -> None:
+    """Remove a snapshot directory and its private repository."""
+    with _DIRS_LOCK:
+        _DIRS.pop(os.fspath(dest), None)
     shutil.rmtree(dest, ignore_errors=True)
-    statcache.discard(sidecar)
-    for p in (sidecar, sidecar.with_suffix(".gitindex")):
-        p.unlink(missing_ok=True)
-        p.with_name(p.name + ".lock").unlink(missing_ok=True)
+    shadow.forget(snap_dir)
+    shutil.rmtree(snap_dir, ignore_errors=True)
 
 
-def _paths_of(store: ObjectStore, tree: bytes) -> dict[str, bytes]:
-    """Every file of ``tree`` as text path -> path bytes."""
-    return {p.decode("utf-8", "surrogateescape"): p for p in store.files(tree)}
-
-
-def protected(store: ObjectStore, tree: bytes, patterns: tuple[str, ...]) -> list[str]:
-    """Files of ``tree`` matching ``patterns``, sorted (remembered per tree and patterns)."""
-    key = (store.root, tree, patterns)
-    found = _MATCHES.get(key)
-    if found is None:
-        if len(_MATCHES) > 64:
-            _MATCHES.clear()
-        found = _MATCHES[key] = match_paths(_paths_of(store, tree), patterns)
-    return list(found)
-
-
-def materialize(store: ObjectStore, target: bytes, source: bytes, dest: Path, sidecar: Path, *,
-                paths: Sequence[str] | None, on_step: Callable[[str], None]) -> list[str]:
-    """Make ``dest`` hold tree ``target`` with protected paths restored from tree ``source``.
-
-    ``dest`` must be absent, empty or written by this history (the caller checks). Without a
-    usable sidecar every file found there is read and compared, so the result is exact.
-    Returns the protected paths that differ between ``source`` and ``target``, sorted.
-    Raises: FastPathUnavailable (a tree needs git's checkout), HistoryError with code
-    ``snapshot_busy`` (another process is writing this snapshot), OSError.
-    """
-    if store.special(target) or store.special(source):
-        raise FastPathUnavailable("the snapshot needs git's checkout (attributes or gitlinks)")
-    names = _paths_of(store, source)
-    if paths is None:
-        wanted = set(protected(store, source, DEFAULT_PROTECTED_PATTERNS))
-    else:
-        wanted = set(paths) & names.keys()
-    changed = {p.decode("utf-8", "surrogateescape") for p in store.changed(source, target)}
-    differing = sorted(wanted & changed)
-    tree = target
-    if differing:
-        files = store.files(source)
-        tree = store.edit_tree(target, {names[p]: files[names[p]] for p in differing})
-    meta = {"dest": os.fspath(dest)}
+@contextlib.contextmanager
+def writing(snap_dir: Path, dest: Path) -> Iterator[None]:
+    """Hold the snapshot's lock. Raises: HistoryError(code="snapshot_busy")."""
+    lock = snap_dir.with_suffix(".lock")
     try:
-        fd = os.open(sidecar, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except FileNotFoundError:
-        sidecar.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(sidecar, os.O_RDWR | os.O_CREAT, 0o644)
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise HistoryError(f"snapshot {dest} is being written by another process; "
                                "one eval-agent per snapshot directory", code="snapshot_busy") from None
-        empty = is_empty(dest)
-        old = None if empty else statcache.read_fd(fd, os.fspath(sidecar))
-        if old is not None and old.meta != meta:
-            old = None
-        if empty:
-            dest.mkdir(parents=True, exist_ok=True)
-        on_step("snapshot_writing")
-        syncer = Syncer(store, old.racy_ns if old else 0, snapshot=True)
-        node = syncer.sync(os.fsencode(dest), tree, old.root if old else None)
-        if syncer.changes or old is None or old.root[0] != tree:
-            statcache.write_fd(fd, os.fspath(sidecar), node, meta)
+        yield
     finally:
         os.close(fd)
-    return differing
+
+
+def _create(history: Path, snap_dir: Path) -> None:
+    """The snapshot's repository: bare, borrowing the history's objects; atomic."""
+    tmp = snap_dir.with_name(f".{snap_dir.name}.init-{uuid.uuid4().hex[:8]}")
+    try:
+        pygit2.init_repository(os.fspath(tmp), bare=True)
+        (tmp / "objects" / "info" / "alternates").write_text(f"{history.absolute() / 'objects'}\n")
+        with open(tmp / "config", "a", encoding="utf-8") as f:
+            for key, value in shadow.REPO_CONFIG:
+                section, name = key.split(".")
+                f.write(f"[{section}]\n\t{name} = {value}\n")
+        os.rename(tmp, snap_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write(history: Path, snap_dir: Path, dest: Path, tree: str) -> None:
+    """Make ``dest`` hold ``tree`` exactly, rewriting only what differs (the caller holds
+    ``writing``). Raises: OSError, pygit2.GitError."""
+    if not (snap_dir / "HEAD").exists():
+        _create(history, snap_dir)
+    stale = snap_dir / "index.lock"
+    if stale.exists():                 # its writer was killed: we hold the snapshot's lock
+        log.warning("snapshot_writer_was_killed", snapshot=str(dest), next="finished by stat")
+        stale.unlink(missing_ok=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    sweep(dest)
+    work = shadow.shadow_for(snap_dir, dest)
+    work.sync(tree)
+    work.settle_index(INDEX_EVERY)
+
+
+# snapshot directory -> relative directory -> ((inode, mtime, ctime), its subdirectories)
+_DIRS: dict[str, dict[bytes, tuple[tuple[int, int, int], list[bytes]]]] = {}
+_DIRS_LOCK = threading.Lock()
+SETTLED_NS = 50_000_000  # a directory changed this recently may change again within its timestamp tick
+
+
+def sweep(dest: Path) -> int:
+    """Remove the special files and ``.git`` entries below ``dest``; return how many. Only
+    directories whose stat changed since the last sweep (of this process) are read."""
+    top = os.fsencode(dest)
+    key = os.fspath(dest)
+    with _DIRS_LOCK:
+        known = _DIRS.get(key, {})
+    seen: dict[bytes, tuple[tuple[int, int, int], list[bytes]]] = {}
+    settled = time.time_ns() - SETTLED_NS
+    removed = 0
+    stack = [b""]
+    while stack:
+        rel = stack.pop()
+        path = top + b"/" + rel if rel else top
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            continue                    # replaced by a file or a symlink: libgit2 sees to it
+        sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        old = known.get(rel)
+        if old is not None and old[0] == sig:
+            seen[rel] = old
+            stack.extend(old[1])
+            continue
+        subdirs, gone = [], 0
+        with os.scandir(path) as it:
+            entries = list(it)
+        for entry in entries:
+            if entry.name == b".git":
+                shadow.remove(entry.path)
+                gone += 1
+            elif entry.is_dir(follow_symlinks=False):
+                subdirs.append(rel + b"/" + entry.name if rel else entry.name)
+            elif not (entry.is_file(follow_symlinks=False) or entry.is_symlink()):
+                os.unlink(entry.path)   # a fifo, a socket, a device node
+                gone += 1
+        if gone:
+            st = os.lstat(path)
+            sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        if st.st_ctime_ns < settled:    # else read again next time
+            seen[rel] = (sig, subdirs)
+        removed += gone
+        stack.extend(subdirs)
+    with _DIRS_LOCK:
+        _DIRS[key] = seen
+    return removed

@@ -1,22 +1,31 @@
 """Showing what a shadow history recorded: diffs and patches between commits, the paths that
-changed, and the eval-agent's snapshots of a checkpoint (with protected files restored).
+changed, the files of a commit, and the eval-agent's snapshots of a checkpoint (with protected
+files restored).
 
-``HistoryViews`` is one half of ``WorkspaceHistory`` (``history``): it reads what the other
-half records and restores, through the same object store, refs and git fallback.
+``HistoryViews`` is one half of ``WorkspaceHistory`` (``history``): it reads what the other half
+records, through the same libgit2 repository.
 """
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from pathlib import Path
 from typing import Sequence
 
-from roles.workspace import snapshot, statcache
-from roles.workspace.errors import FastPathUnavailable, HistoryError
+import pygit2
+from pygit2.enums import DiffOption
+
+from roles.workspace import shadow, snapshot
+from roles.workspace.errors import HistoryError
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
 
 BASELINE_REF = "refs/loop-org/baseline"
 HEAD_REF = "refs/heads/checkpoints"
+
+_MATCHES: dict[tuple, list[str]] = {}
+_IDS: dict[pygit2.Oid, dict[str, str]] = {}
+_CACHE_LOCK = threading.Lock()
 
 
 def inside(path: Path, root: Path) -> bool:
@@ -25,25 +34,46 @@ def inside(path: Path, root: Path) -> bool:
     return p == r or p.startswith(r.rstrip(os.sep) + os.sep)
 
 
+def _full_index(patch: pygit2.Patch) -> bytes:
+    """A file's patch with whole object ids on its ``index`` line, as ``git diff --full-index``
+    writes it (libgit2 abbreviates them)."""
+    data = patch.data
+    head, sep, rest = data.partition(b"\nindex ")
+    if not sep:
+        return data  # a mode change alone
+    line, nl, tail = rest.partition(b"\n")
+    _, space, mode = line.partition(b" ")
+    delta = patch.delta
+    ids = f"{delta.old_file.id}..{delta.new_file.id}".encode()
+    return head + sep + ids + space + mode + nl + tail
+
+
+def _remember(cache: dict, key, value):
+    with _CACHE_LOCK:
+        if len(cache) > 64:
+            cache.clear()
+        cache[key] = value
+    return value
+
+
 class HistoryViews:
-    """Diffs, patches and snapshots of recorded commits (mixed into ``WorkspaceHistory``, which
-    provides ``_commit_of``, ``_tree_of``, ``_store``, ``_git``, ``_gitpath``, ``_fallback``,
-    ``_step``, ``git_dir`` and ``workspace``)."""
+    """Diffs, files and snapshots of recorded commits (mixed into ``WorkspaceHistory``, which
+    provides ``_commit_of``, ``_tree_of``, ``_repo``, ``_step``, ``git_dir`` and ``workspace``)."""
 
     def _range(self, from_commit: str | None, to_commit: str | None) -> tuple[str, str]:
         start = self._commit_of(from_commit or BASELINE_REF)
         return start, self._commit_of(to_commit or HEAD_REF)
 
     def diff_bytes(self, from_commit: str | None = None, to_commit: str | None = None) -> bytes:
-        """Unified, binary-safe patch (``git apply`` reads it) between two commits.
+        """Unified, binary-safe patch (``git apply`` reads it) between two commits, with whole
+        object ids and no rename detection, as ``git diff --binary --full-index`` writes it.
 
         Defaults: from the baseline to the latest checkpoint. Raises: UnknownCommit.
         """
         a, b = self._range(from_commit, to_commit)
-        return self._git.run(
-            ["diff", "--binary", "--full-index", "--no-renames", "--no-color",
-             "--no-ext-diff", "--no-textconv", a, b]
-        ).stdout
+        repo = self._repo
+        diff = repo.diff(repo[self._tree_of(a)], repo[self._tree_of(b)], flags=DiffOption.SHOW_BINARY)
+        return b"".join(_full_index(patch) for patch in diff if patch is not None)
 
     def diff(self, from_commit: str | None = None, to_commit: str | None = None) -> str:
         """``diff_bytes`` as text; undecodable bytes survive via ``surrogateescape``."""
@@ -60,58 +90,58 @@ class HistoryViews:
         os.replace(tmp, dest)
         return dest
 
+    def _changed(self, a: pygit2.Oid, b: pygit2.Oid) -> set[str]:
+        """Paths of files added, removed or changed (content or mode) from tree ``a`` to ``b``."""
+        if a == b:
+            return set()
+        repo = self._repo
+        out = set()
+        for delta in repo.diff(repo[a], repo[b]).deltas:
+            out.add(delta.old_file.raw_path.decode("utf-8", "surrogateescape"))
+            out.add(delta.new_file.raw_path.decode("utf-8", "surrogateescape"))
+        return out
+
     def changed_paths(self, a: str, b: str) -> list[str]:
         """Paths added, modified, deleted or changed in mode between commits ``a`` and ``b``."""
-        ca, cb = self._commit_of(a), self._commit_of(b)
-        try:
-            raw = self._store().changed(self._tree_of(ca), self._tree_of(cb))
-        except FastPathUnavailable:
-            raw = self._gitpath.changed(ca, cb)
-        return sorted(p.decode("utf-8", "surrogateescape") for p in raw)
+        return sorted(self._changed(self._tree_of(self._commit_of(a)), self._tree_of(self._commit_of(b))))
 
     # -- files of a commit ----------------------------------------------------------------------
 
     def file_ids(self, commit: str | None = None) -> dict[str, str]:
         """Every file of ``commit`` (default: the baseline): path -> object id (hex) and mode,
-        as ``"<mode> <oid>"``; equal values mean equal files."""
-        commit = self._commit_of(commit or BASELINE_REF)
-        try:
-            return {p.decode("utf-8", "surrogateescape"): f"{mode:o} {sha.hex()}"
-                    for p, (mode, sha) in self._store().files(self._tree_of(commit)).items()}
-        except FastPathUnavailable:
-            out = {}
-            for path, entry in self._gitpath.ls_tree(commit).items():
-                mode, _kind, oid = entry.split(b"\t", 1)[0].split(b" ")
-                out[path] = f"{int(mode, 8):o} {oid.decode()}"
-            return out
+        as ``"<mode> <oid>"``; equal values mean equal files. The result is shared: never
+        mutate it."""
+        tree = self._tree_of(self._commit_of(commit or BASELINE_REF))
+        found = _IDS.get(tree)
+        if found is None:
+            found = _remember(_IDS, tree, {p: f"{mode:o} {oid}"
+                                           for p, (mode, oid) in shadow.files(self._repo, tree).items()})
+        return found
 
     def read_path(self, commit: str | None, path: str) -> bytes | None:
         """The content of ``path`` in ``commit`` (default: the baseline), or None if absent."""
-        oid = self.file_ids(commit).get(path)
-        if oid is None:
-            return None
-        sha = oid.split(" ", 1)[1]
+        tree = self._repo[self._tree_of(self._commit_of(commit or BASELINE_REF))]
         try:
-            return self._store().blob(bytes.fromhex(sha))
-        except FastPathUnavailable:
-            return self._git.run(["cat-file", "blob", sha]).stdout
+            obj = tree[path]
+        except (KeyError, ValueError, UnicodeError, pygit2.GitError):
+            return None
+        return obj.data if isinstance(obj, pygit2.Blob) else None
 
     # -- protected paths and snapshots ---------------------------------------------------------
+
+    def _protected(self, tree: pygit2.Oid, patterns: tuple[str, ...]) -> list[str]:
+        key = (tree, patterns)
+        found = _MATCHES.get(key)
+        if found is None:
+            found = _remember(_MATCHES, key, match_paths(shadow.files(self._repo, tree), patterns))
+        return list(found)
 
     def protected_paths(
         self, baseline: str | None = None,
         patterns: Sequence[str] = DEFAULT_PROTECTED_PATTERNS,
     ) -> list[str]:
         """Files present at ``baseline`` (default: the recorded one) matching ``patterns``."""
-        commit = self._commit_of(baseline or BASELINE_REF)
-        try:
-            return snapshot.protected(self._store(), self._tree_of(commit), tuple(patterns))
-        except FastPathUnavailable:
-            return match_paths(self._gitpath.ls_tree(commit), patterns)
-
-    def _snapshot_index(self, dest: Path) -> Path:
-        key = snapshot.key_of(dest)
-        return self.git_dir / "snapshots" / f"{key}.index"
+        return self._protected(self._tree_of(self._commit_of(baseline or BASELINE_REF)), tuple(patterns))
 
     def materialize(
         self,
@@ -124,8 +154,8 @@ class HistoryViews:
         """Write ``commit`` into ``dest_dir`` with ``paths`` restored from ``restore_from``.
 
         ``dest_dir`` must be absent, empty, or a snapshot this history wrote before (one
-        writer per snapshot directory; a torn one is rewritten whole): then only
-        what differs is rewritten and anything else found there (build output, files the
+        writer per snapshot directory; a snapshot whose writer was killed is finished): then
+        only what differs is rewritten and anything else found there (build output, files the
         verify commands wrote) is removed, so re-verifying the next checkpoint costs what
         changed, not the workspace size. Tampering is caught by a stat check (ctime
         included), never trusted to mtimes alone.
@@ -138,31 +168,33 @@ class HistoryViews:
                 from ``restore_from`` are ignored.
         Returns: the protected paths that differ between ``restore_from`` and ``commit``
             (modified, deleted or mode-changed), sorted; the snapshot has them restored.
-        Raises: UnknownCommit, GitFailed, HistoryError with code ``dest_not_empty``,
+        Raises: UnknownCommit, HistoryError with code ``dest_not_empty``,
             ``dest_inside_workspace`` or ``snapshot_busy``.
         """
-        target = self._commit_of(commit)
-        source = self._commit_of(restore_from or BASELINE_REF)
+        target = self._tree_of(self._commit_of(commit))
+        source = self._tree_of(self._commit_of(restore_from or BASELINE_REF))
         dest = Path(dest_dir).absolute()
         if inside(dest, self.workspace):
             raise HistoryError(f"snapshot directory {dest} is inside the workspace; "
                                "write snapshots elsewhere", code="dest_inside_workspace")
-        sidecar = self._snapshot_index(dest)
-        gitindex = sidecar.with_suffix(".gitindex")
-        snapshot.check_ours(dest, sidecar, gitindex)
-        try:
-            t_tree, s_tree = self._tree_of(target), self._tree_of(source)
-            differing = snapshot.materialize(self._store(), t_tree, s_tree, dest, sidecar,
-                                             paths=paths, on_step=self._step)
-            gitindex.unlink(missing_ok=True)
-            return differing
-        except (FastPathUnavailable, OSError) as exc:
-            self._fallback("materialize", exc)
-            statcache.discard(sidecar)
-            return self._gitpath.materialize(target, source, dest, gitindex, paths,
-                                             fresh=snapshot.is_empty(dest))
+        snap_dir = snapshot.git_dir_of(self.git_dir, dest)
+        snapshot.check_ours(dest, snap_dir)
+        repo = self._repo
+        names = shadow.files(repo, source)
+        if paths is None:
+            wanted = set(self._protected(source, DEFAULT_PROTECTED_PATTERNS))
+        else:
+            wanted = set(paths) & names.keys()
+        differing = sorted(wanted & self._changed(source, target)) if wanted else []
+        tree = target
+        if differing:
+            tree = shadow.edit_tree(repo, target, {p: (names[p][1], names[p][0]) for p in differing})
+        with snapshot.writing(snap_dir, dest):
+            self._step("snapshot_writing")
+            snapshot.write(self.git_dir, snap_dir, dest, str(tree))
+        return differing
 
     def discard_snapshot(self, dest_dir: Path) -> None:
-        """Remove a snapshot directory written by ``materialize`` and its private index."""
+        """Remove a snapshot directory written by ``materialize`` and its private repository."""
         dest = Path(dest_dir).absolute()
-        snapshot.discard(dest, self._snapshot_index(dest))
+        snapshot.discard(dest, snapshot.git_dir_of(self.git_dir, dest))

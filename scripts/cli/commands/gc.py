@@ -32,7 +32,5 @@ def run(args) -> int:
               f"({result['runs_summarized']} runs summarized), {result['ledger_ids']} ledger ids, "
               f"{result['eval_snapshots']} eval snapshots, {result['histories']} histories, "
               f"{result['quarantine']} quarantined files, {result['cli_homes']} CLI homes, "
-              f"{result['cli_outbox']} stale CLI wakes in outbox/; "
-              f"{'would write' if args.dry_run else 'wrote'} out {result['histories_written_out']} "
-              "histories a killed loop-agent left pending")
+              f"{result['cli_outbox']} stale CLI wakes in outbox/")
     return 0
