@@ -16,7 +16,7 @@ class CoordinatorProcess(RoleProcess):
     def reconcile(self) -> None:
         schedules.tick(self.writer, self.home, self.cfg)     # standing orders due now: dispatched below
         if self._watcher is None:                            # triggers: a thread (a check may take minutes)
-            self._watcher = triggers.Watcher(self.home, self.cfg, self.instance)
+            self._watcher = triggers.Watcher(self.home, self.cfg, self.instance, clock=self.clock)
             self._watcher.start()
         changed = dispatch.reconcile(self.writer, heartbeat_timeout_s=self.cfg.supervisor.heartbeat_timeout_s,
                                      spend_cap_usd=self.cfg.limits.total_spend_usd)

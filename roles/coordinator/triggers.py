@@ -285,8 +285,9 @@ class Watcher:
     """The coordinator's trigger watcher: a thread that ticks every ``interval_s`` with its own
     connection (a verify-fails check may take minutes; dispatch never waits for it)."""
 
-    def __init__(self, home: OrgHome, cfg: Config, instance: str, interval_s: float = 1.0):
+    def __init__(self, home: OrgHome, cfg: Config, instance: str, interval_s: float = 1.0, clock=None):
         self.home, self.cfg, self.instance, self.interval_s = home, cfg, instance, interval_s
+        self.clock = clock
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trigger-watcher", daemon=True)
 
@@ -298,7 +299,8 @@ class Watcher:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        writer = StateWriter(self.home.db_path, Actor.COORDINATOR, self.instance)
+        writer = StateWriter(self.home.db_path, Actor.COORDINATOR, self.instance,
+                             **({"clock": self.clock} if self.clock is not None else {}))
         observer = Observer(self.home, self.cfg)
         try:
             while not self._stop.is_set():
