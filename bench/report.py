@@ -65,6 +65,18 @@ def run_bench(name: str) -> dict:
     return {**figures, "_exit": proc.returncode, "_seconds": seconds, "_error": None}
 
 
+# the columns of a benchmark's per-N table (bench/scale.py)
+PER_N = ("n", "iterations_per_s", "bound_per_s", "ratio", "overhead_ms_p50", "overhead_ms_p99", "dispatch_ms_p50",
+         "sqlite_write_wait_ms_p99", "cpu_ms_per_iteration", "host_cpu_busy", "startup_ms",
+         "pss_mb.loop_agent_mean")
+
+
+def _dig(row: dict, key: str):
+    for part in key.split("."):
+        row = row.get(part) if isinstance(row, dict) else None
+    return row
+
+
 def target_text(target) -> str:
     return f"<= {target}" if isinstance(target, (int, float)) and not isinstance(target, bool) else str(target)
 
@@ -125,6 +137,11 @@ def render(results: dict[str, dict], started: str, load_before: str = "") -> tup
                  and k not in r.get("targets", {}) and not isinstance(v, list)}
         out.append(f"- **{name}** (exit {r['_exit']}, {r['_seconds']} s)"
                    + (": " + "; ".join(f"`{k}` {fmt(v)}" for k, v in extra.items()) if extra else ""))
+    for name, r in results.items():
+        if r.get("per_n"):
+            out += ["", f"## {name}: per number of loop-agents", "", "| " + " | ".join(PER_N) + " |",
+                    "|" + "---|" * len(PER_N)]
+            out += ["| " + " | ".join(fmt(_dig(row, k)) for k in PER_N) + " |" for row in r["per_n"]]
     definitions = next((r["definitions"] for r in results.values() if r.get("definitions")), None)
     if definitions:
         out += ["", "## Chaos figures, defined", ""] + [f"- `{k}`: {v}." for k, v in definitions.items()]
