@@ -4,9 +4,6 @@ automatic starts, refuse bad input with one coded line, and tick in a real org."
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 

@@ -223,4 +223,4 @@ def request_of(order: q.Schedule) -> SubmitRequest:
         return SubmitRequest(**order.request)
     except TypeError as exc:
         raise NotFound(f"the stored request of {order.name} does not fit this version: {exc}",
-                       code="bad_stored_request", hint=f"remove it and add it again") from None
+                       code="bad_stored_request", hint="remove it and add it again") from None
