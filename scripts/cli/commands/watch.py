@@ -197,7 +197,8 @@ def overview_lines(st: dict, screen: Screen) -> list[tuple[str, tuple | None]]:
         items.append((kind, ident))
         lines.append((f"  {text}", (kind, ident)))
 
-    count = len(needs["decisions"]) + len(needs["batches"]) + len(needs["unrunnable"]) + len(needs["failed_roles"])
+    count = (len(needs["decisions"]) + len(needs["batches"]) + len(needs["unrunnable"]) + len(needs["failed_roles"])
+             + len(needs.get("proposals", [])))
     lines.append((f"[bold yellow]NEEDS YOU[/] ({count})", None))
     for d in needs["decisions"]:
         pick("decision", d["id"], f"[yellow]{d['id']}[/] {d['work_id']}  {_esc(d['question'])}")
@@ -207,6 +208,10 @@ def overview_lines(st: dict, screen: Screen) -> list[tuple[str, tuple | None]]:
         pick("run", r["id"], f"{r['id']} verify_unrunnable: {_esc(r['stop']['detail'] or '')}")
     for inst in needs["failed_roles"]:
         lines.append((f"  [red]{inst} failed[/]: not restarted — 'org doctor'", None))
+    proposals = needs.get("proposals", [])
+    if proposals:
+        lines.append((f"  {len(proposals)} work proposal(s), recommended {proposals[0]['id']}: "
+                      f"{_esc(proposals[0]['title'])} — 'org discover list'", None))
     running = st["runs"]["running"]
     lines.append(("", None))
     lines.append((f"[bold green]RUNNING[/] ({len(running)})", None))
