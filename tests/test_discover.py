@@ -326,6 +326,13 @@ def test_open_proposals_show_in_status_and_the_needs_you_list(org_home, repo, ca
     assert [p["kind"] for p in needs] == ["bug", "fixme", "todo", "issue"] and needs[0]["recommended"]
     assert cli(org_home, "discover", "list", "--json") == 0
     assert [p["id"] for p in orjson.loads(capsys.readouterr().out)] == [p["id"] for p in needs]
+    from scripts.cli.dashboard import data          # what the dashboard's "needs you" draws
+    from state_db.connection import connect
+    conn = connect(org_home.db_path, readonly=True)
+    try:
+        assert [p["id"] for p in data.org(conn)["needs_you"]["proposals"]] == [p["id"] for p in needs]
+    finally:
+        conn.close()
 
 
 DEMO = Path(__file__).resolve().parents[1] / "scripts" / "demo"
