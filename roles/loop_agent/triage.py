@@ -22,6 +22,7 @@ from typing import Iterable
 import orjson
 
 from roles.loop_agent.policy import StopPolicy
+from state_db.queries.decisions import has_pending
 from state_db.queries.loop import UNKNOWN_ERROR, errors_asked
 from state_db.vocab import DecisionStatus, WorkStatus
 
@@ -67,8 +68,7 @@ def ask(tx, work_id: str, n: int, errors: dict[str, str], *, where: str) -> list
     said) and pause the run; ``where`` says where it was met. Returns the decision ids."""
     ids = []
     for cls, said in errors.items():
-        if tx.one("""SELECT 1 FROM decisions WHERE work_id = ? AND status = ? AND kind = ?
-                      AND json_extract(action, '$.command') = ?""", (work_id, DecisionStatus.PENDING, UNKNOWN_ERROR, cls)):
+        if has_pending(tx.conn, work_id, kind=UNKNOWN_ERROR, command=cls):
             continue
         did = f"d-{uuid.uuid4().hex[:8]}"
         quoted = " ".join(said.split())[:300]

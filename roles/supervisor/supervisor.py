@@ -27,6 +27,7 @@ from roles.supervisor.forkserver import ForkedRole, ForkServer, ForkServerError
 from state_db.config import Config
 from state_db.errors import StateError
 from state_db.home import OrgHome
+from state_db.queries.processes import role_instances, session as org_session
 from state_db.queries import processes, work
 from state_db.vocab import Actor, RoleStatus, SessionStatus, WorkStatus
 from state_db.writer import StateWriter
@@ -121,9 +122,8 @@ class Supervisor:
 
     def clear_leftovers(self) -> None:
         """Stop role processes an earlier (killed) supervisor left behind, by pid and start time."""
-        conn = self.writer.conn
-        rows = conn.execute("SELECT instance, pid, pid_start FROM role_instances").fetchall()
-        victims = [(r["instance"], r["pid"], r["pid_start"]) for r in rows if procs.is_alive(r["pid"], r["pid_start"])]
+        victims = [(r.instance, r.pid, r.pid_start) for r in role_instances(self.writer.conn)
+                   if procs.is_alive(r.pid, r.pid_start)]
         for _, pid, started in victims:
             procs.signal_if_same(pid, started, signal.SIGTERM)
         deadline = time.monotonic() + 3
@@ -276,13 +276,12 @@ class Supervisor:
         """Kill (then restart) a role whose heartbeat is stale: hung, not just slow to start."""
         limit = self.cfg.supervisor.heartbeat_timeout_s
         now = time.time()
-        rows = {r["instance"]: r for r in self.writer.conn.execute(
-            "SELECT instance, status, heartbeat_at FROM role_instances")}
+        rows = {r.instance: r for r in role_instances(self.writer.conn)}
         for name, child in self.children.items():
             row = rows.get(name)
             if child.proc is None or child.proc.poll() is not None or row is None:
                 continue
-            last = row["heartbeat_at"]
+            last = row.heartbeat_at
             started_long_ago = self.clock() - child.spawned_at > limit
             if started_long_ago and (last is None or now - last > limit):
                 self.log.warning("heartbeat_stale", instance=name, pid=child.proc.pid, next="kill and restart")
@@ -372,12 +371,8 @@ class Supervisor:
 
 
 def _session_intent(writer: StateWriter) -> dict:
-    import orjson
-    row = writer.conn.execute("SELECT detail FROM org_session WHERE id = 1").fetchone()
-    try:
-        return orjson.loads(row["detail"] or "{}") if row else {}
-    except orjson.JSONDecodeError:
-        return {}
+    current = org_session(writer.conn)
+    return current.intent if current is not None else {}
 
 
 def _can(old: str, new: str) -> bool:
