@@ -18,9 +18,10 @@ import pytest
 
 from roles.operations import discover as D
 from roles.operations import proposals as P
+from scripts.cli.dashboard import data
 from scripts.cli.main import main
 from state_db import config as config_mod
-from state_db.connection import read_rows
+from state_db.connection import connect, read_rows
 from state_db.writer import StateWriter
 from tests.support.org import ONE_AGENT, query, running_org, wait_for
 
@@ -326,9 +327,7 @@ def test_open_proposals_show_in_status_and_the_needs_you_list(org_home, repo, ca
     assert [p["kind"] for p in needs] == ["bug", "fixme", "todo", "issue"] and needs[0]["recommended"]
     assert cli(org_home, "discover", "list", "--json") == 0
     assert [p["id"] for p in orjson.loads(capsys.readouterr().out)] == [p["id"] for p in needs]
-    from scripts.cli.dashboard import data          # what the dashboard's "needs you" draws
-    from state_db.connection import connect
-    conn = connect(org_home.db_path, readonly=True)
+    conn = connect(org_home.db_path, readonly=True)           # what the dashboard's "needs you" draws
     try:
         assert [p["id"] for p in data.org(conn)["needs_you"]["proposals"]] == [p["id"] for p in needs]
     finally:
