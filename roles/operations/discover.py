@@ -27,6 +27,7 @@ import json
 import re
 import shutil
 import tempfile
+import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -51,6 +52,7 @@ SKIPPED_DIRS = frozenset({"node_modules", "vendor", "vendored", "third_party", "
                           ".pytest_cache", ".ruff_cache", ".cache", "dist", "build", "target", ".eggs"})
 MAX_FILE_BYTES = 1_000_000
 MAX_FAILING_SHOWN = 20
+STALE_SCRATCH_S = 6 * 3600           # a scan's snapshot older than this was left by a killed scan
 # a marker opens a comment, or a comment's continuation line (after #, //, /*, *, --, <!--, ;, %),
 # or stands first on a line followed by a colon; prose that only names the words, and code that
 # names them (an enum member), are not markers (tests/test_discover.py lists examples)
@@ -172,6 +174,9 @@ def verify_failures(ws: Path, commands: list[str], cfg: Config, home,
     root = Path(home.root) / "discover" if Path(home.root).is_dir() else None     # no stray org home
     if root is not None:
         root.mkdir(exist_ok=True)
+        for old in root.glob("scan-*"):             # left by a scan that was killed
+            if old.stat().st_mtime < time.time() - STALE_SCRATCH_S:
+                shutil.rmtree(old, ignore_errors=True)
     scratch = Path(tempfile.mkdtemp(prefix="scan-", dir=root))
     try:
         history = WorkspaceHistory(scratch / "history.git", ws)
