@@ -29,9 +29,12 @@ import orjson
 
 from state_db import queries
 from state_db.queries import proposals as proposal_queries
+from state_db.queries import verdicts
+from state_db.queries.base import plain
 from state_db.queries.review import review_usage
+from state_db.queries.verdicts import latest_eval_verdict
 from state_db.errors import NotFound
-from state_db.vocab import Actor, RoleStatus, StopReason, WorkStatus
+from state_db.vocab import RoleStatus, StopReason, WorkStatus
 
 
 class RunPhase(StrEnum):
@@ -46,9 +49,6 @@ class RunPhase(StrEnum):
 
 # what a human should look at first: these phases wait for a person, not for the org
 NEEDS_HUMAN = (RunPhase.WAITING_FOR_HUMAN, RunPhase.PARKED)
-_EVAL = f"{Actor.EVAL_AGENT}%"
-_LATEST_VERDICT = """SELECT * FROM verdicts WHERE work_id = ? AND written_by LIKE ?
-                      ORDER BY iteration DESC, at DESC LIMIT 1"""
 _OPEN_ATTEMPT = """SELECT * FROM attempts WHERE work_id = ? AND ended_at IS NULL
                     ORDER BY attempt DESC LIMIT 1"""
 _LAST_ITERATION = "SELECT n, committed_at FROM iterations WHERE work_id = ? ORDER BY n DESC LIMIT 1"
@@ -84,9 +84,9 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
     attempt = _row(conn, _OPEN_ATTEMPT, (work_id,))
     last = _row(conn, _LAST_ITERATION, (work_id,))
     committed = last["n"] if last else 0
-    verdict = _row(conn, _LATEST_VERDICT, (work_id, _EVAL))
+    verdict = plain(latest_eval_verdict(conn, work_id))
     verified = verdict is not None and last is not None and verdict["iteration"] >= committed
-    preflight = _row(conn, "SELECT * FROM preflights WHERE work_id = ? AND written_by LIKE ?", (work_id, _EVAL))
+    preflight = plain(verdicts.preflight(conn, work_id))
     pending = [r["id"] for r in conn.execute(
         "SELECT id FROM decisions WHERE work_id = ? AND status = 'pending' ORDER BY created_at", (work_id,))]
     phase = _phase(item, attempt, committed, verified, preflight is not None)

@@ -21,9 +21,10 @@ import orjson
 from state_db.connection import connect
 from state_db.errors import Conflict, IllegalTransition, NotAllowed, NotFound, StateError
 from state_db.migrations import check_version
+from state_db.queries.verdicts import latest_iteration_passed
 from state_db.secrets import redact_text, secret_values
 from state_db.rules import CONTINUERS, KEYS, RAW_WRITABLE, RESERVED, WRITERS, allowed_transition
-from state_db.vocab import Actor, StopReason, VerdictOutcome, WorkStatus
+from state_db.vocab import Actor, StopReason, WorkStatus
 
 # Fields whose change alone is bookkeeping, not a domain change: no journal event.
 # ``next_step`` is the run's own note of where it goes on (roles/loop_agent/steps.py), written with
@@ -184,13 +185,7 @@ class Transaction:
         fields.setdefault("updated_at", self.now)
 
     def _latest_passing(self, work_id: str) -> bool:
-        found = self.one(
-            """SELECT 1 FROM iterations i JOIN verdicts v
-                 ON v.work_id = i.work_id AND v.iteration = i.n
-                WHERE i.work_id = ? AND i.n = (SELECT MAX(n) FROM iterations WHERE work_id = ?)
-                  AND v.outcome = ? AND v.written_by LIKE ?""",
-            (work_id, work_id, VerdictOutcome.PASS, f"{Actor.EVAL_AGENT}%"))
-        return found is not None
+        return latest_iteration_passed(self.conn, work_id)
 
     def _apply(self, table: str, key: Any, fields: dict) -> None:
         where, params = _where(table, key)
