@@ -67,36 +67,46 @@ class Observer:
         self._org: dict[tuple[str, str], dict[str, str]] = {}   # (work id, commit) -> path -> blob id
 
     # -- files ------------------------------------------------------------------------------------
-    def files(self, ws: Path) -> dict[str, str]:
-        """Every file of ``ws`` but ``.git``: relative path -> git blob id (as the shadow history
-        records them, so the org's checkpoints compare)."""
-        import pygit2
+    def files(self, ws: Path, pattern: str | None = None) -> dict[str, str]:
+        """The files of ``ws`` but ``.git`` (only those matching ``pattern`` when given): relative
+        path -> git blob id, as the shadow history records them, so the org's checkpoints compare.
+        Names are matched before anything is read; a file is hashed again only when its size or
+        mtime changed."""
+        names = []
+        start = ws / _fixed_prefix(pattern) if pattern else ws     # only where the pattern can match
+        for top, dirs, files in os.walk(start):
+            dirs[:] = [d for d in dirs if d != ".git"]
+            rel_top = os.path.relpath(top, ws)
+            names.extend(name if rel_top == "." else f"{rel_top}/{name}" for name in files)
+        if pattern is not None:
+            names = match_paths(names, [pattern])
         out = {}
-        for top, dirs, names in os.walk(ws):
-            dirs[:] = sorted(d for d in dirs if d != ".git")
-            for name in names:
-                full = os.path.join(top, name)
-                try:
-                    st = os.lstat(full)
-                except OSError:
-                    continue
-                rel = os.path.relpath(full, ws)
-                cached = self._ids.get(full)
-                if cached and cached[:2] == (st.st_size, st.st_mtime_ns):
-                    out[rel] = cached[2]
-                    continue
-                if stat.S_ISLNK(st.st_mode):
-                    oid = str(pygit2.hash(os.fsencode(os.readlink(full))))
-                elif stat.S_ISREG(st.st_mode):
-                    try:
-                        oid = str(pygit2.hashfile(full))
-                    except (OSError, pygit2.GitError):
-                        continue
-                else:
-                    continue                        # sockets, fifos: git records none
-                self._ids[full] = (st.st_size, st.st_mtime_ns, oid)
+        for rel in sorted(names):
+            oid = self._blob_id(os.path.join(ws, rel))
+            if oid is not None:
                 out[rel] = oid
         return out
+
+    def _blob_id(self, full: str) -> str | None:
+        import pygit2
+        try:
+            st = os.lstat(full)
+        except OSError:
+            return None
+        cached = self._ids.get(full)
+        if cached and cached[:2] == (st.st_size, st.st_mtime_ns):
+            return cached[2]
+        try:
+            if stat.S_ISLNK(st.st_mode):
+                oid = str(pygit2.hash(os.fsencode(os.readlink(full))))
+            elif stat.S_ISREG(st.st_mode):
+                oid = str(pygit2.hashfile(full))
+            else:
+                return None                     # sockets, fifos: git records none
+        except (OSError, pygit2.GitError):
+            return None
+        self._ids[full] = (st.st_size, st.st_mtime_ns, oid)
+        return oid
 
     def org_files(self, conn, ws: str) -> list[dict[str, str]]:
         """What the org's latest runs on ``ws`` left there, checkpoint by checkpoint."""
@@ -157,10 +167,8 @@ class Observer:
         return out
 
     def glob(self, ws: Path, pattern: str) -> Seen:
-        files = self.files(ws)
-        matched = match_paths(sorted(files), [pattern])
-        return Seen(fingerprint({p: files[p] for p in matched}),
-                    detail=f"files matching {pattern} changed ({len(matched)} now match)")
+        files = self.files(ws, pattern)
+        return Seen(fingerprint(files), detail=f"files matching {pattern} changed ({len(files)} now match)")
 
     def verify(self, order: q.Schedule, ws: Path) -> Seen:
         tree = fingerprint(self.files(ws))
@@ -208,6 +216,16 @@ class Observer:
             return any(fingerprint(s) == seen.tree for s in states)
         files = self.commit_files(Path(ws), seen.fingerprint)
         return any(all(s.get(p) == oid for p, oid in files.items()) for s in states)
+
+
+def _fixed_prefix(pattern: str) -> str:
+    """The folders a glob names before its first wildcard (``src/app/**/*.py`` -> ``src/app``)."""
+    fixed = []
+    for part in pattern.split("/")[:-1]:
+        if any(c in part for c in "*?[{"):
+            break
+        fixed.append(part)
+    return "/".join(fixed)
 
 
 def fingerprint(files: dict[str, str]) -> str:
