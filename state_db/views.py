@@ -33,6 +33,7 @@ from state_db.queries import verdicts
 from state_db.queries.base import plain
 from state_db.queries.review import review_usage
 from state_db.queries.verdicts import latest_eval_verdict
+from state_db.queries.work import Caps
 from state_db.errors import NotFound
 from state_db.vocab import RoleStatus, StopReason, WorkStatus
 
@@ -80,7 +81,7 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
     item = item or queries.work_item(conn, work_id)
     if item is None:
         raise NotFound(f"no work item {work_id}", hint="list them with 'org status'")
-    caps = loads(item["caps"]) or {}
+    caps = Caps.parse(item["caps"])
     attempt = _row(conn, _OPEN_ATTEMPT, (work_id,))
     last = _row(conn, _LAST_ITERATION, (work_id,))
     committed = last["n"] if last else 0
@@ -109,12 +110,12 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
     return {
         "id": item["id"], "goal": item["goal"], "status": item["status"], "phase": str(phase),
         "assigned_to": item["assigned_to"], "backend": item["backend"], "workspace": item["workspace"],
-        "iteration": {"n": n, "max": caps.get("max_iterations"), "committed": committed},
-        "tokens": {"used": item["budget_tokens"] - review["budget_tokens"], "cap": caps.get("budget_tokens"),
+        "iteration": {"n": n, "max": caps.max_iterations, "committed": committed},
+        "tokens": {"used": item["budget_tokens"] - review["budget_tokens"], "cap": caps.budget_tokens,
                    "total": item["tokens"]},
-        "cost_usd": {"used": round(item["cost_usd"] - review["cost_usd"], 6), "cap": caps.get("budget_usd")},
+        "cost_usd": {"used": round(item["cost_usd"] - review["cost_usd"], 6), "cap": caps.budget_usd},
         "review": {"calls": review["calls"], "tokens": review["budget_tokens"], "cost_usd": round(review["cost_usd"], 6)},
-        "elapsed_s": {"used": round(elapsed, 1), "cap": caps.get("timeout_s")},
+        "elapsed_s": {"used": round(elapsed, 1), "cap": caps.timeout_s},
         "verdict": None if verdict is None else {"iteration": verdict["iteration"], "outcome": verdict["outcome"],
                                                  "line": verdict_line(verdict)},
         "baseline": None if preflight is None else {"outcome": preflight["outcome"], "line": preflight["detail"]},

@@ -6,11 +6,12 @@ import time
 
 from roles.supervisor import procs
 from scripts.cli.output import add_json, emit_json, home_of
-from state_db import config as config_mod, queries
+from state_db import config as config_mod
 from state_db.connection import connect
 from state_db.errors import StateError
 from state_db.migrations import check_version
-from state_db.queries.events import last_at as last_event_at
+from state_db.queries.events import last_at as last_event_at, last_id as last_event_id
+from state_db.queries.processes import session as org_session
 from state_db.schema import MIGRATIONS
 from state_db.snapshot import snapshot_event_id
 
@@ -66,9 +67,9 @@ def diagnose(home, now: float | None = None) -> list[dict]:
         except StateError as exc:
             add("error", "schema", f"[{exc.code}] {exc}")
             return out
-        session = queries.session(conn)
-        running = bool(session and session["status"] in ("running", "suspending"))
-        last_event = queries.last_event_id(conn)
+        session = org_session(conn)
+        running = bool(session and session.status in ("running", "suspending"))
+        last_event = last_event_id(conn)
         last_at = last_event_at(conn)
     finally:
         conn.close()
