@@ -85,6 +85,14 @@ def test_caps_have_one_parser_and_one_stored_form():
     assert Caps.parse(caps.encode()) == caps and Caps.parse(caps) is caps
 
 
+def test_every_place_that_names_the_caps_names_the_same_ones():
+    """The submit and continue flags and the MCP tools' schema are keyed by ``Caps``' fields."""
+    from roles.operations.continue_run import CAPS as CONTINUE_CAPS
+    from roles.operations.submit import CAP_FLAGS
+    from scripts.cli.mcp_tools import CAPS as MCP_CAPS
+    assert tuple(CAP_FLAGS) == tuple(CONTINUE_CAPS) == tuple(MCP_CAPS) == Caps.names()
+
+
 def test_locks_waiting_items_and_busy_agents(writer_for, conn):
     submit(writer_for, "a", workspace="/ws/one")
     with writer_for(Actor.HUMAN).transaction() as tx:
