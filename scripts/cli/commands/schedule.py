@@ -193,6 +193,7 @@ def _show(args, kinds, what: str) -> int:
         return 0
     print(f"{what} {view['name']} ({view['id']}): {view['status']}, {describe(view['kind'], view['rule'])}")
     print(f"  submits: org submit {' '.join(_quote(a) for a in view['argv'])}")
+    print(f"  workspace: {view['request']['workspace']}")
     print(f"  signed: {view['actor']}; made by {view['created_by']} at {_when(view['created_at'])}")
     if view["next_due"]:
         print(f"  next tick: {_when(view['next_due'])}")
@@ -201,8 +202,9 @@ def _show(args, kinds, what: str) -> int:
         print(f"  watching: {'last seen ' + str(w['seen'])[-12:] if w.get('seen') else 'the first look is to come'}"
               f"{', a change settling' if w.get('pending') else ''}; the org's own changes passed over: "
               f"{w.get('ignored', 0)}")
+    merged = "missed ticks" if view["kind"] in TIMER_KINDS else "changes"
     print(f"  fired {view['fired']}, skipped while busy {view['skipped_busy']}, skipped by the daily cap "
-          f"{view['skipped_spend']}, missed ticks taken as one {view['coalesced']}")
+          f"{view['skipped_spend']}, {merged} taken into another {view['coalesced']}")
     if view["last_skip"]:
         print(f"  last skip: {view['last_skip']}")
     for item in view["started"]:
