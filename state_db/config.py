@@ -197,6 +197,8 @@ class Supervisor(Section):
     restart_max: int = key(5, "crashes within restart_window_s before a role is marked failed", ge=1)
     restart_window_s: float = key(60.0, gt=0)
     stop_timeout_s: float = key(10.0, gt=0)
+    spawn: Literal["fork", "exec"] = key("fork", "fork: each role is a fork of a pre-imported template (fast start, "
+                                         "shared pages); exec: one interpreter per role", env="ORG_SPAWN")
 
 
 class Logs(Section):

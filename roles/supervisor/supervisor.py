@@ -91,9 +91,9 @@ class Supervisor:
         self._lock_fd: int | None = None
         self.spawner = spawner
         # roles are forked from a pre-imported template (roles/supervisor/forkserver.py) unless
-        # ORG_SPAWN=exec asks for one interpreter per role
+        # [supervisor] spawn = "exec" (or ORG_SPAWN=exec) asks for one interpreter per role
         self.forks: ForkServer | None = None
-        if spawner is None and os.environ.get("ORG_SPAWN", "fork") != "exec":
+        if spawner is None and cfg.supervisor.spawn == "fork":
             self.forks = ForkServer(python, pidfile=home.run_dir / "forkserver.pid")
 
     # -- start ----------------------------------------------------------------------------
