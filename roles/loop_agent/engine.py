@@ -53,7 +53,7 @@ from state_db.queries import loop as loopq, work as work_q
 from state_db.queries.decisions import Decision
 from state_db.queries.iterations import count, iteration as iteration_row, open_attempts
 from state_db.queries.usage import of_attempt, of_work, org_spend
-from state_db.queries.verdicts import Verdict
+from state_db.queries.verdicts import Verdict, latest_eval_verdict, verified
 from state_db.queries.work import WorkItem
 from state_db.vocab import StopReason, WorkStatus
 from state_db.writer import StateWriter
@@ -232,7 +232,7 @@ class LoopEngine:
         if decision is None and self._abandoned is not None:     # the policy always agrees; never wait again
             decision = StopDecision(StopReason(self._abandoned[0]), self._abandoned[1])
         if self._abandoned is None or decision is None:
-            if not its and not prog.preflight_done(conn, self.work_id):
+            if not its and not verified(conn, self.work_id, 0):
                 # the verify commands run once on the baseline before the first model call: one
                 # that cannot start ends the run (verify_unrunnable) before a token is spent
                 return self._derived(Preflight())
@@ -322,7 +322,7 @@ class LoopEngine:
         after = self._await(n)
         if after is not None:
             return after
-        verdict = prog.verdict_of(self.w.conn, self.work_id, n)
+        verdict = latest_eval_verdict(self.w.conn, self.work_id, n)
         if verdict is None:
             if ending.recorded(self.work()) is None:
                 raise Conflict(f"no eval-agent verdict for iteration {n} of {self.work_id}",

@@ -15,24 +15,8 @@ from roles.loop_agent.stop import RunProgress, VerdictSummary
 from state_db.queries.base import plain
 from state_db.queries.iterations import of_work as iterations_of
 from state_db.queries.usage import of_doer
-from state_db.queries.verdicts import Verdict, latest_eval_verdict, latest_eval_verdicts, verified
+from state_db.queries.verdicts import Verdict, latest_eval_verdicts
 from state_db.queries.work import WorkItem, continued_after
-
-
-def verdicts_by_iteration(conn: sqlite3.Connection, work_id: str, *, after: int = 0) -> dict[int, Verdict]:
-    """The latest eval-agent verdict of each iteration after ``after`` (verdicts by anyone else
-    do not count)."""
-    return latest_eval_verdicts(conn, work_id, after=after)
-
-
-def verdict_of(conn: sqlite3.Connection, work_id: str, n: int) -> Verdict | None:
-    """The latest eval-agent verdict of iteration ``n``, or None."""
-    return latest_eval_verdict(conn, work_id, n)
-
-
-def preflight_done(conn: sqlite3.Connection, work_id: str) -> bool:
-    """True once the eval-agent ran the verify commands on the baseline (the preflight)."""
-    return verified(conn, work_id, 0)
 
 
 def summary_of(verdict: Verdict | None) -> VerdictSummary | None:
@@ -92,7 +76,8 @@ def load(conn: sqlite3.Connection, work: WorkItem, *, running_s: float = 0.0,
         for r in its[k:]:
             if r["n"] == unwritten[0] and r["verdict_id"] is None:
                 r.update(unwritten[1])
-    verdicts = {**reflected.verdicts, **verdicts_by_iteration(conn, work_id, after=k)}
+    # the latest eval-agent verdict of each iteration (state_db.queries.verdicts says which counts)
+    verdicts = {**reflected.verdicts, **latest_eval_verdicts(conn, work_id, after=k)}
     # the token budget leaves cache reads out (they count in cost): see Usage.budget_tokens; the
     # eval-agent's review calls have a budget of their own (roles/eval_agent/review.py)
     usage = of_doer(conn, work_id)
