@@ -36,6 +36,8 @@ from pathlib import Path
 
 import orjson
 
+from state_db.errors import OrgError
+
 _PR_SET_PDEATHSIG = 1
 # What the roles import, in two stages. The template forks the first roles as soon as the light
 # stage is in (start-up is not held up by the model SDK, ~2 s of CPU), then imports the heavy
@@ -62,8 +64,12 @@ def _pdeathsig(sig: int) -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
 
 
-class ForkServerError(RuntimeError):
-    """The template could not be started or did not answer."""
+class ForkServerError(OrgError):
+    """The template could not be started or did not answer (the supervisor then starts the role
+    as its own interpreter)."""
+
+    code = "fork_server"
+    hint = "roles are started as their own interpreters instead; see logs/supervisor.log"
 
 
 class ForkedRole:
