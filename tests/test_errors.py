@@ -14,7 +14,7 @@ from state_db.errors import OrgError
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("state_db", "transport", "roles", "knowledge", "skills", "scripts")
 # control flow inside one module, never shown to a human (each says why where it is defined)
-INTERNAL = {"FastPathUnavailable", "BadResponse", "StreamDeadline"}
+INTERNAL = {"FastPathUnavailable", "BadResponse", "StreamDeadline", "_Changed"}
 
 
 def _modules():

@@ -53,7 +53,8 @@ class Outcome:
 
 
 class _Changed(Exception):
-    """The order changed under the write lock (paused, removed, already ticked): write nothing."""
+    """The order changed under the write lock (paused, removed, already ticked): write nothing.
+    Control flow inside this module (it rolls the submit's transaction back), never shown to a human."""
 
 
 def tick(writer: StateWriter, home: OrgHome, cfg: Config, now: float | None = None) -> list[Outcome]:
