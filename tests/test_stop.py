@@ -216,3 +216,32 @@ def test_any_accepted_policy_stops_once_every_hard_cap_is_exceeded(tree):
         return
     huge = RunProgress(iterations=10**6, tokens=10**9, cost_usd=10**6, elapsed_s=10**7)
     assert policy.evaluate(huge) is not None
+
+
+def test_a_budget_keeps_its_wrap_up_reserve_only_when_a_wrap_up_fits_in_it():
+    """The reserve moves where a budget fires (its limit less the slice) and is encoded with it;
+    a slice too small for a wrap-up (under a prompt and a note, under a second) is not kept back."""
+    tokens, small = TokenBudget(10_000, 0.05), TokenBudget(1000, 0.05)
+    assert (tokens.reserved, tokens.trip, small.reserved, small.trip) == (500, 9500, 0, 1000)
+    assert reason(tokens, progress(tokens=9499)) is None and reason(tokens, progress(tokens=9500)) is StopReason.TOKEN_BUDGET
+    assert "kept for the wrap-up" in tokens.evaluate(progress(tokens=9500)).detail
+    assert (Timeout(60, 0.05).trip, Timeout(3, 0.05).trip, CostBudget(2.0, 0.1).trip) == (57.0, 3, 1.8)
+    again = decode_condition(tokens.encode())
+    assert (again.limit, again.reserve) == (10_000, 0.05) and TokenBudget(5).encode() == {"token_budget": {"limit": 5}}
+    for bad in (lambda: MaxIterations(5, 0.1), lambda: TokenBudget(100, 0.5), lambda: Timeout(9, -0.1)):
+        with pytest.raises(StopConfigError):
+            bad()
+    policy = policy_from_caps(budget_tokens=10_000, timeout_s=60, wrapup_reserve=0.05)
+    allowance = policy.wrapup_allowance(progress(tokens=9_800, elapsed_s=58.0))
+    assert allowance == {"tokens": 200, "cost_usd": None, "seconds": 2.0}
+    assert policy.wraps_up(StopDecision(StopReason.TIMEOUT, "t")) and not policy.wraps_up(
+        StopDecision(StopReason.MAX_ITERATIONS, "m"))
+    assert not policy_from_caps(budget_tokens=10_000).wraps_up(StopDecision(StopReason.TOKEN_BUDGET, "t"))
+
+
+def test_needs_human_is_the_human_stop_that_wins_and_flags_carry_their_detail():
+    assert HumanRejected().evaluate(progress(needs_human=True)).reason is StopReason.NEEDS_HUMAN
+    assert reason(HumanRejected(), progress(human_rejected=True, needs_human="why")) is StopReason.NEEDS_HUMAN
+    assert ModelError().evaluate(progress(model_error="overloaded: busy")).detail == "overloaded: busy"
+    assert policy_from_caps(max_iterations=3).recognises("edit_no_match")
+    assert not policy_from_caps(max_iterations=3).recognises("os_error: Input/output error")

@@ -6,7 +6,9 @@ org_limit). ``decode_condition`` reads one back from its encoded form.
 A budget cap (tokens, cost, time) may keep a ``reserve``: a fraction of its limit held back for
 the run's one wrap-up act (``[loop] wrapup_reserve``). It then fires once the run has used the
 rest (``limit × (1 − reserve)``), and the wrap-up may spend what is left up to the limit, so the
-budget as given still bounds the whole run."""
+budget as given still bounds the whole run. A slice too small for a wrap-up (under
+``min_reserve``: a prompt and a note, or a second of time) is not kept back: the cap fires at its
+limit, as without a reserve."""
 from __future__ import annotations
 
 import math
@@ -49,6 +51,7 @@ class _Cap(StopCondition):
     reason: ClassVar[StopReason]
     integer: ClassVar[bool] = False
     says: ClassVar[str]         # detail, formatted with ``value`` and ``limit``
+    min_reserve: ClassVar[float] = 0.0      # a smaller wrap-up slice is not kept back
 
     def __init__(self, limit: float, reserve: float = 0.0) -> None:
         _positive(self.kind, limit, integer=self.integer)
@@ -61,9 +64,10 @@ class _Cap(StopCondition):
 
     @property
     def reserved(self) -> float:
-        """What the wrap-up act keeps of the limit (whole tokens for a token budget)."""
-        kept = self.limit * self.reserve
-        return int(kept) if self.integer else kept
+        """What the wrap-up act keeps of the limit (whole tokens for a token budget); 0 when
+        that is less than a wrap-up needs."""
+        kept = int(self.limit * self.reserve) if self.integer else self.limit * self.reserve
+        return kept if kept and kept >= self.min_reserve else 0
 
     @property
     def trip(self) -> float:
@@ -89,8 +93,13 @@ class MaxIterations(_Cap):
     says = "{value} iterations committed, cap {limit}"
 
 
+MIN_WRAPUP_TOKENS = 300        # a wrap-up's prompt and note (roles/loop_agent/wrapup.py)
+MIN_WRAPUP_SECONDS = 1.0
+
+
 class TokenBudget(_Cap):
     budget = True
+    min_reserve = MIN_WRAPUP_TOKENS
     kind = "token_budget"
     field, reason, integer = "tokens", StopReason.TOKEN_BUDGET, True
     says = "{value} tokens used, budget {limit}"
@@ -105,6 +114,7 @@ class CostBudget(_Cap):
 
 class Timeout(_Cap):
     budget = True
+    min_reserve = MIN_WRAPUP_SECONDS
     kind = "timeout"
     field, reason = "elapsed_s", StopReason.TIMEOUT
     says = "{value:.1f} s elapsed, limit {limit} s"

@@ -38,6 +38,7 @@ import structlog
 
 from roles import telemetry
 from roles.loop_agent import gate, progress as prog, steps, triage, wrapup
+from roles.loop_agent.conditions import MIN_WRAPUP_SECONDS
 from roles.loop_agent.backends.base import ActContext, ActOutcome, Backend, Remaining, Usage
 from roles.loop_agent.context import assemble
 from roles.loop_agent.lessons import derive_lesson
@@ -68,7 +69,6 @@ you need, make the change, and end your turn with a one-paragraph summary of wha
 
 INTERRUPTED = "interrupted"
 DISCARDED = "discarded"         # an attempt thrown away because the run must stop (the policy says why)
-_MIN_WRAPUP_S = 1.0             # a wrap-up with less time than this left is not attempted
 
 
 @dataclass
@@ -639,7 +639,7 @@ def _worth_it(allowance: dict) -> bool:
     """Whether the wrap-up's slice leaves room for a prompt and a note on every budget."""
     if allowance["cost_usd"] is not None and allowance["cost_usd"] <= 0:
         return False
-    if allowance["seconds"] is not None and allowance["seconds"] < _MIN_WRAPUP_S:
+    if allowance["seconds"] is not None and allowance["seconds"] < MIN_WRAPUP_SECONDS:
         return False
     return wrapup.fits(allowance["tokens"])
 

@@ -73,8 +73,9 @@ class StopPolicy:
         return [c for c in self.root.leaves() if isinstance(c, _Cap) and c.budget]
 
     def wraps_up(self, decision: StopDecision) -> bool:
-        """True when ``decision`` is a budget's and the policy keeps a reserve for a wrap-up act."""
-        return decision.reason in BUDGET_REASONS and any(c.reserved for c in self.budgets())
+        """True when ``decision`` is a budget's and the policy has a wrap-up reserve (even one too
+        small to keep back: the hand-off note then comes from the record)."""
+        return decision.reason in BUDGET_REASONS and any(c.reserve for c in self.budgets())
 
     def wrapup_allowance(self, progress: RunProgress) -> dict[str, float | None]:
         """What a wrap-up act may spend: per budget (``tokens``, ``cost_usd``, ``seconds``; None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 
+from roles.loop_agent.conditions import MIN_WRAPUP_TOKENS
 from roles.loop_agent.context import IterationDigest
 from roles.loop_agent.lessons import LessonBook
 from state_db.ending import StopDecision
@@ -62,7 +63,7 @@ def prompt(goal: str, iteration_no: int, decision: StopDecision, parts: dict[str
 
 def fits(tokens_left: float | None) -> bool:
     """Whether a slice of ``tokens_left`` tokens leaves room for a prompt and a note."""
-    return tokens_left is None or tokens_left >= ANSWER_TOKENS + 100
+    return tokens_left is None or tokens_left >= MIN_WRAPUP_TOKENS
 
 
 def parse(text: str) -> dict[str, str]:
