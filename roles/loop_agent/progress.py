@@ -12,7 +12,6 @@ import sqlite3
 from roles.loop_agent.context import IterationDigest
 from roles.loop_agent.lessons import LessonBook
 from roles.loop_agent.stop import RunProgress, VerdictSummary
-from state_db.queries.base import plain
 from state_db.queries.iterations import of_work as iterations_of
 from state_db.queries.usage import of_doer
 from state_db.queries.verdicts import Verdict, latest_eval_verdicts
@@ -71,7 +70,7 @@ def load(conn: sqlite3.Connection, work: WorkItem, *, running_s: float = 0.0,
     work_id = work.id
     reflected = reflected if reflected is not None else Reflected()
     k = len(reflected.rows)
-    its = reflected.rows + plain(iterations_of(conn, work_id, after=k, prompts=False))
+    its = reflected.rows + [i.as_row() for i in iterations_of(conn, work_id, after=k, prompts=False)]
     if unwritten is not None:
         for r in its[k:]:
             if r["n"] == unwritten[0] and r["verdict_id"] is None:

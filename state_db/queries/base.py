@@ -6,6 +6,7 @@ columns added by later migrations (their defaults apply).
 """
 from __future__ import annotations
 
+import functools
 import sqlite3
 from dataclasses import fields, is_dataclass
 from typing import Any
@@ -20,10 +21,15 @@ def loads(value: Any, default: Any = None) -> Any:
     return default if value is None else value
 
 
+@functools.cache
+def _names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
 def columns(cls, row: sqlite3.Row | dict) -> dict[str, Any]:
     """The row's values for the dataclass ``cls``'s fields (missing columns left to defaults)."""
-    keys = row.keys()
-    return {f.name: row[f.name] for f in fields(cls) if f.name in keys}
+    keys = set(row.keys())
+    return {name: row[name] for name in _names(cls) if name in keys}
 
 
 def scalar(conn: sqlite3.Connection, sql: str, params: Any = (), default: Any = None) -> Any:

@@ -51,6 +51,10 @@ class Iteration:
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens + self.cache_write_tokens + self.cache_read_tokens
 
+    def as_row(self) -> dict:
+        """Its columns as a new dict (decoded values shared, not copied): the loop's working row."""
+        return dict(vars(self))
+
 
 @dataclass(frozen=True)
 class Attempt:
