@@ -8,8 +8,10 @@ discarding the act in progress.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
-from roles.operations import human_writer, signed
+from roles.operations import Result, human_writer, signed
+from roles.operations.wake import wake_coordinator
 from state_db.config import Config
 from state_db.ending import StopDecision, end_run
 from state_db.errors import NotFound
@@ -17,9 +19,24 @@ from state_db.home import OrgHome
 from state_db.vocab import StopReason, WorkStatus
 
 
+@dataclass(frozen=True)
+class Cancelled(Result):
+    """What ``org cancel`` did: ``status`` is the item's status after it (``ended`` when it had
+    not started or had ended already); ``changed`` is False when it had ended before; ``note``
+    says when a running item stops; ``wake``: "push", "outbox", "not sent: <why>" or "not needed"."""
+
+    OPTIONAL = frozenset({"note"})
+    id: str
+    status: str
+    stop_reason: str | None
+    changed: bool
+    note: str | None = None
+    wake: str = "not needed"
+
+
 def cancel(home: OrgHome, cfg: Config, work_id: str, *, idempotency_key: str | None = None,
-           via: str | None = None) -> dict:
-    """Record the cancel; returns {"id", "status", "stop_reason", "changed", "note"?, "wake"}.
+           via: str | None = None) -> Cancelled:
+    """Record the cancel (the only write), then wake the coordinator.
     ``via``: the client it came through (``human_writer``). Raises NotFound."""
     writer = human_writer(home.db_path, via)
 
@@ -41,7 +58,6 @@ def cancel(home: OrgHome, cfg: Config, work_id: str, *, idempotency_key: str | N
         result, _ = writer.run_once(idempotency_key or uuid.uuid4().hex, "cancel", do)
     finally:
         writer.close()
-    from roles.operations.wake import wake_coordinator
     # nothing to wake for when the run had ended already
-    result["wake"] = wake_coordinator(home, cfg, {"work_id": work_id}) if result["changed"] else "not needed"
-    return result
+    wake = wake_coordinator(home, cfg, {"work_id": work_id}) if result["changed"] else "not needed"
+    return Cancelled(**result, wake=wake)

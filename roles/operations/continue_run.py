@@ -31,8 +31,9 @@ import math
 import uuid
 from dataclasses import dataclass
 
-from roles.operations import human_writer, signed
+from roles.operations import Result, human_writer, signed
 from roles.operations.submit import CAP_FLAGS
+from roles.operations.wake import Waker
 from state_db.config import Config
 from state_db.errors import NotFound, StateError
 from state_db.home import OrgHome
@@ -134,17 +135,34 @@ def refusal(work: WorkItem) -> ContinueError | None:
     return None
 
 
-def continue_run(home: OrgHome, cfg: Config, req: ContinueRequest) -> dict:
+@dataclass(frozen=True)
+class Continued(Result):
+    """What ``org continue`` did: the run's new ``status`` (``queued``, or ``waiting`` for
+    ``waiting_for``), the ending ``seq`` it went on from and its stop reason (``stopped``), the
+    caps it goes on with (``caps``; ``old_caps`` before), what it had ``used`` of each, the wake,
+    whether this idempotency key had continued it already (``replayed``) and the key."""
+
+    id: str
+    status: str
+    seq: int
+    stopped: str
+    caps: dict
+    old_caps: dict
+    used: dict
+    waiting_for: str | None
+    wake: str
+    replayed: bool
+    idempotency_key: str
+
+
+def continue_run(home: OrgHome, cfg: Config, req: ContinueRequest) -> Continued:
     """Reopen an ended run with raised caps (or return what this idempotency key did).
 
-    Returns {"id", "status", "seq", "stopped", "caps", "old_caps", "used", "waiting_for",
-    "wake", "replayed", "idempotency_key"}.
     Raises NotFound, ContinueError (``not_continuable``), CapError (``bad_cap``,
     ``cap_not_raised``, ``cap_reached``).
     """
     key = req.idempotency_key or uuid.uuid4().hex
     given = req.given()
-    from roles.operations.wake import Waker
     waker = Waker(home, cfg)
     writer = human_writer(home.db_path, req.via)
 
@@ -181,8 +199,7 @@ def continue_run(home: OrgHome, cfg: Config, req: ContinueRequest) -> dict:
         result, replayed = writer.run_once(key, "continue", do)
     finally:
         writer.close()
-    result["wake"] = waker.wake({"work_id": result["id"]})
-    return {**result, "replayed": replayed, "idempotency_key": key}
+    return Continued(**result, wake=waker.wake({"work_id": result["id"]}), replayed=replayed, idempotency_key=key)
 
 
 def _still_there(home: OrgHome, tx, work: WorkItem) -> None:

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
 import orjson
 
-from roles.operations import human_writer, signed
+from roles.operations import Result, human_writer, signed
+from roles.operations.wake import wake_coordinator
 from state_db.config import Config
 from state_db.ending import StopDecision, end_run
 from state_db.errors import NotFound, StateError
@@ -22,12 +24,24 @@ class DecideError(StateError):
     code = "bad_decision"
 
 
+@dataclass(frozen=True)
+class Decided(Result):
+    """What ``org decide`` recorded: ``status`` is the decision's new status; ``ended`` the stop
+    reason when approving ended the run (e.g. ``impossible``), else None; ``replayed``: this
+    idempotency key had decided it already; ``wake``: "push", "outbox" or "not sent: <why>"."""
+
+    id: str
+    work_id: str
+    status: str
+    ended: str | None
+    replayed: bool
+    wake: str
+
+
 def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str | None = None, *,
-           stop: bool = False, idempotency_key: str | None = None, via: str | None = None) -> dict:
+           stop: bool = False, idempotency_key: str | None = None, via: str | None = None) -> Decided:
     """Record the human's decision, then wake the coordinator. Raises NotFound, DecideError,
-    IllegalTransition (already decided). Returns {id, work_id, status, ended, replayed, wake}
-    (``ended``: the stop reason when approving ended the run, e.g. ``impossible``; ``wake``:
-    "push", "outbox" or "not sent: <why>"). ``via``: the client it came through (``human_writer``)."""
+    IllegalTransition (already decided). ``via``: the client it came through (``human_writer``)."""
     if verdict not in VERDICTS:
         raise DecideError(f"unknown decision {verdict!r}", hint="use approve, reject, edit or respond")
     if verdict in ("edit", "respond") and not (text or "").strip():
@@ -52,9 +66,8 @@ def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str
         result, replayed = writer.run_once(idempotency_key or uuid.uuid4().hex, "decide", do)
     finally:
         writer.close()
-    from roles.operations.wake import wake_coordinator
     wake = wake_coordinator(home, cfg, {"decision": decision_id})
-    return {**result, "replayed": replayed, "wake": wake}
+    return Decided(**result, replayed=replayed, wake=wake)
 
 
 def _end_confirmed(tx, row, text: str | None) -> str:

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from roles.operations import human_writer, signed
+from roles.operations import Result, human_writer, signed
+from roles.operations.wake import Waker
 from roles.workspace import safegit
 from roles.workspace.errors import RepositoryError
 from state_db.config import Config
@@ -162,10 +163,43 @@ def _toolchain(req: SubmitRequest, ws: Path) -> dict:
     return at_submit(os.environ, req.verify, ws).encode()
 
 
-def wait_for_preflight(home: OrgHome, work_id: str, *, timeout_s: float, poll_s: float = 0.1) -> dict | None:
+@dataclass(frozen=True)
+class Preflight(Result):
+    """The eval-agent's run of the verify commands on the baseline: ``outcome`` (e.g.
+    ``fails_as_expected``, ``already_passes``, ``unrunnable``), what it said, and the item's
+    status and stop reason after it."""
+
+    outcome: str
+    detail: str
+    status: str
+    stop_reason: str | None
+
+
+@dataclass(frozen=True)
+class Submitted(Result):
+    """What ``org submit`` did: the item, its status (``queued``, or ``waiting`` for
+    ``waiting_for``), its caps (``defaults_applied``: from org.toml), the workspace (and the
+    branch of ``--worktree``), the wake, ``replayed`` (this idempotency key had submitted it
+    already), the key, the org session's status (``never started`` before the first start:
+    nothing runs unless it is ``running``) and the ``preflight`` when it was waited for."""
+
+    id: str
+    status: str
+    caps: dict
+    defaults_applied: bool
+    workspace: str
+    branch: str | None
+    waiting_for: str | None
+    wake: str
+    replayed: bool
+    idempotency_key: str
+    org_status: str
+    preflight: Preflight | None = None
+
+
+def wait_for_preflight(home: OrgHome, work_id: str, *, timeout_s: float, poll_s: float = 0.1) -> Preflight | None:
     """Wait until the eval-agent has run the verify commands on the baseline (the preflight) of
-    ``work_id``; return {"outcome", "detail", "status", "stop_reason"}, or None on timeout or
-    when the org is not running (nobody would run it)."""
+    ``work_id``; None on timeout or when the org is not running (nobody would run it)."""
     from state_db.connection import connect
     conn = connect(home.db_path, readonly=True)
     try:
@@ -177,8 +211,7 @@ def wait_for_preflight(home: OrgHome, work_id: str, *, timeout_s: float, poll_s:
             done = preflight_of(conn, work_id)
             if done is not None:
                 item = work.item(conn, work_id)
-                return {"outcome": done.outcome, "detail": done.detail, "status": item.status,
-                        "stop_reason": item.stop_reason}
+                return Preflight(done.outcome, done.detail, item.status, item.stop_reason)
             if time.monotonic() >= deadline:
                 return None
             time.sleep(poll_s)
@@ -228,24 +261,22 @@ def check(home: OrgHome, cfg: Config, req: SubmitRequest) -> Checked:
 
 
 def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origin: dict | None = None,
-           guard=None, wake: bool = True) -> dict:
+           guard=None, wake: bool = True, wait_s: float = 0.0) -> Submitted:
     """Create a work item (or return the one this idempotency key created).
 
     ``writer`` writes it (default: a new one as the human, closed after); ``origin`` adds columns
     saying what started it (``origin``, ``origin_id``, ``created_by``); ``guard(tx, work_id)`` runs
     first in the write transaction and may raise to write nothing (a standing order's
     single-flight, re-checked under the lock); ``wake=False`` sends no wake (the coordinator
-    submitting dispatches itself).
+    submitting dispatches itself); ``wait_s`` > 0 waits that long for the preflight of a new item
+    (``wait_for_preflight``).
 
-    Returns {"id", "status", "caps", "defaults_applied", "workspace", "waiting_for", "replayed",
-    "org_status"} (the org session's status, or "never started": nothing runs unless it is running).
     Raises SubmitError (bad goal, workspace, caps, backend) or StateError.
     """
     checked = check(home, cfg, req)
     ws, caps, defaults_applied = checked.workspace, checked.caps, checked.defaults_applied
     toolchain, backend = checked.toolchain, checked.backend
     key = req.idempotency_key or uuid.uuid4().hex
-    from roles.operations.wake import Waker
     waker = Waker(home, cfg) if wake else None
     own_writer = writer is None
     writer = human_writer(home.db_path, req.via) if own_writer else writer
@@ -283,6 +314,8 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
     finally:
         if own_writer:
             writer.close()
-    result["wake"] = waker.wake({"work_id": result["id"]}) if waker is not None else "not sent: not asked"
-    return {**result, "replayed": replayed, "idempotency_key": key,
-            "org_status": session.status if session else "never started"}
+    done = Submitted(**result, wake=waker.wake({"work_id": result["id"]}) if waker is not None else "not sent: not asked",
+                     replayed=replayed, idempotency_key=key, org_status=session.status if session else "never started")
+    if wait_s > 0 and not replayed:
+        done = replace(done, preflight=wait_for_preflight(home, done.id, timeout_s=wait_s))
+    return done

@@ -10,6 +10,7 @@ from __future__ import annotations
 import structlog
 
 from state_db.config import Config
+from state_db.errors import OrgError
 from state_db.home import OrgHome
 
 SENT = ("push", "outbox")
@@ -46,16 +47,21 @@ class Waker:
 
     def _send(self, payload: dict) -> str:
         if self.link is None:
-            return f"not sent: {getattr(self.error, 'code', type(self.error).__name__)}"
+            return f"not sent: {_why(self.error)}"
         try:
             return self.link.send("coordinator", "wake", payload)
         except Exception as exc:  # noqa: BLE001 - a lost wake delays, never loses
-            return f"not sent: {getattr(exc, 'code', type(exc).__name__)}"
+            return f"not sent: {_why(exc)}"
         finally:
             try:
                 self.link.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _why(exc: BaseException | None) -> str:
+    """An error's code (an OrgError), else its type's name."""
+    return exc.code if isinstance(exc, OrgError) else type(exc).__name__
 
 
 def record_unsent(home: OrgHome, sender: str, result: str, payload: dict) -> None:

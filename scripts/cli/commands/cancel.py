@@ -1,7 +1,9 @@
 """``org cancel ID``: stop a run; a running act is cut and discarded, the reason is ``cancelled``."""
 from __future__ import annotations
 
+from roles.operations.cancel import Cancelled, cancel
 from scripts.cli.output import add_json, emit_json, home_of, print_unsent
+from state_db.config import load_config
 
 NAME = "cancel"
 HELP = "cancel a work item (recorded as stop reason 'cancelled')"
@@ -14,18 +16,18 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from roles.operations.cancel import cancel
-    from state_db import config as config_mod
-
     home = home_of(args).require()
-    cfg = config_mod.load_config(home)
-    result = cancel(home, cfg, args.id, idempotency_key=args.idempotency_key)
+    result = cancel(home, load_config(home), args.id, idempotency_key=args.idempotency_key)
     if args.json:
-        emit_json(result)
-    elif not result["changed"]:
-        print(f"{args.id} had already ended ({result['stop_reason']})")
+        emit_json(result.as_data())
     else:
-        print(f"{args.id}: cancel recorded" + (f" — {result['note']}" if result.get("note") else " (ended)"))
-    if result["changed"]:
-        print_unsent(result["wake"], "the cancel is recorded and takes effect when the org runs", args.json)
+        print(text(result))
+    if result.changed:
+        print_unsent(result.wake, "the cancel is recorded and takes effect when the org runs", args.json)
     return 0
+
+
+def text(result: Cancelled) -> str:
+    if not result.changed:
+        return f"{result.id} had already ended ({result.stop_reason})"
+    return f"{result.id}: cancel recorded" + (f" — {result.note}" if result.note else " (ended)")

@@ -1,8 +1,9 @@
 """``org candidates [list|show ID|approve ID…|reject ID…|defer ID…|edit ID]``: review skill candidates.
 
-Each decision and edit is a durable write as actor ``human`` (the OS user and the time are
-recorded with it), idempotent under ``--idempotency-key``, then a wake to the coordinator.
-An approved candidate becomes ``skills/<name>/SKILL.md`` in the org home, rendered from state.db.
+Each action is an operation (roles/operations/candidates.py) whose result this prints, as text
+or with ``--json`` as data: a decision or an edit is a durable write as actor ``human`` (the OS
+user and the time are recorded with it), idempotent under ``--idempotency-key``, then a wake to
+the coordinator. An approved candidate becomes ``skills/<name>/SKILL.md`` in the org home.
 """
 from __future__ import annotations
 
@@ -14,13 +15,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.cli.output import add_json, emit_json, home_of, read_conn, table
-from skills.errors import SkillError
-from state_db.vocab import Actor, CandidateStatus
+from roles.operations import candidates as ops
+from roles.operations.candidates import CandidateDecisions, CandidateList, CandidateView
+from scripts.cli.output import add_json, emit_json, home_of, table
+from state_db.config import load_config
+from state_db.errors import OrgError
+from state_db.vocab import CandidateStatus
 
 NAME = "candidates"
 HELP = "review skill candidates: list, show, approve, reject, defer or edit them"
-STATUSES = [str(s) for s in CandidateStatus]
+STATUSES = list(ops.STATUSES)
+
+
+class EditorFailed(OrgError):
+    code = "editor_failed"
 
 
 def add_arguments(p) -> None:
@@ -61,33 +69,29 @@ def run(args) -> int:
 
 
 def _list(args) -> int:
-    from knowledge.patterns import queued
-    from skills import candidates as C
-
-    conn = read_conn(args)
-    try:
-        if getattr(args, "queued", False):
-            rows = queued(conn)
-            if args.json:
-                emit_json(rows)
-            else:
-                print(table([[r["id"], r["score"], r["topic"][:70]] for r in rows], ["CURATED", "SCORE", "TOPIC"])
-                      if rows else "no queued patterns")
-            return 0
-        statuses = STATUSES if getattr(args, "all", False) else (getattr(args, "status", None) or ["pending"])
-        rows = C.listing(conn, statuses)
-    finally:
-        conn.close()
+    home = home_of(args).require()
+    if getattr(args, "queued", False):
+        found = ops.queued(home)
+        if args.json:
+            emit_json(found.as_data())
+        else:
+            print(table([[r["id"], r["score"], r["topic"][:70]] for r in found.rows], ["CURATED", "SCORE", "TOPIC"])
+                  if found.rows else "no queued patterns")
+        return 0
+    result = ops.listing(home, getattr(args, "status", None), every=getattr(args, "all", False))
     if args.json:
-        emit_json(rows)
-        return 0
-    if not rows:
-        print("no candidates" + ("" if getattr(args, "all", False) else f" ({', '.join(statuses)})"))
-        return 0
-    print(table([[r["id"], r["name"], _status(r), r["score"], len(r["source_notes"] or []), r["batch_id"] or "",
-                  time.strftime("%Y-%m-%d", time.localtime(r["created_at"]))] for r in rows],
-                ["ID", "NAME", "STATUS", "SCORE", "NOTES", "BATCH", "CREATED"]))
+        emit_json(result.as_data())
+    else:
+        print(listing_text(result, every=getattr(args, "all", False)))
     return 0
+
+
+def listing_text(result: CandidateList, *, every: bool = False) -> str:
+    if not result.rows:
+        return "no candidates" + ("" if every else f" ({', '.join(result.statuses)})")
+    return table([[r["id"], r["name"], _status(r), r["score"], len(r["source_notes"] or []), r["batch_id"] or "",
+                   time.strftime("%Y-%m-%d", time.localtime(r["created_at"]))] for r in result.rows],
+                 ["ID", "NAME", "STATUS", "SCORE", "NOTES", "BATCH", "CREATED"])
 
 
 def _status(r: dict) -> str:
@@ -97,86 +101,65 @@ def _status(r: dict) -> str:
 
 
 def _show(args) -> int:
-    from skills import candidates as C
-    from skills.skillmd import render
-
-    conn = read_conn(args)
-    try:
-        c = C.get(conn, args.id)
-    finally:
-        conn.close()
+    result = ops.show(home_of(args).require(), args.id)
     if args.json:
-        emit_json(c)
-        return 0
+        emit_json(result.as_data())
+    else:
+        print(show_text(result))
+    return 0
+
+
+def show_text(result: CandidateView) -> str:
+    c = result.candidate
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c["decided_at"])) if c["decided_at"] else ""
     decided = f", {c['status']} by {c['decided_by']} on {when}" if when else ""
-    print(f"{c['id']}  {_status(c)}  score {c['score']}/5{decided}")
+    lines = [f"{c['id']}  {_status(c)}  score {c['score']}/5{decided}"]
     signals = c["signals"] or {}
     for name in ("recurrence", "multi_step", "trigger", "criteria", "reusable_output"):
         s = signals.get(name)
         if isinstance(s, dict):
-            print(f"  [{'x' if s.get('ok') else ' '}] {name}: {s.get('why', '')}")
-    print(f"  source notes: {', '.join(c['source_notes'] or [])}\n")
-    print(render(C.as_text(c)))
-    return 0
-
-
-def _writer(args):
-    from state_db.writer import StateWriter
-    home = home_of(args).require()
-    return home, StateWriter(home.db_path, Actor.HUMAN)
-
-
-def _wake(home) -> None:
-    from roles.operations.wake import wake_coordinator
-    from state_db import config as config_mod
-    wake_coordinator(home, config_mod.load_config(home))
+            lines.append(f"  [{'x' if s.get('ok') else ' '}] {name}: {s.get('why', '')}")
+    lines.append(f"  source notes: {', '.join(c['source_notes'] or [])}\n")
+    lines.append(result.skill_md)
+    return "\n".join(lines)
 
 
 def _decide(args, action: str) -> int:
-    from skills import review
-
-    home, writer = _writer(args)
-    try:
-        out = review.decide(writer, args.ids, action, home.skills_dir, key=args.idempotency_key)
-    finally:
-        writer.close()
-    _wake(home)
+    home = home_of(args).require()
+    result = ops.decide(home, load_config(home), args.ids, action, idempotency_key=args.idempotency_key)
     if args.json:
-        emit_json(out)
-        return 0
-    for r in out["results"]:
-        note = "" if r["changed"] else " (already)"
-        extra = f" → {r['skill']['file']}" if r.get("skill") else ""
-        print(f"{r['id']} ({r['name']}): {r['status']}{note}{extra}")
-    for bid in out["closed_batches"]:
-        print(f"batch {bid} closed: nothing left to review in it")
+        emit_json(result.as_data())
+    else:
+        print(decisions_text(result))
     return 0
 
 
-def _edit(args) -> int:
-    from skills import candidates as C, review
-    from skills.skillmd import parse, render
+def decisions_text(result: CandidateDecisions) -> str:
+    lines = []
+    for r in result.results:
+        note = "" if r["changed"] else " (already)"
+        extra = f" → {r['skill']['file']}" if r.get("skill") else ""
+        lines.append(f"{r['id']} ({r['name']}): {r['status']}{note}{extra}")
+    for bid in result.closed_batches:
+        lines.append(f"batch {bid} closed: nothing left to review in it")
+    return "\n".join(lines)
 
-    home, writer = _writer(args)
-    try:
-        current = C.get(writer.conn, args.id)
-        if args.name is None and args.description is None and args.body_file is None:
-            text = parse(_in_editor(render(C.as_text(current))))
-            fields = {"name": text.name, "description": text.description, "body": text.body}
-        else:
-            body = None
-            if args.body_file is not None:
-                body = (sys.stdin.read() if args.body_file == "-" else Path(args.body_file).read_text())
-            fields = {"name": args.name, "description": args.description, "body": body}
-        out = review.edit(writer, current["id"], key=args.idempotency_key, **fields)
-    finally:
-        writer.close()
-    _wake(home)
-    if args.json:
-        emit_json(out)
+
+def _edit(args) -> int:
+    home = home_of(args).require()
+    fields: dict = {}
+    if args.name is None and args.description is None and args.body_file is None:
+        fields["skill_md"] = _in_editor(ops.show(home, args.id).skill_md)
     else:
-        print(f"{out['id']}: " + (f"changed {', '.join(out['changed'])}" if out["changed"] else "no change"))
+        body = None
+        if args.body_file is not None:
+            body = (sys.stdin.read() if args.body_file == "-" else Path(args.body_file).read_text())
+        fields.update(name=args.name, description=args.description, body=body)
+    result = ops.edit(home, load_config(home), args.id, idempotency_key=args.idempotency_key, **fields)
+    if args.json:
+        emit_json(result.as_data())
+    else:
+        print(f"{result.id}: " + (f"changed {', '.join(result.changed)}" if result.changed else "no change"))
     return 0
 
 
@@ -188,6 +171,6 @@ def _in_editor(text: str) -> str:
         path.write_text(text)
         proc = subprocess.run(shlex.split(editor) + [str(path)])
         if proc.returncode != 0:
-            raise SkillError(f"the editor ({editor}) exited with {proc.returncode}; nothing was changed",
-                             code="editor_failed", hint="fix $EDITOR or use --name/--description/--body-file")
+            raise EditorFailed(f"the editor ({editor}) exited with {proc.returncode}; nothing was changed",
+                               hint="fix $EDITOR or use --name/--description/--body-file")
         return path.read_text()

@@ -1,7 +1,9 @@
 """``org continue ID``: reopen a run that ended on a cap or a budget, with raised caps."""
 from __future__ import annotations
 
+from roles.operations.continue_run import ContinueRequest, Continued, continue_run
 from scripts.cli.output import add_json, emit_json, home_of
+from state_db.config import load_config
 
 NAME = "continue"
 HELP = ("continue a run that ended on a cap, a budget, no_progress, repeated_failure, model_error or "
@@ -20,24 +22,24 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from roles.operations.continue_run import ContinueRequest, continue_run
-    from state_db import config as config_mod
-
     home = home_of(args).require()
-    cfg = config_mod.load_config(home)
-    result = continue_run(home, cfg, ContinueRequest(
+    result = continue_run(home, load_config(home), ContinueRequest(
         args.id, max_iterations=args.max_iterations, budget_tokens=args.budget_tokens,
         budget_usd=args.budget_usd, timeout_s=args.timeout, idempotency_key=args.idempotency_key))
     if args.json:
-        emit_json(result)
-        return 0
-    caps = ", ".join(f"{k}={v}" for k, v in result["caps"].items())
-    print(f"{'already continued' if result['replayed'] else 'continued'} {result['id']} ({result['status']}) "
-          f"after it stopped with {result['stopped']} (ending {result['seq']})")
-    print(f"  caps: {caps}")
-    if result["waiting_for"]:
-        print(f"  waiting: the workspace is busy with {result['waiting_for']}")
-    if result["wake"] not in ("push", "outbox"):
-        print(f"  the coordinator was not reached ({result['wake']}); it picks the item up when the org runs")
-    print(f"  follow it: org show {result['id']}")
+        emit_json(result.as_data())
+    else:
+        print(text(result))
     return 0
+
+
+def text(result: Continued) -> str:
+    caps = ", ".join(f"{k}={v}" for k, v in result.caps.items())
+    lines = [f"{'already continued' if result.replayed else 'continued'} {result.id} ({result.status}) "
+             f"after it stopped with {result.stopped} (ending {result.seq})", f"  caps: {caps}"]
+    if result.waiting_for:
+        lines.append(f"  waiting: the workspace is busy with {result.waiting_for}")
+    if result.wake not in ("push", "outbox"):
+        lines.append(f"  the coordinator was not reached ({result.wake}); it picks the item up when the org runs")
+    lines.append(f"  follow it: org show {result.id}")
+    return "\n".join(lines)

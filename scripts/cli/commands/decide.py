@@ -1,7 +1,9 @@
 """``org decide ID approve|reject|edit|respond [TEXT]``: answer a gated action."""
 from __future__ import annotations
 
+from roles.operations.decide import Decided, decide
 from scripts.cli.output import add_json, emit_json, home_of, print_unsent
+from state_db.config import load_config
 
 NAME = "decide"
 HELP = "decide a waiting action: approve (runs it once), edit NEW_COMMAND, reject [--stop], respond TEXT"
@@ -18,16 +20,17 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from roles.operations.decide import decide
-    from state_db import config as config_mod
-
     home = home_of(args).require()
-    cfg = config_mod.load_config(home)
-    result = decide(home, cfg, args.id, args.verdict, args.text, stop=args.stop, idempotency_key=args.idempotency_key)
+    result = decide(home, load_config(home), args.id, args.verdict, args.text, stop=args.stop,
+                    idempotency_key=args.idempotency_key)
     if args.json:
-        emit_json(result)
+        emit_json(result.as_data())
     else:
-        print(f"{args.id}: {result['status']}" + (" (already decided)" if result["replayed"] else "")
-              + (f"; the run {result['work_id']} ended {result['ended']}" if result.get("ended") else ""))
-    print_unsent(result["wake"], "the decision is recorded and takes effect when the org runs", args.json)
+        print(text(result))
+    print_unsent(result.wake, "the decision is recorded and takes effect when the org runs", args.json)
     return 0
+
+
+def text(result: Decided) -> str:
+    return (f"{result.id}: {result.status}" + (" (already decided)" if result.replayed else "")
+            + (f"; the run {result.work_id} ended {result.ended}" if result.ended else ""))

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import sys
 
+from roles.operations.submit import SubmitRequest, Submitted, submit
 from scripts.cli.output import add_json, emit_json, home_of
+from state_db.config import load_config
 
 NAME = "submit"
 HELP = "submit a work item: a goal, a workspace, and verify commands that exit 0 when it is met"
@@ -50,44 +52,48 @@ def check_scripted_backend(spec: str | None) -> None:
             load_script(path.resolve())
 
 
-def run(args) -> int:
-    from roles.operations.submit import SubmitRequest, submit
-    from state_db import config as config_mod
-
-    home = home_of(args).require()
-    cfg = config_mod.load_config(home)
-    check_scripted_backend(args.backend)
-    result = submit(home, cfg, SubmitRequest(
+def request_of(args) -> SubmitRequest:
+    return SubmitRequest(
         goal=args.goal, workspace=args.workspace, verify=args.verify, protect=args.protect,
         default_protect=not args.no_default_protect,
         max_iterations=args.max_iterations, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
         timeout_s=args.timeout, backend=args.backend, worktree=args.worktree, review=args.review,
-        idempotency_key=args.idempotency_key))
-    preflight = None
-    if not args.no_wait and not result["replayed"]:
-        from roles.operations.submit import wait_for_preflight
-        preflight = wait_for_preflight(home, result["id"], timeout_s=max(0.0, args.wait_timeout))
-    result["preflight"] = preflight
+        idempotency_key=args.idempotency_key)
+
+
+def run(args) -> int:
+    home = home_of(args).require()
+    cfg = load_config(home)
+    check_scripted_backend(args.backend)
+    result = submit(home, cfg, request_of(args), wait_s=0.0 if args.no_wait else max(0.0, args.wait_timeout))
+    preflight = result.preflight
     if args.json:
-        emit_json(result)
-        return 0 if not preflight or preflight["outcome"] != "unrunnable" else 3
-    caps = ", ".join(f"{k}={v}" for k, v in result["caps"].items())
-    print(f"{'already submitted' if result['replayed'] else 'submitted'} {result['id']} ({result['status']})")
-    print(f"  caps: {caps}" + ("  (defaults from org.toml)" if result["defaults_applied"] else ""))
-    if result["org_status"] != "running":
-        start = "'org resume'" if result["org_status"] in ("suspending", "suspended", "stopped") else "'scripts/start-org'"
-        print(f"  the org is {result['org_status']}: nothing runs until {start}")
-    if result["waiting_for"]:
-        print(f"  waiting: the workspace is busy with {result['waiting_for']} (use --worktree to work in parallel)")
-    if result["wake"] not in ("push", "outbox"):
-        print(f"  the coordinator was not reached ({result['wake']}); it picks the item up when the org runs")
-    if preflight is not None:
-        if preflight["outcome"] == "unrunnable":
-            print(f"error[verify_unrunnable]: {preflight['detail']}", file=sys.stderr)
-            print(f"  {result['id']} ended before any model call; nothing was spent")
-            return 3
-        print(f"  preflight: {preflight['detail']}")
-        if preflight["outcome"] == "already_passes":
-            print(f"  every check passes already: decide whether to go on with 'org decisions' / 'org decide'")
-    print(f"  follow it: org show {result['id']}")
+        emit_json(result.as_data())
+        return 0 if not preflight or preflight.outcome != "unrunnable" else 3
+    print(text(result))
+    if preflight is not None and preflight.outcome == "unrunnable":
+        print(f"error[verify_unrunnable]: {preflight.detail}", file=sys.stderr)
+        print(f"  {result.id} ended before any model call; nothing was spent")
+        return 3
+    print(f"  follow it: org show {result.id}")
     return 0
+
+
+def text(result: Submitted) -> str:
+    """The lines ``org submit`` prints for ``result`` (the preflight's outcome included)."""
+    caps = ", ".join(f"{k}={v}" for k, v in result.caps.items())
+    lines = [f"{'already submitted' if result.replayed else 'submitted'} {result.id} ({result.status})",
+             f"  caps: {caps}" + ("  (defaults from org.toml)" if result.defaults_applied else "")]
+    if result.org_status != "running":
+        start = "'org resume'" if result.org_status in ("suspending", "suspended", "stopped") else "'scripts/start-org'"
+        lines.append(f"  the org is {result.org_status}: nothing runs until {start}")
+    if result.waiting_for:
+        lines.append(f"  waiting: the workspace is busy with {result.waiting_for} (use --worktree to work in parallel)")
+    if result.wake not in ("push", "outbox"):
+        lines.append(f"  the coordinator was not reached ({result.wake}); it picks the item up when the org runs")
+    preflight = result.preflight
+    if preflight is not None and preflight.outcome != "unrunnable":
+        lines.append(f"  preflight: {preflight.detail}")
+        if preflight.outcome == "already_passes":
+            lines.append("  every check passes already: decide whether to go on with 'org decisions' / 'org decide'")
+    return "\n".join(lines)
