@@ -154,7 +154,7 @@ class Origin(StrEnum):
 
 
 class ScheduleKind(StrEnum):
-    """The rule of a standing order: two kinds of timer (``org schedule``) and three kinds of
+    """The rule of a standing order: two kinds of timer (``org schedule``) and four kinds of
     event on a workspace (``org trigger``)."""
 
     EVERY = "every"                  # every N seconds, on a grid from its creation
@@ -162,10 +162,11 @@ class ScheduleKind(StrEnum):
     GIT_COMMIT = "git-commit"        # a new commit on a branch
     FILE_CHANGE = "file-change"      # files matching a glob changed (debounced)
     VERIFY_FAILS = "verify-fails"    # the verify commands fail on the current tree (run every N seconds)
+    DISCOVER = "discover"            # a discovery scan every N seconds: proposals, auto-started by policy only
 
 
 TIMER_KINDS = (ScheduleKind.EVERY, ScheduleKind.CRON)
-EVENT_KINDS = (ScheduleKind.GIT_COMMIT, ScheduleKind.FILE_CHANGE, ScheduleKind.VERIFY_FAILS)
+EVENT_KINDS = (ScheduleKind.GIT_COMMIT, ScheduleKind.FILE_CHANGE, ScheduleKind.VERIFY_FAILS, ScheduleKind.DISCOVER)
 
 
 class ScheduleStatus(StrEnum):

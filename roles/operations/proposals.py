@@ -200,11 +200,12 @@ def dismiss(home: OrgHome, proposal_id: str, reason: str | None = None, *, via: 
     return {"proposal": proposal_id, "status": str(P.DISMISSED), "changed": True}
 
 
-def auto_start(home: OrgHome, cfg: Config, shown: list[dict]) -> dict | None:
+def auto_start(home: OrgHome, cfg: Config, shown: list[dict], edits: Edits | None = None) -> dict | None:
     """Start the first shown proposal of a kind ``discover.auto_start`` names, when the daily cap
     on work started without a human (``limits.daily_spend_usd``, the rule every automatic start
     obeys: ``queries.schedules.automatic_start_allowed``) has room for its cost budget; checked
-    again under the write lock, so two scans at once cannot both pass it.
+    again under the write lock, so two scans at once cannot both pass it. ``edits``: the submit
+    options it starts with (a discover trigger's: backend, caps, review); None keeps the proposal's.
 
     Returns None (no proposal of such a kind), {"proposal", "started": False, "why"} or
     {"proposal", "started": True, "work_id", "why"}.
@@ -213,7 +214,7 @@ def auto_start(home: OrgHome, cfg: Config, shown: list[dict]) -> dict | None:
     first = next((p for p in shown if p["kind"] in kinds and p["status"] == P.PROPOSED), None)
     if first is None:
         return None
-    budget = first["caps"].get("budget_usd")
+    budget = edits.budget_usd if edits is not None and edits.budget_usd is not None else first["caps"].get("budget_usd")
     why = []
 
     def within_cap(tx) -> None:
@@ -224,7 +225,7 @@ def auto_start(home: OrgHome, cfg: Config, shown: list[dict]) -> dict | None:
             raise _NoRoom(reason)
 
     try:
-        done = accept(home, cfg, first["id"], via=POLICY, guard=within_cap)
+        done = accept(home, cfg, first["id"], edits, via=POLICY, guard=within_cap)
     except _NoRoom as exc:
         return {"proposal": first["id"], "started": False, "why": f"{exc}: accept it yourself"}
     return {"proposal": first["id"], "started": True, "work_id": done["work_id"], "why": why[0] if why else ""}

@@ -118,6 +118,9 @@ def describe(kind: str, rule: dict) -> str:
         return f"new commit on {rule['branch']}" + _debounce(rule)
     if kind == ScheduleKind.FILE_CHANGE:
         return f"change in {rule['glob']}" + _debounce(rule)
+    if kind == ScheduleKind.DISCOVER:
+        return f"discovery scan every {_seconds(rule['every_s'])}" + (f", issues from {rule['issues']}"
+                                                                       if rule.get("issues") else "")
     return f"verify fails (checked every {_seconds(rule['every_s'])})"
 
 
@@ -140,7 +143,7 @@ def add(home: OrgHome, cfg: Config, *, name: str, kind: str, rule: dict, req: Su
     """Make a standing order after checking its submit request as ``org submit`` would.
 
     ``rule``: ``{"every_s"}`` | ``{"cron"}`` for a schedule; ``{"branch"}``, ``{"glob",
-    "debounce_s"}``, ``{"every_s"}`` for a trigger. Returns {"id", "name", "kind", "next_due",
+    "debounce_s"}``, ``{"every_s"}``, ``{"every_s", "issues"}`` (discover) for a trigger. Returns {"id", "name", "kind", "next_due",
     "wake", "replayed"}. Raises ScheduleError (bad name, a live order of that name), SubmitError.
     """
     check_name(name)
