@@ -305,15 +305,19 @@ class LoopEngine:
         run ended), else the step a pause or a given-up wait leads to."""
         t0 = self.clock()
         try:
-            with telemetry.current().step("await_verdict", {"loop_org.iteration": n}):
-                self.verify(self.work_id, n)
+            if n == 0:
+                self.verify(self.work_id, 0)        # the preflight: no iteration's span, not the run's time
+            else:
+                with telemetry.current().step("await_verdict", {"loop_org.iteration": n}):
+                    self.verify(self.work_id, n)
         except VerifyInterrupted:
             return Paused(AwaitVerdict(n) if n else Preflight())
         except VerifyAbandoned as exc:
             self._abandoned = (exc.reason, exc.detail)
             return self.derive()
         finally:
-            self._waited += self.clock() - t0      # the run's time: acts plus waits for verdicts
+            if n:
+                self._waited += self.clock() - t0  # the run's time: acts plus waits for verdicts
         return None
 
     def _await_verdict(self, n: int) -> Step:
