@@ -21,7 +21,8 @@ class Result:
     """The base of every operation's result (each a frozen dataclass).
 
     ``as_dict()`` gives its fields by their JSON names; fields named in ``OPTIONAL`` are left out
-    while they are None (a key that only some outcomes have). ``result["id"]`` reads a field by
+    while they are None (a key that only some outcomes have), and a field declared with
+    ``metadata={"json": False}`` is never in it. ``result["id"]`` reads a field by
     that name, for callers that take the result as data."""
 
     OPTIONAL: frozenset[str] = frozenset()
@@ -29,6 +30,8 @@ class Result:
     def as_dict(self) -> dict[str, Any]:
         out = {}
         for f in dataclasses.fields(self):
+            if f.metadata.get("json") is False:      # for the text, not part of the data
+                continue
             value = getattr(self, f.name)
             if f.name in self.OPTIONAL and value is None:
                 continue

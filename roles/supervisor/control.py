@@ -12,8 +12,7 @@ import subprocess
 import sys
 import time
 
-import orjson
-
+from roles.operations.lifecycle import record_intent
 from roles.supervisor import procs
 from state_db.connection import connect
 from state_db.errors import StateError
@@ -93,22 +92,15 @@ def _wanted(home: OrgHome) -> set[str]:
 def request(home: OrgHome, intent: str, *, force: bool = False, timeout_s: float = 30.0) -> dict:
     """Stop or suspend the org: record the intent durably, signal the supervisor, wait.
 
-    Returns {"status", "stopped_ms", "supervisor": "signalled"|"absent"}. Raises ControlError
-    (``org_stopped`` for a suspend of a stopped org; ``control_failed`` when never started or on timeout).
+    Returns {"status", "stopped_ms", "supervisor": "signalled"|"absent"}. Raises LifecycleError
+    (``org_stopped`` for a suspend of a stopped org; ``control_failed`` when never started) and
+    ControlError (``control_failed`` on timeout).
     """
     t0 = time.monotonic()
+    # the human's intent first, durably (the operation); the signal only makes the supervisor act now
+    record_intent(home, intent, force=force, supervisor_running=supervisor_alive(home) is not None)
     writer = StateWriter(home.db_path, Actor.HUMAN)
     try:
-        with writer.transaction() as tx:
-            row = tx.get("org_session", 1)
-            if row is None:
-                raise ControlError("this org was never started", hint="start it with scripts/start-org")
-            if intent == "suspend" and row["status"] == SessionStatus.STOPPED and not supervisor_alive(home):
-                # the session records how the org ended: a stop is not rewritten into a suspend
-                raise ControlError("the org is stopped; there is nothing to suspend", code="org_stopped",
-                                   hint="start it with 'org resume' or scripts/start-org")
-            detail = {"intent": intent, "force": force, "requested_at": time.time()}
-            tx.update("org_session", 1, detail=orjson.dumps(detail).decode(), updated_at=time.time())
         sup = supervisor_alive(home)
         if sup:
             procs.signal_if_same(sup[0], sup[1], signal.SIGTERM)

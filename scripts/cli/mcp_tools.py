@@ -1,8 +1,8 @@
 """What ``org mcp`` offers as tools: each one's JSON schema and the library call behind it.
 
-A tool calls the functions the CLI command of its name calls and returns what that command's
-``--json`` prints. Writes go through roles/operations (and skills/review) as actor ``human``,
-signed with the OS user and ``via mcp:<client>``, under an idempotency key the client may give.
+A tool calls the operation the CLI command of its name calls (roles/operations) and returns its
+result as data: what that command's ``--json`` prints. Writes are actor ``human``, signed with
+the OS user and ``via mcp:<client>``, under an idempotency key the client may give.
 ``mcp.tools`` in org.toml chooses which tools exist; the default is read-only.
 """
 from __future__ import annotations
@@ -11,12 +11,17 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
 
+from roles.operations import candidates as candidate_ops, skills as skill_ops
+from roles.operations.cancel import cancel as cancel_op
+from roles.operations.continue_run import ContinueRequest, continue_run
+from roles.operations.decide import decide as decide_op
+from roles.operations.submit import SubmitRequest, submit as submit_op
+from scripts.cli.commands.submit import check_scripted_backend
 from state_db.config import Config
 from state_db.errors import OrgError
 from state_db.home import OrgHome
-from state_db.vocab import CandidateStatus
 
-STATUSES = [str(s) for s in CandidateStatus]
+STATUSES = list(candidate_ops.STATUSES)
 
 
 class ToolDisabled(OrgError):
@@ -64,11 +69,8 @@ def _read(caller: Caller, fn):
 
 # -- reads ------------------------------------------------------------------------------------
 def status(caller: Caller, a: dict) -> dict:
-    from scripts.cli.commands.status import unsent_wakes
-    from state_db import views
-    st = _read(caller, views.org_view)
-    st["unsent_wakes"] = unsent_wakes(st["transport"])
-    return st
+    from scripts.cli.commands.status import load
+    return _read(caller, load)
 
 
 def show(caller: Caller, a: dict) -> dict:
@@ -91,41 +93,23 @@ def decisions(caller: Caller, a: dict) -> list:
 
 
 def skills(caller: Caller, a: dict):
-    import time
-
-    from skills import registry
-    days = caller.cfg.knowledge.skill_unused_days
+    home = caller.home.require()
     if a.get("action") == "show":
-        def one(conn):
-            row = registry.skill(conn, a.get("name") or "")
-            row.update(next((d for d in registry.listing(conn, time.time(), days, include_retired=True)
-                             if d["name"] == row["name"]), {}))
-            return row
-        return _read(caller, one)
-    return _read(caller, lambda c: registry.listing(c, time.time(), days, include_retired=bool(a.get("all"))))
+        return skill_ops.show(home, caller.cfg, a.get("name") or "").as_data()
+    return skill_ops.listing(home, caller.cfg, include_retired=bool(a.get("all"))).as_data()
 
 
 def candidates(caller: Caller, a: dict):
-    from skills import candidates as C
+    home = caller.home.require()
     action = a.get("action") or "list"
     if action == "list":
-        statuses = STATUSES if a.get("all") else a.get("status") or ["pending"]
-        return _read(caller, lambda c: C.listing(c, statuses))
+        return candidate_ops.listing(home, a.get("status"), every=bool(a.get("all"))).as_data()
     if action == "show":
-        return _read(caller, lambda c: C.get(c, _one(a)))
+        return candidate_ops.show(home, _one(a)).as_data()
     if "review" not in enabled(caller.cfg):
         raise refuse(caller, "review")
-    from roles.operations import human_writer
-    from scripts.cli.commands.candidates import _wake
-    from skills import review
-    writer = human_writer(caller.home.require().db_path, caller.via)
-    try:
-        out = review.decide(writer, a.get("ids") or [_one(a)], action, caller.home.skills_dir,
-                            key=a.get("idempotency_key"))
-    finally:
-        writer.close()
-    _wake(caller.home)
-    return out
+    return candidate_ops.decide(home, caller.cfg, a.get("ids") or [_one(a)], action,
+                                idempotency_key=a.get("idempotency_key"), via=caller.via).as_data()
 
 
 def _one(a: dict) -> str:
@@ -141,40 +125,31 @@ class ToolBadArguments(OrgError):
 
 # -- writes -----------------------------------------------------------------------------------
 def submit(caller: Caller, a: dict) -> dict:
-    from roles.operations.submit import SubmitRequest, submit as do_submit, wait_for_preflight
-    from scripts.cli.commands.submit import check_scripted_backend
     home = caller.home.require()
     check_scripted_backend(a.get("backend"))
-    result = do_submit(home, caller.cfg, SubmitRequest(
+    return submit_op(home, caller.cfg, SubmitRequest(
         goal=a["goal"], workspace=a["workspace"], verify=a["verify"], protect=a.get("protect") or [],
         default_protect=a.get("default_protect", True), max_iterations=a.get("max_iterations"),
         budget_tokens=a.get("budget_tokens"), budget_usd=a.get("budget_usd"), timeout_s=a.get("timeout_s"),
         backend=a.get("backend"), worktree=bool(a.get("worktree")), review=a.get("review"),
-        idempotency_key=a.get("idempotency_key"), via=caller.via))
-    wait = float(a.get("wait_s", 60))
-    result["preflight"] = (wait_for_preflight(home, result["id"], timeout_s=wait)
-                           if wait > 0 and not result["replayed"] else None)
-    return result
+        idempotency_key=a.get("idempotency_key"), via=caller.via), wait_s=float(a.get("wait_s", 60))).as_data()
 
 
 def cancel(caller: Caller, a: dict) -> dict:
-    from roles.operations.cancel import cancel as do_cancel
-    return do_cancel(caller.home.require(), caller.cfg, a["id"], idempotency_key=a.get("idempotency_key"),
-                     via=caller.via)
+    return cancel_op(caller.home.require(), caller.cfg, a["id"], idempotency_key=a.get("idempotency_key"),
+                     via=caller.via).as_data()
 
 
 def continue_(caller: Caller, a: dict) -> dict:
-    from roles.operations.continue_run import ContinueRequest, continue_run
     return continue_run(caller.home.require(), caller.cfg, ContinueRequest(
         a["id"], max_iterations=a.get("max_iterations"), budget_tokens=a.get("budget_tokens"),
         budget_usd=a.get("budget_usd"), timeout_s=a.get("timeout_s"), idempotency_key=a.get("idempotency_key"),
-        via=caller.via))
+        via=caller.via)).as_data()
 
 
 def decide(caller: Caller, a: dict) -> dict:
-    from roles.operations.decide import decide as do_decide
-    return do_decide(caller.home.require(), caller.cfg, a["id"], a["verdict"], a.get("text"),
-                     stop=bool(a.get("stop")), idempotency_key=a.get("idempotency_key"), via=caller.via)
+    return decide_op(caller.home.require(), caller.cfg, a["id"], a["verdict"], a.get("text"),
+                     stop=bool(a.get("stop")), idempotency_key=a.get("idempotency_key"), via=caller.via).as_data()
 
 
 # -- schemas ----------------------------------------------------------------------------------

@@ -1,7 +1,14 @@
-"""``org stop [--force]``: stop every process of the org (graceful, then forced after a timeout)."""
+"""``org stop [--force]``: stop every process of the org (graceful, then forced after a timeout).
+
+The human's intent is recorded by the operation (roles/operations/lifecycle.py, called by the
+supervisor's control module before it signals); the signal and the wait are the supervisor's
+control (operations do not reach into a role: the CLI joins the two)."""
 from __future__ import annotations
 
+from roles.operations.lifecycle import OrgStopped
+from roles.supervisor import control
 from scripts.cli.output import add_json, emit_json, home_of
+from state_db.home import OrgHome
 
 NAME = "stop"
 HELP = "stop the org: roles finish their step and exit; --force kills them at once"
@@ -14,13 +21,21 @@ def add_arguments(p) -> None:
     add_json(p)
 
 
-def run(args) -> int:
-    from roles.supervisor import control
+def stop(home: OrgHome, intent: str = INTENT, *, force: bool = False, timeout_s: float = 60.0) -> OrgStopped:
+    """Stop (or, with ``intent="suspend"``, suspend) the org: the intent is recorded durably, then
+    the supervisor is signalled and waited for. Raises LifecycleError, ControlError."""
+    return OrgStopped(**control.request(home.require(), intent, force=force, timeout_s=timeout_s))
 
-    result = control.request(home_of(args).require(), INTENT, force=args.force, timeout_s=args.timeout)
+
+def run(args) -> int:
+    result = stop(home_of(args), force=args.force, timeout_s=args.timeout)
     if args.json:
-        emit_json(result)
+        emit_json(result.as_data())
     else:
-        print(f"org {result['status']} in {result['stopped_ms'] / 1000:.2f}s"
-              + (" (no supervisor was running; leftover roles stopped)" if result["supervisor"] == "absent" else ""))
+        print(text(result))
     return 0
+
+
+def text(result: OrgStopped) -> str:
+    return (f"org {result.status} in {result.stopped_ms / 1000:.2f}s"
+            + (" (no supervisor was running; leftover roles stopped)" if result.supervisor == "absent" else ""))

@@ -1,19 +1,17 @@
 """What the dashboard writes: the human's answers, through the same operations as the CLI.
 
 A decision goes through ``roles.operations.decide.decide`` (``org decide``); candidates through
-``skills.review`` (``org candidates approve|reject|defer|edit``). Each is one durable write as
-actor ``human`` under the idempotency key the page sends (the same click twice writes once),
-then a wake to the coordinator.
+``roles.operations.candidates`` (``org candidates approve|reject|defer|edit``). Each is one
+durable write as actor ``human`` under the idempotency key the page sends (the same click twice
+writes once), then a wake to the coordinator; the page gets the operation's result as data.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
+from roles.operations import candidates as candidate_ops
 from roles.operations.decide import VERDICTS, decide as decide_op
 from scripts.cli.dashboard.errors import BadRequest
 from state_db import config as config_mod
 from state_db.home import OrgHome
-from state_db.vocab import Actor
 
 CANDIDATE_ACTIONS = ("approve", "reject", "defer")
 
@@ -38,7 +36,7 @@ def decide(home: OrgHome, decision_id: str, body: dict) -> dict:
     if verdict not in VERDICTS:
         raise BadRequest(f"unknown verdict {verdict!r}", hint=f"use one of {', '.join(VERDICTS)}")
     return decide_op(home, _config(home), decision_id, verdict, _text(body, "text"), stop=bool(body.get("stop")),
-                     idempotency_key=_key(body))
+                     idempotency_key=_key(body)).as_data()
 
 
 def candidates(home: OrgHome, action: str, body: dict) -> dict:
@@ -46,28 +44,18 @@ def candidates(home: OrgHome, action: str, body: dict) -> dict:
 
     Raises: BadRequest, CandidateNotFound, CandidateClosed. Returns what ``org candidates ACTION
     --json`` prints."""
-    from skills import review
-
     ids = body.get("ids")
     if action not in CANDIDATE_ACTIONS:
         raise BadRequest(f"unknown candidate action {action!r}", hint=f"use one of {', '.join(CANDIDATE_ACTIONS)}")
     if not ids or not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
         raise BadRequest("ids must be a non-empty list of candidate ids", hint="send {\"ids\": [\"c-...\"]}")
-    with _writer(home) as writer:
-        out = review.decide(writer, ids, action, home.skills_dir, key=_key(body))
-    _wake(home)
-    return out
+    return candidate_ops.decide(home, _config(home), ids, action, idempotency_key=_key(body)).as_data()
 
 
 def edit_candidate(home: OrgHome, candidate_id: str, body: dict) -> dict:
     """Edit a candidate: body {name?, description?, body?, idempotency_key}. Returns {id, changed}."""
-    from skills import review
-
     fields = {k: _text(body, k) for k in ("name", "description", "body")}
-    with _writer(home) as writer:
-        out = review.edit(writer, candidate_id, key=_key(body), **fields)
-    _wake(home)
-    return out
+    return candidate_ops.edit(home, _config(home), candidate_id, idempotency_key=_key(body), **fields).as_data()
 
 
 def _key(body: dict) -> str:
@@ -76,18 +64,3 @@ def _key(body: dict) -> str:
         raise BadRequest("idempotency_key is missing or longer than 200 characters",
                          hint="send one key per click; the same key twice writes once")
     return key
-
-
-@contextmanager
-def _writer(home: OrgHome):
-    from state_db.writer import StateWriter
-    writer = StateWriter(home.db_path, Actor.HUMAN)
-    try:
-        yield writer
-    finally:
-        writer.close()
-
-
-def _wake(home: OrgHome) -> None:
-    from roles.operations.wake import wake_coordinator
-    wake_coordinator(home, _config(home))
