@@ -287,15 +287,22 @@ class LoopEngine:
         raise Conflict(f"the loop cannot take a {step.kind} step", hint="a paused, parked or ended run is resumed")
 
     def _act_again(self, step: ActAgain, work, progress, its, verdicts) -> Step:
-        try:
-            result = self._attempt(work, progress, its, verdicts)
-        except Exception as exc:  # noqa: BLE001 - an error out of an act: known ones propagate, new ones ask
-            asked = self._ask_about(exc, its)
-            if asked is None:
-                raise
-            return asked
-        if result is True:
-            return self._derived(AwaitVerdict(step.n))
+        """One attempt at iteration ``step.n`` and, once it is committed, the wait for its verdict
+        (both in the iteration's span, derived ids: ``roles.telemetry``)."""
+        n, attempt = progress.iterations + 1, work.attempt + 1
+        with telemetry.current().iteration(self.work_id, n, attempt) as span:
+            try:
+                result = self._act(work, progress, its, verdicts)
+            except Exception as exc:  # noqa: BLE001 - an error out of an act: known ones propagate, new ones ask
+                asked = self._ask_about(exc, its)
+                if asked is None:
+                    raise
+                span.set({"loop_org.outcome": "asked a human"})
+                return asked
+            span.set({"loop_org.outcome": "committed" if result is True else "discarded" if result is False
+                      else f"ended:{self._model_error and 'model_error' or 'policy'}"})
+            if result is True:
+                return self._await_verdict(n)
         if result is False:
             return Paused(step)                          # cut by an interrupt: discarded
         return self.derive()                             # discarded: the policy says why it stops
@@ -308,8 +315,10 @@ class LoopEngine:
             if n == 0:
                 self.verify(self.work_id, 0)        # the preflight: no iteration's span, not the run's time
             else:
-                with telemetry.current().step("await_verdict", {"loop_org.iteration": n}):
+                with telemetry.current().step("await_verdict", {"loop_org.iteration": n}) as span:
                     self.verify(self.work_id, n)
+                    verdict = latest_eval_verdict(self.w.conn, self.work_id, n)
+                    span.set({"loop_org.verdict": verdict.outcome if verdict else None})
         except VerifyInterrupted:
             return Paused(AwaitVerdict(n) if n else Preflight())
         except VerifyAbandoned as exc:
@@ -397,19 +406,9 @@ class LoopEngine:
                 tx.update("work_items", self.work_id, elapsed_s=now["elapsed_s"] + lost,
                           discarded_s=now["discarded_s"] + lost, updated_at=tx.now)
 
-    def _attempt(self, work, progress, its, verdicts) -> str | bool:
-        """One attempt at the next iteration: committed (True; the verdict is the next step),
-        cut by an interrupt (discarded; False), or discarded because the run must stop
-        (``DISCARDED``: the policy's flags say why). Traced as the iteration's span (derived ids:
-        ``roles.telemetry``)."""
-        n, attempt = progress.iterations + 1, work.attempt + 1
-        with telemetry.current().iteration(self.work_id, n, attempt) as span:
-            result = self._act(work, progress, its, verdicts)
-            span.set({"loop_org.outcome": "committed" if result is True else "discarded" if result is False
-                      else f"ended:{self._model_error and 'model_error' or 'policy'}"})
-            return result
-
     def _act(self, work, progress, its, verdicts) -> str | bool:
+        """One attempt at the next iteration: committed (True), cut by an interrupt (discarded;
+        False), or discarded because the run must stop (``DISCARDED``: the policy's flags say why)."""
         n = progress.iterations + 1
         attempt = work.attempt + 1
         policy = self.policy
