@@ -3,7 +3,9 @@ runs: every durable write it makes is the CLI's own, as the human.
 
 Slash commands always work and map to the same operations as the CLI. Free text goes to the
 coordinator's model when one is configured; the model acts only through those operations, as
-tools, and says what it did. Without a model, free text gets one line pointing to /help.
+tools, and says what it did: a tool that writes (submit, cancel, continue, decide, candidates)
+calls the operation itself (roles/operations) and hands the model its result as data, what the
+command's ``--json`` prints. Without a model, free text gets one line pointing to /help.
 """
 from __future__ import annotations
 
@@ -13,25 +15,39 @@ import shlex
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+import orjson
+
+from roles.operations import Result, candidates as candidate_ops
+from roles.operations.cancel import cancel as cancel_op
+from roles.operations.continue_run import ContinueRequest, continue_run
+from roles.operations.decide import decide as decide_op
+from roles.operations.submit import SubmitRequest, submit as submit_op
+from state_db.config import load_config
+from state_db.errors import OrgError
+from state_db.home import OrgHome, resolve_home
 
 HELP = """commands (the same as the org CLI):
   /submit "GOAL" --workspace DIR --verify "CMD" [options]   give the org work
   /status                     the org at a glance
   /show ID                    one work item
   /cancel ID                  cancel a work item
+  /continue ID [--max-iterations N …]   continue a run that ended on a cap, with raised caps
   /diff ID [--iteration N]    what a run changed
   /decisions                  actions waiting for you
   /decide ID approve|reject|edit|respond [TEXT]
   /candidates [show|approve|reject|defer|edit ID…]   skills the org proposes
   /skills [show NAME]         skills the org has learned, with their uses
   /discover [list|show|accept|dismiss ID] [--workspace DIR …]   work a scan proposes
+  /schedules                  schedules and triggers: rule, state, next due, fired and skipped
+  /schedule …  /trigger …     make, show, pause, resume or remove them (as 'org schedule', 'org trigger')
   /logs [--role R] [-n N]     the roles' recent log lines
   /suspend  /resume           suspend or resume the org
   /help  /quit (or Ctrl-D)    Ctrl-C clears the line; arrows edit it and walk the history"""
 
-SLASH = {"submit", "status", "show", "cancel", "decisions", "decide", "suspend", "resume", "diff",
-         "candidates", "skills", "logs", "discover"}
+SLASH = {"submit", "status", "show", "cancel", "continue", "decisions", "decide", "suspend", "resume", "diff",
+         "candidates", "skills", "logs", "discover", "schedule", "trigger"}
 PROMPT = "org> "
 HISTORY_LINES = 1000
 
@@ -52,6 +68,21 @@ TOOLS: dict[str, tuple[str, dict, Callable[[dict], list[str]]]] = {
                           *(["--max-iterations", str(a["max_iterations"])] if a.get("max_iterations") else [])]),
     "cancel": ("Cancel a work item.", {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
                lambda a: ["cancel", a["id"]]),
+    "continue": ("Continue a run that ended on a cap or a budget, with raised caps (only when the human said so).",
+                 {"type": "object", "required": ["id"], "properties": {
+                     "id": {"type": "string"}, "max_iterations": {"type": "integer"},
+                     "budget_tokens": {"type": "integer"}, "budget_usd": {"type": "number"},
+                     "timeout_s": {"type": "number"}}},
+                 lambda a: ["continue", a["id"], *[x for k, f in (("max_iterations", "--max-iterations"),
+                                                                  ("budget_tokens", "--budget-tokens"),
+                                                                  ("budget_usd", "--budget-usd"),
+                                                                  ("timeout_s", "--timeout"))
+                                                   if a.get(k) is not None for x in (f, str(a[k]))]]),
+    "candidates": ("Approve, reject or defer skill candidates the curator proposed (only when the human said so).",
+                   {"type": "object", "required": ["action", "ids"], "properties": {
+                       "action": {"type": "string", "enum": list(candidate_ops.ACTIONS)},
+                       "ids": {"type": "array", "items": {"type": "string"}}}},
+                   lambda a: ["candidates", a["action"], *a["ids"]]),
     "decisions": ("List actions waiting for a human decision.", {"type": "object", "properties": {}},
                   lambda a: ["decisions"]),
     "decide": ("Record the human's decision on a waiting action (only when the human said so).",
@@ -59,6 +90,9 @@ TOOLS: dict[str, tuple[str, dict, Callable[[dict], list[str]]]] = {
                    "id": {"type": "string"}, "verdict": {"type": "string", "enum": ["approve", "reject", "edit", "respond"]},
                    "text": {"type": "string"}}},
                lambda a: ["decide", a["id"], a["verdict"], *([a["text"]] if a.get("text") else [])]),
+    "schedules": ("List the standing orders: schedules (timers) and triggers (events, discovery scans), with each "
+                  "one's rule, state, next due time and fired / skipped counts.",
+                  {"type": "object", "properties": {}}, lambda a: ["status", "--orders"]),
     "proposals": ("List the work a discovery scan proposes (open proposals, the recommended first).",
                   {"type": "object", "properties": {}}, lambda a: ["discover", "list"]),
     "discover": ("Scan a workspace (read only) for work: failing verify commands, FIXME/TODO markers, an issue "
@@ -76,6 +110,32 @@ TOOLS: dict[str, tuple[str, dict, Callable[[dict], list[str]]]] = {
                          {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
                          lambda a: ["discover", "dismiss", a["id"]]),
 }
+
+
+# The tools that write call the operation itself: (home, its config, the tool's input) -> its result
+OPERATIONS: dict[str, Callable[[OrgHome, Any, dict], Result]] = {
+    "submit": lambda home, cfg, a: submit_op(home, cfg, SubmitRequest(
+        goal=a["goal"], workspace=a["workspace"], verify=list(a["verify"]),
+        max_iterations=a.get("max_iterations")), wait_s=120.0),
+    "cancel": lambda home, cfg, a: cancel_op(home, cfg, a["id"]),
+    "continue": lambda home, cfg, a: continue_run(home, cfg, ContinueRequest(
+        a["id"], max_iterations=a.get("max_iterations"), budget_tokens=a.get("budget_tokens"),
+        budget_usd=a.get("budget_usd"), timeout_s=a.get("timeout_s"))),
+    "decide": lambda home, cfg, a: decide_op(home, cfg, a["id"], a["verdict"], a.get("text")),
+    "candidates": lambda home, cfg, a: candidate_ops.decide(home, cfg, list(a["ids"]), a["action"]),
+}
+
+
+def run_operation(name: str, arguments: dict, home: str | None) -> tuple[bool, str]:
+    """Call the operation behind tool ``name``; returns (failed, its result as JSON, or the
+    error's one line)."""
+    org_home = resolve_home(home)
+    try:
+        org_home.require()
+        result = OPERATIONS[name](org_home, load_config(org_home), arguments)
+    except OrgError as exc:
+        return True, exc.line()
+    return False, orjson.dumps(result.as_data(), option=orjson.OPT_NON_STR_KEYS, default=str).decode()
 
 
 def run_cli(argv: list[str], home: str | None) -> tuple[int, str]:
@@ -96,8 +156,10 @@ def handle_slash(line: str, home: str | None) -> str:
         return f"error[bad_arguments]: {exc} — check the quotes"
     if not parts or parts[0] == "help":
         return HELP
-    if parts[0] not in SLASH:
+    if parts[0] not in SLASH and parts != ["schedules"]:
         return f"error[unknown_command]: /{parts[0]} — /help lists the commands"
+    if parts == ["schedules"]:
+        parts = ["status", "--orders"]
     if parts[0] == "logs" and {"-f", "--follow"} & set(parts):
         # its output is collected and shown when the command ends, which a follow never does
         return "error[bad_arguments]: /logs cannot follow inside chat — run 'org logs -f' in another terminal"
@@ -216,8 +278,11 @@ class ChatModel:
                 else:
                     try:
                         argv = spec[2](use["input"])
-                        code, out = run_cli(argv, self.home)
-                        err = code != 0
+                        if use["name"] in OPERATIONS:
+                            err, out = run_operation(use["name"], use["input"], self.home)
+                        else:
+                            code, out = run_cli(argv, self.home)
+                            err = code != 0
                         done.append("org " + shlex.join(argv))
                     except (KeyError, TypeError) as exc:
                         out, err = f"bad input: missing {exc}", True
