@@ -71,3 +71,21 @@ def test_announcements_appear_as_they_happen(org_home):
         proc.stdin.write("/quit\n")
         proc.stdin.close()
         proc.wait(timeout=10)
+
+
+def test_schedules_and_triggers_are_listed_by_a_slash_command_and_a_tool(org_home, tmp_path):
+    from roles.operations import schedules as ops
+    from roles.operations.submit import SubmitRequest
+    from scripts.cli.chat import TOOLS
+    from state_db import config as config_mod
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    req = SubmitRequest(goal="keep it green", workspace=str(ws), verify=["true"], backend="command")
+    ops.add(org_home, config_mod.load(None), name="nightly", kind="cron", rule={"cron": "0 3 * * *"}, req=req, argv=[])
+    out = chat(org_home, "/schedules\n/schedule pause nightly\n/trigger list\n/quit\n")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout
+    assert "ORDER" in lines and "nightly" in lines and "cron 0 3 * * *" in lines and "active" in lines
+    assert "schedule nightly: paused" in lines and "no triggers" in lines
+    assert TOOLS["schedules"][2]({}) == ["status", "--orders"]

@@ -254,3 +254,59 @@ def test_a_real_org_shows_its_loop_agent_busy_the_running_tool_and_logs_only_jso
         assert all(e["instance"] == "loop-agent-1" for e in engine_lines), engine_lines[:3]
         assert any(str(e.get("logger", "")).startswith(("httpx", "httpcore", "anthropic")) for _, e in entries), \
             "the HTTP client's lines are in the logs, as JSON"
+
+
+def test_schedules_and_triggers_show_in_status_its_json_and_the_dashboards_org_data(org_home, tmp_path, capsys):
+    """Each standing order with its kind, rule in words, state, next due, fired and skipped counts:
+    the same rows in ``org status --json``, ``org status --orders`` and the dashboard's org data."""
+    from roles.coordinator import schedules as S
+    from roles.operations import schedules as ops
+    from roles.operations.submit import SubmitRequest
+    from scripts.cli.dashboard import data
+    from scripts.cli.main import main
+    from state_db import config as config_mod
+    from state_db.vocab import Actor
+    from state_db.writer import StateWriter
+
+    ws = make_workspace(tmp_path)
+    cfg = config_mod.load(None)
+    req = SubmitRequest(goal="keep it green", workspace=str(ws), verify=["true"], backend="command", max_iterations=2)
+    nightly = ops.add(org_home, cfg, name="nightly", kind="cron", rule={"cron": "0 3 * * *"}, req=req, argv=[])
+    ops.add(org_home, cfg, name="often", kind="every", rule={"every_s": 60.0}, req=req, argv=[])
+    ops.add(org_home, cfg, name="scan", kind="discover", rule={"every_s": 3600.0}, req=req, argv=[])
+    ops.add(org_home, cfg, name="red", kind="verify-fails", rule={"every_s": 600.0}, req=req, argv=[])
+    ops.change(org_home, cfg, "red", "pause")
+    # two ticks of "often": one fires, the next is skipped while its item is queued
+    clock = [time.time() + 61]
+    w = StateWriter(org_home.db_path, Actor.COORDINATOR, clock=lambda: clock[0])
+    try:
+        first = [o for o in S.tick(w, org_home, cfg) if o.name == "often"]
+        clock[0] += 60
+        second = [o for o in S.tick(w, org_home, cfg) if o.name == "often"]
+    finally:
+        w.close()
+    assert [o.result for o in first + second] == [S.FIRED, S.BUSY]
+    capsys.readouterr()
+    assert main(["status", "--json"]) == 0
+    orders = {o["name"]: o for o in orjson.loads(capsys.readouterr().out)["standing_orders"]}
+    assert list(orders) == ["nightly", "often", "scan", "red"]
+    assert orders["nightly"]["what"] == "schedule" and orders["nightly"]["rule"] == "cron 0 3 * * *"
+    assert orders["nightly"]["next_due"] == ops.next_due("cron", {"cron": "0 3 * * *"}, orders["nightly"]["next_due"] - 1)
+    assert orders["nightly"]["id"] == nightly["id"] and orders["nightly"]["next_due"] > time.time()
+    often = orders["often"]
+    assert (often["fired"], often["skipped_busy"], often["skipped_spend"]) == (1, 1, 0)
+    assert often["last_work_id"] == first[0].work_id and often["last_work_status"] == "queued"
+    assert orders["scan"]["what"] == "trigger" and orders["scan"]["rule"] == "discovery scan every 1h"
+    assert orders["scan"]["next_due"] is not None                      # not checked yet: due at once
+    assert orders["red"]["status"] == "paused" and orders["red"]["next_due"] is None
+    assert main(["status"]) == 0
+    text = capsys.readouterr().out
+    assert "ORDER" in text and "cron 0 3 * * *" in text and "1 busy, 0 cap" in text and first[0].work_id in text
+    assert "verify fails (checked every 10m)" in text and "paused" in text
+    assert main(["status", "--orders", "--json"]) == 0
+    assert [o["name"] for o in orjson.loads(capsys.readouterr().out)] == list(orders)
+    conn = connect(org_home.db_path, readonly=True)
+    try:
+        assert data.org(conn)["standing_orders"] == list(orders.values())
+    finally:
+        conn.close()

@@ -124,6 +124,35 @@ def describe(kind: str, rule: dict) -> str:
     return f"verify fails (checked every {_seconds(rule['every_s'])})"
 
 
+def due(order: q.Schedule) -> float | None:
+    """When an active order acts next: a schedule's next tick; a periodic trigger's next check
+    (verify-fails, discover; before its first check, when it was made or resumed: at once); None
+    for a trigger that waits on an event (git-commit, file-change) and for an order not active."""
+    if order.status != ScheduleStatus.ACTIVE:
+        return None
+    since = order.last_tick_at or order.created_at
+    if order.kind in TIMER_KINDS:
+        return next_due(order.kind, order.rule, since)
+    if order.kind in (ScheduleKind.VERIFY_FAILS, ScheduleKind.DISCOVER):
+        checked = order.watch.get("checked_at")
+        return since if checked is None else float(checked) + float(order.rule["every_s"])
+    return None
+
+
+def overview(conn, *, removed: bool = False) -> list[dict]:
+    """Every schedule and trigger, oldest first, as ``org status``, chat and the dashboard show
+    them: {id, name, what (schedule | trigger), kind, rule (in words), status, next_due, fired,
+    skipped_busy, skipped_spend, coalesced, last_skip, last_work_id, last_work_status}."""
+    out = []
+    for o in q.listing(conn, TIMER_KINDS + EVENT_KINDS, removed=removed):
+        out.append({"id": o.id, "name": o.name, "what": "schedule" if o.kind in TIMER_KINDS else "trigger",
+                    "kind": o.kind, "rule": describe(o.kind, o.rule), "status": o.status, "next_due": due(o),
+                    "fired": o.fired, "skipped_busy": o.skipped_busy, "skipped_spend": o.skipped_spend,
+                    "coalesced": o.coalesced, "last_skip": o.last_skip, "last_work_id": o.last_work_id,
+                    "last_work_status": q.work_status(conn, o.last_work_id)})
+    return out
+
+
 def _debounce(rule: dict) -> str:
     return f", quiet for {_seconds(rule['debounce_s'])}" if rule.get("debounce_s") else ""
 

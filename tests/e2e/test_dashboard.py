@@ -195,3 +195,16 @@ def test_a_busy_port_is_one_coded_line_and_other_commands_never_load_the_web_sta
     probe = ("import sys; from scripts.cli.main import build_parser; build_parser(); "
              "print(sorted(m for m in ('starlette', 'uvicorn') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30).stdout.strip() == "[]"
+
+
+def test_schedules_and_triggers_are_drawn_on_the_org_page(org, board, browser):
+    ws = org.root.parent / "orders-ws"
+    ws.mkdir()
+    dd.cli(org, "schedule", "add", "yearly", "--cron", "0 3 1 1 *", "--", "keep it green", "--workspace", str(ws),
+           "--verify", "true", "--backend", "command")
+    browser.get(board.url("/"))
+    row = wait_for(lambda: " ".join(dom(browser, 'tr[data-order="yearly"] td')) or None, timeout=10,
+                   what="the schedule's row on the org page")
+    assert "schedule" in row and "cron 0 3 1 1 *" in row and "active" in row and "0 busy · 0 cap" in row
+    dd.cli(org, "schedule", "remove", "yearly")
+    wait_for(lambda: dom(browser, 'tr[data-order="yearly"]') == [], timeout=10, what="the removed schedule to go")

@@ -7,25 +7,43 @@ from scripts.cli.output import add_json, emit_json, read_conn, table
 from state_db import views
 
 NAME = "status"
-HELP = "show the session, roles, work items, usage, decisions and transport counters"
+HELP = "show the session, roles, work items, schedules and triggers, usage, decisions and transport counters"
 
 
 def add_arguments(p) -> None:
+    p.add_argument("--orders", action="store_true",
+                   help="only the schedules and triggers: rule, state, next due, fired and skipped counts")
     add_json(p)
 
 
 def run(args) -> int:
     conn = read_conn(args)
     try:
-        st = views.org_view(conn)
+        st = load(conn)
     finally:
         conn.close()
-    st["unsent_wakes"] = unsent_wakes(st["transport"])
+    if getattr(args, "orders", False):
+        if args.json:
+            emit_json(st["standing_orders"])
+        else:
+            print(render_orders(st["standing_orders"]) if st["standing_orders"] else
+                  "no schedules or triggers — make one with 'org schedule add' or 'org trigger add'")
+        return 0
     if args.json:
         emit_json(st)
         return 0
     print(render(st))
     return 0
+
+
+def load(conn) -> dict:
+    """What ``org status --json`` prints (and the dashboard's org page reads): ``views.org_view``
+    plus ``unsent_wakes`` and ``standing_orders`` (every schedule and trigger: ``schedules.overview``)."""
+    from roles.operations.schedules import overview
+    st = views.org_view(conn)
+    st["unsent_wakes"] = unsent_wakes(st["transport"])
+    st["standing_orders"] = overview(conn)
+    return st
 
 
 def unsent_wakes(transport: dict) -> dict[str, int]:
@@ -64,6 +82,9 @@ def render(st: dict, now: float | None = None) -> str:
         out += [line for w in work for line in _now_lines(runs.get(w["id"]))]
     else:
         out += ["", "no work items"]
+    orders = st.get("standing_orders")
+    if orders:
+        out += ["", render_orders(orders, now)]
     u = st["usage"]
     out += ["", f"usage: {u['calls']} model calls, {u['tokens']} tokens, ${u['cost_usd']:.4f}"]
     unsent = st.get("unsent_wakes") or unsent_wakes(st["transport"])
@@ -75,6 +96,27 @@ def render(st: dict, now: float | None = None) -> str:
         rows = [[inst] + [c.get(n, 0) for n in names] for inst, c in st["transport"].items()]
         out += ["", table(rows, ["INSTANCE"] + [n.upper() for n in names])]
     return "\n".join(out)
+
+
+def render_orders(orders: list[dict], now: float | None = None) -> str:
+    """Schedules and triggers in a table: rule, state, when next, fired and skipped counts."""
+    now = now or time.time()
+    rows = [[o["name"], o["what"], o["rule"], o["status"], _next(now, o), o["fired"],
+             f"{o['skipped_busy']} busy, {o['skipped_spend']} cap" if o["skipped_busy"] or o["skipped_spend"] else 0,
+             f"{o['last_work_id']} ({o['last_work_status']})" if o["last_work_id"] else ""] for o in orders]
+    return table(rows, ["ORDER", "KIND", "RULE", "STATE", "NEXT", "FIRED", "SKIPPED", "LAST ITEM"])
+
+
+def _next(now: float, order: dict) -> str:
+    if order["next_due"] is None:
+        return "on an event" if order["status"] == "active" else ""
+    left = order["next_due"] - now
+    if left <= 0:
+        return "now"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if left >= size:
+            return f"in {left / size:.0f}{unit}"
+    return f"in {left:.0f}s"
 
 
 def _phase(w: dict, run: dict | None) -> str:

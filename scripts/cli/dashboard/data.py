@@ -22,11 +22,8 @@ RECENT_RUNS = 30
 
 def org(conn) -> dict:
     """What ``org status --json`` prints."""
-    from scripts.cli.commands.status import unsent_wakes
-    from state_db.views import org_view
-    st = org_view(conn)
-    st["unsent_wakes"] = unsent_wakes(st["transport"])
-    return st
+    from scripts.cli.commands.status import load
+    return load(conn)
 
 
 def run(conn, work_id: str) -> dict:

@@ -159,6 +159,13 @@
         h("td", { class: "reason", text: w.stop_reason || (w.status === "waiting" ? w.stop_detail || "" : "") }),
         h("td", { text: w.goal.slice(0, 70) })))) : h("div", { class: "muted", text: "no runs yet: org submit" }), "wide");
 
+    section("orders", "Schedules and triggers", st.standing_orders || [], os => os.length ? table(["order", "kind", "rule", "state", "next", "fired#", "skipped#", "last item"],
+      os.map(o => h("tr", { "data-order": o.name }, h("td", { text: o.name }), h("td", { text: o.what }), h("td", { text: o.rule }),
+        h("td", {}, pill(o.status)), h("td", { text: o.next_due === null ? (o.status === "active" ? "on an event" : "") : new Date(o.next_due * 1000).toLocaleString("en-GB") }),
+        h("td", { class: "num", text: o.fired }), h("td", { class: "num", title: o.last_skip || "", text: `${o.skipped_busy} busy · ${o.skipped_spend} cap` }),
+        h("td", {}, o.last_work_id ? h("a", { href: link(`/runs/${o.last_work_id}`), text: o.last_work_id }) : "")))
+    ) : h("div", { class: "muted", text: "none: org schedule add, org trigger add" }), "wide");
+
     section("plots", "Plots", plots, drawOrgPlots, "wide");
   }
 
