@@ -10,10 +10,16 @@ The subject modules return frozen dataclasses, their JSON columns decoded once:
 - ``usage``: ``Usage``, ``ModelCall``, ``org_spend`` (summarised usage included);
 - ``decisions``: ``Decision``;
 - ``processes``: ``Session``, ``RoleInstance``, transport counters;
-- ``events``: the journal (``Event``) and ``Attention`` rows.
+- ``events``: the journal (``Event``) and ``Attention`` rows;
+- ``knowledge``, ``skills``, ``loop``, ``review``, ``schedules``, ``proposals``: the learning
+  pipeline, the loop's waits and hand-offs, the eval-agent's review, standing orders.
 
-Roles, the CLI and transport ask these functions; nothing outside state_db/ (and tests, benches)
-writes SQL to read state.
+``base`` holds what they share: ``loads`` (a JSON column as data), ``columns`` (a row's values
+for a dataclass) and ``plain`` (typed results as JSON data, for ``--json``, the dashboard, MCP).
+
+Roles, knowledge, skills, the CLI and transport ask these functions; no ``SELECT`` is written
+outside state_db/ (tests and benchmarks may read raw SQL to check what was stored):
+tests/test_read_model.py fails when one is.
 
 This module keeps the plain-data views ``org status --json`` and the dashboard print
 (``status``, ``work_items``, ``usage``, ``iterations``, ``events`` …, nested dicts ready for JSON)
