@@ -256,3 +256,18 @@ def test_a_real_org_scans_starts_the_failing_test_by_policy_and_works_it_to_goal
         shown = json.loads(cli(home, "trigger", "show", "scan", "--json").stdout)
         assert shown["fired"] == 1 and shown["last_work_id"] == done["id"]
     assert time.monotonic() - started < 40
+
+
+@pytest.mark.timeout(60)
+def test_trigger_show_tells_the_scans_and_when_the_next_one_is_due(org_home, ws, rigs):
+    cfg = configure(org_home)
+    rig = rigs(org_home, cfg)
+    add_trigger(org_home, cfg, ws)
+    before = cli(org_home, "trigger", "show", "scan")
+    assert "scans: 0" in before.stdout and "next check: " in before.stdout
+    (out,) = rig()
+    shown = json.loads(cli(org_home, "trigger", "show", "scan", "--json").stdout)
+    assert shown["next_due"] == shown["watch"]["checked_at"] + HOUR
+    text = cli(org_home, "trigger", "show", "scan").stdout
+    ids = [p["id"] for p in proposals(org_home)]
+    assert "scans: 1; the last at " in text and f"found 2, proposes {', '.join(ids)}" in text

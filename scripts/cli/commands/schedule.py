@@ -196,8 +196,13 @@ def _show(args, kinds, what: str) -> int:
     print(f"  workspace: {view['request']['workspace']}")
     print(f"  signed: {view['actor']}; made by {view['created_by']} at {_when(view['created_at'])}")
     if view["next_due"]:
-        print(f"  next tick: {_when(view['next_due'])}")
-    if view["kind"] not in TIMER_KINDS:
+        print(f"  next {'tick' if view['kind'] in TIMER_KINDS else 'check'}: {_when(view['next_due'])}")
+    if view["kind"] == "discover":
+        scan = view["watch"].get("scan")
+        print(f"  scans: {view['watch'].get('scans', 0)}" + (
+            f"; the last at {_when(scan['at'])} found {scan['found']}, proposes {', '.join(scan['proposed']) or 'nothing'}"
+            " ('org discover list')" if scan else ""))
+    elif view["kind"] not in TIMER_KINDS:
         w = view["watch"]
         print(f"  watching: {'last seen ' + str(w['seen'])[-12:] if w.get('seen') else 'the first look is to come'}"
               f"{', a change settling' if w.get('pending') else ''}; the org's own changes passed over: "
@@ -214,12 +219,11 @@ def _show(args, kinds, what: str) -> int:
 
 
 def _view(order, last_status: str | None) -> dict:
-    from roles.operations.schedules import next_due
+    from roles.operations.schedules import due
     view = order.encode()
     view["actor"] = order.actor
     view["last_work_status"] = last_status
-    view["next_due"] = (next_due(order.kind, order.rule, order.last_tick_at or order.created_at)
-                        if order.kind in TIMER_KINDS and order.status == "active" else None)
+    view["next_due"] = due(order)           # a schedule's next tick, a periodic trigger's next check
     return view
 
 
