@@ -21,6 +21,7 @@ from typing import Callable
 
 from roles.transport_link import RoleTransport, TransportLink
 from state_db import config as config_mod
+from state_db.errors import OrgError
 from state_db.home import OrgHome
 from state_db.logsetup import configure
 from state_db.vocab import RoleStatus
@@ -172,9 +173,6 @@ def main(role_cls: type[RoleProcess], argv: list[str] | None = None) -> int:
     try:
         proc = role_cls(OrgHome(Path(args.home)), args.instance)
         return proc.run()
-    except Exception as exc:  # a coded failure: one line; the supervisor restarts us with backoff
-        code = getattr(exc, "code", None)
-        if code is None:
-            raise
-        print(f"error[{code}]: {exc}", file=sys.stderr)
+    except OrgError as exc:  # an expected failure: one line; the supervisor restarts us with backoff
+        print(exc.line(), file=sys.stderr)
         return 1

@@ -119,7 +119,7 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
             code, text, timed_out = res.exit_code, res.output, res.timed_out
         except Exception as exc:  # noqa: BLE001 - the verifier's own failure, not the doer's
             raise VerifyUnavailable(f"verify command could not run: {exc}",
-                                    code=getattr(exc, "code", None) or "sandbox_error") from exc
+                                    code=exc.code if isinstance(exc, OrgError) else "sandbox_error") from exc
         if getattr(res, "stopped", False):
             raise VerifyUnavailable("the run ended while its check ran; the check was stopped", code="run_ended")
     else:

@@ -21,6 +21,7 @@ import time
 from roles.eval_agent.review import Reviewer, ReviewSettings
 from roles.eval_agent.verifier import Verifier
 from roles.runtime import RoleProcess
+from state_db.errors import OrgError
 from state_db.queries.verdicts import Due, due
 from transport.kinds import Kind
 
@@ -73,7 +74,7 @@ class EvalAgentProcess(RoleProcess):
                     try:
                         result = verifier.verify(row.work_id, row.n)
                     except Exception as exc:  # noqa: BLE001 - one bad item must not stop the others
-                        code = getattr(exc, "code", None)
+                        code = exc.code if isinstance(exc, OrgError) else None
                         if code == "run_ended":      # cancelled or ended while its check ran
                             self.log.info("verify_abandoned", work_id=row.work_id, iteration=row.n,
                                           next="nothing: the run is over")

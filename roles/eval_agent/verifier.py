@@ -34,7 +34,7 @@ from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
 from state_db.ending import StopDecision, end_run, goal_met as goal_met_rule
-from state_db.errors import NotFound, StateError
+from state_db.errors import NotFound, OrgError, StateError
 from state_db.home import OrgHome
 from state_db.queries import verdicts, work as work_q
 from state_db.queries.iterations import iteration, last_n
@@ -180,8 +180,8 @@ class Verifier:
     def _snapshot(self, history, commit: str, snapshot: Path, paths: list[str]) -> list[str]:
         try:
             return history.materialize(commit, snapshot, paths=paths)
-        except Exception as exc:
-            if getattr(exc, "code", None) != "dest_not_empty":
+        except OrgError as exc:
+            if exc.code != "dest_not_empty":
                 raise
             history.discard_snapshot(snapshot)     # left half-written by a killed eval-agent
             return history.materialize(commit, snapshot, paths=paths)

@@ -19,6 +19,7 @@ from roles.runtime import RoleProcess
 from state_db.connection import connect
 from state_db.queries import work as work_q
 from state_db.queries.iterations import open_attempt
+from state_db.errors import OrgError
 from state_db.queries.work import assigned_to
 from state_db.vocab import WorkStatus
 from transport.kinds import Kind
@@ -42,7 +43,7 @@ def gate_runner(cfg, home):
         try:
             result = runner.run(command, Path(workspace), float(cfg.sandbox.cpu_seconds), cfg.sandbox.output_bytes)
         except Exception as exc:  # noqa: BLE001 - a refused sandbox is the action's result
-            return None, f"error[{getattr(exc, 'code', 'sandbox_error')}]: {exc}"
+            return None, f"error[{exc.code if isinstance(exc, OrgError) else 'sandbox_error'}]: {exc}"
         return (None if result.timed_out else result.exit_code), result.output
 
     return run
@@ -161,7 +162,7 @@ class LoopAgentProcess(RoleProcess):
             else:
                 log.info("loop_paused", next="continues from its last committed iteration on resume")
         except Exception as exc:  # noqa: BLE001 - the run stays in state.db; a later tick retries it
-            log.error("loop_failed", error=str(exc), code=getattr(exc, "code", None), exc_info=True,
+            log.error("loop_failed", error=str(exc), code=exc.code if isinstance(exc, OrgError) else None, exc_info=True,
                       next="retry on a later tick")
             self._end_if_unbuildable(writer, work_id, exc)
             time.sleep(1.0)

@@ -180,10 +180,9 @@ class WorkspaceTools:
         except OSError as exc:
             return ToolResult(f"error (os_error): {exc.strerror or exc}", True, "os_error")
         except Exception as exc:  # noqa: BLE001 — a tool bug or a coded refusal (no sandbox) must not end the act
-            code = getattr(exc, "code", None)
-            if not isinstance(code, str):
+            if not isinstance(exc, OrgError):
                 return ToolResult(f"error (tool_failed): {type(exc).__name__}: {exc}", True, "tool_failed")
-            return ToolResult(f"error ({code}): {exc}", True, code)
+            return ToolResult(f"error ({exc.code}): {exc}", True, exc.code)
 
     # -- paths -----------------------------------------------------------------------------
 

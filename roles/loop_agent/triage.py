@@ -22,6 +22,7 @@ from typing import Iterable
 import orjson
 
 from roles.loop_agent.policy import StopPolicy
+from state_db.errors import OrgError
 from state_db.queries.decisions import has_pending
 from state_db.queries.loop import UNKNOWN_ERROR, errors_asked
 from state_db.vocab import DecisionStatus, WorkStatus
@@ -39,8 +40,7 @@ def error_class(code: str, text: str = "") -> str:
 
 
 def exception_class(exc: BaseException) -> str:
-    code = getattr(exc, "code", None)
-    return f"exception: {type(exc).__name__}" + (f" ({code})" if isinstance(code, str) else "")
+    return f"exception: {type(exc).__name__}" + (f" ({exc.code})" if isinstance(exc, OrgError) else "")
 
 
 def tool_errors(tool_calls: Iterable[dict] | str | None) -> dict[str, str]:

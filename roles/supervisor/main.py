@@ -5,6 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from state_db.errors import OrgError
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m roles.supervisor.main")
@@ -21,10 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         configure(home.logs_dir, "supervisor", "supervisor", max_bytes=cfg.logs.max_bytes,
                   backups=cfg.logs.backups)
         return Supervisor(home, cfg).run()
-    except Exception as exc:
-        if getattr(exc, "code", None) is None:
-            raise
-        print(f"error[{exc.code}]: {exc}", file=sys.stderr)
+    except OrgError as exc:          # an expected failure: one line
+        print(exc.line(), file=sys.stderr)
         return 1
 
 

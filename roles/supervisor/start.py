@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from state_db.errors import OrgError
+
 
 class _Parser(argparse.ArgumentParser):
     """Bad arguments are one coded line, as in the ``org`` CLI, not argparse's usage and exit 2."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        from state_db.errors import OrgError
         raise OrgError(message, code="bad_arguments", hint=f"see '{self.prog} --help'")
 
 
@@ -71,11 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             return (run_learning_demo if args.demo == "learning" else run_demo)(home, cfg)
         print("next: 'scripts/org status' to look, 'scripts/org logs -f' to follow, 'scripts/org stop' to stop")
         return 0
-    except Exception as exc:
-        code = getattr(exc, "code", None)
-        if code is None:
-            raise
-        print(f"error[{code}]: {exc}", file=sys.stderr)
+    except OrgError as exc:          # an expected failure: one line
+        print(exc.line(), file=sys.stderr)
         return 1
 
 

@@ -24,7 +24,7 @@ from state_db.queries import decisions
 from state_db.queries.iterations import recent as recent_iterations
 from state_db.queries.verdicts import latest_eval_verdicts
 from state_db.connection import connect
-from state_db.errors import StateError
+from state_db.errors import OrgError, StateError
 from state_db.vocab import DecisionStatus
 
 NAME = "watch"
@@ -120,10 +120,10 @@ def decide(home, decision_id: str, verdict: str) -> str:
     try:
         cfg = config_mod.load_config(home)
         result = record(home, cfg, decision_id, verdict, idempotency_key=f"watch-{uuid.uuid4().hex}")
-    except Exception as exc:  # noqa: BLE001 - shown on the screen; the watch goes on
-        return f"error[{getattr(exc, 'code', 'error')}]: {exc}"
-    wake = "" if result["wake"] in ("push", "outbox") else f" ({result['wake']})"
-    return f"{decision_id}: {result['status']}{wake}"
+    except OrgError as exc:          # shown on the screen; the watch goes on
+        return exc.line()
+    wake = "" if result.wake in ("push", "outbox") else f" ({result.wake})"
+    return f"{decision_id}: {result.status}{wake}"
 
 
 def _run_of(conn, decision_id: str) -> str | None:
