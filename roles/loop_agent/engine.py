@@ -212,7 +212,7 @@ class LoopEngine:
     def store(self, step: Step) -> None:
         """Keep ``step`` on the work item (bookkeeping: no journal event of its own)."""
         with self.w.transaction(render=False) as tx:
-            if tx.get("work_items", self.work_id)["status"] != WorkStatus.ENDED:
+            if not work_q.item(tx.conn, self.work_id).ended:
                 tx.update("work_items", self.work_id, next_step=steps.dumps(step), updated_at=tx.now)
 
     def derive(self) -> Step:
@@ -402,9 +402,9 @@ class LoopEngine:
                 lost += max(0.0, (cut.alive_at or cut.started_at) - cut.started_at)
                 tx.update("attempts", (self.work_id, cut.attempt), ended_at=tx.now, outcome="discarded")
             if lost:
-                now = tx.get("work_items", self.work_id)
-                tx.update("work_items", self.work_id, elapsed_s=now["elapsed_s"] + lost,
-                          discarded_s=now["discarded_s"] + lost, updated_at=tx.now)
+                now = work_q.item(tx.conn, self.work_id)
+                tx.update("work_items", self.work_id, elapsed_s=now.elapsed_s + lost,
+                          discarded_s=now.discarded_s + lost, updated_at=tx.now)
 
     def _act(self, work, progress, its, verdicts) -> str | bool:
         """One attempt at the next iteration: committed (True), cut by an interrupt (discarded;
@@ -510,7 +510,7 @@ class LoopEngine:
                 "cache_write_tokens": u.cache_write_tokens, "cache_read_tokens": u.cache_read_tokens,
                 "cost_usd": u.cost_usd, "elapsed_s": round(elapsed, 4), "fingerprint": fp, "checkpoint": checkpoint,
                 "changed_paths": changed[:500], "prompt": manifest, "committed_at": tx.now})
-            tx.update("work_items", self.work_id, elapsed_s=tx.get("work_items", self.work_id)["elapsed_s"] + elapsed,
+            tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
                       updated_at=tx.now)
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome="committed")
             gate.record_requests(tx, self.work_id, n, outcome.requests)
@@ -540,8 +540,8 @@ class LoopEngine:
             tx.update("iterations", (self.work_id, n), **columns)
             self._unwritten = None
         if self._waited:
-            work = tx.get("work_items", self.work_id)
-            tx.update("work_items", self.work_id, elapsed_s=work["elapsed_s"] + self._waited, updated_at=tx.now)
+            work = work_q.item(tx.conn, self.work_id)
+            tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + self._waited, updated_at=tx.now)
             self._waited = 0.0
 
     def _close_attempt(self, attempt: int, outcome: str, elapsed: float) -> None:
@@ -549,9 +549,9 @@ class LoopEngine:
         like tokens, whatever happens to the work it bought)."""
         with self.w.transaction() as tx:
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=outcome)
-            work = tx.get("work_items", self.work_id)
-            tx.update("work_items", self.work_id, elapsed_s=work["elapsed_s"] + elapsed,
-                      discarded_s=work["discarded_s"] + elapsed, updated_at=tx.now)
+            work = work_q.item(tx.conn, self.work_id)
+            tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + elapsed,
+                      discarded_s=work.discarded_s + elapsed, updated_at=tx.now)
 
     def _end(self, decision: StopDecision, handoff: dict | None = None) -> StopDecision:
         """The policy's ``decision`` through ``end_run`` (with the hand-off note, if any, in the
@@ -625,7 +625,7 @@ class LoopEngine:
         with self.w.transaction() as tx:
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now,
                       outcome=f"wrapup:{outcome.status if outcome else 'error'}")
-            tx.update("work_items", self.work_id, elapsed_s=tx.get("work_items", self.work_id)["elapsed_s"] + elapsed,
+            tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
                       updated_at=tx.now)
         self.history.reset_to(self._settled(its))   # whatever the act did, the run ends where it stood
         ok = outcome is not None and outcome.status in ("ok", "failed") and outcome.turns > 0

@@ -100,7 +100,7 @@ def settle(writer, work_id: str, workspace: str, runner: GateRunner, *,
         return False
     if work.item(conn, work_id).status == WorkStatus.PAUSED:   # only then a write: the common case reads
         with writer.transaction() as tx:
-            if tx.get("work_items", work_id)["status"] == WorkStatus.PAUSED:
+            if work.item(tx.conn, work_id).status == WorkStatus.PAUSED:
                 tx.set_status("work_items", work_id, WorkStatus.RUNNING)
     return True
 
@@ -108,12 +108,12 @@ def settle(writer, work_id: str, workspace: str, runner: GateRunner, *,
 def park(writer, work_id: str) -> None:
     """A run waiting for a human holds no loop-agent: paused, and assigned to nobody."""
     with writer.transaction() as tx:
-        work = tx.get("work_items", work_id)
-        if work["status"] == WorkStatus.ENDED:
+        run = work.item(tx.conn, work_id)
+        if run.ended:
             return
-        if work["status"] != WorkStatus.PAUSED:
+        if run.status != WorkStatus.PAUSED:
             tx.set_status("work_items", work_id, WorkStatus.PAUSED, assigned_to=None)
-        elif work["assigned_to"] is not None:
+        elif run.assigned_to is not None:
             tx.update("work_items", work_id, assigned_to=None, updated_at=tx.now)
 
 

@@ -25,6 +25,7 @@ from roles.loop_agent.policy import StopPolicy
 from state_db.errors import OrgError
 from state_db.queries.decisions import has_pending
 from state_db.queries.loop import UNKNOWN_ERROR, errors_asked
+from state_db.queries.work import item
 from state_db.vocab import DecisionStatus, WorkStatus
 
 _REFINED = ("os_error", "tool_failed")
@@ -79,7 +80,6 @@ def ask(tx, work_id: str, n: int, errors: dict[str, str], *, where: str) -> list
                                 "action": {"kind": UNKNOWN_ERROR, "command": cls, "reason": quoted},
                                 "question": question[:1000], "status": DecisionStatus.PENDING, "created_at": tx.now})
         ids.append(did)
-    work = tx.get("work_items", work_id)
-    if ids and work["status"] == WorkStatus.RUNNING:
+    if ids and item(tx.conn, work_id).status == WorkStatus.RUNNING:
         tx.set_status("work_items", work_id, WorkStatus.PAUSED)
     return ids

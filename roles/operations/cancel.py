@@ -16,6 +16,7 @@ from state_db.config import Config
 from state_db.ending import StopDecision, end_run
 from state_db.errors import NotFound
 from state_db.home import OrgHome
+from state_db.queries import work
 from state_db.vocab import StopReason, WorkStatus
 
 
@@ -41,17 +42,17 @@ def cancel(home: OrgHome, cfg: Config, work_id: str, *, idempotency_key: str | N
     writer = human_writer(home.db_path, via)
 
     def do(tx):
-        item = tx.get("work_items", work_id)
+        item = work.item(tx.conn, work_id)
         if item is None:
             raise NotFound(f"no work item {work_id}", hint="list them with 'org status'")
-        if item["status"] == WorkStatus.ENDED:
-            return {"id": work_id, "status": "ended", "stop_reason": item["stop_reason"], "changed": False}
-        if item["status"] in (WorkStatus.QUEUED, WorkStatus.WAITING):
+        if item.status == WorkStatus.ENDED:
+            return {"id": work_id, "status": "ended", "stop_reason": item.stop_reason, "changed": False}
+        if item.status in (WorkStatus.QUEUED, WorkStatus.WAITING):
             ended = end_run(tx, work_id, StopDecision(StopReason.CANCELLED,
                                                       f"cancelled by {signed(writer)} before it started"))
             return {"id": work_id, "status": "ended", "stop_reason": str(ended.reason), "changed": True}
         tx.update("work_items", work_id, cancel_requested=1, updated_at=tx.now)
-        return {"id": work_id, "status": item["status"], "stop_reason": None, "changed": True,
+        return {"id": work_id, "status": item.status, "stop_reason": None, "changed": True,
                 "note": "the loop-agent stops at its next model call or iteration boundary"}
 
     try:

@@ -4,15 +4,15 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-import orjson
-
 from roles.operations import Result, human_writer, signed
 from roles.operations.wake import wake_coordinator
 from state_db.config import Config
 from state_db.ending import StopDecision, end_run
 from state_db.errors import NotFound, StateError
 from state_db.home import OrgHome
-from state_db.vocab import DecisionStatus as D, StopReason, WorkStatus
+from state_db.queries import decisions, work
+from state_db.queries.decisions import Decision
+from state_db.vocab import DecisionStatus as D, StopReason
 
 VERDICTS = {"approve": D.APPROVED, "reject": D.REJECTED, "edit": D.EDITED, "respond": D.RESPONDED}
 # Decisions whose approval confirms that the run ends, with the stop reason of the same name: the
@@ -51,16 +51,16 @@ def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str
     writer = human_writer(home.db_path, via)
 
     def do(tx):
-        row = tx.get("decisions", decision_id)
+        row = decisions.decision(tx.conn, decision_id)
         if row is None:
             raise NotFound(f"no decision {decision_id}", hint="see 'org decisions'")
-        if verdict == "edit" and row["kind"] in ENDS_RUN:       # there is no command to edit
-            raise DecideError(f"{decision_id} asks whether the run ends {row['kind']}: there is no command to edit",
+        if verdict == "edit" and row.kind in ENDS_RUN:       # there is no command to edit
+            raise DecideError(f"{decision_id} asks whether the run ends {row.kind}: there is no command to edit",
                               hint="approve (it ends), respond TEXT (it goes on with your text) or reject")
         tx.set_status("decisions", decision_id, VERDICTS[verdict], answer=text, stop_run=int(stop),
                       decided_by=signed(writer), decided_at=tx.now)
-        ended = _end_confirmed(tx, row, text) if verdict == "approve" and row["kind"] in ENDS_RUN else None
-        return {"id": decision_id, "work_id": row["work_id"], "status": str(VERDICTS[verdict]), "ended": ended}
+        ended = _end_confirmed(tx, row, text) if verdict == "approve" and row.kind in ENDS_RUN else None
+        return {"id": decision_id, "work_id": row.work_id, "status": str(VERDICTS[verdict]), "ended": ended}
 
     try:
         result, replayed = writer.run_once(idempotency_key or uuid.uuid4().hex, "decide", do)
@@ -70,15 +70,15 @@ def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str
     return Decided(**result, replayed=replayed, wake=wake)
 
 
-def _end_confirmed(tx, row, text: str | None) -> str:
+def _end_confirmed(tx, row: Decision, text: str | None) -> str:
     """The human confirmed an ending the run asked about: it ends now with that stop reason (the
     decision is settled too: there is no action to run). Returns the stop reason."""
-    reason = StopReason(row["kind"])
-    tx.set_status("decisions", row["id"], D.EXECUTING)
-    tx.set_status("decisions", row["id"], D.EXECUTED, result=f"confirmed: the run ended {reason}")
-    work = tx.get("work_items", row["work_id"])
-    if work is not None and work["status"] != WorkStatus.ENDED:
-        said = orjson.loads(row["action"] or "{}").get("reason") or row["question"]
-        end_run(tx, row["work_id"], StopDecision(reason, f"confirmed by a human: {said}" + (f" ({text})" if text else "")),
+    reason = StopReason(row.kind)
+    tx.set_status("decisions", row.id, D.EXECUTING)
+    tx.set_status("decisions", row.id, D.EXECUTED, result=f"confirmed: the run ended {reason}")
+    run = work.item(tx.conn, row.work_id)
+    if run is not None and not run.ended:
+        said = row.action.get("reason") or row.question
+        end_run(tx, row.work_id, StopDecision(reason, f"confirmed by a human: {said}" + (f" ({text})" if text else "")),
                 assigned_to=None)
     return str(reason)
