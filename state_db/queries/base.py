@@ -39,6 +39,7 @@ def scalar(conn: sqlite3.Connection, sql: str, params: Any = (), default: Any = 
 
 
 def exists(conn: sqlite3.Connection, sql: str, params: Any = ()) -> bool:
+    """True if ``sql`` returns a row."""
     return conn.execute(sql, params).fetchone() is not None
 
 

@@ -46,6 +46,7 @@ class Decision:
 
 
 def decision(conn: sqlite3.Connection, decision_id: str) -> Decision | None:
+    """The decision ``decision_id``, or None."""
     row = conn.execute("SELECT * FROM decisions WHERE id = ?", (decision_id,)).fetchone()
     return Decision.from_row(row) if row else None
 

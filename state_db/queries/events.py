@@ -86,6 +86,7 @@ def announced_upto(conn: sqlite3.Connection) -> int:
 
 
 def attention_known(conn: sqlite3.Connection, key: str) -> bool:
+    """True once an attention row with ``key`` was written (one per event that needs a human)."""
     return exists(conn, "SELECT 1 FROM attention WHERE key = ?", (key,))
 
 

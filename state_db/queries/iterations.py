@@ -75,6 +75,7 @@ class Attempt:
 
 
 def iteration(conn: sqlite3.Connection, work_id: str, n: int) -> Iteration | None:
+    """Iteration ``n`` of ``work_id``, or None (not committed)."""
     row = conn.execute("SELECT * FROM iterations WHERE work_id = ? AND n = ?", (work_id, n)).fetchone()
     return Iteration.from_row(row) if row else None
 
@@ -95,6 +96,7 @@ def recent(conn: sqlite3.Connection, work_id: str, limit: int) -> list[Iteration
 
 
 def count(conn: sqlite3.Connection, work_id: str) -> int:
+    """How many iterations ``work_id`` has committed."""
     return scalar(conn, "SELECT COUNT(*) FROM iterations WHERE work_id = ?", (work_id,), 0)
 
 
@@ -119,6 +121,7 @@ def skill_first_uses(conn: sqlite3.Connection) -> list[tuple[str, str, float]]:
 # -- attempts ------------------------------------------------------------------------------------
 
 def attempts(conn: sqlite3.Connection, work_id: str) -> list[Attempt]:
+    """Every attempt of ``work_id`` (acts, committed or discarded), in order."""
     return [Attempt.from_row(r) for r in conn.execute(
         "SELECT * FROM attempts WHERE work_id = ? ORDER BY attempt", (work_id,))]
 

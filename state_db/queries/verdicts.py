@@ -102,6 +102,7 @@ def latest_iteration_passed(conn: sqlite3.Connection, work_id: str) -> bool:
 
 
 def verdict(conn: sqlite3.Connection, verdict_id: str) -> Verdict | None:
+    """The verdict ``verdict_id``, or None."""
     row = conn.execute("SELECT * FROM verdicts WHERE id = ?", (verdict_id,)).fetchone()
     return Verdict.from_row(row) if row else None
 

@@ -10,7 +10,7 @@ import sqlite3
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from state_db.queries.base import columns, exists, loads, scalar
+from state_db.queries.base import columns, loads, scalar
 from state_db.vocab import DecisionStatus, WorkStatus
 
 
@@ -80,6 +80,7 @@ class WorkItem:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row | dict) -> "WorkItem":
+        """A ``work_items`` row (a ``sqlite3.Row`` or a dict of its columns) as typed data."""
         v = columns(cls, row)
         v["verify"] = tuple(loads(v.get("verify"), []))
         v["protect"] = tuple(loads(v.get("protect"), []))
@@ -161,6 +162,7 @@ def parked_and_decided(conn: sqlite3.Connection) -> list[str]:
 
 
 def status_counts(conn: sqlite3.Connection) -> dict[str, int]:
+    """Work items by status: ``{status: count}`` (statuses with none are absent)."""
     return {r[0]: r[1] for r in conn.execute("SELECT status, COUNT(*) FROM work_items GROUP BY status")}
 
 
@@ -196,11 +198,13 @@ def toolchain_of_workspace(conn: sqlite3.Connection, workspace: str) -> dict | N
 # -- stop history and idempotency ----------------------------------------------------------------
 
 def stop_history(conn: sqlite3.Connection, work_id: str) -> list[StopRecord]:
+    """The endings of ``work_id`` that ``org continue`` reopened, oldest first."""
     return [StopRecord.from_row(r) for r in conn.execute(
         "SELECT * FROM stop_history WHERE work_id = ? ORDER BY seq", (work_id,))]
 
 
 def next_stop_seq(conn: sqlite3.Connection, work_id: str) -> int:
+    """The number the next ending of ``work_id`` kept in ``stop_history`` takes (1 for the first)."""
     return scalar(conn, "SELECT MAX(seq) FROM stop_history WHERE work_id = ?", (work_id,), 0) + 1
 
 
@@ -213,7 +217,3 @@ def command_result(conn: sqlite3.Connection, key: str, command: str) -> dict | N
     """What the command ``command`` did under idempotency ``key`` (its stored result), or None."""
     row = conn.execute("SELECT result FROM idempotency WHERE key = ? AND command = ?", (key, command)).fetchone()
     return None if row is None else loads(row[0], {})
-
-
-def exists_item(conn: sqlite3.Connection, work_id: str) -> bool:
-    return exists(conn, "SELECT 1 FROM work_items WHERE id = ?", (work_id,))
