@@ -168,8 +168,8 @@ def accept(home: OrgHome, cfg: Config, proposal_id: str, edits: Edits | None = N
                         origin={"origin": Origin.DISCOVERY, "origin_id": p.id})
     finally:
         writer.close()
-    return {"proposal": p.id, "work_id": result["id"], "status": str(P.ACCEPTED), "replayed": result["replayed"],
-            "submit": result}
+    return {"proposal": p.id, "work_id": result.id, "status": str(P.ACCEPTED), "replayed": result.replayed,
+            "submit": result.as_dict()}
 
 
 def _check_open(status: str, proposal_id: str) -> None:
