@@ -89,16 +89,18 @@ def usage(conn: sqlite3.Connection, work_id: str | None = None) -> dict:
 
 
 def iterations(conn: sqlite3.Connection, work_id: str) -> list[dict]:
-    return rows(conn, "SELECT * FROM iterations WHERE work_id = ? ORDER BY n", (work_id,))
+    """The iterations of ``work_id`` as plain data (``iterations.of_work``)."""
+    return plain(_iterations.of_work(conn, work_id))
 
 
 def roles(conn: sqlite3.Connection) -> list[dict]:
-    return rows(conn, "SELECT * FROM role_instances ORDER BY role, instance")
+    """Role instances as plain data (``processes.role_instances``)."""
+    return plain(processes.role_instances(conn))
 
 
 def pending_decisions(conn: sqlite3.Connection) -> list[dict]:
-    return rows(conn, "SELECT * FROM decisions WHERE status = ? ORDER BY created_at",
-                (DecisionStatus.PENDING,))
+    """Decisions waiting for a human as plain data (``decisions.pending``)."""
+    return plain(decisions.pending(conn))
 
 
 def transport_counters(conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
@@ -106,12 +108,8 @@ def transport_counters(conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
 
 
 def events(conn: sqlite3.Connection, *, after: int = 0, limit: int = 100, kind: str | None = None) -> list[dict]:
-    sql = "SELECT * FROM events WHERE id > ?"
-    params: list[Any] = [after]
-    if kind:
-        sql += " AND kind = ?"
-        params.append(kind)
-    return rows(conn, sql + " ORDER BY id LIMIT ?", (*params, limit))
+    """Journal entries after ``after`` (of ``kind``) as plain data (``events.after``)."""
+    return plain(_events.after(conn, after, *((kind,) if kind else ()), limit=limit))
 
 
 def table_counts(conn: sqlite3.Connection, tables: tuple[str, ...]) -> dict[str, int]:
