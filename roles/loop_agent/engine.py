@@ -317,8 +317,9 @@ class LoopEngine:
             else:
                 with telemetry.current().step("await_verdict", {"loop_org.iteration": n}) as span:
                     self.verify(self.work_id, n)
-                    verdict = latest_eval_verdict(self.w.conn, self.work_id, n)
-                    span.set({"loop_org.verdict": verdict.outcome if verdict else None})
+                    if telemetry.current().enabled:
+                        verdict = latest_eval_verdict(self.w.conn, self.work_id, n)
+                        span.set({"loop_org.verdict": verdict.outcome if verdict else None})
         except VerifyInterrupted:
             return Paused(AwaitVerdict(n) if n else Preflight())
         except VerifyAbandoned as exc:

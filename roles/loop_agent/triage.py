@@ -58,10 +58,13 @@ def tool_errors(tool_calls: Iterable[dict] | str | None) -> dict[str, str]:
 def unknown(policy: StopPolicy, met: dict[str, str], earlier: Iterable[dict], conn, work_id: str) -> dict[str, str]:
     """Of the classes ``met`` (class → example), those the policy does not recognise and the
     run has not met before: in ``earlier`` iteration rows, or in an earlier question."""
+    strange = {c: said for c, said in met.items() if not policy.recognises(c)}
+    if not strange:                 # the common case: nothing to look up
+        return {}
     seen = set(errors_asked(conn, work_id))
     for row in earlier:
         seen.update(tool_errors(row.get("tool_calls")))
-    return {c: said for c, said in met.items() if not policy.recognises(c) and c not in seen}
+    return {c: said for c, said in strange.items() if c not in seen}
 
 
 def ask(tx, work_id: str, n: int, errors: dict[str, str], *, where: str) -> list[str]:
