@@ -346,3 +346,52 @@ def test_no_wrap_up_without_a_reserve_and_a_record_note_when_no_slice_is_left(or
     note = query(org_home, "SELECT * FROM handoffs WHERE work_id='w2'")[0]
     assert note["source"] == "record" and note["attempt"] is None and note["tokens"] == 0
     assert "Iteration 1" in note["done"] and "No lesson" not in note["remains"]
+
+
+def test_an_exception_out_of_an_act_asks_a_human_once_then_propagates_as_before(org_home, ws):
+    """An environment error raised out of an act (here the disk failing under it) is a class the
+    policy does not know: the first one parks the run with a question; once answered, the same
+    class propagates as it always did (the loop-agent retries the run on a later tick)."""
+    submit(org_home, ws)
+
+    class DiskFails(ScriptedActs):
+        def act(self, ctx, *, on_usage, budget_left):
+            raise OSError(5, "Input/output error")
+
+    assert engine(org_home, "w1", DiskFails([[BAD]])).run() is None
+    asked = query(org_home, "SELECT * FROM decisions")
+    assert [(d["kind"], json.loads(d["action"])["command"]) for d in asked] == [("unknown_error", "exception: OSError")]
+    assert work(org_home)["status"] == "paused" and work(org_home)["assigned_to"] is None
+    decide(org_home, config.load(None), asked[0]["id"], "reject")
+    redispatch(org_home)
+    with pytest.raises(OSError):
+        engine(org_home, "w1", DiskFails([[BAD]])).run()
+    assert len(query(org_home, "SELECT id FROM decisions")) == 1
+    assert engine(org_home, "w1", ScriptedActs([[GOOD]])).run().reason == StopReason.GOAL_MET
+    assert query(org_home, "SELECT outcome FROM attempts ORDER BY attempt")[0] == {"outcome": "discarded"}
+
+
+def test_a_wrap_up_cut_by_a_crash_is_never_bought_twice(org_home, ws):
+    """The wrap-up's attempt is committed before the model is called: a run that dies in it ends,
+    on resume, with the budget's reason and a note from the record, and no second wrap-up act."""
+    submit(org_home, ws, caps={"budget_tokens": 10_000, "max_iterations": 5})
+    wrapups = []
+
+    class DiesInWrapUp(ScriptedActs):
+        def act(self, ctx, *, on_usage, budget_left):
+            if "Wrap-up:" in ctx.variable_prompt:
+                wrapups.append(ctx.attempt)
+                raise KeyboardInterrupt("killed during the wrap-up")
+            return super().act(ctx, on_usage=on_usage, budget_left=budget_left)
+
+    settings = LoopSettings(wrapup_reserve=0.05)
+    acts = [[{}, {}, {}, {}, {}, {}, BAD]]              # 1,900 tokens a call: the fifth reaches 9,500
+    with pytest.raises(KeyboardInterrupt):
+        engine(org_home, "w1", DiesInWrapUp(acts, tokens=(1900, 0)), settings=settings).run()
+    assert wrapups == [2] and query(org_home, "SELECT * FROM handoffs") == []
+    decision = engine(org_home, "w1", DiesInWrapUp(acts, tokens=(1900, 0)), settings=settings).run()
+    assert decision.reason == StopReason.TOKEN_BUDGET and wrapups == [2]
+    note = query(org_home, "SELECT * FROM handoffs")[0]
+    assert (note["source"], note["attempt"], note["tokens"]) == ("record", 2, 0)
+    assert query(org_home, "SELECT attempt, wrapup, outcome FROM attempts ORDER BY attempt") == [
+        {"attempt": 1, "wrapup": 0, "outcome": "committed"}, {"attempt": 2, "wrapup": 1, "outcome": "discarded"}]
