@@ -4,13 +4,18 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from state_db import store
 from state_db.errors import HomeNotFound, StateError
 
 BUSY_TIMEOUT_MS = 10_000
 
 
-def connect(db_path: str | Path, *, readonly: bool = False, create: bool = False) -> sqlite3.Connection:
+def connect(db_path: str | Path, *, readonly: bool = False,
+            create: bool = False) -> sqlite3.Connection | store.PgConnection:
     """Open state.db: WAL, busy_timeout, foreign_keys=ON, synchronous=NORMAL.
+
+    A ``postgresql://`` URL opens that store instead (``state_db/store.py``), a connection that
+    answers as this one does.
 
     Transactions are managed explicitly (``isolation_level=None``): writers issue
     ``BEGIN IMMEDIATE`` so a read-then-write never fails with SQLITE_BUSY_SNAPSHOT.
@@ -21,6 +26,8 @@ def connect(db_path: str | Path, *, readonly: bool = False, create: bool = False
         create: allow creating a missing file; otherwise a missing file raises HomeNotFound,
             so no command ever leaves a stray empty database behind.
     """
+    if store.is_postgres(db_path):
+        return store.connect(str(db_path), readonly=readonly)
     path = Path(db_path)
     if not create and not path.is_file():
         raise HomeNotFound(f"no state.db at {path}",
@@ -46,6 +53,12 @@ def connect(db_path: str | Path, *, readonly: bool = False, create: bool = False
 def read_rows(db_path: str | Path, sql: str, params=()) -> list[dict]:
     """Run one read-only query on its own short-lived connection and return plain dicts (for
     watchers outside the org: tests, benchmarks, audits)."""
+    if store.is_postgres(db_path):
+        pg = store.connect(str(db_path), readonly=True)
+        try:
+            return [dict(r) for r in pg.execute(sql, params)]
+        finally:
+            pg.close()
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
     conn.row_factory = sqlite3.Row
     try:

@@ -2,7 +2,10 @@
 
 ``PRAGMA user_version`` holds how many migrations are applied, and ``_migrations`` their names;
 a database that knows more migrations than this code is refused (SchemaTooNew) rather than
-written by code that does not understand it.
+written by code that does not understand it. A PostgreSQL store runs the same migrations through
+the store's connection (``state_db/pg_schema.py``: its support objects first, its twin of each
+Python step, CHECK constraints for the vocabulary); it keeps ``user_version`` in ``_store`` and
+takes no file backup (pg_dump is PostgreSQL's).
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+from state_db import pg_schema, store
 from state_db.connection import connect
 from state_db.errors import MigrationFailed, SchemaTooNew
 from state_db.schema import MIGRATIONS
@@ -57,15 +61,18 @@ def migrate(db_path: str | Path, *, backups_dir: Path | None = None, migrations=
         SchemaTooNew: the database is newer than this code (nothing changed).
         MigrationFailed: a migration failed (its transaction rolled back; the backup remains).
     """
-    db_path = Path(db_path)
+    db_path = store.location(db_path)
     conn = connect(db_path, create=True)
+    pg = store.is_postgres(conn)
     try:
+        if pg:
+            pg_schema.prepare(conn)
         version = check_version(conn, migrations)
         if version == len(migrations):
             return {"from": version, "to": version, "applied": [], "backup": None,
                     "vocabulary": _sync_vocabulary(conn, migrations[:version])}
         backup_path = None
-        if version > 0:
+        if version > 0 and not pg:
             backup_path = backup(conn, backups_dir or db_path.parent / "backups", version)
         applied = []
         for index in range(version, len(migrations)):
@@ -77,7 +84,7 @@ def migrate(db_path: str | Path, *, backups_dir: Path | None = None, migrations=
                     conn.execute("ROLLBACK")
                     return migrate(db_path, backups_dir=backups_dir, migrations=migrations)
                 if callable(sql):
-                    sql(conn)
+                    (pg_schema.step(name, sql) if pg else sql)(conn)
                 else:
                     for statement in _split(sql):
                         conn.execute(statement)
@@ -103,6 +110,8 @@ def _sync_vocabulary(conn: sqlite3.Connection, applied) -> list[str]:
     added to a vocabulary needs no migration); only once the migration that installs them ran.
     Returns the names of the triggers recreated. Raises MigrationFailed."""
     from state_db.vocab_guard import sync
+    if store.is_postgres(conn):
+        sync = pg_schema.sync
     if VOCABULARY_MIGRATION not in {name for name, _ in applied}:
         return []
     try:

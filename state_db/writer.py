@@ -23,6 +23,7 @@ from state_db.errors import Conflict, IllegalTransition, NotAllowed, NotFound, S
 from state_db.migrations import check_version
 from state_db.queries.verdicts import latest_iteration_passed
 from state_db.secrets import redact_text, secret_values
+from state_db.store import location
 from state_db.rules import CONTINUERS, KEYS, RAW_WRITABLE, RESERVED, WRITERS, allowed_transition
 from state_db.vocab import Actor, StopReason, WorkStatus
 
@@ -200,7 +201,8 @@ class StateWriter:
     """Writes to state.db as one actor (and role instance).
 
     Args:
-        db_path: path of an existing, migrated state.db (never created here).
+        db_path: path of an existing, migrated state.db (never created here), or the
+            ``postgresql://`` URL of a migrated PostgreSQL store (``state_db/store.py``).
         actor: a ``vocab.Actor`` value; decides what this writer may change.
         instance: role instance name (``loop-agent-2``); defaults to the actor.
         clock: wall clock (injectable for tests).
@@ -211,7 +213,7 @@ class StateWriter:
                  clock: Callable[[], float] = time.time, hooks: list[Hook] | None = None):
         if actor not in Actor._value2member_map_:
             raise StateError(f"unknown actor {actor!r}", code="unknown_actor")
-        self.db_path = Path(db_path)
+        self.db_path = location(db_path)
         self.actor = str(actor)
         self.instance = instance or str(actor)
         self.os_user = _os_user()
@@ -229,7 +231,8 @@ class StateWriter:
 
     @contextmanager
     def transaction(self, *, render: bool = True) -> Iterator[Transaction]:
-        """Open ``BEGIN IMMEDIATE``; commit on normal exit, roll back on any exception.
+        """Open ``BEGIN IMMEDIATE``; commit on normal exit, roll back on any exception. On a
+        PostgreSQL store it is ``BEGIN`` and the store's advisory write lock (``state_db/store.py``).
 
         ``render=False`` skips post-commit hooks (ledger and heartbeat writes)."""
         conn = self.conn

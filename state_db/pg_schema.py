@@ -1,0 +1,173 @@
+"""The schema on PostgreSQL: the same migrations, the vocabulary as CHECK constraints.
+
+The migrations in ``state_db/schema.py`` are written once, in SQLite's dialect, and run on
+PostgreSQL through the store's translation (``state_db/store.py``: ``INTEGER`` → ``BIGINT``,
+``REAL`` → ``DOUBLE PRECISION``, ``INTEGER PRIMARY KEY AUTOINCREMENT`` → an identity column,
+``WITHOUT ROWID`` dropped, ``rowid`` → ``ctid``); CHECKs, partial unique indexes, foreign keys and
+deferred references are the same SQL in both. ``prepare`` installs what the translation relies on
+before the first migration: the ``_store`` table (``PRAGMA user_version``), SQLite's
+``json_extract(doc, '$.a.b')`` and ``json_each(doc, '$.a')`` as immutable SQL functions (an index
+may use them, as ``decisions_one_pending`` does), and ``=``/``<>`` between text and bigint (SQLite
+compares a JSON number with a count; PostgreSQL has no such operator).
+
+A migration that is Python (``0006_vocabulary``) has its PostgreSQL twin here (``STEPS``); one
+without a twin is given the store's connection, which translates its SQL like any other.
+
+The vocabulary: where SQLite gets triggers (``state_db/vocab_guard.py``: it cannot add a CHECK to
+an existing table), PostgreSQL gets one ``CHECK (column IN (...))`` constraint per guarded column,
+generated from the same ``GUARDED`` map and named as the trigger pair's stem
+(``vocab_work_items_status``), so a refused value is a ``sqlite3.IntegrityError`` with the same
+words (``work_items.status: value is not one of …``; the store rewords the check violation).
+NULL passes, as with the triggers. Each constraint's comment holds the values it allows; ``sync``
+compares them with vocab.py at every migrate and re-creates those that differ in one locked
+transaction, so a value added to a vocabulary needs no migration here either. Unlike a trigger, a
+re-created CHECK validates the rows already there: a value removed from a vocabulary while rows
+still hold it makes ``migrate`` fail (MigrationFailed) until those rows are dealt with.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from state_db.store import PgConnection
+from state_db.vocab_guard import GUARDED, PREFIX, allowed
+
+SUPPORT_VERSION = 1      # bump when SUPPORT changes: prepare() re-runs it once
+
+_PATH = "(CASE WHEN $2 = '$' THEN '{}'::text[] ELSE string_to_array(substr($2, 3), '.') END)"
+SUPPORT = [
+    "CREATE TABLE IF NOT EXISTS _store (name TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+    f"""CREATE OR REPLACE FUNCTION json_extract(doc text, path text) RETURNS text
+        LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $f$ SELECT ($1::jsonb) #>> {_PATH} $f$""",
+    f"""CREATE OR REPLACE FUNCTION json_each(doc text, path text) RETURNS TABLE (key text, value text)
+        LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $f$
+          WITH v(j) AS (SELECT ($1::jsonb) #> {_PATH})
+          SELECT (e.n - 1)::text, e.v FROM v,
+                 jsonb_array_elements_text(CASE WHEN jsonb_typeof(v.j) = 'array' THEN v.j END) WITH ORDINALITY AS e(v, n)
+          UNION ALL
+          SELECT o.key, o.value FROM v, jsonb_each_text(CASE WHEN jsonb_typeof(v.j) = 'object' THEN v.j END) AS o
+        $f$""",
+    """CREATE OR REPLACE FUNCTION _text_eq_bigint(text, bigint) RETURNS boolean
+        LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $f$ SELECT $1 = $2::text $f$""",
+    """CREATE OR REPLACE FUNCTION _bigint_eq_text(bigint, text) RETURNS boolean
+        LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $f$ SELECT $1::text = $2 $f$""",
+    """CREATE OR REPLACE FUNCTION _text_ne_bigint(text, bigint) RETURNS boolean
+        LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $f$ SELECT $1 <> $2::text $f$""",
+    """CREATE OR REPLACE FUNCTION _bigint_ne_text(bigint, text) RETURNS boolean
+        LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $f$ SELECT $1::text <> $2 $f$""",
+]
+_OPERATORS = [("=", "text", "bigint", "_text_eq_bigint", "=", "<>"),
+              ("=", "bigint", "text", "_bigint_eq_text", "=", "<>"),
+              ("<>", "text", "bigint", "_text_ne_bigint", "<>", "="),
+              ("<>", "bigint", "text", "_bigint_ne_text", "<>", "=")]
+
+_SUPPORTED = "SELECT value FROM _store WHERE name = 'support'"
+
+
+def prepare(conn: PgConnection) -> bool:
+    """Install the support objects (idempotent, under the store's write lock). Returns True if
+    anything was (re)installed."""
+    if conn.run("SELECT to_regclass('_store')").fetchone()[0] is not None:
+        row = conn.run(_SUPPORTED).fetchone()
+        if row is not None and row[0] >= SUPPORT_VERSION:
+            return False
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for sql in SUPPORT:
+            conn.run(sql)
+        for op, left, right, fn, commutator, negator in _OPERATORS:
+            exists = conn.run("""SELECT 1 FROM pg_operator o JOIN pg_namespace n ON n.oid = o.oprnamespace
+                                 WHERE n.nspname = current_schema() AND o.oprname = $1
+                                   AND o.oprleft = $2::regtype AND o.oprright = $3::regtype""",
+                              (op, left, right)).fetchone()
+            if exists is None:
+                conn.run(f"CREATE OPERATOR {op} (LEFTARG = {left}, RIGHTARG = {right}, FUNCTION = {fn}, "
+                         f"COMMUTATOR = OPERATOR({commutator}), NEGATOR = OPERATOR({negator}))")
+        conn.run("INSERT INTO _store (name, value) VALUES ('support', $1) "
+                 "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value", (SUPPORT_VERSION,))
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return True
+
+
+# ------------------------------------------------------------------------------------ vocabulary
+
+def _name(table: str, column: str) -> str:
+    return f"{PREFIX}{table}_{column}"
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def columns(conn: PgConnection) -> set[tuple[str, str]]:
+    """(table, column) of every column in the store's schema."""
+    return {(r[0], r[1]) for r in conn.run(
+        "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema()")}
+
+
+def generated(present: set[tuple[str, str]] | None = None) -> dict[str, tuple[str, str, str]]:
+    """Constraint name -> (table, column, comment: the allowed values, comma-separated), for every
+    guarded column (of the ``present`` columns only, when given: a column a later migration adds
+    is guarded from the ``sync`` after it)."""
+    return {_name(t, c): (t, c, ",".join(allowed(t, c))) for t, c in GUARDED
+            if present is None or (t, c) in present}
+
+
+def installed(conn: PgConnection) -> dict[str, tuple[str, str]]:
+    """Constraint name -> (table, comment) of the vocabulary constraints in the store."""
+    return {r[0]: (r[1], r[2] or "") for r in conn.run(
+        """SELECT c.conname, r.relname, obj_description(c.oid, 'pg_constraint') FROM pg_constraint c
+           JOIN pg_class r ON r.oid = c.conrelid JOIN pg_namespace n ON n.oid = r.relnamespace
+           WHERE n.nspname = current_schema() AND c.contype = 'c' AND starts_with(c.conname, $1)""", (PREFIX,))}
+
+
+def stale(conn: PgConnection) -> tuple[dict[str, tuple[str, str, str]], dict[str, str]]:
+    """(constraints to create, constraints to drop: name -> table)."""
+    want, have = generated(columns(conn)), installed(conn)
+    create = {n: spec for n, spec in want.items() if have.get(n) != (spec[0], spec[2])}
+    drop = {n: have[n][0] for n in have if n not in want or n in create}
+    return create, drop
+
+
+def install(conn: PgConnection) -> list[str]:
+    """Create or re-create the constraints that differ, in the caller's transaction."""
+    create, drop = stale(conn)
+    for name, table in drop.items():
+        conn.run(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {name}")
+    for name, (table, column, values) in create.items():
+        listed = ", ".join(_quote(v) for v in values.split(","))
+        conn.run(f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK ({column} IN ({listed}))")
+        conn.run(f"COMMENT ON CONSTRAINT {name} ON {table} IS {_quote(values)}")
+    return sorted(create)
+
+
+def sync(conn: PgConnection) -> list[str]:
+    """``install`` in its own locked transaction, only when something differs."""
+    if stale(conn) == ({}, {}):
+        return []
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        names = install(conn)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return names
+
+
+# ------------------------------------------------------------------------------------ Python steps
+
+def _vocabulary(conn: PgConnection) -> None:
+    from state_db.schema import STOP_HISTORY
+    conn.execute(STOP_HISTORY)
+    install(conn)
+
+
+STEPS: dict[str, Callable[[PgConnection], None]] = {"0006_vocabulary": _vocabulary}
+
+
+def step(name: str, fn: Callable) -> Callable:
+    """The PostgreSQL form of the Python migration ``name``."""
+    return STEPS.get(name, fn)

@@ -1,0 +1,452 @@
+"""Where the truth is kept: the org home's SQLite file (the default) or a PostgreSQL database.
+
+``[state] url`` in org.toml selects the store: empty or ``sqlite:///PATH`` is SQLite (empty: the
+org home's state.db), ``postgresql://…`` is PostgreSQL through psycopg 3. Everything above this
+module — ``StateWriter``, ``state_db/queries``, the migrations — is written once, in the SQLite
+dialect, against the sqlite3 connection's surface; ``PgConnection`` presents that surface on
+PostgreSQL: ``execute(sql, params)`` with ``?`` placeholders, rows readable by name and index
+(``Row``, like ``sqlite3.Row``), ``fetchone``/``fetchall``/iteration, ``executemany``,
+``in_transaction``, and errors raised as the ``sqlite3`` exception classes callers already catch
+(``sqlite3.IntegrityError`` for every constraint, with a vocabulary CHECK worded as SQLite's
+trigger words it). ``translate`` turns the dialect the code uses into PostgreSQL's: placeholders,
+``IS ?``, ``INSERT OR IGNORE``/``OR REPLACE``, ``LIKE`` (case-insensitive in SQLite), an upsert's
+bare column references, ``group_concat``, ``rowid`` and the DDL types; ``json_extract`` and
+``json_each`` are SQL functions the store installs (``state_db/pg_schema.py``).
+
+Transactions: ``BEGIN IMMEDIATE`` becomes ``BEGIN`` (READ COMMITTED) followed, as the
+transaction's first statement, by ``pg_advisory_xact_lock`` on one key per store (database and
+schema). SQLite's ``BEGIN IMMEDIATE`` takes the database-wide write lock at BEGIN, so writers run
+one at a time and every read inside sees the latest commit and nothing changes under it until
+COMMIT. The transaction-scoped advisory lock is that lock: every write path (writer transactions,
+migrations, and a write outside any transaction, which SQLite also runs under its write lock and
+which is wrapped here in its own locked transaction) takes it first, so only one writes at a
+time; under READ COMMITTED each statement sees every transaction committed before it started,
+and since no other writer can commit while the lock is held, a read-then-write is as safe as in
+SQLite. It is released by COMMIT or ROLLBACK, or when the session dies (a killed process never
+leaves it held). SERIALIZABLE was not chosen: it would abort conflicting read-then-write
+transactions with serialization failures, which needs every caller's transaction body (Python
+with side effects) to be re-runnable under a retry loop; SQLite's writers never see such a
+failure, they wait. A wait longer than ``lock_timeout`` (SQLite's busy_timeout, 10 s) raises
+``sqlite3.OperationalError`` as SQLite's "database is locked" does. A plain ``BEGIN`` (SQLite's
+deferred snapshot) becomes REPEATABLE READ. Readers never take the lock: a read outside a
+transaction sees the latest commit, as in SQLite's WAL mode.
+
+One difference remains visible to SQL: a statement that fails inside a PostgreSQL transaction
+aborts the transaction, where SQLite undoes only the statement; every caller here lets the error
+end its transaction (``Transaction.insert`` turns it into ``Conflict``, which rolls back).
+
+psycopg is imported only when a PostgreSQL store is opened: measured 168 ms (cumulative,
+``python -X importtime -c "import psycopg"``), paid by no SQLite org.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import sqlite3
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+from urllib.parse import unquote, urlsplit
+
+from state_db.errors import StateError
+from state_db.vocab_guard import GUARDED, PREFIX, allowed
+
+SCHEMES = ("postgresql://", "postgres://")
+LOCK_TIMEOUT_MS = 10_000            # as SQLite's busy_timeout (state_db/connection.py)
+LOCK_CLASS = 0x6C6F6F70             # 'loop': the advisory-lock class of every org's write lock
+# the per-store key: one lock per database and schema (an org's truth)
+_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, hashtext(current_database() || '.' || current_schema()))"
+_NOOP_PRAGMAS = {"foreign_keys", "busy_timeout", "journal_mode", "synchronous", "wal_autocheckpoint",
+                 "wal_checkpoint", "optimize"}
+_VOCAB = {f"{PREFIX}{t}_{c}": (t, c) for t, c in GUARDED}
+
+
+# ------------------------------------------------------------------------------------ locating
+
+def is_postgres(target: Any) -> bool:
+    """True for a ``postgresql://`` URL or an open PostgreSQL connection."""
+    if isinstance(target, PgConnection):
+        return True
+    return isinstance(target, str) and target.startswith(SCHEMES)
+
+
+def location(target: str | Path) -> str | Path:
+    """A store given as a path, a ``sqlite:///PATH`` URL or a ``postgresql://`` URL, as what
+    ``connect`` opens: a Path for SQLite, the URL text for PostgreSQL."""
+    if is_postgres(target):
+        return str(target)
+    text = str(target)
+    if text.startswith("sqlite:///"):
+        return Path(unquote(text[len("sqlite://"):]))
+    if "://" in text:
+        raise StateError(f"{text} is not a store this org can use", code="bad_store_url",
+                         hint="give sqlite:///PATH or postgresql://USER@HOST/DB")
+    return Path(text)
+
+
+def state_location(home, cfg=None) -> str | Path:
+    """The store of the org at ``home``: ``[state] url`` from its org.toml, else its state.db."""
+    if cfg is None:
+        from state_db.config import load_config
+        cfg = load_config(home)
+    return location(cfg.state.url) if cfg.state.url else home.db_path
+
+
+def describe(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@")
+    return parts._replace(netloc=netloc).geturl()
+
+
+# ------------------------------------------------------------------------------------ translating
+
+_MASK = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/", re.S)
+_PLACEHOLDER = re.compile(r"\?")
+_IS_NOT = re.compile(r"\bIS\s+NOT\s+\?", re.I)
+_IS = re.compile(r"\bIS\s+\?", re.I)
+_LIKE = re.compile(r"\bLIKE\b", re.I)
+_OR_IGNORE = re.compile(r"^\s*INSERT\s+OR\s+IGNORE\s+INTO\b", re.I)
+_OR_REPLACE = re.compile(r"^\s*(?:INSERT\s+OR\s+REPLACE|REPLACE)\s+INTO\s+(\w+)\s*\(([^)]*)\)", re.I)
+_UPSERT = re.compile(r"^\s*INSERT\s+INTO\s+(\w+).*?\bDO\s+UPDATE\s+SET\b(.*)$", re.I | re.S)
+_GROUP_CONCAT = re.compile(r"\bgroup_concat\s*\(", re.I)
+_ROWID = re.compile(r"\browid\b", re.I)
+_DDL = re.compile(r"^\s*(CREATE\s+TABLE|ALTER\s+TABLE)\b", re.I)
+_DDL_TYPES = [
+    (re.compile(r"\bINTEGER\s+PRIMARY\s+KEY\s+AUTOINCREMENT\b", re.I), "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"),
+    (re.compile(r"\bINTEGER\b", re.I), "BIGINT"),
+    (re.compile(r"\b(?:REAL|FLOAT|DOUBLE)\b", re.I), "DOUBLE PRECISION"),
+    (re.compile(r"\bBLOB\b", re.I), "BYTEA"),
+    (re.compile(r"\)\s*WITHOUT\s+ROWID\s*;?\s*$", re.I), ")"),
+]
+_TX = {"BEGIN IMMEDIATE": "lock", "BEGIN EXCLUSIVE": "lock", "BEGIN IMMEDIATE TRANSACTION": "lock",
+       "BEGIN": "snapshot", "BEGIN DEFERRED": "snapshot", "BEGIN TRANSACTION": "snapshot",
+       "COMMIT": "end", "END": "end", "COMMIT TRANSACTION": "end", "ROLLBACK": "end",
+       "ROLLBACK TRANSACTION": "end"}
+_WRITE = re.compile(r"^\s*(?:INSERT|UPDATE|DELETE|REPLACE)\b", re.I)
+
+
+@functools.lru_cache(maxsize=2048)
+def translate(sql: str) -> tuple[str, str | None]:
+    """SQLite-dialect SQL as PostgreSQL SQL with ``$n`` placeholders.
+
+    Returns (sql, replace_table): ``replace_table`` names the table of an ``INSERT OR REPLACE``,
+    whose conflict target (the primary key) the connection fills in (``{conflict}``)."""
+    saved: list[str] = []
+
+    def keep(m: re.Match) -> str:
+        text = m.group(0)
+        if text.startswith(("--", "/*")):
+            return " "
+        saved.append(text)
+        return f"\x00{len(saved) - 1}\x00"
+
+    masked = _MASK.sub(keep, sql).strip().rstrip(";")
+    replace_table = None
+    if _DDL.match(masked):
+        for pattern, repl in _DDL_TYPES:
+            masked = pattern.sub(repl, masked)
+    masked = _IS_NOT.sub("IS DISTINCT FROM ?", masked)
+    masked = _IS.sub("IS NOT DISTINCT FROM ?", masked)
+    masked = _LIKE.sub("ILIKE", masked)
+    masked = _GROUP_CONCAT.sub("string_agg(", masked)
+    masked = _ROWID.sub("ctid", masked)
+    if _OR_IGNORE.match(masked):
+        masked = _OR_IGNORE.sub("INSERT INTO", masked) + " ON CONFLICT DO NOTHING"
+    m = _OR_REPLACE.match(masked)
+    if m:
+        replace_table = m.group(1)
+        cols = [c.strip() for c in m.group(2).split(",")]
+        masked = (f"INSERT INTO {m.group(1)} ({m.group(2)})" + masked[m.end():]
+                  + " ON CONFLICT {conflict} DO UPDATE SET "
+                  + ", ".join(f"{c} = EXCLUDED.{c}" for c in cols))
+    else:
+        masked = _qualify_upsert(masked)
+    count = iter(range(1, 1_000_000))
+    masked = _PLACEHOLDER.sub(lambda _: f"${next(count)}", masked)
+    out = re.sub(r"\x00(\d+)\x00", lambda m: saved[int(m.group(1))], masked)
+    return out, replace_table
+
+
+def _qualify_upsert(sql: str) -> str:
+    """``ON CONFLICT … DO UPDATE SET value = value + excluded.value``: SQLite reads the bare
+    ``value`` as the existing row's, PostgreSQL calls it ambiguous; qualify it with the table."""
+    m = _UPSERT.match(sql)
+    if not m:
+        return sql
+    table, sets = m.group(1), m.group(2)
+    assigned = re.findall(r"(?:^|,)\s*(\w+)\s*=", sets)
+    if not assigned:
+        return sql
+    bare = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, assigned)) + r")\b(?!\s*=[^=])")
+    return sql[:m.start(2)] + bare.sub(lambda b: f"{table}.{b.group(1)}", sets)
+
+
+# ------------------------------------------------------------------------------------ rows
+
+class Row(tuple):
+    """One result row, readable by index and by (case-insensitive) column name, as ``sqlite3.Row``."""
+
+    _names: tuple[str, ...] = ()
+    _index: dict[str, int] = {}
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            try:
+                return tuple.__getitem__(self, self._index[key.lower()])
+            except KeyError:
+                raise IndexError(f"No item with that key: {key}") from None
+        return tuple.__getitem__(self, key)
+
+    def keys(self) -> list[str]:
+        return list(self._names)
+
+
+@functools.lru_cache(maxsize=1024)
+def _row_class(names: tuple[str, ...]) -> type[Row]:
+    return type("Row", (Row,), {"_names": names, "_index": {n.lower(): i for i, n in enumerate(names)}})
+
+
+def _row_factory(cursor):
+    desc = cursor.description
+    cls = _row_class(tuple(d.name for d in desc) if desc else ())
+    return cls
+
+
+class Cursor:
+    """What ``execute`` returns: fetch and iterate rows; ``rowcount``. A statement without rows
+    fetches none (sqlite3's behaviour), where psycopg would raise."""
+
+    def __init__(self, cur=None, rows: list | None = None):
+        self._cur, self._rows = cur, rows
+
+    @property
+    def rowcount(self) -> int:
+        return self._cur.rowcount if self._cur is not None else -1
+
+    @property
+    def description(self):
+        if self._cur is None or self._cur.description is None:
+            return None
+        return tuple((d.name, None, None, None, None, None, None) for d in self._cur.description)
+
+    lastrowid = None
+
+    def _has_rows(self) -> bool:
+        return self._cur is not None and self._cur.description is not None
+
+    def fetchone(self):
+        if self._rows is not None:
+            return self._rows.pop(0) if self._rows else None
+        return self._cur.fetchone() if self._has_rows() else None
+
+    def fetchall(self) -> list:
+        if self._rows is not None:
+            rows, self._rows = self._rows, []
+            return rows
+        return self._cur.fetchall() if self._has_rows() else []
+
+    def fetchmany(self, size: int = 1) -> list:
+        if self._rows is not None:
+            rows, self._rows = self._rows[:size], self._rows[size:]
+            return rows
+        return self._cur.fetchmany(size) if self._has_rows() else []
+
+    def __iter__(self) -> Iterator:
+        return iter(self.fetchall())
+
+    def close(self) -> None:
+        if self._cur is not None:
+            self._cur.close()
+
+
+# ------------------------------------------------------------------------------------ the connection
+
+class PgConnection:
+    """A psycopg 3 connection that answers as a ``sqlite3.Connection`` in autocommit mode
+    (``isolation_level=None``): transactions are the caller's explicit BEGIN/COMMIT."""
+
+    row_factory = None          # assigned by code written for sqlite3; rows are always ``Row``
+
+    def __init__(self, raw, url: str, readonly: bool):
+        self.raw, self.url, self.readonly = raw, url, readonly
+        self._pk: dict[str, tuple[str, ...]] = {}
+
+    # -- what sqlite3 callers use ------------------------------------------------------------
+    @property
+    def in_transaction(self) -> bool:
+        from psycopg.pq import TransactionStatus
+        return self.raw.info.transaction_status != TransactionStatus.IDLE
+
+    def execute(self, sql: str, params: Any = ()) -> Cursor:
+        head = " ".join(sql.split()).rstrip(";").upper()
+        tx = _TX.get(head)
+        if tx == "lock":
+            self.run("BEGIN")
+            self.run(_LOCK)
+            return Cursor()
+        if tx == "snapshot":
+            return Cursor(self.run("BEGIN ISOLATION LEVEL REPEATABLE READ"))
+        if tx == "end":
+            return Cursor(self.run(head.split()[0]))
+        if head.startswith("PRAGMA"):
+            return self._pragma(head)
+        return self._statement(sql, params)
+
+    def executemany(self, sql: str, seq: Iterable) -> Cursor:
+        cur = Cursor()
+        for params in seq:
+            cur = self.execute(sql, params)
+        return cur
+
+    def commit(self) -> None:
+        if self.in_transaction:
+            self.run("COMMIT")
+
+    def rollback(self) -> None:
+        if self.in_transaction:
+            self.run("ROLLBACK")
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def backup(self, *_a, **_k) -> None:
+        raise sqlite3.NotSupportedError("a PostgreSQL store is backed up with pg_dump, not SQLite's backup API")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, *_):
+        (self.rollback if kind else self.commit)()
+
+    # -- inside -----------------------------------------------------------------------------
+    def _statement(self, sql: str, params: Any) -> Cursor:
+        text, replace_table = translate(sql)
+        if replace_table is not None:
+            text = text.replace("{conflict}", "(" + ", ".join(self._primary_key(replace_table)) + ")")
+        params = _params(params)
+        if not self.readonly and not self.in_transaction and _WRITE.match(sql):
+            # SQLite runs a lone write under its write lock: so does this, in its own transaction
+            self.run("BEGIN")
+            try:
+                self.run(_LOCK)
+                cur = self.run(text, params)
+            except BaseException:
+                self.run("ROLLBACK")
+                raise
+            self.run("COMMIT")
+            return Cursor(cur)
+        return Cursor(self.run(text, params))
+
+    def run(self, text: str, params: Any = None):
+        """PostgreSQL SQL as it is (no translation); errors as sqlite3 classes."""
+        import psycopg
+        try:
+            return self.raw.execute(text, params)
+        except psycopg.Error as exc:
+            raise _as_sqlite(exc) from exc
+
+    def _pragma(self, head: str) -> Cursor:
+        m = re.match(r"PRAGMA\s+(\w+)\s*(?:=\s*(\w+)|\((\w+)\))?$", head)
+        name = m.group(1).lower() if m else head
+        value = (m.group(2) or m.group(3)) if m else None
+        if name == "user_version":
+            if value is None:
+                return Cursor(rows=[_row_class(("user_version",))((schema_version(self),))])
+            self.run("INSERT INTO _store (name, value) VALUES ('user_version', $1) "
+                      "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value", (int(value),))
+            return Cursor(rows=[])
+        if name in _NOOP_PRAGMAS:      # SQLite's file and lock settings: nothing to set on PostgreSQL
+            return Cursor(rows=[])
+        raise sqlite3.OperationalError(f"PRAGMA {name} is SQLite's; a PostgreSQL store has no such setting")
+
+    def _primary_key(self, table: str) -> tuple[str, ...]:
+        if table not in self._pk:
+            rows = self.run("""SELECT a.attname FROM pg_index i
+                                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+                                WHERE i.indrelid = to_regclass($1) AND i.indisprimary""", (table,)).fetchall()
+            self._pk[table] = tuple(r[0] for r in rows)
+        return self._pk[table]
+
+
+def schema_version(conn: PgConnection) -> int:
+    """``PRAGMA user_version`` of a PostgreSQL store: kept in its ``_store`` table (0 before it)."""
+    if conn.run("SELECT to_regclass('_store')").fetchone()[0] is None:
+        return 0
+    row = conn.run("SELECT value FROM _store WHERE name = 'user_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def connect(url: str, *, readonly: bool = False) -> PgConnection:
+    """Open the PostgreSQL store at ``url`` as a sqlite3-shaped connection (autocommit; every
+    parameter sent untyped so the server types it from its column, as SQLite's affinity does;
+    ``numeric`` results — ``SUM`` of integers — as int or float).
+
+    Raises: StateError ``db_unreachable`` when the server cannot be reached."""
+    import psycopg
+    from psycopg.adapt import Dumper, Loader
+    try:
+        raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory, cursor_factory=psycopg.RawCursor,
+                              options=f"-c lock_timeout={LOCK_TIMEOUT_MS} -c TimeZone=UTC")
+    except psycopg.Error as exc:
+        raise StateError(f"cannot reach the PostgreSQL store {describe(url)}: {str(exc).strip()}",
+                         code="db_unreachable", hint="check [state] url in org.toml and that the server runs") from None
+
+    class Untyped(Dumper):
+        oid = 0     # unknown: the server infers the type from the column or operator
+
+        def dump(self, obj):
+            return str(obj).encode()
+
+    class UntypedBool(Untyped):
+        def dump(self, obj):
+            return b"1" if obj else b"0"    # SQLite keeps booleans as 0/1 in INTEGER columns
+
+    class UntypedFloat(Untyped):
+        def dump(self, obj):
+            return repr(float(obj)).replace("inf", "Infinity").encode()
+
+    class Number(Loader):
+        def load(self, data):
+            d = Decimal(bytes(data).decode())
+            return int(d) if d == d.to_integral_value() else float(d)
+
+    for kind in (int, str):
+        raw.adapters.register_dumper(kind, Untyped)
+    raw.adapters.register_dumper(bool, UntypedBool)
+    raw.adapters.register_dumper(float, UntypedFloat)
+    raw.adapters.register_loader("numeric", Number)
+    if readonly:
+        raw.execute("SET default_transaction_read_only = on")
+    return PgConnection(raw, url, readonly)
+
+
+def _params(params: Any) -> Any:
+    if params is None:
+        return None
+    if isinstance(params, dict):
+        raise sqlite3.ProgrammingError("named parameters are not supported on a PostgreSQL store; use ?")
+    return tuple(params)
+
+
+def _as_sqlite(exc) -> sqlite3.Error:
+    """A psycopg error as the sqlite3 class a caller written for SQLite catches."""
+    import psycopg
+    from psycopg import errors as E
+    message = (exc.diag.message_primary or str(exc)).strip()
+    constraint = getattr(exc.diag, "constraint_name", None)
+    if constraint in _VOCAB:
+        table, column = _VOCAB[constraint]
+        message = f"{table}.{column}: value is not one of {', '.join(allowed(table, column))}"
+    if isinstance(exc, (psycopg.IntegrityError, psycopg.DataError)):
+        err: sqlite3.Error = sqlite3.IntegrityError(message)
+    elif isinstance(exc, (E.LockNotAvailable, E.QueryCanceled)):
+        err = sqlite3.OperationalError(f"database is locked ({message})")
+    elif isinstance(exc, (psycopg.OperationalError, psycopg.ProgrammingError, psycopg.InternalError)):
+        err = sqlite3.OperationalError(message)
+    else:
+        err = sqlite3.DatabaseError(message)
+    err.sqlstate = exc.sqlstate  # type: ignore[attr-defined]
+    return err
