@@ -1,0 +1,304 @@
+"""What one attempt does, for the loop engine: gather, act, commit the iteration and its
+checkpoint, reflect on the verdict — and, when a budget trips, the one wrap-up act.
+
+``Acting`` is the half of ``LoopEngine`` (``roles.loop_agent.engine``) that touches the workspace
+and the model; the engine's own half decides which step comes next. It works on the engine's
+state (writer, backend, history, settings, the reflection it carries to the next transaction).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from roles import telemetry
+from roles.loop_agent import gate, progress as prog, triage, wrapup
+from roles.loop_agent.backends.base import ActContext, ActOutcome, Remaining, Usage
+from roles.loop_agent.conditions import MIN_WRAPUP_SECONDS
+from roles.loop_agent.context import assemble
+from roles.loop_agent.lessons import derive_lesson
+from roles.loop_agent.stop import StopDecision, fingerprint
+from roles.loop_agent.tools import read_only
+from state_db.errors import Conflict
+from state_db.queries import loop as loopq, work as work_q
+from state_db.queries.decisions import Decision
+from state_db.queries.iterations import open_attempts
+from state_db.queries.usage import of_attempt
+from state_db.queries.verdicts import Verdict
+from state_db.queries.work import WorkItem
+from state_db.vocab import StopReason, WorkStatus
+
+INTERRUPTED = "interrupted"
+DISCARDED = "discarded"         # an attempt thrown away because the run must stop (the policy says why)
+
+
+class Acting:
+    """Attempts, commits, reflections and the wrap-up of one run (mixed into ``LoopEngine``)."""
+
+    def _settled(self, its: list[dict]) -> str:
+        """The state the next act starts from: the last checkpoint, or the checkpoint of an
+        action a human approved after it."""
+        last = its[-1]["checkpoint"] if its else self.history.baseline()
+        return gate.settled_checkpoint(self.w.conn, self.work_id, its[-1]["n"] if its else 0) or last
+
+    def _reset_once(self, its: list[dict]) -> None:
+        """The crash reset (an attempt cut or crashed may have left changes), before anything
+        else touches the workspace — an approved action included, whose effect must survive."""
+        if self._needs_reset:
+            self.history.reset_to(self._settled(its))
+            self._needs_reset = False
+
+    def _checkpoint_action(self, decision: Decision) -> str:
+        return self.history.checkpoint_action(decision.id)
+
+    def _start(self, work: WorkItem) -> None:
+        self.history.baseline()
+        gate.ask_again_if_interrupted(self.w, self.work_id)
+        with self.w.transaction() as tx:
+            if work.status == WorkStatus.DISPATCHED:
+                tx.set_status("work_items", self.work_id, WorkStatus.RUNNING)
+            # an attempt left open by a crash is discarded (its workspace changes are reset below);
+            # its time up to its last sign of life (its last model response) still counts
+            lost = 0.0
+            for cut in open_attempts(tx.conn, self.work_id):
+                lost += max(0.0, (cut.alive_at or cut.started_at) - cut.started_at)
+                tx.update("attempts", (self.work_id, cut.attempt), ended_at=tx.now, outcome="discarded")
+            if lost:
+                now = work_q.item(tx.conn, self.work_id)
+                tx.update("work_items", self.work_id, elapsed_s=now.elapsed_s + lost,
+                          discarded_s=now.discarded_s + lost, updated_at=tx.now)
+
+    def _act(self, work, progress, its, verdicts) -> str | bool:
+        """One attempt at the next iteration: committed (True), cut by an interrupt (discarded;
+        False), or discarded because the run must stop (``DISCARDED``: the policy's flags say why)."""
+        n = progress.iterations + 1
+        attempt = work.attempt + 1
+        policy = self.policy
+        with self.w.transaction() as tx:
+            self._write_reflection(tx)
+            tx.update("work_items", self.work_id, attempt=attempt, next_step=None, updated_at=tx.now)
+            tx.insert("attempts", {"work_id": self.work_id, "attempt": attempt, "iteration": n,
+                                   "instance": self.w.instance, "started_at": tx.now})
+        last = self._settled(its)
+        # a cut or crashed attempt may have left changes: back to the last settled state (the
+        # last checkpoint, or an approved action's). In the normal flow the workspace already is it.
+        self._reset_once(its)
+        with telemetry.current().step("gather") as span:
+            prompt = assemble(
+                work.goal + _verify_note(work), self.settings.instructions, self.settings.skills,
+                self.settings.knowledge, prog.digests(its, verdicts, self._reflected), prog.lessons(its, self.settings.lessons_max, self._reflected),
+                _feedback(self.w.conn, self.work_id, its, verdicts), n,
+                k_recent=self.settings.recent_iterations, summary_cap_chars=self.settings.summary_cap_chars)
+            span.set({"loop_org.prompt_bytes": prompt.manifest.get("variable_bytes")})
+        t0 = self.clock()
+        spent = {"tokens": progress.tokens, "cost": progress.cost_usd}
+        # an act may spend up to where each budget trips (its limit less the wrap-up's reserve)
+        trips = {cap.field: cap.trip for cap in policy.budgets()}
+
+        def remaining() -> Remaining:
+            def left(cap, used):
+                return None if cap is None else max(0, cap - used)
+            return Remaining(tokens=left(trips.get("tokens"), spent["tokens"]),
+                             cost_usd=left(trips.get("cost_usd"), spent["cost"]),
+                             seconds=left(trips.get("elapsed_s"), progress.elapsed_s + self.clock() - t0))
+
+        ctx = ActContext(self.work_id, n, attempt, Path(work.workspace), prompt.system_prefix, prompt.variable,
+                         max_turns=self.settings.max_turns, remaining=remaining)
+
+        def on_usage(u: Usage) -> None:
+            self._commit_usage(u, n, attempt)
+            spent["tokens"] += u.budget_tokens
+            spent["cost"] += u.cost_usd
+
+        def budget_left() -> str | None:
+            if self.interrupt.is_set():
+                return INTERRUPTED
+            now = self.work()
+            live = progress.__class__(**{**progress.__dict__, "tokens": spent["tokens"], "cost_usd": spent["cost"],
+                                         "elapsed_s": progress.elapsed_s + self.clock() - t0,
+                                         "cancelled": now.cancel_requested,
+                                         "org_limit": self._org_spend_over()})
+            reason = policy.budget_check(live)
+            if reason is None and live.cancelled:
+                reason = StopReason.CANCELLED
+            if reason is None and live.org_limit:
+                reason = StopReason.ORG_LIMIT
+            return None if reason is None else str(reason)
+
+        self.log.info("act_started", iteration=n, attempt=attempt, prompt_bytes=prompt.manifest.get("variable_bytes"))
+        outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
+        elapsed = self.clock() - t0
+        if outcome.status == "budget_exhausted" and outcome.error_code in (INTERRUPTED, StopReason.CANCELLED,
+                                                                             StopReason.ORG_LIMIT):
+            self._close_attempt(attempt, outcome.error_code, elapsed)
+            self.history.reset_to(last)
+            self._needs_reset = False
+            # cancelled / org_limit: the policy's flags (the work item's cancel, the org's spend) end it
+            return False if outcome.error_code == INTERRUPTED else DISCARDED
+        if outcome.status == "model_error":
+            self._close_attempt(attempt, f"model_error:{outcome.error_code}", elapsed)
+            self.history.reset_to(last)
+            self._needs_reset = False
+            self._model_error = f"{outcome.error_code}: {outcome.error}"     # the policy's ModelError fires
+            return DISCARDED
+        self._commit(work, n, attempt, outcome, prompt.manifest, elapsed, last, its)
+        return True
+
+    def _commit_usage(self, u: Usage, n: int, attempt: int) -> None:
+        try:
+            with self.w.transaction(render=False) as tx:
+                tx.insert("model_calls", {"request_id": u.request_id, "work_id": self.work_id, "iteration": n,
+                                          "attempt": attempt, "instance": self.w.instance, "model": u.model,
+                                          "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+                                          "cache_write_tokens": u.cache_creation_input_tokens,
+                                          "cache_read_tokens": u.cache_read_input_tokens, "cost_usd": u.cost_usd,
+                                          "at": tx.now}, journal=False)
+                tx.update("attempts", (self.work_id, attempt), alive_at=tx.now)   # a sign of life
+        except Conflict:
+            self.log.warning("usage_already_counted", request_id=u.request_id)
+
+    def _commit(self, work, n, attempt, outcome: ActOutcome, manifest, elapsed, last_commit, its) -> None:
+        with telemetry.current().step("checkpoint") as span:
+            checkpoint = self.history.checkpoint(n)
+            changed = self.history.changed_paths(last_commit, checkpoint)
+            fp = fingerprint(self.history.tree_id(checkpoint), "")
+            span.set({"loop_org.checkpoint": checkpoint, "loop_org.changed_paths": len(changed)})
+        with self.w.transaction() as tx:
+            u = of_attempt(tx.conn, self.work_id, n, attempt)
+            tx.insert("iterations", {
+                "work_id": self.work_id, "n": n, "attempt": attempt, "act_status": outcome.status,
+                "act_summary": outcome.summary[:4000], "tool_calls": [dict(c) for c in outcome.tool_calls][:200],
+                "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+                "cache_write_tokens": u.cache_write_tokens, "cache_read_tokens": u.cache_read_tokens,
+                "cost_usd": u.cost_usd, "elapsed_s": round(elapsed, 4), "fingerprint": fp, "checkpoint": checkpoint,
+                "changed_paths": changed[:500], "prompt": manifest, "committed_at": tx.now})
+            tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
+                      updated_at=tx.now)
+            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome="committed")
+            gate.record_requests(tx, self.work_id, n, outcome.requests)
+            # an error class the policy does not know, met for the first time in this run, asks a human
+            unknown = triage.unknown(self.policy, triage.tool_errors(outcome.tool_calls), its, tx.conn, self.work_id)
+            if triage.ask(tx, self.work_id, n, unknown, where=f"iteration {n}"):
+                self.log.warning("unknown_error", iteration=n, classes=sorted(unknown),
+                                 next="verified as usual, then parked for a human")
+        self.log.info("iteration_committed", iteration=n, attempt=attempt, act=outcome.status,
+                      changed=len(changed), next="verify by the eval-agent")
+
+    def _reflect(self, it: dict, verdict: Verdict) -> None:
+        summary = prog.summary_of(verdict)
+        lesson = None if summary.passed else derive_lesson(summary.failing, verdict.feedback)
+        outcome = "pass" if summary.passed else ";".join(f"{c}:{s}" for c, s in summary.failing)
+        fp = fingerprint(self.history.tree_id(it["checkpoint"]), outcome)
+        # written with the next transaction (the next attempt's start, or the run's end): a
+        # crash before that leaves a verdict without its reflection, which the next run derives
+        # again, identically
+        self._unwritten = (it["n"], {"verdict_id": verdict.id, "feedback": verdict.feedback[:4000],
+                                     "lesson": lesson, "fingerprint": fp})
+        self.log.info("reflected", iteration=it["n"], verdict=verdict.outcome, lesson=bool(lesson))
+
+    def _write_reflection(self, tx) -> None:
+        if self._unwritten is not None:
+            n, columns = self._unwritten
+            tx.update("iterations", (self.work_id, n), **columns)
+            self._unwritten = None
+        if self._waited:
+            work = work_q.item(tx.conn, self.work_id)
+            tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + self._waited, updated_at=tx.now)
+            self._waited = 0.0
+
+    def _close_attempt(self, attempt: int, outcome: str, elapsed: float) -> None:
+        """Close a discarded attempt; its time counts toward the run (time is counted once,
+        like tokens, whatever happens to the work it bought)."""
+        with self.w.transaction() as tx:
+            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=outcome)
+            work = work_q.item(tx.conn, self.work_id)
+            tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + elapsed,
+                      discarded_s=work.discarded_s + elapsed, updated_at=tx.now)
+
+    # -- the wrap-up ----------------------------------------------------------------------------
+    def _wrap_up(self, decision: StopDecision) -> StopDecision:
+        """A budget tripped: one bounded act writes the hand-off note (``wrapup``), then the run
+        ends with the budget's ``decision``."""
+        work, progress, its, verdicts = self._ctx
+        conn = self.w.conn
+        continued, since = loopq.endings(conn, self.work_id)
+        parts = wrapup.record_parts(prog.digests(its, verdicts, self._reflected), _feedback(conn, self.work_id, its, verdicts),
+                                    prog.lessons(its, self.settings.lessons_max, self._reflected))
+        allowance = self.policy.wrapup_allowance(progress)
+        attempt, note, elapsed = loopq.wrapup_attempt(conn, self.work_id, since), "", 0.0
+        if attempt is None and _worth_it(allowance):
+            attempt, note, elapsed = self._wrapup_act(work, progress, its, decision, parts, allowance)
+        said = wrapup.parse(note)
+        tokens, cost = loopq.attempt_usage(conn, self.work_id, attempt) if attempt else (0, 0.0)
+        handoff = {"work_id": self.work_id, "ending": continued + 1, **parts, **said, "note": note[:4000],
+                   "source": "wrapup" if said else "record", "allowance": allowance, "attempt": attempt,
+                   "tokens": tokens, "cost_usd": cost, "elapsed_s": round(elapsed, 4),
+                   "written_by": self.w.instance, "at": time.time()}
+        self.log.info("handed_off", source=handoff["source"], tokens=tokens, allowance=allowance,
+                      next=f"the run ends {decision.reason}")
+        return self._end(decision, handoff)
+
+    def _wrapup_act(self, work, progress, its, decision, parts, allowance) -> tuple[int, str, float]:
+        """Run the wrap-up act; returns (its attempt, the model's text or '', its time)."""
+        n, attempt = progress.iterations + 1, work.attempt + 1
+        with self.w.transaction() as tx:        # committed first: a crash never buys a second one
+            self._write_reflection(tx)
+            tx.update("work_items", self.work_id, attempt=attempt, updated_at=tx.now)
+            tx.insert("attempts", {"work_id": self.work_id, "attempt": attempt, "iteration": n, "wrapup": 1,
+                                   "instance": self.w.instance, "started_at": tx.now})
+        spent = {"tokens": 0, "cost": 0.0}
+        t0 = self.clock()
+
+        def remaining() -> Remaining:
+            def left(cap, used):
+                return None if cap is None else max(0, cap - used)
+            return Remaining(tokens=left(allowance["tokens"], spent["tokens"]),
+                             cost_usd=left(allowance["cost_usd"], spent["cost"]),
+                             seconds=left(allowance["seconds"], self.clock() - t0))
+
+        def on_usage(u: Usage) -> None:
+            self._commit_usage(u, n, attempt)
+            spent["tokens"] += u.budget_tokens
+            spent["cost"] += u.cost_usd
+
+        text = wrapup.prompt(work.goal, n, decision, parts, allowance["tokens"])
+        ctx = ActContext(self.work_id, n, attempt, Path(work.workspace), wrapup.INSTRUCTIONS, text,
+                         max_turns=wrapup.MAX_TURNS, remaining=remaining)
+        outcome = None
+        try:
+            with read_only(), telemetry.current().step("wrap_up"):
+                outcome = self.backend.act(ctx, on_usage=on_usage,
+                                           budget_left=lambda: INTERRUPTED if self.interrupt.is_set() else None)
+        except Exception as exc:  # noqa: BLE001 - the note then comes from the record; the run ends all the same
+            self.log.warning("wrapup_failed", error=str(exc), next="a hand-off note from the record")
+        elapsed = self.clock() - t0
+        with self.w.transaction() as tx:
+            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now,
+                      outcome=f"wrapup:{outcome.status if outcome else 'error'}")
+            tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
+                      updated_at=tx.now)
+        self.history.reset_to(self._settled(its))   # whatever the act did, the run ends where it stood
+        ok = outcome is not None and outcome.status in ("ok", "failed") and outcome.turns > 0
+        return attempt, (outcome.summary if ok else ""), elapsed
+
+
+def _worth_it(allowance: dict) -> bool:
+    """Whether the wrap-up's slice leaves room for a prompt and a note on every budget."""
+    if allowance["cost_usd"] is not None and allowance["cost_usd"] <= 0:
+        return False
+    if allowance["seconds"] is not None and allowance["seconds"] < MIN_WRAPUP_SECONDS:
+        return False
+    return wrapup.fits(allowance["tokens"])
+
+
+def _feedback(conn, work_id: str, its: list, verdicts: dict) -> str:
+    if not its:
+        return ""
+    last = its[-1]["n"]
+    text = verdicts[last].feedback if last in verdicts else ""
+    human = gate.feedback_for(conn, work_id, last)
+    return f"{text}\n\n{human}".strip() if human else text
+
+
+def _verify_note(work: WorkItem) -> str:
+    cmds = work.verify
+    return "\n\nThe eval-agent verifies with: " + "; ".join(f"`{c}`" for c in cmds) if cmds else ""
