@@ -114,7 +114,7 @@ def request(home: OrgHome, intent: str, *, force: bool = False, timeout_s: float
             _stop_orphans(home, writer)
             target = SessionStatus.SUSPENDED if intent == "suspend" else SessionStatus.STOPPED
             with writer.transaction() as tx:
-                status = tx.get("org_session", 1)["status"]
+                status = org_session(tx.conn).status
                 if status != target:
                     if status == SessionStatus.RUNNING and target == SessionStatus.SUSPENDED:
                         tx.set_status("org_session", 1, SessionStatus.SUSPENDING, updated_at=time.time())

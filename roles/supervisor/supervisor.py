@@ -27,7 +27,7 @@ from roles.supervisor.forkserver import ForkedRole, ForkServer, ForkServerError
 from state_db.config import Config
 from state_db.errors import StateError
 from state_db.home import OrgHome
-from state_db.queries.processes import role_instances, session as org_session
+from state_db.queries.processes import role_instance, role_instances, session as org_session
 from state_db.queries import processes, work
 from state_db.vocab import Actor, RoleStatus, SessionStatus, WorkStatus
 from state_db.writer import StateWriter
@@ -138,18 +138,17 @@ class Supervisor:
         me = os.getpid()
         now = time.time()
         with self.writer.transaction() as tx:
-            row = tx.get("org_session", 1)
+            row = org_session(tx.conn)
             fields = {"supervisor_pid": me, "supervisor_start": procs.start_time(me), "updated_at": now,
                       "started_at": now}
             if row is None:
                 tx.insert("org_session", {"id": 1, "status": SessionStatus.RUNNING, "detail": "{}", **fields})
-            elif row["status"] == SessionStatus.RUNNING:
+            elif row.status == SessionStatus.RUNNING:
                 tx.update("org_session", 1, **fields)
             else:
                 tx.set_status("org_session", 1, SessionStatus.RUNNING, detail="{}", **fields)
             for name, child in self.children.items():
-                existing = tx.get("role_instances", name)
-                if existing is None:
+                if role_instance(tx.conn, name) is None:
                     tx.insert("role_instances", {"instance": name, "role": child.spec.role,
                                                  "status": RoleStatus.STOPPED, "updated_at": now})
             # instances beyond the configured count (loop_agents lowered) are simply left stopped
@@ -160,7 +159,7 @@ class Supervisor:
         name = child.spec.instance
         now = time.time()
         with self.writer.transaction() as tx:
-            current = tx.get("role_instances", name)["status"]
+            current = role_instance(tx.conn, name).status
             if current in (RoleStatus.READY, RoleStatus.STOPPING):
                 tx.set_status("role_instances", name, RoleStatus.CRASHED, updated_at=now,
                               last_exit="lost with an earlier supervisor")
@@ -254,9 +253,9 @@ class Supervisor:
     def _record_exit(self, name: str, status: str, detail: str, restarts: bool = False) -> None:
         now = time.time()
         with self.writer.transaction() as tx:
-            row = tx.get("role_instances", name)
-            extra = {"restarts": row["restarts"] + 1} if restarts else {}
-            current = row["status"]
+            row = role_instance(tx.conn, name)
+            extra = {"restarts": row.restarts + 1} if restarts else {}
+            current = row.status
             if current == status or current == RoleStatus.FAILED:
                 return
             if status == RoleStatus.FAILED and current != RoleStatus.CRASHED and _can(current, RoleStatus.CRASHED):
@@ -360,9 +359,9 @@ class Supervisor:
         if self.forks is not None:
             self.forks.close()
         with self.writer.transaction() as tx:
-            row = tx.get("org_session", 1)
-            if row["status"] != target:
-                if row["status"] == SessionStatus.RUNNING and target == SessionStatus.SUSPENDED:
+            row = org_session(tx.conn)
+            if row.status != target:
+                if row.status == SessionStatus.RUNNING and target == SessionStatus.SUSPENDED:
                     tx.set_status("org_session", 1, SessionStatus.SUSPENDING, updated_at=time.time())
                 tx.set_status("org_session", 1, target, updated_at=time.time(), supervisor_pid=None)
         (self.home.run_dir / "supervisor.pid").unlink(missing_ok=True)

@@ -68,6 +68,12 @@ def role_instances(conn: sqlite3.Connection, role: str | None = None) -> list[Ro
         f"SELECT * FROM role_instances{where} ORDER BY role, instance", params)]
 
 
+def role_instance(conn: sqlite3.Connection, instance: str) -> RoleInstance | None:
+    """The role instance ``instance``, or None (never registered)."""
+    row = conn.execute("SELECT * FROM role_instances WHERE instance = ?", (instance,)).fetchone()
+    return RoleInstance.from_row(row) if row else None
+
+
 def transport_counters(conn: sqlite3.Connection, instance: str | None = None) -> dict[str, dict[str, int]]:
     """Stored transport counters: ``{instance: {name: value}}`` (of ``instance`` when given)."""
     where, params = ("", ()) if instance is None else (" WHERE instance = ?", (instance,))
