@@ -18,6 +18,7 @@ from roles.operations import Result, human_writer
 from state_db.bootstrap import init_home
 from state_db.errors import StateError
 from state_db.home import OrgHome
+from state_db.queries.processes import session as org_session
 from state_db.vocab import SessionStatus
 
 INTENTS = ("stop", "suspend")
@@ -74,10 +75,10 @@ def record_intent(home: OrgHome, intent: str, *, force: bool = False, supervisor
     writer = human_writer(home.require().db_path, via)
     try:
         with writer.transaction() as tx:
-            row = tx.get("org_session", 1)
-            if row is None:
+            session = org_session(tx.conn)
+            if session is None:
                 raise LifecycleError("this org was never started", hint="start it with scripts/start-org")
-            if intent == "suspend" and row["status"] == SessionStatus.STOPPED and not supervisor_running:
+            if intent == "suspend" and session.status == SessionStatus.STOPPED and not supervisor_running:
                 raise LifecycleError("the org is stopped; there is nothing to suspend", code="org_stopped",
                                      hint="start it with 'org resume' or scripts/start-org")
             tx.update("org_session", 1, detail=orjson.dumps(done.as_dict()).decode(), updated_at=time.time())
