@@ -200,7 +200,7 @@ class Observer:
                     res = runner.execute(command, cwd=snapshot, timeout_s=float(self.cfg.sandbox.cpu_seconds),
                                          max_output=200_000)
                 except Exception as exc:  # noqa: BLE001 - the sandbox refused: the machine's fault
-                    return Seen(None, why=f"`{command}` cannot run: {getattr(exc, 'code', type(exc).__name__)}: {exc}",
+                    return Seen(None, why=f"`{command}` cannot run: {exc.code if isinstance(exc, OrgError) else type(exc).__name__}: {exc}",
                                 tree=tree)
                 if res.timed_out or res.exit_code in (126, 127):
                     said = " / ".join(res.output.strip().splitlines()[-2:])[:300]

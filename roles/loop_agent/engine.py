@@ -47,7 +47,7 @@ from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, P
                                     Step, WrapUp)
 from roles.loop_agent.stop import StopDecision
 from state_db import ending
-from state_db.errors import Conflict
+from state_db.errors import Conflict, OrgError
 from state_db.queries import loop as loopq, work as work_q
 from state_db.queries.iterations import count, iteration as iteration_row
 from state_db.queries.usage import of_work, org_spend
@@ -101,7 +101,7 @@ def end_unbuildable(writer: StateWriter, work_id: str, settings: LoopSettings, e
     work = work_q.item(writer.conn, work_id)
     if work is None or ending.recorded(work) is not None:
         return None
-    detail = f"{getattr(exc, 'code', 'backend_config')}: {exc}"
+    detail = f"{exc.code if isinstance(exc, OrgError) else 'backend_config'}: {exc}"
     progress, _, _ = prog.load(writer.conn, work, model_error=detail)
     decision = policy_for(work, settings).evaluate(progress)
     with writer.transaction() as tx:
