@@ -395,3 +395,13 @@ def test_a_wrap_up_cut_by_a_crash_is_never_bought_twice(org_home, ws):
     assert (note["source"], note["attempt"], note["tokens"]) == ("record", 2, 0)
     assert query(org_home, "SELECT attempt, wrapup, outcome FROM attempts ORDER BY attempt") == [
         {"attempt": 1, "wrapup": 0, "outcome": "committed"}, {"attempt": 2, "wrapup": 1, "outcome": "discarded"}]
+
+
+def test_only_end_run_ends_a_run():
+    """No code ends a work item by hand: every ending is a StopDecision through end_run."""
+    import re
+    root = Path(__file__).resolve().parents[1]
+    by_hand = re.compile(r"set_status\(\s*[\"']work_items[\"'][^)]*(?:WorkStatus\.ENDED|[\"']ended[\"'])", re.S)
+    found = [str(p.relative_to(root)) for top in ("roles", "scripts", "knowledge", "skills", "state_db", "transport")
+             for p in (root / top).rglob("*.py") if p.name != "ending.py" and by_hand.search(p.read_text())]
+    assert found == []
