@@ -223,3 +223,34 @@ def test_suspend_resume_and_stop_of_a_running_org(capsys):
         with pytest.raises(OrgError) as refused:                             # a stop is not rewritten
             suspend(home, timeout_s=30)
         assert refused.value.code == "org_stopped"
+
+
+def test_an_entry_point_prints_an_org_error_as_one_line_and_lets_a_bug_through(capsys, tmp_path):
+    from roles import runtime
+
+    class Refuses:
+        __module__ = "roles.probe"
+
+        def __init__(self, home, instance):
+            raise OrgError("no keys for this role", code="keyring_missing", hint="start the org with start-org")
+
+    class Breaks(Refuses):
+        def __init__(self, home, instance):
+            raise ValueError("a bug")
+
+    assert runtime.main(Refuses, ["--home", str(tmp_path), "--instance", "x"]) == 1
+    assert capsys.readouterr().err == "error[keyring_missing]: no keys for this role — start the org with start-org\n"
+    with pytest.raises(ValueError):                   # not an OrgError: a bug, with its traceback
+        runtime.main(Breaks, ["--home", str(tmp_path), "--instance", "x"])
+
+
+def test_no_code_reads_an_error_code_by_duck_typing():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    duck = re.compile(r"(getattr|hasattr)\([^,()]+,\s*[\"']code[\"']")
+    found = [f"{p.relative_to(root)}:{n}" for top in ("roles", "scripts", "state_db", "transport", "knowledge", "skills")
+             for p in sorted((root / top).rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1) if duck.search(line)]
+    assert not found, "read the code from an OrgError instead: " + ", ".join(found)
