@@ -26,9 +26,18 @@ still hold it makes ``migrate`` fail (MigrationFailed) until those rows are deal
 """
 from __future__ import annotations
 
+import hashlib
+import sqlite3
+from pathlib import Path
 from typing import Callable
 
+import orjson
+
+from state_db.connection import connect as connect_any
+from state_db.errors import StateError
+from state_db.schema import MIGRATIONS, STOP_HISTORY
 from state_db.store import PgConnection
+from state_db.store import connect as store_connect
 from state_db.vocab_guard import GUARDED, PREFIX, allowed
 
 SUPPORT_VERSION = 1      # bump when SUPPORT changes: prepare() re-runs it once
@@ -160,7 +169,6 @@ def sync(conn: PgConnection) -> list[str]:
 # ------------------------------------------------------------------------------------ Python steps
 
 def _vocabulary(conn: PgConnection) -> None:
-    from state_db.schema import STOP_HISTORY
     conn.execute(STOP_HISTORY)
     install(conn)
 
@@ -171,3 +179,118 @@ STEPS: dict[str, Callable[[PgConnection], None]] = {"0006_vocabulary": _vocabula
 def step(name: str, fn: Callable) -> Callable:
     """The PostgreSQL form of the Python migration ``name``."""
     return STEPS.get(name, fn)
+
+
+# ------------------------------------------------------------------------------------ copying an org's state.db
+
+SKIP_TABLES = {"_migrations", "_store"}    # each store's own record of its migrations
+
+
+def _source_tables(src: sqlite3.Connection) -> list[str]:
+    """The SQLite store's tables, each after those its foreign keys name (so a plain copy in this
+    order satisfies every reference as it goes)."""
+    names = [r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                       "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+    names = [n for n in names if n not in SKIP_TABLES]
+    refs = {n: {r[2] for r in src.execute(f"PRAGMA foreign_key_list({n})")} - {n} for n in names}
+    ordered: list[str] = []
+    while len(ordered) < len(names):
+        ready = [n for n in names if n not in ordered and refs[n] <= set(ordered)]
+        ordered += ready or [n for n in names if n not in ordered]    # a cycle: deferred references
+    return ordered
+
+
+def _columns_of(src: sqlite3.Connection, table: str) -> list[str]:
+    return [r[1] for r in src.execute(f"PRAGMA table_info({table})")]
+
+
+def _digest(row) -> bytes:
+    """A row's values as a digest both stores agree on (the same Python values come out of both:
+    text, int, float, None)."""
+    return hashlib.sha256(orjson.dumps([float(v) if isinstance(v, float) else v for v in row])).digest()
+
+
+def table_digest(conn, table: str, columns: list[str]) -> tuple[int, str, set[bytes]]:
+    """(row count, checksum, row digests) of ``table``: the checksum is over the sorted row digests,
+    so it does not depend on either store's row order or collation."""
+    digests = [_digest(tuple(r)) for r in conn.execute(f"SELECT {', '.join(columns)} FROM {table}")]
+    digests.sort()
+    return len(digests), hashlib.sha256(b"".join(digests)).hexdigest(), set(digests)
+
+
+def copy_from_sqlite(db_path: str | Path, url: str) -> dict:
+    """Copy the org's state.db at ``db_path`` into the PostgreSQL store at ``url`` (migrated
+    here first; it must hold no rows), in one locked transaction, then verify every table row by
+    row: the same count and the same checksum of its rows in both stores.
+
+    Returns ``{"tables": {name: {"rows": n, "checksum": hex}}, "rows": total, "verified": True}``.
+    Raises StateError: ``store_outdated`` (state.db is behind this code), ``org_running``,
+    ``store_not_empty``, ``copy_failed`` (a row PostgreSQL's constraints refuse; nothing copied),
+    ``copy_mismatch`` (verification failed; the store is left as copied, for a look).
+    """
+    from state_db.migrations import migrate, schema_version    # migrations imports this module
+
+    src = connect_any(db_path, readonly=True)
+    try:
+        version = schema_version(src)
+        if version != len(MIGRATIONS):
+            raise StateError(f"{db_path} is at schema version {version}, this code's is {len(MIGRATIONS)}",
+                             code="store_outdated",
+                             hint="start the org once with this version (it migrates state.db), stop it, then copy")
+        session = src.execute("SELECT status FROM org_session").fetchone()
+        if session is not None and session[0] in ("running", "suspending"):
+            raise StateError(f"the org is {session[0]}: rows written during the copy would be lost",
+                             code="org_running", hint="stop it first ('org stop'), then copy")
+        migrate(url)
+        dest = store_connect(url)
+        try:
+            src.execute("BEGIN")                 # one read snapshot of state.db for the whole copy
+            tables = _source_tables(src)
+            dest.execute("BEGIN IMMEDIATE")
+            try:
+                present = {t for t, _ in columns(dest)}
+                for table in tables:
+                    if table not in present:
+                        raise StateError(f"table {table} of state.db has no twin in the PostgreSQL store",
+                                         code="copy_failed", hint="both stores must be at the same schema version")
+                    if dest.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is not None:
+                        raise StateError(f"the PostgreSQL store already holds rows ({table})", code="store_not_empty",
+                                         hint="copy into an empty database or schema")
+                for table in tables:
+                    cols = _columns_of(src, table)
+                    try:
+                        dest.copy_rows(table, cols, src.execute(f"SELECT {', '.join(cols)} FROM {table}"))
+                    except sqlite3.Error as exc:
+                        raise StateError(f"PostgreSQL refused a row of {table}: {exc}", code="copy_failed",
+                                         hint="nothing was copied; fix the row in state.db ('org doctor') and retry") from None
+                for table, column in _identities(dest):
+                    dest.run(f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), "
+                             f"GREATEST((SELECT MAX({column}) FROM {table}), 1))")
+            except BaseException:
+                dest.execute("ROLLBACK")
+                raise
+            dest.execute("COMMIT")
+            report, total = {}, 0
+            for table in tables:
+                cols = _columns_of(src, table)
+                n_src, sum_src, rows_src = table_digest(src, table, cols)
+                n_dst, sum_dst, rows_dst = table_digest(dest, table, cols)
+                if (n_src, sum_src) != (n_dst, sum_dst):
+                    raise StateError(f"{table}: {n_src} rows (checksum {sum_src[:12]}) in state.db, {n_dst} "
+                                     f"(checksum {sum_dst[:12]}) in PostgreSQL; {len(rows_src ^ rows_dst)} rows differ",
+                                     code="copy_mismatch", hint="the PostgreSQL store is left as copied for a look; "
+                                     "empty it before another try")
+                report[table] = {"rows": n_src, "checksum": sum_src}
+                total += n_src
+            src.execute("COMMIT")
+            return {"tables": report, "rows": total, "verified": True}
+        finally:
+            dest.close()
+    finally:
+        src.close()
+
+
+def _identities(conn: PgConnection) -> list[tuple[str, str]]:
+    return [(r[0], r[1]) for r in conn.run(
+        "SELECT table_name, column_name FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND is_identity = 'YES'")]

@@ -77,7 +77,7 @@ def location(target: str | Path) -> str | Path:
         return str(target)
     text = str(target)
     if text.startswith("sqlite:///"):
-        return Path(unquote(text[len("sqlite://"):]))
+        return Path("/" + unquote(text[len("sqlite://"):]).lstrip("/"))     # sqlite:///p and sqlite:////p
     if "://" in text:
         raise StateError(f"{text} is not a store this org can use", code="bad_store_url",
                          hint="give sqlite:///PATH or postgresql://USER@HOST/DB")
@@ -348,6 +348,21 @@ class PgConnection:
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from exc
 
+    def copy_rows(self, table: str, columns: list[str], rows: Iterable) -> int:
+        """Load ``rows`` into ``table`` with COPY (one round trip for all of them), in the caller's
+        transaction. Returns the number of rows."""
+        import psycopg
+        n = 0
+        try:
+            with self.raw.cursor() as cur:
+                with cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row(tuple(row))
+                        n += 1
+        except psycopg.Error as exc:
+            raise _as_sqlite(exc) from exc
+        return n
+
     def _pragma(self, head: str) -> Cursor:
         m = re.match(r"PRAGMA\s+(\w+)\s*(?:=\s*(\w+)|\((\w+)\))?$", head)
         name = m.group(1).lower() if m else head
@@ -387,9 +402,11 @@ def connect(url: str, *, readonly: bool = False) -> PgConnection:
     Raises: StateError ``db_unreachable`` when the server cannot be reached."""
     import psycopg
     from psycopg.adapt import Dumper, Loader
+    from psycopg.conninfo import conninfo_to_dict
     try:
+        given = conninfo_to_dict(url).get("options") or ""      # the URL's own (a search_path) are kept
         raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory, cursor_factory=psycopg.RawCursor,
-                              options=f"-c lock_timeout={LOCK_TIMEOUT_MS} -c TimeZone=UTC")
+                              options=f"{given} -c lock_timeout={LOCK_TIMEOUT_MS} -c TimeZone=UTC".strip())
     except psycopg.Error as exc:
         raise StateError(f"cannot reach the PostgreSQL store {describe(url)}: {str(exc).strip()}",
                          code="db_unreachable", hint="check [state] url in org.toml and that the server runs") from None
