@@ -234,6 +234,10 @@ def test_a_budget_keeps_its_wrap_up_reserve_only_when_a_wrap_up_fits_in_it():
     policy = policy_from_caps(budget_tokens=10_000, timeout_s=60, wrapup_reserve=0.05)
     allowance = policy.wrapup_allowance(progress(tokens=9_800, elapsed_s=58.0))
     assert allowance == {"tokens": 200, "cost_usd": None, "seconds": 2.0}
+    # a timeout too short to keep a slice bounds the wrap-up by what is left of it, not by nothing
+    short = policy_from_caps(budget_tokens=10_000, timeout_s=10, wrapup_reserve=0.05)
+    assert short.wrapup_allowance(progress(tokens=9_600, elapsed_s=4.0)) == {"tokens": 400, "cost_usd": None,
+                                                                              "seconds": 6.0}
     assert policy.wraps_up(StopDecision(StopReason.TIMEOUT, "t")) and not policy.wraps_up(
         StopDecision(StopReason.MAX_ITERATIONS, "m"))
     assert not policy_from_caps(budget_tokens=10_000).wraps_up(StopDecision(StopReason.TOKEN_BUDGET, "t"))

@@ -80,13 +80,14 @@ class StopPolicy:
     def wrapup_allowance(self, progress: RunProgress) -> dict[str, float | None]:
         """What a wrap-up act may spend: per budget (``tokens``, ``cost_usd``, ``seconds``; None
         where the run has no such budget), what is left of it up to its limit, never more than
-        its reserve, never below 0."""
+        the slice it keeps (a budget that keeps none bounds it by what is left), never below 0."""
         used = {"tokens": progress.tokens, "cost_usd": progress.cost_usd, "seconds": progress.elapsed_s}
         field_of = {"tokens": "tokens", "cost_usd": "cost_usd", "elapsed_s": "seconds"}
         out: dict[str, float | None] = {"tokens": None, "cost_usd": None, "seconds": None}
         for cap in self.budgets():
             name = field_of[cap.field]
-            left = max(0, min(cap.limit - used[name], cap.reserved))
+            left = cap.limit - used[name]
+            left = max(0, min(left, cap.reserved) if cap.reserved else left)
             out[name] = left if out[name] is None else min(out[name], left)
         return out
 
