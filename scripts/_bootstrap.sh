@@ -1,7 +1,8 @@
 # Sourced by scripts/start-org and scripts/test: make .venv and install the project once (and, for
 # scripts/test, the pinned Claude Code CLI; see ensure_claude_code below).
 # A stamp file holding a hash of pyproject.toml says the install is current, so later starts
-# skip pip entirely (a pip no-op costs ~0.5 s). Never runs a system package manager.
+# skip pip entirely (a pip no-op costs ~0.5 s). Only ensure_postgresql (scripts/test) runs a system
+# package manager, and only as root (or with password-less sudo) when the server is missing.
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
 
@@ -79,4 +80,22 @@ ensure_claude_code() {  # installs once; a failure fails the run under CI=true, 
     exit 1
   fi
   echo "warning[claude_code_missing]: $problem; the real Claude Code test will be skipped" >&2
+}
+
+# The PostgreSQL server the store's tests start under their temporary folder (tests/support/pg.py):
+# Debian's postgresql package when no /usr/lib/postgresql/*/bin/pg_ctl exists. Without root (or
+# password-less sudo) or apt-get, one warning line: those tests then skip, saying why.
+ensure_postgresql() {
+  compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null && return 0
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+  if command -v apt-get >/dev/null 2>&1 && { [ -z "$sudo" ] || sudo -n true 2>/dev/null; }; then
+    echo "loop-org: installing Debian's postgresql package (once) for the PostgreSQL store's tests" >&2
+    if $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null 2>&1 \
+       || { $sudo apt-get update -qq >/dev/null 2>&1 \
+            && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null 2>&1; }; then
+      return 0
+    fi
+  fi
+  echo "warning: PostgreSQL is not installed and could not be (apt-get install postgresql as root); the PostgreSQL store's tests will be skipped" >&2
 }
