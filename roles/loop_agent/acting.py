@@ -29,6 +29,9 @@ from state_db.vocab import StopReason, WorkStatus
 
 INTERRUPTED = "interrupted"
 DISCARDED = "discarded"         # an attempt thrown away because the run must stop (the policy says why)
+# Backends whose agent brings its own tools (an agent CLI): a wrap-up cannot be held to the reading
+# tools there, nor within its slice inside the CLI's session, so their hand-off note is the record's.
+OWN_TOOLS = frozenset({"command"})
 
 
 class Acting:
@@ -225,7 +228,7 @@ class Acting:
                                     prog.lessons(its, self.settings.lessons_max, self._reflected))
         allowance = self.policy.wrapup_allowance(progress)
         attempt, note, elapsed = loopq.wrapup_attempt(conn, self.work_id, since), "", 0.0
-        if attempt is None and _worth_it(allowance):
+        if attempt is None and _worth_it(allowance) and self.backend.name not in OWN_TOOLS:
             attempt, note, elapsed = self._wrapup_act(work, progress, its, decision, parts, allowance)
         said = wrapup.parse(note)
         tokens, cost = loopq.attempt_usage(conn, self.work_id, attempt) if attempt else (0, 0.0)

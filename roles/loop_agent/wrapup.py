@@ -10,6 +10,9 @@ at most ``MAX_TURNS`` model turns, and the workspace is reset to the run's last 
 it whatever it did. And it runs once per ending: its attempt is committed before the model is
 called, so an act cut by a crash is not bought again — the note then comes from the record.
 
+A backend whose agent brings its own tools (the ``command`` backend's CLI) cannot be held to the
+reading tools or to the slice inside its session: it gets no wrap-up act.
+
 The note's three parts are always derived from the record too (iteration summaries and changed
 paths; the latest verdict's failing checks; the lessons), so a wrap-up the model could not do (no
 slice left, a model error, an unparsable answer) still leaves a useful note. The stop reason stays
