@@ -51,6 +51,7 @@ def key_of(dest: Path) -> str:
     return hashlib.sha1(os.path.realpath(dest).encode("utf-8", "surrogateescape")).hexdigest()[:20]
 
 
+@functools.lru_cache(maxsize=256)
 def git_dir_of(history: Path, dest: Path) -> Path:
     """The private repository of snapshot directory ``dest`` of history ``history``."""
     return history / "snapshots" / f"{key_of(dest)}.git"
