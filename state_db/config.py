@@ -113,16 +113,6 @@ class Org(Section):
     loop_agents: int = key(2, "", env="ORG_LOOP_AGENTS", ge=1, le=64)
 
 
-StoreUrl = Annotated[str, Field(pattern=r"^$|^sqlite:///|^postgres(ql)?://"),
-                     Expect("empty, sqlite:///PATH or postgresql://USER@HOST/DB")]
-
-
-class State(Section):
-    """where the truth is kept (state_db/store.py)"""
-    url: StoreUrl = key("", "empty: the org home's state.db (SQLite); postgresql://... when several hosts share it",
-                        env="ORG_STATE_URL")
-
-
 class Caps(Section):
     """applied to a submit that gives no hard cap of its own"""
     max_iterations: int = key(10, ge=1)
@@ -286,7 +276,6 @@ class Config(Section):
     model_config = ConfigDict(title="org.toml")
 
     org: Org = section(Org)
-    state: State = section(State)
     caps: Caps = section(Caps)
     limits: Limits = section(Limits)
     model: Model = section(Model)

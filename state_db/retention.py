@@ -46,6 +46,7 @@ def prune(writer: StateWriter, *, events_days: float, model_calls_days: float, l
                                                      cache_read_tokens, cost_usd, pruned_at)
                          SELECT work_id, COUNT(*), SUM(input_tokens), SUM(output_tokens), SUM(cache_write_tokens),
                                 SUM(cache_read_tokens), SUM(cost_usd), ? FROM model_calls WHERE work_id = ? AND at < ?
+                         GROUP BY work_id
                          ON CONFLICT(work_id) DO UPDATE SET calls = calls + excluded.calls,
                            input_tokens = input_tokens + excluded.input_tokens,
                            output_tokens = output_tokens + excluded.output_tokens,

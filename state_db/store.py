@@ -1,7 +1,10 @@
 """Where the truth is kept: the org home's SQLite file (the default) or a PostgreSQL database.
 
-``[state] url`` in org.toml selects the store: empty or ``sqlite:///PATH`` is SQLite (empty: the
-org home's state.db), ``postgresql://…`` is PostgreSQL through psycopg 3. Everything above this
+A location is a path or ``sqlite:///PATH`` (SQLite) or ``postgresql://…`` (PostgreSQL, through
+psycopg 3). What runs on PostgreSQL today: ``StateWriter``, ``state_db/queries``, the migrations
+and ``org migrate-store`` (tests/test_pg_store.py runs the state_db tests on both stores). The
+running org — its roles and the CLI — still opens the org home's state.db; org.toml has no key
+for the store yet, because no role would honour it. Everything above this
 module — ``StateWriter``, ``state_db/queries``, the migrations — is written once, in the SQLite
 dialect, against the sqlite3 connection's surface; ``PgConnection`` presents that surface on
 PostgreSQL: ``execute(sql, params)`` with ``?`` placeholders, rows readable by name and index
@@ -82,14 +85,6 @@ def location(target: str | Path) -> str | Path:
         raise StateError(f"{text} is not a store this org can use", code="bad_store_url",
                          hint="give sqlite:///PATH or postgresql://USER@HOST/DB")
     return Path(text)
-
-
-def state_location(home, cfg=None) -> str | Path:
-    """The store of the org at ``home``: ``[state] url`` from its org.toml, else its state.db."""
-    if cfg is None:
-        from state_db.config import load_config
-        cfg = load_config(home)
-    return location(cfg.state.url) if cfg.state.url else home.db_path
 
 
 def describe(url: str) -> str:
@@ -429,7 +424,7 @@ def connect(url: str, *, readonly: bool = False) -> PgConnection:
                               options=f"{given} -c lock_timeout={LOCK_TIMEOUT_MS} -c TimeZone=UTC".strip())
     except psycopg.Error as exc:
         raise StateError(f"cannot reach the PostgreSQL store {describe(url)}: {str(exc).strip()}",
-                         code="db_unreachable", hint="check [state] url in org.toml and that the server runs") from None
+                         code="db_unreachable", hint="check the URL and that the server runs") from None
 
     class Untyped(Dumper):
         oid = 0     # unknown: the server infers the type from the column or operator

@@ -56,9 +56,6 @@ SQLITE_ONLY = {
 PG_GAPS = {
     "test_snapshot_is_rendered_after_commit_and_debounced":
         "state_db/snapshot.py opens its database as a Path (the snapshot renderer is not on the store seam)",
-    "test_gc_folds_old_calls_away_and_the_dispatch_spend_cap_still_trips":
-        "state_db/retention.py selects work_id beside COUNT(*) without GROUP BY (a SQLite bare column; "
-        "PostgreSQL refuses it: add GROUP BY work_id)",
 }
 
 
@@ -108,7 +105,6 @@ def org_home(tmp_path, monkeypatch, pg_url):
     config_mod.write_default(home.config_path)
     migrate(pg_url)
     monkeypatch.setenv("ORG_HOME", str(home.root))
-    monkeypatch.setenv("ORG_STATE_URL", pg_url)
     return home
 
 
@@ -378,19 +374,6 @@ def test_a_check_dropped_by_hand_is_restored_at_the_next_migrate(pg_url):
 
 
 # ------------------------------------------------------------------------------------ configuration
-
-def test_org_toml_selects_the_store(tmp_path):
-    home = OrgHome(tmp_path / "org")
-    assert store.state_location(home, config_mod.load(None, env={})) == home.db_path
-    cfg = config_mod.validate({"state": {"url": "postgresql://u@h/db"}})
-    assert store.state_location(home, cfg) == "postgresql://u@h/db"
-    cfg = config_mod.validate({"state": {"url": "sqlite:////srv/org/state.db"}})
-    assert store.state_location(home, cfg) == Path("/srv/org/state.db")
-    with pytest.raises(config_mod.ConfigKeyError):
-        config_mod.validate({"state": {"url": "mysql://u@h/db"}})
-
-
-# ------------------------------------------------------------------------------------ org migrate-store
 
 def _a_worked_org(tmp_path) -> OrgHome:
     from state_db.bootstrap import init_home
