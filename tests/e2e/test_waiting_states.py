@@ -129,12 +129,14 @@ def processes_running(needle: str) -> list[int]:
 
 
 def prompts_of(home, tag: str, iteration: int) -> list[str]:
-    """The prompts the scripted model was sent for ``iteration`` of the run whose goal names ``tag``."""
+    """The prompts the scripted model was sent for ``iteration`` of the run whose goal names ``tag``
+    (in its ``## Goal`` section: another run's prompt may quote this goal in a curated note)."""
     found = []
+    goal = f"## Goal\nmake answer.txt say right ({tag})"
     for path in home.logs_dir.glob("scripted-*.jsonl*"):
         for line in path.read_bytes().splitlines():
             entry = orjson.loads(line)
-            if entry.get("event") == "act" and entry.get("iteration") == iteration and f"({tag})" in entry.get("prompt", ""):
+            if entry.get("event") == "act" and entry.get("iteration") == iteration and goal in entry.get("prompt", ""):
                 found.append(entry["prompt"])
     return found
 
