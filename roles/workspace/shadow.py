@@ -150,14 +150,11 @@ def clear_stale_locks(git_dir: Path) -> list[Path]:
 def read_ref(repo: pygit2.Repository, name: str) -> str | None:
     """The object id ``name`` holds (a symbolic ref followed), or None."""
     try:
-        ref = repo.references.get(name)
-    except (pygit2.GitError, ValueError):
-        return None
-    if ref is None:
-        return None
-    try:
-        return str(ref.resolve().target)
-    except (pygit2.GitError, KeyError):
+        ref = repo.lookup_reference(name)
+        if ref.type != pygit2.enums.ReferenceType.DIRECT:
+            ref = ref.resolve()
+        return str(ref.target)
+    except (KeyError, ValueError, pygit2.GitError):
         return None
 
 
