@@ -8,6 +8,7 @@ none), ``[abc]``/``[!abc]`` are classes and ``{a,b}`` alternatives.
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Iterable, Sequence
 
@@ -65,9 +66,15 @@ def _glob_regex(pattern: str) -> str:
     return "".join(out)
 
 
+@functools.lru_cache(maxsize=256)
+def _compiled(patterns: tuple[str, ...]) -> re.Pattern:
+    """One regex for a set of globs, compiled once (the verifier asks every iteration)."""
+    return re.compile("|".join(f"(?:{_glob_regex(p)})" for p in patterns))
+
+
 def match_paths(paths: Iterable[str], patterns: Sequence[str]) -> list[str]:
     """Return the paths (workspace-relative, ``/``-separated) matching any glob, sorted."""
     if not patterns:
         return []
-    rx = re.compile("|".join(f"(?:{_glob_regex(p)})" for p in patterns))
+    rx = _compiled(tuple(patterns))
     return sorted(p for p in paths if rx.fullmatch(p))
