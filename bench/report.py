@@ -67,7 +67,7 @@ def run_bench(name: str) -> dict:
 
 # the columns of a benchmark's per-N table (bench/scale.py)
 PER_N = ("n", "iterations_per_s", "bound_per_s", "ratio", "overhead_ms_p50", "overhead_ms_p99", "dispatch_ms_p50",
-         "sqlite_write_wait_ms_p99", "cpu_ms_per_iteration", "host_cpu_busy", "startup_ms",
+         "sqlite_write_wait_ms_p99", "cpu_ms_per_iteration", "host_cpu_busy", "eval_agent_busy", "startup_ms",
          "pss_mb.loop_agent_mean")
 
 

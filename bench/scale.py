@@ -18,6 +18,8 @@ trivial (``cat`` and a comparison). Per N it reports:
   preflight's own verify command, over the first N items (each finds an idle loop-agent).
 - ``sqlite_write_wait_ms_p50`` / ``_p99``: a probe takes the write lock (``BEGIN IMMEDIATE``;
   rollback) every 50 ms during the run: how long a writer waits for the lock.
+- ``eval_agent_busy``: the share of the run the (single) eval-agent spent verifying, from
+  state.db (each verification starts at its iteration's commit or the previous verdict).
 - ``cpu_ms_per_iteration``: CPU time (user + system, children included) of every process of the
   org during the run ÷ committed iterations; ``host_cpu_busy``: the share of both cores busy.
 - ``pss_mb``: proportional set size per role (``/proc/PID/smaps_rollup``) with the org idle,
@@ -246,6 +248,18 @@ def _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss,
     checks = {(r["work_id"], r["iteration"]): sum(c["duration_ms"] for c in json.loads(r["checks"]))
               for r in q(home, f"SELECT work_id, iteration, checks FROM verdicts WHERE work_id IN ({marks})", ids)}
     elapsed = {(r["work_id"], r["n"]): r["elapsed_s"] for r in its}
+    # the eval-agent verifies one iteration at a time: each verification starts when its
+    # iteration is committed or when the previous verdict was written, whichever is later
+    asked = {(r["work_id"], r["n"]): r["committed_at"] for r in its}
+    done = sorted((r["at"], asked.get((r["work_id"], r["iteration"]))) for r in q(
+        home, f"SELECT work_id, iteration, at FROM verdicts WHERE iteration > 0 AND work_id IN ({marks})", ids))
+    service, prev = 0.0, None
+    for at, req in done:
+        if req is None:
+            continue
+        start = req if prev is None else max(req, prev)
+        service += max(0.0, at - start)
+        prev = at
     overheads = []
     by_item: dict[str, list] = {}
     for a in attempts:
@@ -274,6 +288,7 @@ def _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss,
         "dispatch_ms_p50": _pct(dispatch, 0.5), "dispatch_ms_p99": _pct(dispatch, 0.99),
         "sqlite_write_wait_ms_p50": _pct(waits, 0.5), "sqlite_write_wait_ms_p99": _pct(waits, 0.99),
         "cpu_ms_per_iteration": round(cpu_s * 1000 / len(its), 1) if its else None,
+        "eval_agent_busy": round(service / span, 3) if span else None,
         "run_s": round(span, 2) if span else None,
         "host_cpu_busy": round(busy, 3), "startup_ms": startup_ms, "warm_ms": settled_ms,
         "pss_mb": {"loop_agent_mean": round(statistics.mean(loop_pss), 1) if loop_pss else None,
@@ -286,6 +301,10 @@ def binding_limit(rows: list[dict]) -> str:
     top = rows[-1]
     if top["ratio"] is not None and top["ratio"] >= 0.8:
         return f"nothing up to N={top['n']}: throughput follows the model latency"
+    if (top.get("eval_agent_busy") or 0) >= 0.85:
+        return (f"the eval-agent: one process verifies every iteration in turn, busy "
+                f"{round(100 * top['eval_agent_busy'])} % of the run at N={top['n']} "
+                f"({top['iterations_per_s']} iterations/s)")
     if (top["sqlite_write_wait_ms_p99"] or 0) > 100:
         return (f"SQLite's write lock: at N={top['n']} a writer waits {top['sqlite_write_wait_ms_p99']} ms "
                 "(p99) for it")
