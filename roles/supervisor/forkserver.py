@@ -3,9 +3,10 @@
 Started with ``exec`` every role process imports the same code on its own — the runtime,
 ZeroMQ, structlog, pygit2 and, in a loop-agent, the model SDK (about 2 s of CPU) — and keeps its
 own copy of every page of it. The template imports all of that once; each role is then a
-``fork()`` of it, so start-up costs a fork instead of an interpreter, and the imported code's
-pages stay shared between the roles (copy-on-write; ``gc.freeze()`` keeps the collector from
-touching them), which ``bench/scale.py`` measures as proportional set size per role.
+``fork()`` of it, and the imported code's pages stay shared between the roles (copy-on-write;
+``gc.freeze()`` keeps the collector from touching them), which ``bench/scale.py`` measures as
+proportional set size per role. The org's start-up is not shorter for it on two cores: the
+template's imports come before the first fork, as an interpreter's would.
 
 Protocol, over a socketpair, one JSON object per line:
 
