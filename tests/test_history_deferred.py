@@ -1,6 +1,6 @@
 """The running loop's history (``WorkspaceHistory(defer=True)``): its checkpoints are git's own
-commits and refs the moment they are recorded, only its index (the stat cache) is written out
-now and then; a kill -9 at any moment leaves a history git accepts and the next run reads."""
+commits, each named by its own ref, the moment they are recorded; its index (the stat cache) is
+written out now and then and its branch when the run stops; a kill -9 at any moment leaves a history git accepts and the next run reads."""
 from __future__ import annotations
 
 import random
@@ -55,8 +55,9 @@ def test_a_running_loops_checkpoints_are_gits_own_at_once(tmp_path, ws):
         # git's own files, before anything is written out
         assert git(*gd, "cat-file", "-t", commits[-1]).strip() == "commit"
         assert git(*gd, "rev-parse", iteration_ref(n)).strip() == commits[-1]
-    assert git(*gd, "rev-list", HEAD_REF).split() == [*reversed(commits), base]
-    assert "loop-org: checkpoint of iteration 3" in git(*gd, "reflog", "show", HEAD_REF)
+    # each checkpoint's parent is the one before; the branch moves when the run stops
+    assert git(*gd, "rev-list", commits[-1]).split() == [*reversed(commits), base]
+    assert git(*gd, "rev-parse", HEAD_REF).strip() == base
     _fsck(writer.git_dir)
     # another process (the eval-agent, org diff) reads them, with the writer's index not yet out
     out = _in_child(f"""
@@ -69,7 +70,9 @@ def test_a_running_loops_checkpoints_are_gits_own_at_once(tmp_path, ws):
     assert out[:2] == [commits[1], git_tree_of(ws, tmp_path)] and "src/calc.py" in out[2]
     assert files_of(tmp_path / "snap") == files_of(ws)
     assert b"+    return a + b  # 3" in writer.diff_bytes(base, commits[-1])
-    writer.flush_pending()                  # the run stops: the index is written out
+    writer.flush_pending()                  # the run stops: the branch and the index are written out
+    assert git(*gd, "rev-list", HEAD_REF).split() == [*reversed(commits), base]
+    assert "loop-org: checkpoints of the run" in git(*gd, "reflog", "show", HEAD_REF)
     (ws / "README").write_text("after the stop\n")
     out = _in_child(f"""
         from pathlib import Path

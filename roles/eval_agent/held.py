@@ -43,6 +43,7 @@ checked.
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -129,16 +130,23 @@ def _runner_module(name: str | None) -> bool:
     return bool(name) and (name in _RUNNER_MODULES or name.startswith(_RUNNER_PREFIXES))
 
 
+@functools.lru_cache(maxsize=256)
+def _words(command: str) -> tuple[str, ...]:
+    """A verify command's words, as the shell splits them (parsed once per command: the same
+    few commands are verified every iteration)."""
+    try:
+        return tuple(shlex.split(command, comments=True))
+    except ValueError:
+        return tuple(command.split())
+
+
 def invoked_files(commands: Iterable[str], paths: Iterable[str]) -> list[str]:
     """Workspace files the verify commands name: scripts run by path or through an interpreter,
     and the Makefiles ``make`` reads."""
     paths = set(paths)
     found = set()
     for command in commands:
-        try:
-            words = shlex.split(command, comments=True)
-        except ValueError:
-            words = command.split()
+        words = _words(command)
         for w in words:
             rel = w[2:] if w.startswith("./") else w
             if rel in paths:

@@ -29,6 +29,7 @@ change on every run, and would make every checkpoint (and the no-progress finger
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -71,7 +72,11 @@ _D = DiffOption
 # build cache is never descended into), nested repositories left to their HEAD.
 _RECORD = (_D.INCLUDE_UNTRACKED | _D.INCLUDE_IGNORED | _D.INCLUDE_TYPECHANGE | _D.SKIP_BINARY_CHECK
            | _D.UPDATE_INDEX | _D.IGNORE_SUBMODULES)
-_SCAN = _RECORD
+# Scanning a snapshot: the same, without writing the index out. A file written since the index
+# was last written is racily clean to libgit2 (its stat is not older than the index file), is read
+# again and, with UPDATE_INDEX, has the whole index written for it: every snapshot, since each
+# one writes what changed. Reading a few such files again costs less than writing the index.
+_SCAN = _RECORD & ~_D.UPDATE_INDEX
 _C = CheckoutStrategy
 _CHECKOUT_PATHS = _C.FORCE | _C.RECREATE_MISSING | _C.DISABLE_PATHSPEC_MATCH | _C.DONT_WRITE_INDEX
 _CHECKOUT_ALL = _C.FORCE | _C.RECREATE_MISSING | _C.REMOVE_UNTRACKED | _C.REMOVE_IGNORED | _C.DONT_WRITE_INDEX
@@ -353,12 +358,14 @@ class Shadow:
                 if delta.status not in _NEW:
                     index.remove(os.fsdecode(raw))
             target = self.repo[pygit2.Oid(hex=tree)]
-            create, drop = [], []
+            create, drop, files = [], [], []
             for delta in index.diff_to_tree(target).deltas:    # old: the tree, new: the index
                 if delta.status == DeltaStatus.ADDED:
                     drop.append(delta.new_file.raw_path)
                 else:
                     create.append(delta.old_file.raw_path)
+                    if delta.old_file.mode != FileMode.COMMIT:
+                        files.append(delta.old_file.raw_path)
             if create or drop:
                 # Unlinked first, so the checkout creates every file anew: nothing is ever written
                 # through a second hard link or into a nested repository.
@@ -366,7 +373,11 @@ class Shadow:
                     remove(top + raw)
                 self._checkout(target, create + drop, full=len(index) == 0)
                 for raw in drop:        # the folders it emptied (git records no folder)
+                    with contextlib.suppress(OSError, KeyError):   # a gitlink's entry may be gone
+                        index.remove(os.fsdecode(raw))
                     self._prune(raw)
+                for raw in files:       # as written, stat included: the next scan reads none again
+                    self._add(index, raw)
             self.unsaved += changes + len(create) + len(drop)
             return changes + len(create) + len(drop)
 
