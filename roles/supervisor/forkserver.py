@@ -119,6 +119,18 @@ class ForkServer:
             preexec_fn=lambda: _pdeathsig(signal.SIGKILL))
         theirs.close()
         self.sock, self._buf, self.warm = ours, b"", False
+        self._write_pidfile()
+
+    def started(self) -> bool:
+        return self.proc is not None
+
+    def record_pid(self, pidfile: Path) -> None:
+        """Name the pid file (a template started before the org's lock was taken writes it now)."""
+        self.pidfile = pidfile
+        if self.alive():
+            self._write_pidfile()
+
+    def _write_pidfile(self) -> None:
         if self.pidfile is not None:
             from roles.supervisor import procs
             procs.write_pidfile(self.pidfile, self.proc.pid)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m roles.supervisor.main")
     parser.add_argument("--home", required=True, help="org home")
     args = parser.parse_args(argv)
+    # The role template starts first and imports the roles' code while this process imports its
+    # own and opens the org (two cores: the two overlap). Closed again if org.toml says
+    # [supervisor] spawn = "exec", or if this supervisor does not get to run.
+    forks = None
+    if os.environ.get("ORG_SPAWN", "fork") != "exec":
+        from roles.supervisor.forkserver import ForkServer
+        forks = ForkServer(sys.executable)
+        forks.start()
     from roles.supervisor.supervisor import Supervisor
     from state_db.bootstrap import init_home
     from state_db.home import OrgHome
@@ -22,10 +31,14 @@ def main(argv: list[str] | None = None) -> int:
         cfg, _ = init_home(home)
         configure(home.logs_dir, "supervisor", "supervisor", max_bytes=cfg.logs.max_bytes,
                   backups=cfg.logs.backups)
-        return Supervisor(home, cfg).run()
+        supervisor, forks = Supervisor(home, cfg, forks=forks), None
+        return supervisor.run()
     except OrgError as exc:          # an expected failure: one line
         print(exc.line(), file=sys.stderr)
         return 1
+    finally:
+        if forks is not None:        # never handed over
+            forks.close()
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ class Supervisor:
     """
 
     def __init__(self, home: OrgHome, cfg: Config, *, python: str = sys.executable,
-                 clock=time.monotonic, spawner: Spawner | None = None):
+                 clock=time.monotonic, spawner: Spawner | None = None, forks: ForkServer | None = None):
         self.home = home
         self.cfg = cfg
         self.python = python
@@ -92,9 +92,12 @@ class Supervisor:
         self.spawner = spawner
         # roles are forked from a pre-imported template (roles/supervisor/forkserver.py) unless
         # [supervisor] spawn = "exec" (or ORG_SPAWN=exec) asks for one interpreter per role
+        # (``forks``: a template the process started first thing, importing while this one does)
         self.forks: ForkServer | None = None
         if spawner is None and cfg.supervisor.spawn == "fork":
-            self.forks = ForkServer(python, pidfile=home.run_dir / "forkserver.pid")
+            self.forks = forks or ForkServer(python)
+        elif forks is not None:
+            forks.close()
 
     # -- start ----------------------------------------------------------------------------
     def acquire_lock(self) -> None:
@@ -316,7 +319,9 @@ class Supervisor:
         signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))
         self.issue_keys()
         if self.forks is not None:
-            self.forks.start()                      # imports while the session opens
+            if not self.forks.started():
+                self.forks.start()                  # imports while the session opens
+            self.forks.record_pid(self.home.run_dir / "forkserver.pid")
         self.clear_leftovers()
         self.open_session()
         for child in self.children.values():

@@ -100,10 +100,6 @@ def create(git_dir: Path, head_ref: str) -> None:
             for key, value in REPO_CONFIG:
                 section, name = key.split(".")
                 f.write(f"[{section}]\n\t{name} = {value}\n")
-        # Every fan-out directory now, once: creating one costs as much as a few objects on a
-        # journaling file system, and would otherwise land on a young history's checkpoints.
-        for n in range(256):
-            os.makedirs(tmp / "objects" / f"{n:02x}", exist_ok=True)
         try:
             os.rename(tmp, git_dir)
         except OSError:
@@ -111,6 +107,22 @@ def create(git_dir: Path, head_ref: str) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fan_out(git_dir: Path) -> None:
+    """Make every fan-out directory (``objects/00`` .. ``objects/ff``) of a history. Creating one
+    costs as much as a few objects on a journaling file system, and would otherwise land on a
+    young history's checkpoints; the loop makes them while it waits for the preflight, off the
+    path from a submit to the first act. Safe beside libgit2 writing objects (it makes a missing
+    one itself) and after the history was removed (nothing is made then)."""
+    objects = os.fspath(git_dir / "objects")
+    for n in range(256):
+        try:
+            os.mkdir(f"{objects}/{n:02x}")
+        except FileExistsError:
+            continue
+        except OSError:
+            return                                  # the history is gone
 
 
 def open_repository(git_dir: Path) -> pygit2.Repository:
