@@ -18,8 +18,9 @@ trivial (``cat`` and a comparison). Per N it reports:
   preflight's own verify command, over the first N items (each finds an idle loop-agent).
 - ``sqlite_write_wait_ms_p50`` / ``_p99``: a probe takes the write lock (``BEGIN IMMEDIATE``;
   rollback) every 50 ms during the run: how long a writer waits for the lock.
-- ``eval_agent_busy``: the share of the run the (single) eval-agent spent verifying, from
-  state.db (each verification starts at its iteration's commit or the previous verdict).
+- ``eval_agent_busy``: the share of the run the busiest eval-agent spent verifying, from
+  state.db (each verification starts at its iteration's commit or that eval-agent's previous
+  verdict); ``--eval-agents K`` runs K of them side by side (``[org] eval_agents``).
 - ``cpu_ms_per_iteration``: CPU time (user + system, children included) of every process of the
   org during the run ÷ committed iterations; ``host_cpu_busy``: the share of both cores busy.
 - ``pss_mb``: proportional set size per role (``/proc/PID/smaps_rollup``) with the org idle,
@@ -169,11 +170,12 @@ class LockProbe(threading.Thread):
 
 # -- one N -----------------------------------------------------------------------------------------
 
-def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iterations: int) -> dict:
+def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iterations: int,
+          eval_agents: int = 1) -> dict:
     from roles.operations.submit import SubmitRequest, submit
     from roles.supervisor import control
 
-    home, cfg = workload.new_org(root, n)
+    home, cfg = workload.new_org(root, n, eval_agents=eval_agents)
     t0 = time.monotonic()
     control.start_background(home, timeout_s=180)
     startup_ms = round((time.monotonic() - t0) * 1000, 1)
@@ -248,18 +250,24 @@ def _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss,
     checks = {(r["work_id"], r["iteration"]): sum(c["duration_ms"] for c in json.loads(r["checks"]))
               for r in q(home, f"SELECT work_id, iteration, checks FROM verdicts WHERE work_id IN ({marks})", ids)}
     elapsed = {(r["work_id"], r["n"]): r["elapsed_s"] for r in its}
-    # the eval-agent verifies one iteration at a time: each verification starts when its
-    # iteration is committed or when the previous verdict was written, whichever is later
+    # an eval-agent verifies one iteration at a time: each verification starts when its
+    # iteration is committed or when that eval-agent's previous verdict was written, whichever
+    # is later; the busiest eval-agent is reported
     asked = {(r["work_id"], r["n"]): r["committed_at"] for r in its}
-    done = sorted((r["at"], asked.get((r["work_id"], r["iteration"]))) for r in q(
-        home, f"SELECT work_id, iteration, at FROM verdicts WHERE iteration > 0 AND work_id IN ({marks})", ids))
-    service, prev = 0.0, None
-    for at, req in done:
-        if req is None:
-            continue
-        start = req if prev is None else max(req, prev)
-        service += max(0.0, at - start)
-        prev = at
+    by_eval: dict[str, list] = {}
+    for r in q(home, f"SELECT work_id, iteration, at, written_by FROM verdicts WHERE iteration > 0 "
+                     f"AND work_id IN ({marks})", ids):
+        by_eval.setdefault(r["written_by"], []).append((r["at"], asked.get((r["work_id"], r["iteration"]))))
+    service = 0.0
+    for done in by_eval.values():
+        busy_s, prev = 0.0, None
+        for at, req in sorted(done):
+            if req is None:
+                continue
+            start = req if prev is None else max(req, prev)
+            busy_s += max(0.0, at - start)
+            prev = at
+        service = max(service, busy_s)
     overheads = []
     by_item: dict[str, list] = {}
     for a in attempts:
@@ -288,7 +296,7 @@ def _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss,
         "dispatch_ms_p50": _pct(dispatch, 0.5), "dispatch_ms_p99": _pct(dispatch, 0.99),
         "sqlite_write_wait_ms_p50": _pct(waits, 0.5), "sqlite_write_wait_ms_p99": _pct(waits, 0.99),
         "cpu_ms_per_iteration": round(cpu_s * 1000 / len(its), 1) if its else None,
-        "eval_agent_busy": round(service / span, 3) if span else None,
+        "eval_agent_busy": round(service / span, 3) if span else None, "eval_agents": max(1, len(by_eval)),
         "run_s": round(span, 2) if span else None,
         "host_cpu_busy": round(busy, 3), "startup_ms": startup_ms, "warm_ms": settled_ms,
         "pss_mb": {"loop_agent_mean": round(statistics.mean(loop_pss), 1) if loop_pss else None,
@@ -302,7 +310,9 @@ def binding_limit(rows: list[dict]) -> str:
     if top["ratio"] is not None and top["ratio"] >= 0.8:
         return f"nothing up to N={top['n']}: throughput follows the model latency"
     if (top.get("eval_agent_busy") or 0) >= 0.85:
-        return (f"the eval-agent: one process verifies every iteration in turn, busy "
+        k = top.get("eval_agents", 1)
+        who = "the eval-agent: one process verifies" if k == 1 else f"the eval-agents: each of {k} verifies its share,"
+        return (f"{who} every iteration in turn, busy "
                 f"{round(100 * top['eval_agent_busy'])} % of the run at N={top['n']} "
                 f"({top['iterations_per_s']} iterations/s)")
     if (top["sqlite_write_wait_ms_p99"] or 0) > 100:
@@ -323,6 +333,7 @@ def main(argv=None) -> int:
     ap.add_argument("--latency", type=float, default=0.3, help="seconds per model call")
     ap.add_argument("--items-per-agent", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--eval-agents", type=int, default=1, help="eval-agents side by side ([org] eval_agents)")
     args = ap.parse_args(argv)
     ns = [int(x) for x in args.ns.split(",")]
     quiet_logs()
@@ -330,7 +341,7 @@ def main(argv=None) -> int:
     for n in ns:
         with tempfile.TemporaryDirectory(prefix="sc", dir="/tmp") as d:
             rows.append(run_n(Path(d), n, latency=args.latency, items_per_agent=args.items_per_agent,
-                              iterations=args.iterations))
+                              iterations=args.iterations, eval_agents=args.eval_agents))
         print(json.dumps(rows[-1]), file=sys.stderr)
     top = rows[-1]
     default = next((r for r in rows if r["n"] == 2), rows[0])

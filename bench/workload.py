@@ -116,24 +116,24 @@ def make_template(path: Path) -> Path:
     return path
 
 
-def org_config(loop_agents: int, extra: str = "", transport: str = "") -> str:
+def org_config(loop_agents: int, extra: str = "", transport: str = "", eval_agents: int = 1) -> str:
     """org.toml for a bench org: short heartbeats, a quick stop, restarts never given up
     (a chaos run kills the same role many times within a minute on purpose). ``transport``:
     more lines of the [transport] table; ``extra``: more tables."""
-    return (f"[org]\nloop_agents = {loop_agents}\n"
+    return (f"[org]\nloop_agents = {loop_agents}\neval_agents = {eval_agents}\n"
             "[supervisor]\nheartbeat_s = 0.2\nheartbeat_timeout_s = 4.0\nstop_timeout_s = 3.0\n"
             "restart_max = 1000\nrestart_window_s = 60.0\n"
             "[transport]\nsweep_s = 1.0\n" + transport + extra)
 
 
-def new_org(root: Path, loop_agents: int, extra_config: str = "", transport: str = ""):
+def new_org(root: Path, loop_agents: int, extra_config: str = "", transport: str = "", eval_agents: int = 1):
     """An initialised org home under ``root`` (short path: ipc sockets live in it)."""
     from state_db.bootstrap import init_home
     from state_db.home import OrgHome
 
     home = OrgHome(root / "org")
     home.root.mkdir(parents=True)
-    home.config_path.write_text(org_config(loop_agents, extra_config, transport))
+    home.config_path.write_text(org_config(loop_agents, extra_config, transport, eval_agents))
     cfg, _ = init_home(home)
     return home, cfg
 

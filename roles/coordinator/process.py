@@ -72,6 +72,6 @@ class CoordinatorProcess(RoleProcess):
     def warm_up(self) -> None:
         """Connect to every loop-agent now, so the first dispatch does not wait for a handshake."""
         from roles.instances import org_instances
-        for spec in org_instances(self.cfg.org.loop_agents):
+        for spec in org_instances(self.cfg.org.loop_agents, self.cfg.org.eval_agents):
             if spec.role == "loop-agent":
                 self.transport.prepare(spec.instance)

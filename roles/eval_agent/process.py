@@ -20,6 +20,7 @@ import time
 
 from roles.eval_agent.review import Reviewer, ReviewSettings
 from roles.eval_agent.verifier import Verifier
+from roles.instances import eval_agent_shard, shard_of
 from roles.runtime import RoleProcess
 from state_db.errors import OrgError
 from state_db.queries.verdicts import Due, due
@@ -36,6 +37,9 @@ class EvalAgentProcess(RoleProcess):
         super().__init__(home, instance, **seams)
         self.worker: threading.Thread | None = None
         self.more = threading.Event()
+        shard = eval_agent_shard(self.instance, self.cfg.org.eval_agents)
+        # of several eval-agents, this one verifies only the work items of its share
+        self._owns = None if shard is None else (lambda work_id: shard_of(work_id, shard[1]) == shard[0])
 
     def reconcile(self) -> None:
         if self.stopping:
@@ -64,7 +68,7 @@ class EvalAgentProcess(RoleProcess):
                 soonest = min((at for _, at in failures.values()), default=None)
                 self.more.wait(1.0 if soonest is None else min(1.0, max(0.05, soonest - time.monotonic())))
                 self.more.clear()
-                for row in due(writer.conn):
+                for row in due(writer.conn, self._owns):
                     if self.stopping:
                         break
                     key = (row.work_id, row.n)

@@ -86,7 +86,7 @@ def _wanted(home: OrgHome) -> set[str]:
     from roles.instances import org_instances
     from state_db import config as config_mod
     cfg = config_mod.load_config(home)
-    return {s.instance for s in org_instances(cfg.org.loop_agents)}
+    return {s.instance for s in org_instances(cfg.org.loop_agents, cfg.org.eval_agents)}
 
 
 def request(home: OrgHome, intent: str, *, force: bool = False, timeout_s: float = 30.0) -> dict:

@@ -24,7 +24,7 @@ def ping_all(home: OrgHome, cfg: Config, instances: list[str] | None = None, *, 
 
     Returns one row per instance: {"instance", "result": "pong in X ms" | "no answer", "ms"}.
     """
-    targets = instances or [s.instance for s in org_instances(cfg.org.loop_agents)]
+    targets = instances or [s.instance for s in org_instances(cfg.org.loop_agents, cfg.org.eval_agents)]
     me = f"human-{os.getpid() % 9000 + 1}"
     keyring = Keyring.load(keyring_file(home))
     limits = Limits.from_config(cfg.data["transport"])

@@ -86,7 +86,7 @@ class Supervisor:
         self.clock = clock
         self.log = structlog.get_logger()
         self.writer = StateWriter(home.db_path, Actor.SUPERVISOR)
-        self.children = {s.instance: Child(s) for s in org_instances(cfg.org.loop_agents)}
+        self.children = {s.instance: Child(s) for s in org_instances(cfg.org.loop_agents, cfg.org.eval_agents)}
         self._stop_requested: str | None = None
         self._lock_fd: int | None = None
         self.spawner = spawner

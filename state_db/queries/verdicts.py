@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from typing import Callable
 
 from state_db.queries.base import columns, loads
 from state_db.vocab import Actor, VerdictOutcome, WorkStatus
@@ -140,9 +141,10 @@ class Due:
     assigned_to: str | None
 
 
-def due(conn: sqlite3.Connection) -> list[Due]:
+def due(conn: sqlite3.Connection, owns: Callable[[str], bool] | None = None) -> list[Due]:
     """What the eval-agent must verify, in order: preflights of live runs that have none and no
-    iteration yet (oldest run first), then committed iterations of live runs with no verdict."""
+    iteration yet (oldest run first), then committed iterations of live runs with no verdict.
+    ``owns``: of several eval-agents, which work items are this one's."""
     preflights = conn.execute("""SELECT w.id, 0, w.assigned_to FROM work_items w WHERE w.status != ?
                                    AND NOT EXISTS (SELECT 1 FROM preflights p WHERE p.work_id = w.id)
                                    AND NOT EXISTS (SELECT 1 FROM iterations i WHERE i.work_id = w.id)
@@ -151,4 +153,4 @@ def due(conn: sqlite3.Connection) -> list[Due]:
                                WHERE w.status != ?
                                  AND NOT EXISTS (SELECT 1 FROM verdicts v WHERE v.work_id = i.work_id AND v.iteration = i.n)
                                ORDER BY i.committed_at""", (WorkStatus.ENDED,)).fetchall()
-    return [Due(r[0], r[1], r[2]) for r in (*preflights, *pending)]
+    return [Due(r[0], r[1], r[2]) for r in (*preflights, *pending) if owns is None or owns(r[0])]

@@ -33,7 +33,7 @@ def _known(home, files: list[Path]) -> list[str]:
     from state_db.vocab import Actor
 
     cfg = config_mod.load_config(home)
-    names = {str(a) for a in Actor if a != Actor.HUMAN} | {s.instance for s in org_instances(cfg.org.loop_agents)}
+    names = {str(a) for a in Actor if a != Actor.HUMAN} | {s.instance for s in org_instances(cfg.org.loop_agents, cfg.org.eval_agents)}
     return sorted(names | {f.stem for f in files})
 
 
