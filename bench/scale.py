@@ -20,7 +20,8 @@ trivial (``cat`` and a comparison). Per N it reports:
   rollback) every 50 ms during the run: how long a writer waits for the lock.
 - ``eval_agent_busy``: the share of the run the busiest eval-agent spent verifying, from
   state.db (each verification starts at its iteration's commit or that eval-agent's previous
-  verdict); ``--eval-agents K`` runs K of them side by side (``[org] eval_agents``).
+  verdict); ``--eval-agents K`` runs K of them side by side (``[org] eval_agents``; by default
+  one per 16 loop-agents: 1 up to N = 16, 2 at N = 32).
 - ``cpu_ms_per_iteration``: CPU time (user + system, children included) of every process of the
   org during the run ÷ committed iterations; ``host_cpu_busy``: the share of both cores busy.
 - ``pss_mb``: proportional set size per role (``/proc/PID/smaps_rollup``) with the org idle,
@@ -315,14 +316,14 @@ def binding_limit(rows: list[dict]) -> str:
         return (f"{who} every iteration in turn, busy "
                 f"{round(100 * top['eval_agent_busy'])} % of the run at N={top['n']} "
                 f"({top['iterations_per_s']} iterations/s)")
-    if (top["sqlite_write_wait_ms_p99"] or 0) > 100:
-        return (f"SQLite's write lock: at N={top['n']} a writer waits {top['sqlite_write_wait_ms_p99']} ms "
-                "(p99) for it")
-    if top["host_cpu_busy"] >= 0.85:
+    if top["host_cpu_busy"] >= 0.85:          # before the lock: on a saturated host, lock holders wait for a core
         cores = os.cpu_count()
         return (f"CPU: at N={top['n']} the host's {cores} cores are {round(100 * top['host_cpu_busy'])} % busy "
                 f"at {top['cpu_ms_per_iteration']} ms of CPU per iteration, so at most about "
                 f"{round(cores * 1000 / top['cpu_ms_per_iteration'], 1)} iterations/s fit on this host")
+    if (top["sqlite_write_wait_ms_p99"] or 0) > 100:
+        return (f"SQLite's write lock: at N={top['n']} a writer waits {top['sqlite_write_wait_ms_p99']} ms "
+                "(p99) for it")
     return f"the org's own pace: overhead p99 {top['overhead_ms_p99']} ms per iteration at N={top['n']}"
 
 
@@ -333,7 +334,8 @@ def main(argv=None) -> int:
     ap.add_argument("--latency", type=float, default=0.3, help="seconds per model call")
     ap.add_argument("--items-per-agent", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=3)
-    ap.add_argument("--eval-agents", type=int, default=1, help="eval-agents side by side ([org] eval_agents)")
+    ap.add_argument("--eval-agents", type=int, default=0,
+                    help="eval-agents side by side ([org] eval_agents); 0: one per 16 loop-agents")
     args = ap.parse_args(argv)
     ns = [int(x) for x in args.ns.split(",")]
     quiet_logs()
@@ -341,7 +343,7 @@ def main(argv=None) -> int:
     for n in ns:
         with tempfile.TemporaryDirectory(prefix="sc", dir="/tmp") as d:
             rows.append(run_n(Path(d), n, latency=args.latency, items_per_agent=args.items_per_agent,
-                              iterations=args.iterations, eval_agents=args.eval_agents))
+                              iterations=args.iterations, eval_agents=args.eval_agents or max(1, n // 16)))
         print(json.dumps(rows[-1]), file=sys.stderr)
     top = rows[-1]
     default = next((r for r in rows if r["n"] == 2), rows[0])
