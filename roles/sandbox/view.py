@@ -96,21 +96,22 @@ def build(toolchain: Toolchain | None, *, own_home: Path | None, readonly: Seque
     shown = [Exposure(p, "system folder") for p in SYSTEM if os.path.isdir(p) and not os.path.islink(p)]
     shown += [Exposure(str(p), "the org's code and Python") for p in default_visible()]
     shown += list(tools)
-    never = org_homes(own_home)
+    org = org_homes(own_home)           # read once: every org home hides, and hides what is in it
     folders = [e.path for e in (*shown, *readonly)]
     denied = _denied(homes + [toolchain.home] + folders, folders)
-    never += [d.path for d in denied]
+    never = _Tops([*org, *(d.path for d in denied)])
     # nothing discovered inside an org home or a denied path is shown; what the org asks for
     # by name (org.toml, a CLI's own folder) is shown unless denied
-    keep = [e for e in shown if not _under_any(e.path, never)]
-    keep += [e for e in readonly if not _under_any(e.path, [d.path for d in denied])]
-    folders = [e.path for e in keep]
-    hidden = [Exposure(h, "an org home") for h in org_homes(own_home) if _under_any(h, folders)]
-    hidden += [d for d in denied if _under_any(d.path, folders)]
-    hidden += [Exposure(str(p), "only root may read it") for p in root_private_in(folders)]
+    keep = [e for e in shown if not never.cover(e.path)]
+    denied_tops = _Tops([d.path for d in denied])
+    keep += [e for e in readonly if not denied_tops.cover(e.path)]
+    kept = _Tops([e.path for e in keep])
+    hidden = [Exposure(h, "an org home") for h in org if kept.cover(h)]
+    hidden += [d for d in denied if kept.cover(d.path)]
+    hidden += [Exposure(str(p), "only root may read it") for p in root_private_in(kept.tops)]
     visible = [os.path.realpath(e) for e in toolchain.path.split(os.pathsep) if e.startswith("/")]
-    inside = [p for p in dict.fromkeys(visible)
-              if _under_any(p, [e.path for e in keep]) and not any(_within(p, h.path) for h in hidden)]
+    hidden_tops = _Tops([h.path for h in hidden])
+    inside = [p for p in dict.fromkeys(visible) if kept.cover(p) and not hidden_tops.cover(p)]
     return View(tuple(keep), tuple(hidden), os.pathsep.join(inside) or "/usr/local/bin:/usr/bin:/bin", env)
 
 
@@ -129,14 +130,53 @@ def _under_any(path: str, tops: Iterable[str]) -> bool:
     return any(_within(path, t) for t in tops)
 
 
+class _Tops:
+    """``_under_any`` against one list of folders, asked many times: the folders themselves and
+    their ``top/`` prefixes are made once, and each question is one set lookup and one
+    ``str.startswith`` over all prefixes (the same answer as ``_under_any``)."""
+
+    __slots__ = ("tops", "_exact", "_prefixes")
+
+    def __init__(self, tops: Iterable[str]) -> None:
+        self.tops = list(tops)
+        self._exact = frozenset(self.tops)
+        self._prefixes = tuple(dict.fromkeys(t.rstrip("/") + "/" for t in self.tops))
+
+    def cover(self, path: str) -> bool:
+        return path in self._exact or path.startswith(self._prefixes)
+
+
+_FIRST = frozenset(rel.split("/", 1)[0] for rel in DENY)
+
+
+def _names(folder: str) -> frozenset[str] | None:
+    """The names in ``folder`` that a deny-list entry starts with; None if it cannot be listed
+    (then each entry is looked up on its own)."""
+    try:
+        return _FIRST.intersection(os.listdir(folder))
+    except OSError:
+        return None
+
+
 def _denied(homes: Iterable[str], shown: Sequence[str]) -> list[Exposure]:
     """Deny-list entries below each home (and each shown folder, in case it is one) that are
-    inside something shown."""
+    inside something shown. Only an entry inside something shown is looked up, and a home is
+    listed once instead of looking up every entry whose first name it lacks (a path that
+    exists has its first component listed in the home)."""
     out: dict[str, Exposure] = {}
+    inside = _Tops(shown)
     for home in dict.fromkeys(h for h in homes if h):
+        names: frozenset[str] | None = frozenset()
+        listed = False
         for rel in DENY:
             path = os.path.join(home, rel)
-            if os.path.lexists(path) and _under_any(path, shown):
+            if not inside.cover(path):
+                continue
+            if not listed:
+                names, listed = _names(home), True
+            if names is not None and rel.split("/", 1)[0] not in names:
+                continue
+            if os.path.lexists(path):
                 out.setdefault(path, Exposure(path, "deny-list: keys, credentials or history"))
     return list(out.values())
 
@@ -144,7 +184,8 @@ def _denied(homes: Iterable[str], shown: Sequence[str]) -> list[Exposure]:
 def root_private_in(folders: Sequence[str]) -> list[Path]:
     """Files only root may read (``root_private_paths``) inside the shown folders."""
     from roles.sandbox.mode import root_private_paths
-    return [p for p in root_private_paths() if _under_any(str(p), folders)]
+    tops = _Tops(folders)
+    return [p for p in root_private_paths() if tops.cover(str(p))]
 
 
 def exposed(cfg, org_home, toolchain: Toolchain | None = None) -> list[tuple[str, str]]:
