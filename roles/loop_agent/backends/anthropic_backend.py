@@ -42,6 +42,7 @@ import math
 import os
 import random
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -232,7 +233,8 @@ class AnthropicBackend:
 
             self._client = anthropic.Anthropic(
                 api_key=self._environ.get("ANTHROPIC_API_KEY") or _NO_KEY, base_url=self.base_url,
-                max_retries=0, timeout=self.config.timeout_s)
+                max_retries=0, timeout=self.config.timeout_s,
+                http_client=_http_client(self.base_url, self.config.timeout_s))
         return self._client
 
     def _create(self, client: Any, system_prefix: str, messages: list, tools: list, bounds: RequestBounds, *,
@@ -406,3 +408,55 @@ def classify_error(exc: BaseException) -> Failure:
 
 def _is_loopback(base_url: str) -> bool:
     return (urlparse(base_url).hostname or "") in _LOOPBACK
+
+
+# -- per process, not per client -------------------------------------------------------------------
+
+_TLS_LOCK = threading.Lock()
+_TLS: dict[tuple[str | None, str | None], Any] = {}
+
+
+def _tls_context() -> Any:
+    """The TLS context the SDK builds for each client by default (httpx2's: the system's CA
+    store, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` when set), built once per process and per
+    value of those two variables instead: loading the CA store costs ~35 ms of CPU, and a
+    backend (one client) is built for every run. Certificates are verified as before."""
+    key = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    with _TLS_LOCK:
+        ctx = _TLS.get(key)
+        if ctx is None:
+            import httpx2
+            ctx = _TLS[key] = httpx2.create_ssl_context()
+        return ctx
+
+
+def _http_client(base_url: str, timeout_s: float) -> Any:
+    """The HTTP client the SDK would build itself (its defaults: connection limits, redirects,
+    keep-alive, proxies from the environment; closed when collected), on the shared TLS context."""
+    try:
+        from anthropic._base_client import SyncHttpxClientWrapper as client_cls
+    except ImportError:                 # an SDK without it: the public alias, same defaults
+        from anthropic import DefaultHttpxClient as client_cls
+    return client_cls(base_url=base_url, timeout=timeout_s, verify=_tls_context())
+
+
+def warm() -> None:
+    """What a loop-agent's first act would otherwise pay once per process (~250 ms of CPU): the
+    HTTP stack the SDK imports with its first client, the TLS context, and the validators the
+    SDK builds the first time it reads a response. Done where the SDK is imported ahead of the
+    roles (the supervisor's fork template), so every loop-agent forked from it starts warm."""
+    import httpcore2  # noqa: F401 - the SDK's transport imports it with the first client
+    from anthropic.types import Message
+
+    _tls_context()
+    Message.construct(**{
+        "id": "msg_warm", "type": "message", "role": "assistant", "model": "warm", "stop_reason": "end_turn",
+        "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0},
+        "content": [{"type": "text", "text": ""}, {"type": "tool_use", "id": "toolu_warm", "name": "warm", "input": {}}]})
+
+
+if "anthropic" in sys.modules:          # imported after the SDK: the fork template, a role's warm-up
+    try:
+        warm()
+    except Exception:  # noqa: BLE001 - only a head start; the first act builds what it needs
+        pass
