@@ -166,10 +166,15 @@ def _denied(homes: Iterable[str], shown: Sequence[str]) -> list[Exposure]:
     out: dict[str, Exposure] = {}
     inside = _Tops(shown)
     for home in dict.fromkeys(h for h in homes if h):
+        base = os.path.join(home, "")           # ends with "/": a path below it is base + rel
+        # a path below the home is inside something shown only if the home is, or something
+        # shown lies below the home
+        if not inside.cover(base) and not any(t.startswith(base) for t in inside.tops):
+            continue
         names: frozenset[str] | None = frozenset()
         listed = False
         for rel in DENY:
-            path = os.path.join(home, rel)
+            path = base + rel
             if not inside.cover(path):
                 continue
             if not listed:
