@@ -7,8 +7,9 @@ Usage: ``bench/loop.py --json [--iterations N]`` (default run ≤ 45 s).
   (snapshot + verdict); the time inside the act (model calls and tools) and inside the verify
   command is measured and subtracted. Median over iterations 2..N; ``overhead_ms_mean`` is the
   mean, and ``write_out_ms_at_end`` what writing the history's index (its stat cache, kept in
-  memory while the run goes) out cost when the run stopped. Every checkpoint is a git commit
-  in git's own files (three new objects, a new ref, one ref moved) when it is recorded.
+  memory while the run goes) and moving its branch out cost when the run stopped. Every
+  checkpoint is a git commit in git's own files (three new objects and its own new ref) when it
+  is recorded.
 - ``variable_prompt_growth_ratio``: bytes of the prompt outside the stable prefix at iteration
   30 ÷ at iteration 3, for a run that never meets its goal.
 - ``checkpoint_ms_10k_files``: one file changed in a 10,000-file workspace, as the running loop
@@ -16,7 +17,7 @@ Usage: ``bench/loop.py --json [--iterations N]`` (default run ≤ 45 s).
 - ``fs_ref_update_us_p50``/``fs_new_file_us_p50``/``fs_append_us_p50``: the disk's own cost,
   measured in the same run beside the others: a git ref update, a new file, and an append to an
   existing file (on this machine's virtual disk a new file costs 60–800 µs, an append 4–50 µs;
-  a checkpoint makes four new files and moves one ref), and ``overhead_ms_per_iteration_tmpfs``, the same loop
+  a checkpoint makes four new files and replaces none), and ``overhead_ms_per_iteration_tmpfs``, the same loop
   with the org home in /dev/shm: what the engine costs apart from the disk. ``cpu_ref_ms_p50``
   is a fixed piece of CPU work timed in the same run: on this 2-CPU virtual machine it varies by
   half again from hour to hour, and the overhead with it. Only the on-disk figure is held to
