@@ -24,6 +24,9 @@ trivial (``cat`` and a comparison). Per N it reports:
   one per 16 loop-agents: 1 up to N = 16, 2 at N = 32).
 - ``cpu_ms_per_iteration``: CPU time (user + system, children included) of every process of the
   org during the run ÷ committed iterations; ``host_cpu_busy``: the share of both cores busy.
+  ``cpu_ms_per_iteration_by_role``: the same per kind of role (each role with its child
+  processes); ``cpu_ms_per_iteration_children_by_role``: the part of it spent in the child
+  processes (sandboxed verify and tool commands, bubblewrap).
 - ``pss_mb``: proportional set size per role (``/proc/PID/smaps_rollup``) with the org idle,
   so pages shared between processes are counted once, split fairly.
 - ``startup_ms``: start-org to every role ready; ``warm_ms``: to every loop-agent forked from the
@@ -186,7 +189,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
         pss = {inst: pss_mb(pid) for inst, pid in pids.items()}
         template = workload.make_template(root / "template")
         spec = script(root / "scale.json", iterations, latency)
-        cpu0, (busy0, total0) = _cpu_by_role(pids), host_cpu()
+        cpu0, own0, (busy0, total0) = _cpu_by_role(pids), _own_cpu_by_role(pids), host_cpu()
         probe = LockProbe(home.db_path)
         probe.start()
         w0 = time.time()
@@ -201,9 +204,11 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
                       f"{len(ids)} items to end", interval=0.1)
         probe.stop.set()
         probe.join()
-        cpu1 = _cpu_by_role(org_pids(home))
+        pids1 = org_pids(home)
+        cpu1, own1 = _cpu_by_role(pids1), _own_cpu_by_role(pids1)
         cpu_by = {k: round(cpu1.get(k, 0.0) - cpu0.get(k, 0.0), 2) for k in cpu1}
         cpu_s = sum(cpu_by.values())
+        kids_by = {k: max(0.0, v - (own1.get(k, 0.0) - own0.get(k, 0.0))) for k, v in cpu_by.items()}
         busy1, total1 = host_cpu()
     finally:
         control.request(home, "stop", force=True, timeout_s=60)
@@ -212,6 +217,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
                        (busy1 - busy0) / max(1, total1 - total0))
     its = max(1, figures["iterations"])
     figures["cpu_ms_per_iteration_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(cpu_by.items())}
+    figures["cpu_ms_per_iteration_children_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(kids_by.items())}
     return figures
 
 
@@ -239,6 +245,21 @@ def _cpu_by_role(pids: dict[str, int]) -> dict[str, float]:
     for inst, pid in pids.items():
         kind = inst.rsplit("-", 1)[0] if inst[-1:].isdigit() else inst
         out[kind] = out.get(kind, 0.0) + tree_cpu_s([pid], skip=set(pids.values()) - {pid})
+    return out
+
+
+def _own_cpu_by_role(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds per kind of role of the role processes themselves (user + system, without
+    their children: what ``_cpu_by_role`` adds on top is the roles' child processes, e.g. the
+    sandboxed verify commands)."""
+    out: dict[str, float] = {}
+    for inst, pid in pids.items():
+        kind = inst.rsplit("-", 1)[0] if inst[-1:].isdigit() else inst
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / CLK
     return out
 
 
