@@ -97,6 +97,7 @@ class WorkspaceHistory(HistoryViews):
         self._defer = defer
         self._head: str | None = None   # where HEAD moves at the next flush (``defer``)
         self._fanned = False
+        self._commits: dict[str, pygit2.Oid] = {}   # commit id -> its tree, for ids resolved before
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -152,12 +153,20 @@ class WorkspaceHistory(HistoryViews):
     def _resolve(self, rev: str) -> str | None:
         if not self._exists():
             return None  # reading never creates a history
+        if rev in self._commits:
+            return rev   # a commit id seen before: objects never change (the loop asks ~9 times an iteration)
         if not rev or rev.startswith("-"):
             return None  # never let a caller's value pass for an option
         try:
-            return str(self._repo.revparse_single(rev).peel(pygit2.Commit).id)
+            commit = self._repo.revparse_single(rev).peel(pygit2.Commit)
         except (KeyError, ValueError, TypeError, pygit2.GitError):
             return None
+        found = str(commit.id)
+        if found == rev:
+            if len(self._commits) >= 4096:
+                self._commits.clear()
+            self._commits[rev] = commit.tree_id
+        return found
 
     def _commit_of(self, rev: str) -> str:
         commit = self._resolve(rev)
@@ -166,7 +175,8 @@ class WorkspaceHistory(HistoryViews):
         return commit
 
     def _tree_of(self, commit: str) -> pygit2.Oid:
-        return self._repo[commit].tree_id
+        tree = self._commits.get(commit)
+        return tree if tree is not None else self._repo[commit].tree_id
 
     def _write_commit(self, tree: str, parents: list[str], message: str) -> str:
         sig = shadow.signature()
@@ -341,4 +351,5 @@ class WorkspaceHistory(HistoryViews):
     def delete(self) -> None:
         """Remove the whole shadow history (the workspace is untouched)."""
         shadow.forget(self.git_dir)
+        self._commits.clear()
         shutil.rmtree(self.git_dir, ignore_errors=True)
