@@ -66,7 +66,8 @@ class TransportLink:
     def __init__(self, home: OrgHome, instance: str, cfg: Config, handler: Handler | None = None):
         self.home, self.cfg, self.instance = home, cfg, instance
         self.handler = handler
-        self.node = open_node(home.root, instance, self._deliver, transport=cfg.transport.model_dump(), start=False)
+        self.node = open_node(home.root, instance, self._deliver, transport=cfg.transport.model_dump(), start=False,
+                              store=home.db_path)
         self.sender = self.node.sender
         self.receiver = self.node.receiver
 

@@ -25,7 +25,8 @@ def init_home(home: OrgHome) -> tuple[config_mod.Config, dict]:
     """
     require_linux()
     home.ensure()
-    _private_db(home.db_path)
+    if not home.store_url:
+        _private_db(home.db_path)
     config_mod.write_default(home.config_path)
     cfg = config_mod.load(home.config_path)
     result = migrate(home.db_path, backups_dir=home.backups_dir)

@@ -115,6 +115,13 @@ class Org(Section):
                               "(1: one, named eval-agent)", env="ORG_EVAL_AGENTS", ge=1, le=16)
 
 
+class State(Section):
+    """where the org's truth is kept"""
+    url: str = key("", "empty: state.db in the org home; postgresql://USER@HOST/DB (or libpq's "
+                       "?host=/socket/dir form): a PostgreSQL store shared by every role",
+                   env="ORG_STATE_URL", pattern=r"^$|^(postgresql|postgres)://")
+
+
 class Caps(Section):
     """applied to a submit that gives no hard cap of its own"""
     max_iterations: int = key(10, ge=1)
@@ -278,6 +285,7 @@ class Config(Section):
     model_config = ConfigDict(title="org.toml")
 
     org: Org = section(Org)
+    state: State = section(State)
     caps: Caps = section(Caps)
     limits: Limits = section(Limits)
     model: Model = section(Model)

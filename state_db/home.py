@@ -1,4 +1,5 @@
-"""The org home: where state.db and every runtime folder live.
+"""The org home: where state.db (or the name of the PostgreSQL store in its place) and every
+runtime folder live.
 
 Path rule: explicit argument > ``$ORG_HOME`` > ``.org/`` beside the project. The project is found
 from the code's own location, resolved through git's common directory, so ``org`` run from a
@@ -7,12 +8,14 @@ subdirectory or from a git worktree of the project reaches the same database.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from state_db.errors import HomeNotFound, StateError, UnsupportedPlatform
+from state_db.errors import ConfigError, HomeNotFound, StateError, UnsupportedPlatform
 
 ENV_HOME = "ORG_HOME"
 
@@ -54,8 +57,34 @@ class OrgHome:
     root: Path
 
     @property
-    def db_path(self) -> Path:
-        return self.root / "state.db"
+    def db_path(self) -> Path | str:
+        """Where the org's truth is: ``state.db`` in the home, or the PostgreSQL store that
+        org.toml's ``[state] url`` (or ``ORG_STATE_URL``) names, as its URL. Every reader and
+        writer opens it through ``state_db.connection.connect``, which takes either."""
+        return self.store_url or self.root / "state.db"
+
+    @functools.cached_property
+    def store_url(self) -> str:
+        """The PostgreSQL store's URL, or "" for the home's own state.db. Read once per home
+        object, straight from org.toml (``state_db.config`` checks the key when the org loads
+        its configuration; a file that does not parse here is left for it to report)."""
+        env = os.environ.get("ORG_STATE_URL")
+        if env is not None and env.strip() and not env.strip().startswith(("postgresql://", "postgres://")):
+            raise ConfigError(f"ORG_STATE_URL {env.strip()!r} is not a postgresql:// URL", key="state.url",
+                              hint="unset it for state.db in the org home, or give postgresql://USER@HOST/DB")
+        if env is not None:
+            return env.strip()
+        try:
+            with open(self.root / "org.toml", "rb") as f:
+                table = tomllib.load(f).get("state")
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+            return ""
+        url = table.get("url") if isinstance(table, dict) else None
+        url = url.strip() if isinstance(url, str) else ""
+        if url and not url.startswith(("postgresql://", "postgres://")):
+            raise ConfigError(f"[state] url {url!r} is not a postgresql:// URL", key="state.url",
+                              hint="leave it empty for state.db in the org home, or give postgresql://USER@HOST/DB")
+        return url
 
     @property
     def config_path(self) -> Path:
@@ -94,7 +123,10 @@ class OrgHome:
         return self.root / "backups"
 
     def exists(self) -> bool:
-        return self.db_path.is_file()
+        """An org lives here: its state.db, or, with a PostgreSQL store, its org.toml."""
+        if self.store_url:
+            return self.config_path.is_file()
+        return self.root.joinpath("state.db").is_file()
 
     def ensure(self) -> "OrgHome":
         """Create the home and its folders. The home and ``run/`` are owner-only (state.db, sockets,

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from state_db import queries
 from state_db.connection import connect
+from state_db.errors import StateError
+from state_db.store import is_postgres, location
 
 HEADER = "<!-- generated from state.db; last event {event_id} -->"
 
@@ -76,7 +78,8 @@ class SnapshotHook:
     """Post-commit hook that renders the snapshot, debounced.
 
     Args:
-        db_path: state.db.
+        db_path: the org's store: state.db, or a PostgreSQL store's URL (then ``out_path`` is
+            required: a URL has no home folder beside it).
         out_path: where the markdown goes (default ``<home>/snapshots/org-state.md``).
         debounce_s: minimum seconds between renders.
         render: function(conn) -> text (injectable to test failures).
@@ -84,9 +87,12 @@ class SnapshotHook:
 
     __name__ = "snapshot"
 
-    def __init__(self, db_path: Path, out_path: Path | None = None, *, debounce_s: float = 0.5,
+    def __init__(self, db_path: Path | str, out_path: Path | None = None, *, debounce_s: float = 0.5,
                  render=render_markdown, clock=time.monotonic):
-        self.db_path = Path(db_path)
+        self.db_path = location(db_path)
+        if out_path is None and is_postgres(self.db_path):
+            raise StateError("a snapshot of a PostgreSQL store needs its out_path", code="bad_argument",
+                             hint="pass <org home>/snapshots/org-state.md")
         self.out_path = out_path or self.db_path.parent / "snapshots" / "org-state.md"
         self.debounce_s = debounce_s
         self.render = render

@@ -390,6 +390,8 @@ class PgConnection:
             return Cursor(rows=[])
         if name in _NOOP_PRAGMAS:      # SQLite's file and lock settings: nothing to set on PostgreSQL
             return Cursor(rows=[])
+        if name == "database_list":    # which store this is (callers key caches by it): its URL
+            return Cursor(rows=[_row_class(("seq", "name", "file"))((0, "main", describe(self.url)))])
         raise sqlite3.OperationalError(f"PRAGMA {name} is SQLite's; a PostgreSQL store has no such setting")
 
     def _primary_key(self, table: str) -> tuple[str, ...]:
@@ -423,7 +425,8 @@ def connect(url: str, *, readonly: bool = False) -> PgConnection:
         raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory, cursor_factory=psycopg.RawCursor,
                               options=f"{given} -c lock_timeout={LOCK_TIMEOUT_MS} -c TimeZone=UTC".strip())
     except psycopg.Error as exc:
-        raise StateError(f"cannot reach the PostgreSQL store {describe(url)}: {str(exc).strip()}",
+        said = " ".join(str(exc).split())                       # libpq's lines, as one
+        raise StateError(f"cannot reach the PostgreSQL store {describe(url)}: {said}",
                          code="db_unreachable", hint="check the URL and that the server runs") from None
 
     class Untyped(Dumper):

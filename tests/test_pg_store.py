@@ -53,10 +53,7 @@ SQLITE_ONLY = {
 
 # what does not run on PostgreSQL yet, and why: code outside state_db's store seam (strict: a fix
 # makes these fail until they are moved out of this list)
-PG_GAPS = {
-    "test_snapshot_is_rendered_after_commit_and_debounced":
-        "state_db/snapshot.py opens its database as a Path (the snapshot renderer is not on the store seam)",
-}
+PG_GAPS: dict[str, str] = {}     # tests known to fail on PostgreSQL, with why (none left)
 
 
 def _known_gap(fn, reason: str):

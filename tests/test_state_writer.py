@@ -185,7 +185,7 @@ def test_snapshot_hook_failure_keeps_the_commit(org_home, writer_for, caplog):
     def broken(conn):
         raise RuntimeError("renderer exploded")
 
-    hook = SnapshotHook(org_home.db_path, render=broken, debounce_s=0)
+    hook = SnapshotHook(org_home.db_path, org_home.snapshots_dir / "org-state.md", render=broken, debounce_s=0)
     w = writer_for(Actor.HUMAN, hooks=[hook])
     submit(lambda *a, **k: w)
     assert count(org_home, "SELECT COUNT(*) FROM work_items") == 1
@@ -202,7 +202,8 @@ def test_snapshot_is_rendered_after_commit_and_debounced(org_home, writer_for):
         return render_markdown(conn)
 
     clock = [100.0]
-    hook = SnapshotHook(org_home.db_path, render=render, debounce_s=10, clock=lambda: clock[0])
+    hook = SnapshotHook(org_home.db_path, org_home.snapshots_dir / "org-state.md", render=render, debounce_s=10,
+                        clock=lambda: clock[0])
     w = writer_for(Actor.HUMAN, hooks=[hook])
     submit(lambda *a, **k: w, work_id="a")
     submit(lambda *a, **k: w, work_id="b")      # inside the window: deferred, not rendered now

@@ -170,7 +170,8 @@ class Ledger:
         self._commits = 0
         self._flushed_at = -1e9
         self._checkpointer: _Checkpointer | None = None
-        if background_checkpoint:
+        from state_db.store import is_postgres
+        if background_checkpoint and not is_postgres(self.writer.db_path):    # SQLite's WAL only
             self.writer.conn.execute("PRAGMA wal_autocheckpoint=0")
             self._checkpointer = _Checkpointer(self.writer.db_path, every_s=1.0)
 

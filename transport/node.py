@@ -61,7 +61,8 @@ def open_sender(home: Path | str, instance: str, *, transport: Mapping | None = 
 def open_node(home: Path | str, instance: str, handler: Handler, *,
               transport: Mapping | None = None, endpoint: str | None = None,
               endpoint_overrides: Mapping[str, str] | None = None,
-              clock: Callable[[], float] = time.time, start: bool = True) -> Node:
+              clock: Callable[[], float] = time.time, start: bool = True,
+              store: Path | str | None = None) -> Node:
     """Open the Sender and Receiver of ``instance``.
 
     Args:
@@ -74,6 +75,8 @@ def open_node(home: Path | str, instance: str, handler: Handler, *,
             read the bound address from ``node.receiver.endpoint``).
         endpoint_overrides: where to reach other instances, by name.
         start: bind and watch now (else call ``node.receiver.start()``).
+        store: where the delivery ledger lives: the org's store (default ``<home>/state.db``;
+            a ``postgresql://`` URL when org.toml names one).
 
     Raises:
         KeyringError, IpcPathTooLong, CurveRequired, BadEndpoint, zmq.ZMQError.
@@ -86,7 +89,7 @@ def open_node(home: Path | str, instance: str, handler: Handler, *,
     sender = Sender(instance, keyring, endpoints, root / "outbox", counters=counters,
                     clock=clock, limits=limits)
     try:
-        ledger = Ledger(root / "state.db", instance, counters=counters, limits=limits,
+        ledger = Ledger(store or root / "state.db", instance, counters=counters, limits=limits,
                         clock=clock)
         receiver = Receiver(instance, run_dir=root / "run", outbox_root=root / "outbox",
                             keyring=keyring, handler=handler, ledger=ledger,

@@ -179,10 +179,16 @@ def runner_from_config(cfg, org_home, workspace: Path | None = None, *, readonly
     root = Path(org_home if isinstance(org_home, (str, os.PathLike)) else org_home.root)
     visible = [*(Path(p) for p in cfg.sandbox.readonly_binds), *(Path(p) for p in readonly_binds)]
     return BwrapRunner(workspace, readonly_binds=visible, limits=limits, bwrap=found, present_at=present_at,
-                       own_home=root, toolchain_of=functools.partial(toolchain_for, root / "state.db"))
+                       own_home=root, toolchain_of=functools.partial(toolchain_for, _store_of(org_home, root)))
 
 
-def toolchain_for(db_path: Path, workspace: Path) -> Toolchain | None:
+def _store_of(org_home, root: Path) -> Path | str:
+    """The org's store (state.db, or the PostgreSQL URL org.toml names)."""
+    from state_db.home import OrgHome
+    return org_home.db_path if isinstance(org_home, OrgHome) else OrgHome(root).db_path
+
+
+def toolchain_for(db_path: Path | str, workspace: Path) -> Toolchain | None:
     """The toolchain recorded with the work item holding ``workspace`` (the one with its lock,
     else the latest), or None (no such item, or a state.db without the column)."""
     try:

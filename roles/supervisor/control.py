@@ -62,7 +62,7 @@ def wait_ready(home: OrgHome, *, timeout_s: float, proc: subprocess.Popen | None
             tail = (home.logs_dir / "supervisor.out").read_text(errors="replace").strip().splitlines()[-1:]
             raise ControlError(f"the supervisor exited with {proc.returncode}: {' '.join(tail)}",
                                hint="see 'org logs --role supervisor' and logs/supervisor.out")
-        if home.db_path.exists():
+        if home.exists():
             conn = connect(home.db_path, readonly=True)
             try:
                 session = org_session(conn)

@@ -41,7 +41,7 @@ def read_pidfile(path: Path) -> tuple[int, str | None] | None:
 def kill_org(home) -> None:
     """SIGKILL the supervisor and every role process recorded for ``home`` (each checked by pid
     and start time, so a reused pid is never hit): a hard stop that runs no code of theirs."""
-    if not home.db_path.exists():
+    if not home.exists():
         return
     sup = read_pidfile(home.run_dir / "supervisor.pid")
     if sup:

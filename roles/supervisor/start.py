@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from state_db.errors import OrgError
+from state_db.store import describe
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
             from state_db.logsetup import configure
             configure(home.logs_dir, "human", "cli")
         if migration["applied"]:
-            print(f"state.db ready at {home.db_path} (schema {migration['to']}"
+            where = describe(home.store_url) if home.store_url else home.db_path
+            print(f"state.db ready at {where} (schema {migration['to']}"
                   + (f"; backup {migration['backup']}" if migration["backup"] else "") + ")")
         if args.foreground:
             from roles.supervisor.supervisor import Supervisor

@@ -14,6 +14,7 @@ from state_db.queries.events import last_at as last_event_at, last_id as last_ev
 from state_db.queries.processes import session as org_session
 from state_db.schema import MIGRATIONS
 from state_db.snapshot import snapshot_event_id
+from state_db.store import describe
 
 NAME = "doctor"
 HELP = "check integrity, schema, pid files, outbox, snapshot and sandbox; exit 0 ok / 1 warnings / 2 errors"
@@ -57,8 +58,11 @@ def diagnose(home, now: float | None = None) -> list[dict]:
         add("error", "state.db", f"cannot open: {exc}")
         return out
     try:
-        result = conn.execute("PRAGMA integrity_check").fetchone()[0]
-        add("ok" if result == "ok" else "error", "integrity", result)
+        if home.store_url:
+            add("ok", "integrity", f"PostgreSQL store {describe(home.store_url)}: its own constraints hold it")
+        else:
+            result = conn.execute("PRAGMA integrity_check").fetchone()[0]
+            add("ok" if result == "ok" else "error", "integrity", result)
         try:
             version = check_version(conn)
             level = "ok" if version == len(MIGRATIONS) else "warning"
