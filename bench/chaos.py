@@ -1,7 +1,7 @@
 """Chaos run: a real org (4 loop-agents, scripted model) under kill -9, suspend and resume.
 
 Usage: ``bench/chaos.py --json [--items N] [--kills K] [--seconds S] [--suspends U] [--gated F]
-[--seed X]``.
+[--seed X] [--store sqlite|postgresql]``.
 The default run stays under 45 s; the claim is proven with e.g. ``--items 120 --kills 14
 --seconds 70``.
 
@@ -233,12 +233,12 @@ def submitter(home, cfg, root: Path, specs: list, span_s: float, out: list, erro
 # -- the run ------------------------------------------------------------------------------------
 
 def run(root: Path, *, items: int, kills: int, seconds: float, suspends: int, seed: int,
-        settle_s: float, gated: float = 0.2) -> dict:
+        settle_s: float, gated: float = 0.2, store_url: str = "") -> dict:
     from bench.chaos_audit import audit
     from roles.supervisor import control
 
     rng = random.Random(seed)
-    home, cfg = workload.new_org(root, LOOP_AGENTS)
+    home, cfg = workload.new_org(root, LOOP_AGENTS, extra_config=f'[state]\nurl = "{store_url}"\n' if store_url else "")
     t_start = time.monotonic()
     control.start_background(home, timeout_s=60)
     startup_ms = round((time.monotonic() - t_start) * 1000, 1)
@@ -322,6 +322,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock; printed)")
     p.add_argument("--settle", type=float, default=None, help="seconds to wait for every item to end afterwards")
     p.add_argument("--keep", action="store_true", help="keep the org home and workspaces (path printed)")
+    p.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite",
+                   help="postgresql: the org's state in a throwaway PostgreSQL server (Debian's postgresql "
+                        "package, on a Unix socket), integrity checked by PostgreSQL's own constraints")
     p.add_argument("--root", help="an empty folder to work in, with a short path (ipc sockets live there); "
                                   "default: a new one under the temp folder")
     args = p.parse_args(argv)
@@ -330,13 +333,22 @@ def main(argv=None) -> int:
     from bench.common import quiet_logs
     quiet_logs()
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="lo-"))
+    server = None
     try:
+        url = ""
+        if args.store == "postgresql":
+            from tests.support.pg import PgServer
+            server = PgServer.start(root / "pg")
+            url = server.fresh_url()
         figures = run(root, items=args.items, kills=args.kills, seconds=args.seconds, suspends=args.suspends,
                       seed=seed, settle_s=args.settle if args.settle is not None else 30.0 + args.items * 0.5,
-                      gated=args.gated)
+                      gated=args.gated, store_url=url)
+        figures["store"] = args.store
     finally:
         from state_db.home import OrgHome
         workload.kill_everything(OrgHome(root / "org"))
+        if server is not None:
+            server.stop()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     figures["seed"] = seed

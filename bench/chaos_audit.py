@@ -197,13 +197,40 @@ def elapsed_figures(works: dict, attempts: list[dict]) -> dict:
             "discarded_s": round(sum(r["discarded_s"] or 0 for r in works.values()), 1)}
 
 
+def pg_integrity(conn) -> tuple[str, int]:
+    """A PostgreSQL store's integrity, by its own constraints: PostgreSQL checks every CHECK,
+    UNIQUE, primary and foreign key on every write, so the rows hold them all as long as each
+    constraint is in force (validated, its trigger enabled). Returns ("ok" or what is not in
+    force, how many foreign keys are not)."""
+    raw = conn.raw
+    loose = raw.execute("""SELECT conrelid::regclass::text || '.' || conname, contype FROM pg_constraint
+                            WHERE connamespace = current_schema()::regnamespace AND NOT convalidated""").fetchall()
+    off = raw.execute("""SELECT tgrelid::regclass::text || '.' || tgname FROM pg_trigger t
+                          JOIN pg_class c ON c.oid = t.tgrelid
+                          WHERE c.relnamespace = current_schema()::regnamespace AND t.tgenabled = 'D'""").fetchall()
+    count = raw.execute("""SELECT COUNT(*) FROM pg_constraint WHERE connamespace = current_schema()::regnamespace
+                            AND contype IN ('c', 'f', 'u', 'p')""").fetchone()[0]
+    if count == 0:
+        return "no constraints found", 0
+    problems = [r[0] for r in loose] + [f"{r[0]} (disabled)" for r in off]
+    return ("ok" if not problems else "not in force: " + ", ".join(problems[:10]),
+            sum(1 for r in loose if r[1] == "f"))
+
+
 def audit(home, submitted: dict) -> dict:
     """Figures of one chaos run (see DEFINITIONS). ``submitted``: work id → ItemSpec."""
-    conn = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=30)
-    conn.row_factory = sqlite3.Row
+    from state_db.store import is_postgres
+    if is_postgres(home.db_path):
+        from state_db.connection import connect
+        conn = connect(home.db_path, readonly=True)
+        integrity, fk = pg_integrity(conn)
+    else:
+        conn = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=30)
+        conn.row_factory = sqlite3.Row
     try:
-        integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
-        fk = len(conn.execute("PRAGMA foreign_key_check").fetchall())
+        if not is_postgres(home.db_path):
+            integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+            fk = len(conn.execute("PRAGMA foreign_key_check").fetchall())
         items = {r["id"]: r for r in _rows(conn, "SELECT id, status, stop_reason FROM work_items")}
         its = _rows(conn, "SELECT work_id, n, attempt, checkpoint, tool_calls, input_tokens, output_tokens, "
                           "cache_write_tokens, cache_read_tokens FROM iterations ORDER BY work_id, n")

@@ -34,7 +34,8 @@ def benchmarks() -> list[str]:
 TIMEOUT_S = 600
 # The runs the report records where a benchmark's default is a quick one: the chaos run at the
 # size the issues ask for (120 items, 14 kills: ~80 s here).
-ARGS = {"chaos": ["--items", "120", "--kills", "14", "--seconds", "70"]}
+ARGS = {"chaos": ["--items", "120", "--kills", "14", "--seconds", "70"],
+        "chaos_pg": ["--items", "120", "--kills", "14", "--seconds", "70"]}
 SKIP = {"targets", "pass", "ok", "samples", "definitions", "suspends", "detail", "final", "home",
         "lost_item_ids", "submit_error_samples", "recovery_timeout_samples"}
 
