@@ -1,10 +1,10 @@
 """Where the truth is kept: the org home's SQLite file (the default) or a PostgreSQL database.
 
 A location is a path or ``sqlite:///PATH`` (SQLite) or ``postgresql://…`` (PostgreSQL, through
-psycopg 3). What runs on PostgreSQL today: ``StateWriter``, ``state_db/queries``, the migrations
-and ``org migrate-store`` (tests/test_pg_store.py runs the state_db tests on both stores). The
-running org — its roles and the CLI — still opens the org home's state.db; org.toml has no key
-for the store yet, because no role would honour it. Everything above this
+psycopg 3). org.toml's ``[state] url`` (or ``ORG_STATE_URL``) makes ``OrgHome.db_path`` the URL,
+and then every role, the CLI and the transport's delivery ledger open the PostgreSQL store and no
+state.db is made (tests/test_pg_store.py runs the state_db tests on both stores,
+tests/test_pg_org.py a whole org, bench/chaos_pg.py the chaos run). Everything above this
 module — ``StateWriter``, ``state_db/queries``, the migrations — is written once, in the SQLite
 dialect, against the sqlite3 connection's surface; ``PgConnection`` presents that surface on
 PostgreSQL: ``execute(sql, params)`` with ``?`` placeholders, rows readable by name and index
