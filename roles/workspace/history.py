@@ -40,7 +40,6 @@ Refs: ``refs/loop-org/baseline``, ``refs/iterations/<n>`` per committed iteratio
 from __future__ import annotations
 
 import shutil
-import threading
 from pathlib import Path
 from typing import Callable
 
@@ -96,7 +95,6 @@ class WorkspaceHistory(HistoryViews):
         self._every = INDEX_EVERY if defer else 1
         self._defer = defer
         self._head: str | None = None   # where HEAD moves at the next flush (``defer``)
-        self._fanned = False
         self._commits: dict[str, pygit2.Oid] = {}   # commit id -> its tree, for ids resolved before
 
     # -- plumbing -------------------------------------------------------------------------
@@ -228,7 +226,6 @@ class WorkspaceHistory(HistoryViews):
         if existing:
             if self._ref(HEAD_REF) is None:  # killed between the two ref writes
                 self._set_ref(HEAD_REF, existing, "loop-org: baseline")
-            self._fan_out()
             return existing
         self._ws()
         self._ensure_repo()
@@ -237,17 +234,8 @@ class WorkspaceHistory(HistoryViews):
         self._set_ref(HEAD_REF, commit, "loop-org: baseline")
         self._set_ref(BASELINE_REF, commit, "loop-org: baseline", expect=None)
         self._settle(1)
-        self._fan_out()
         log.info("workspace_baseline", workspace=str(self.workspace), commit=commit)
         return commit
-
-    def _fan_out(self) -> None:
-        """The running loop's history makes its object fan-out directories in the background,
-        once (``shadow.fan_out``): the run's first step is a wait for the preflight anyway."""
-        if self._defer and not self._fanned and not (self.git_dir / "objects" / "ff").exists():
-            threading.Thread(target=shadow.fan_out, args=(self.git_dir,), name="history-fan-out",
-                             daemon=True).start()
-        self._fanned = True
 
     def iteration_commit(self, iteration: int) -> str | None:
         """The checkpoint recorded for ``iteration``, or None."""
