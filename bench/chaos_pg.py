@@ -12,4 +12,4 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.chaos import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["--store", "postgresql", *sys.argv[1:]]))
+    sys.exit(main(["--store", "postgresql", *(sys.argv[1:] or ["--json"])]))
