@@ -101,15 +101,20 @@ def test_a_second_item_on_a_busy_workspace_waits_then_runs(org):
     assert [o["subject"] for o in order] == [first["id"], second["id"]]
 
 
-def test_kill_9_of_a_loop_agent_mid_run_completes_without_an_iteration_twice(org, tmp_path):
+def slow_script(tmp_path) -> Path:
+    """The demo script with a slow act in iteration 2 (the model takes seconds to answer its later
+    turns), so a kill lands mid-act; the re-attempt is served the same way."""
     slow = tmp_path / "slow.json"
     script = json.loads((DEMO / "script.json").read_text())
-    # a slow act in iteration 2 (the model takes seconds to answer its later turns), so the kill
-    # lands mid-act; the re-attempt is served the same way
     reads = [{"tool_uses": [{"name": "read_file", "input": {"path": "textstats.py"}}], "delay_s": 0.4}
              for _ in range(8)]
     script["acts"][1] = reads + script["acts"][1]
     slow.write_text(json.dumps(script))
+    return slow
+
+
+def test_kill_9_of_a_loop_agent_mid_run_completes_without_an_iteration_twice(org, tmp_path):
+    slow = slow_script(tmp_path)
     ws = demo_workspace(org)
     item = submit(org, ws, script=slow)
     wid = item["id"]

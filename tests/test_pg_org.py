@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.org import query, roles, running_org, wait_for
 from tests.support.pg import pg_server, pg_url  # noqa: F401 - fixtures
-from tests.test_org_e2e import DEMO, cli, demo_workspace, ended, submit
+from tests.test_org_e2e import cli, demo_workspace, ended, slow_script, submit
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -51,13 +51,7 @@ def test_the_org_runs_on_postgresql_and_a_killed_loop_agent_costs_nothing_twice(
     assert [(x["outcome"], x["written_by"]) for x in v] == [("fail", "eval-agent"), ("pass", "eval-agent")]
 
     # a loop-agent killed with -9 in the middle of an act, as tests/test_org_e2e.py does on SQLite
-    slow = tmp_path / "slow.json"
-    script = json.loads((DEMO / "script.json").read_text())
-    reads = [{"tool_uses": [{"name": "read_file", "input": {"path": "textstats.py"}}], "delay_s": 0.4}
-             for _ in range(8)]
-    script["acts"][1] = reads + script["acts"][1]
-    slow.write_text(json.dumps(script))
-    wid = submit(org, demo_workspace(org, "ws-kill"), script=slow)["id"]
+    wid = submit(org, demo_workspace(org, "ws-kill"), script=slow_script(tmp_path))["id"]
     wait_for(lambda: query(org, "SELECT COUNT(*) AS c FROM model_calls WHERE work_id=? AND iteration=2",
                            (wid,))[0]["c"] >= 3, timeout=60, what="iteration 2's act to be under way")
     agent = query(org, "SELECT assigned_to FROM work_items WHERE id=?", (wid,))[0]["assigned_to"]
