@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -107,6 +108,28 @@ def test_model_error_ends_the_run_and_discards_the_act(org_home, ws):
     assert decision.reason == "model_error" and "overloaded" in decision.detail
     assert its(org_home) == [] and (ws / "calc.py").read_text() == BUGGY
     assert query(org_home, "SELECT outcome FROM attempts")[0]["outcome"].startswith("model_error")
+
+
+def test_a_run_counts_each_attempts_whole_span_slow_checkpoints_and_discarded_attempts_too(org_home, ws):
+    # the time a run is charged covers every attempt's recorded span (started_at to ended_at):
+    # a workspace that makes checkpoints slow, or a slow reset, cannot stretch the timeout
+    submit(org_home, ws, caps={"max_iterations": 3})
+    run = engine(org_home, "w1", ScriptedActs([[BAD], [{"write": {"calc.py": "junk"}, "error": "overloaded"}]]))
+    checkpoint = run.history.checkpoint
+
+    def slow_checkpoint(n):
+        time.sleep(0.2)
+        return checkpoint(n)
+
+    run.history.checkpoint = slow_checkpoint
+    assert run.run().reason == "model_error"
+    attempts = query(org_home, "SELECT started_at, ended_at, outcome FROM attempts ORDER BY attempt")
+    assert [a["outcome"] for a in attempts] == ["committed", "model_error:overloaded"]
+    spans = sum(a["ended_at"] - a["started_at"] for a in attempts)
+    item = work(org_home)
+    assert spans >= 0.2 and item["elapsed_s"] >= spans, (item["elapsed_s"], spans)
+    assert item["discarded_s"] >= attempts[1]["ended_at"] - attempts[1]["started_at"]
+    assert its(org_home)[0]["elapsed_s"] >= 0.2
 
 
 def test_cancel_during_an_act_discards_it_and_ends_cancelled(org_home, ws):

@@ -76,6 +76,10 @@ class Acting:
         n = progress.iterations + 1
         attempt = work.attempt + 1
         policy = self.policy
+        # the attempt's time runs from before its row is written to inside the transaction that
+        # closes it, so what counts covers its recorded span (started_at to ended_at) whole:
+        # the reset, the prompt's assembly, the act, the checkpoint and the commits
+        t0 = self.clock()
         with self.w.transaction() as tx:
             self._write_reflection(tx)
             tx.update("work_items", self.work_id, attempt=attempt, next_step=None, updated_at=tx.now)
@@ -92,7 +96,6 @@ class Acting:
                 _feedback(self.w.conn, self.work_id, its, verdicts), n,
                 k_recent=self.settings.recent_iterations, summary_cap_chars=self.settings.summary_cap_chars)
             span.set({"loop_org.prompt_bytes": prompt.manifest.get("variable_bytes")})
-        t0 = self.clock()
         spent = {"tokens": progress.tokens, "cost": progress.cost_usd}
         # an act may spend up to where each budget trips (its limit less the wrap-up's reserve)
         trips = {cap.field: cap.trip for cap in policy.budgets()}
@@ -129,21 +132,20 @@ class Acting:
 
         self.log.info("act_started", iteration=n, attempt=attempt, prompt_bytes=prompt.manifest.get("variable_bytes"))
         outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
-        elapsed = self.clock() - t0
         if outcome.status == "budget_exhausted" and outcome.error_code in (INTERRUPTED, StopReason.CANCELLED,
                                                                              StopReason.ORG_LIMIT):
-            self._close_attempt(attempt, outcome.error_code, elapsed)
+            self._close_attempt(attempt, outcome.error_code, t0)
             self.history.reset_to(last)
             self._needs_reset = False
             # cancelled / org_limit: the policy's flags (the work item's cancel, the org's spend) end it
             return False if outcome.error_code == INTERRUPTED else DISCARDED
         if outcome.status == "model_error":
-            self._close_attempt(attempt, f"model_error:{outcome.error_code}", elapsed)
+            self._close_attempt(attempt, f"model_error:{outcome.error_code}", t0)
             self.history.reset_to(last)
             self._needs_reset = False
             self._model_error = f"{outcome.error_code}: {outcome.error}"     # the policy's ModelError fires
             return DISCARDED
-        self._commit(work, n, attempt, outcome, prompt.manifest, elapsed, last, its)
+        self._commit(work, n, attempt, outcome, prompt.manifest, t0, last, its)
         return True
 
     def _commit_usage(self, u: Usage, n: int, attempt: int) -> None:
@@ -159,13 +161,14 @@ class Acting:
         except Conflict:
             self.log.warning("usage_already_counted", request_id=u.request_id)
 
-    def _commit(self, work, n, attempt, outcome: ActOutcome, manifest, elapsed, last_commit, its) -> None:
+    def _commit(self, work, n, attempt, outcome: ActOutcome, manifest, t0: float, last_commit, its) -> None:
         with telemetry.current().step("checkpoint") as span:
             checkpoint = self.history.checkpoint(n)
             changed = self.history.changed_paths(last_commit, checkpoint)
             fp = fingerprint(self.history.tree_id(checkpoint), "")
             span.set({"loop_org.checkpoint": checkpoint, "loop_org.changed_paths": len(changed)})
         with self.w.transaction() as tx:
+            elapsed = self.clock() - t0         # after tx.now, the attempt's ended_at: its span whole
             u = of_attempt(tx.conn, self.work_id, n, attempt)
             tx.insert("iterations", {
                 "work_id": self.work_id, "n": n, "attempt": attempt, "act_status": outcome.status,
@@ -208,10 +211,11 @@ class Acting:
             tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + self._waited, updated_at=tx.now)
             self._waited = 0.0
 
-    def _close_attempt(self, attempt: int, outcome: str, elapsed: float) -> None:
-        """Close a discarded attempt; its time counts toward the run (time is counted once,
-        like tokens, whatever happens to the work it bought)."""
+    def _close_attempt(self, attempt: int, outcome: str, t0: float) -> None:
+        """Close a discarded attempt begun at ``t0``; its time counts toward the run (time is
+        counted once, like tokens, whatever happens to the work it bought)."""
         with self.w.transaction() as tx:
+            elapsed = self.clock() - t0
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=outcome)
             work = work_q.item(tx.conn, self.work_id)
             tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + elapsed,
@@ -243,13 +247,13 @@ class Acting:
     def _wrapup_act(self, work, progress, its, decision, parts, allowance) -> tuple[int, str, float]:
         """Run the wrap-up act; returns (its attempt, the model's text or '', its time)."""
         n, attempt = progress.iterations + 1, work.attempt + 1
+        t0 = self.clock()                       # before started_at: the counted time covers the span
         with self.w.transaction() as tx:        # committed first: a crash never buys a second one
             self._write_reflection(tx)
             tx.update("work_items", self.work_id, attempt=attempt, updated_at=tx.now)
             tx.insert("attempts", {"work_id": self.work_id, "attempt": attempt, "iteration": n, "wrapup": 1,
                                    "instance": self.w.instance, "started_at": tx.now})
         spent = {"tokens": 0, "cost": 0.0}
-        t0 = self.clock()
 
         def remaining() -> Remaining:
             def left(cap, used):
@@ -273,8 +277,8 @@ class Acting:
                                            budget_left=lambda: INTERRUPTED if self.interrupt.is_set() else None)
         except Exception as exc:  # noqa: BLE001 - the note then comes from the record; the run ends all the same
             self.log.warning("wrapup_failed", error=str(exc), next="a hand-off note from the record")
-        elapsed = self.clock() - t0
         with self.w.transaction() as tx:
+            elapsed = self.clock() - t0
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now,
                       outcome=f"wrapup:{outcome.status if outcome else 'error'}")
             tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
