@@ -141,6 +141,7 @@ class GitServer:
     def command(self) -> list[str]:
         """The daemon's command line."""
         return ["git", "-c", "receive.fsckObjects=true", "-c", "receive.denyDeletes=true",
+                "-c", "receive.autogc=false",   # the client would wait for a `git gc --auto` per push
                 "-c", f"core.hooksPath={self.hooks_dir}",
                 "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
                 f"--base-path={self.history_dir}", f"--listen={self.host}", f"--port={self.port}",
