@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
+import structlog
+
 from state_db.config import Config
 from state_db.home import OrgHome
+from transport.endpoints import Endpoints
 from transport.envelope import Envelope
-from transport.keys import keyring_path
+from transport.keys import Keyring, keyring_path
 from transport.ledger import Ledger
 from transport.node import open_node, open_sender
 
@@ -89,7 +92,7 @@ class TransportLink:
         return self.receiver.poll(timeout_ms)
 
     def send(self, recipient: str, kind: str, payload: dict | None = None) -> str:
-        return self.sender.send(recipient, kind, payload)
+        return _send(self.sender, recipient, kind, payload)
 
     def prepare(self, recipient: str) -> None:
         """Connect to ``recipient`` now, so the first send does not wait for a handshake."""
@@ -108,11 +111,11 @@ class ThreadSender:
 
     def __init__(self, home: OrgHome, instance: str, cfg: Config):
         self.home, self.instance, self.cfg = home, instance, cfg
-        self.sender = open_sender(home.root, instance, transport=cfg.transport.model_dump())
+        self.sender = open_sender(home.root, instance, transport=cfg.transport.model_dump(), store=home.db_path)
         self.counters = self.sender.counters
 
     def send(self, recipient: str, kind: str, payload: dict | None = None) -> str:
-        return self.sender.send(recipient, kind, payload)
+        return _send(self.sender, recipient, kind, payload)
 
     def prepare(self, recipient: str) -> None:
         self.sender.pusher.prepare(recipient)
@@ -125,6 +128,26 @@ class ThreadSender:
         ledger.close()
 
 
+# a recipient the transport cannot reach at all: over tcp, an instance no host registered keys for
+UNREACHABLE = frozenset({"curve_required", "bad_endpoint"})
+
+
+def _send(sender, recipient: str, kind: str, payload: dict | None) -> str:
+    """Send, or — for a recipient no host registered (an instance of another host that left) —
+    log it and go on: a message only wakes its recipient up, the facts are rows in the store.
+    Returns the path taken ("push", "outbox", or "none")."""
+    from transport.errors import TransportError
+    try:
+        return sender.send(recipient, kind, payload)
+    except TransportError as exc:
+        if exc.code not in UNREACHABLE or recipient == sender.instance:
+            raise
+        sender.counters.add("unreachable")
+        structlog.get_logger("transport").warning("not_sent", recipient=recipient, kind=str(kind), error=exc.code,
+                                                  next="it finds the facts in the store on its tick")
+        return "none"
+
+
 def send_once(home: OrgHome, sender: str, recipient: str, kind: str, payload: dict | None, cfg: Config) -> str:
     """Send one message from a short-lived process (CLI, supervisor); returns "push"|"outbox".
     Its counters are flushed into state.db at once."""
@@ -133,3 +156,23 @@ def send_once(home: OrgHome, sender: str, recipient: str, kind: str, payload: di
         return link.send(recipient, kind, payload)
     finally:
         link.close()
+
+
+def peer_keys(home: OrgHome, cfg: Config, instances: list[str]) -> dict[str, dict]:
+    """What the store's peers table holds of each of ``instances`` (this host's): where it
+    listens on the configured tcp base, its CURVE public key and its HMAC key (hex).
+
+    Raises:
+        KeyringError(unknown_key): an instance has no key (the supervisor issues them at start).
+    """
+    ring = Keyring.load(keyring_path(home.run_dir))
+    where = Endpoints(home.run_dir, tcp_base=cfg.transport.endpoint)
+    rows = {}
+    for name in instances:
+        pair = ring.curve_keypair(name)
+        if pair is None:
+            from transport.errors import CurveRequired
+            raise CurveRequired(where(name), name)
+        rows[name] = {"endpoint": where(name), "curve_public": pair[0].decode(),
+                      "hmac_key": ring.require_key(name).hex()}
+    return rows

@@ -87,6 +87,12 @@ MCP_TOOLS = ("status", "show", "diff", "decisions", "candidates", "skills",
 McpTool = Literal[MCP_TOOLS]  # type: ignore[valid-type]
 Commands = Annotated[list[Annotated[str, Field(pattern=r"\S")]], Expect("a list of commands")]
 ProposalKindName = Literal[tuple(k.value for k in ProposalKind)]  # type: ignore[valid-type]
+HostName = Annotated[str, Field(pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"),
+                     Expect("empty or a host name (letters, digits, . _ -)")]
+HostPort = Annotated[str, Field(pattern=r"^$|^[^\s:/]+:[0-9]{1,5}$"), Expect("empty or HOST:PORT")]
+TcpBase = Annotated[str, Field(pattern=r"^$|^tcp://[^\s/]+:[0-9]{1,5}$"), Expect("empty or tcp://HOST:PORT")]
+CurveKey = Annotated[str, Field(pattern=r"^$|^[0-9A-Za-z.:+=^!/*?&<>()\[\]{}@%$#-]{40}$"),
+                     Expect("empty or a 40-character z85 CURVE public key (the coordinator host's 'org hosts' prints it)")]
 PriceValue = Annotated[float, Field(ge=0), Expect("a number ≥ 0 in USD per million tokens")]
 
 
@@ -200,6 +206,18 @@ class Transport(Section):
     sweep_s: float = key(5.0, gt=0)
 
 
+class Hosts(Section):
+    """roles on other machines: what the coordinator host serves, and where a joined host joined
+    (org join writes the second half)"""
+    name: HostName = key("", "this host's name in the store's peers table (empty: the machine's hostname)")
+    loop_agents_here: bool = key(True, "false: this host runs no loop-agent of its own; they all join from "
+                                       "other hosts")
+    git_listen: HostPort = key("", "coordinator host: serve the work items' histories to joined hosts with git "
+                                   "daemon at HOST:PORT (e.g. 10.0.0.5:9418)")
+    coordinator: TcpBase = key("", "joined host: the coordinator's tcp://HOST:PORT")
+    coordinator_key: CurveKey = key("", "joined host: the coordinator's CURVE public key")
+
+
 class Supervisor(Section):
     heartbeat_s: float = key(1.0, gt=0)
     heartbeat_timeout_s: float = key(10.0, gt=0)
@@ -299,6 +317,7 @@ class Config(Section):
     command: Command = section(Command)
     gate: Gate = section(Gate)
     transport: Transport = section(Transport)
+    hosts: Hosts = section(Hosts)
     supervisor: Supervisor = section(Supervisor)
     logs: Logs = section(Logs)
     snapshots: Snapshots = section(Snapshots)

@@ -60,7 +60,8 @@ KEYS = {"work_items": "id", "org_session": "id", "role_instances": "instance", "
         "skill_candidates": "id", "candidate_batches": "id", "raw_notes": "id", "skills": "name",
         "iterations": ("work_id", "n"), "verdicts": "id", "preflights": "work_id", "model_calls": "request_id",
         "curated_notes": "id", "workspace_locks": "workspace", "attempts": ("work_id", "attempt"),
-        "stop_history": ("work_id", "seq"), "attention": "key", "handoffs": ("work_id", "ending"), "proposals": "id"}
+        "stop_history": ("work_id", "seq"), "attention": "key", "handoffs": ("work_id", "ending"), "proposals": "id",
+        "peers": "instance"}
 
 H, SUP, CO, LA, EV, CU = (Actor.HUMAN, Actor.SUPERVISOR, Actor.COORDINATOR, Actor.LOOP_AGENT,
                           Actor.EVAL_AGENT, Actor.CURATOR)
@@ -113,6 +114,10 @@ WRITERS: dict[tuple[str, str], set[str]] = {
     ("proposals", "insert"): {H, CO},
     ("proposals", "update"): {H, CO},
     ("proposals", "status"): {H, CO},
+    # each host's supervisor registers its own instances (org start on the coordinator host, org join)
+    ("peers", "insert"): {SUP},
+    ("peers", "update"): {SUP},
+    ("peers", "delete"): {SUP, H},
 }
 
 # Status changes reserved to particular actors, whatever WRITERS says about the table.

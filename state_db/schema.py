@@ -401,6 +401,26 @@ ALTER TABLE attempts ADD COLUMN wrapup INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE work_items ADD COLUMN next_step TEXT;
 """
 
+# Roles on other hosts (org join): every instance an org reaches over tcp — the coordinator
+# host's and each joined host's — with where it listens, its CURVE public key and the HMAC key
+# its envelopes are signed with. A host's supervisor writes its own instances' rows; every role
+# reads them to reach and authenticate the others (transport/peers.py). ``git_url``: where a
+# joined host fetches and pushes work items' histories (the coordinator host's row only).
+PEERS = """
+CREATE TABLE peers (
+    instance TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    role TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    curve_public TEXT NOT NULL CHECK (length(curve_public) = 40),
+    hmac_key TEXT NOT NULL CHECK (length(hmac_key) = 64),
+    git_url TEXT NOT NULL DEFAULT '',
+    registered_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE UNIQUE INDEX peers_one_key ON peers(curve_public);
+"""
+
 
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
@@ -415,4 +435,5 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0011_proposals", PROPOSALS),
     ("0012_review", REVIEW),
     ("0013_handoff", HANDOFF),
+    ("0014_peers", PEERS),
 ]

@@ -72,11 +72,14 @@ class Endpoints:
             listens on PORT + :func:`tcp_port_offset`. None (or ``"ipc"``) → ipc.
         overrides: explicit endpoints by instance (e.g. recorded by the supervisor after binding
             ``tcp://127.0.0.1:*``); they win over both rules.
+        peers: the org's registered instances (``transport.peers.StorePeers``): an instance
+            another host runs is reached where it registered; they win over the tcp base.
     """
 
     def __init__(self, run_dir: Path | str, *, tcp_base: str | None = None,
-                 overrides: Mapping[str, str] | None = None) -> None:
+                 overrides: Mapping[str, str] | None = None, peers=None) -> None:
         self.run_dir = Path(run_dir)
+        self.peers = peers      # transport.peers.StorePeers: endpoints other hosts registered
         self.tcp_base = None if tcp_base in (None, "", "ipc") else tcp_base
         if self.tcp_base is not None:
             host_port = self.tcp_base.removeprefix("tcp://")
@@ -96,6 +99,9 @@ class Endpoints:
         if found is not None:
             scheme_of(found)
             return found
+        if self.peers is not None and (peer := self.peers.get(instance)) is not None:
+            scheme_of(peer.endpoint)
+            return peer.endpoint
         if self.tcp_base is not None:
             return f"tcp://{self._host}:{self._port + tcp_port_offset(instance)}"
         return f"ipc://{ipc_path(self.run_dir, instance)}"

@@ -72,6 +72,7 @@ class Keyring:
         self._curve: dict[str, tuple[bytes, bytes]] = {}
         self._curve_owner: dict[bytes, str] = {}
         self._stamp: tuple[int, int, int] | None = None
+        self.peers = None       # transport.peers.StorePeers: instances on other hosts (tcp orgs)
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -105,9 +106,18 @@ class Keyring:
 
     # -- lookups (hot path) ----------------------------------------------------------------
 
+    def attach_peers(self, peers) -> "Keyring":
+        """Also know the instances registered by other hosts (``transport.peers.StorePeers``);
+        this file's own keys always win."""
+        self.peers = peers
+        return self
+
     def key_for(self, instance: str) -> bytes | None:
         """The HMAC key of ``instance``, or None if none was issued."""
-        return self._keys.get(instance)
+        key = self._keys.get(instance)
+        if key is None and self.peers is not None and (peer := self.peers.get(instance)) is not None:
+            return peer.hmac_key
+        return key
 
     def require_key(self, instance: str) -> bytes:
         """The HMAC key of ``instance``.
@@ -129,6 +139,12 @@ class Keyring:
         pair = self._curve.get(instance)
         if pair is None and self.refresh():
             pair = self._curve.get(instance)
+        if pair is None and self.peers is not None and instance not in self._keys:
+            peer = self.peers.get(instance)
+            if peer is None and self.peers.refresh():
+                peer = self.peers.get(instance)
+            if peer is not None:
+                return peer.curve_public, b""       # another host's: its public key only
         return pair
 
     def curve_owner(self, public_z85: bytes) -> str | None:
@@ -136,6 +152,12 @@ class Keyring:
         owner = self._curve_owner.get(public_z85)
         if owner is None and self.refresh():
             owner = self._curve_owner.get(public_z85)
+        if owner is None and self.peers is not None:
+            owner = self.peers.owner(public_z85)
+            if owner is None and self.peers.refresh():
+                owner = self.peers.owner(public_z85)
+            if owner is not None and (owner in self._keys or owner in self._curve):
+                return None                         # a row claiming a name this host issued
         return owner
 
     def instances(self) -> list[str]:
@@ -147,16 +169,17 @@ class Keyring:
 
         Costs one stat() when nothing changed, so it may be called on every unknown key.
         """
+        peers = self.peers.refresh() if self.peers is not None else False
         try:
             st = self.path.stat()
         except FileNotFoundError:
-            return False
+            return peers
         if (st.st_ino, st.st_mtime_ns, st.st_size) == self._stamp:
-            return False
+            return peers
         try:
             self._read()
         except KeyringError:
-            return False  # keep the keys we have; a half-written file is not ours to judge
+            return peers  # keep the keys we have; a half-written file is not ours to judge
         return True
 
     # -- issuing (supervisor) --------------------------------------------------------------

@@ -15,6 +15,7 @@ from transport.endpoints import Endpoints
 from transport.envelope import Limits
 from transport.keys import keyring_path, Keyring
 from transport.ledger import Counters, Ledger
+from transport.peers import StorePeers
 from transport.receiver import Handler, Receiver
 from transport.sender import Sender
 
@@ -36,25 +37,36 @@ class Node:
             self.receiver.close()
 
 
-def _endpoints(root: Path, transport: Mapping, overrides: Mapping[str, str] | None) -> Endpoints:
-    return Endpoints(root / "run", tcp_base=transport.get("endpoint"), overrides=overrides)
+def _endpoints(root: Path, transport: Mapping, overrides: Mapping[str, str] | None, peers=None) -> Endpoints:
+    return Endpoints(root / "run", tcp_base=transport.get("endpoint"), overrides=overrides, peers=peers)
+
+
+def _peers(root: Path, transport: Mapping, store: Path | str | None) -> StorePeers | None:
+    """The instances other hosts registered, for an org that runs over tcp (none over ipc:
+    an ipc org is one host, and its transport never asks the store)."""
+    endpoint = transport.get("endpoint")
+    if endpoint in (None, "", "ipc"):
+        return None
+    return StorePeers(store or root / "state.db")
 
 
 def open_sender(home: Path | str, instance: str, *, transport: Mapping | None = None,
                 endpoint_overrides: Mapping[str, str] | None = None,
-                clock: Callable[[], float] = time.time) -> Sender:
+                clock: Callable[[], float] = time.time, store: Path | str | None = None) -> Sender:
     """A Sender for ``instance`` in the org home ``home`` (keys from ``run/keys.json``).
 
     Args:
         transport: org.toml's ``[transport]`` table (endpoint base, limits); default: defaults.
         endpoint_overrides: endpoints recorded by the supervisor, by instance.
+        store: the org's store, where a tcp org's instances on other hosts are registered.
 
     Raises:
         KeyringError: missing/unsafe keyring or no key for ``instance``.
     """
     root, transport = Path(home), dict(transport or {})
-    keyring = Keyring.load(keyring_path(root / "run"))
-    return Sender(instance, keyring, _endpoints(root, transport, endpoint_overrides),
+    peers = _peers(root, transport, store)
+    keyring = Keyring.load(keyring_path(root / "run")).attach_peers(peers)
+    return Sender(instance, keyring, _endpoints(root, transport, endpoint_overrides, peers),
                   root / "outbox", clock=clock, limits=Limits.from_config(transport))
 
 
@@ -83,8 +95,9 @@ def open_node(home: Path | str, instance: str, handler: Handler, *,
     """
     root, transport = Path(home), dict(transport or {})
     limits = Limits.from_config(transport)
-    keyring = Keyring.load(keyring_path(root / "run"))
-    endpoints = _endpoints(root, transport, endpoint_overrides)
+    peers = _peers(root, transport, store)
+    keyring = Keyring.load(keyring_path(root / "run")).attach_peers(peers)
+    endpoints = _endpoints(root, transport, endpoint_overrides, peers)
     counters = Counters(instance)
     sender = Sender(instance, keyring, endpoints, root / "outbox", counters=counters,
                     clock=clock, limits=limits)

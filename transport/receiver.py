@@ -322,11 +322,17 @@ class Receiver:
             raise CurveRequired(endpoint, self.instance)
         from zmq.auth.thread import ThreadAuthenticator  # only tcp set-ups pay for it
 
-        keyring = self.keyring
+        keyring, counters, log = self.keyring, self.ledger.counters, self.log
 
         class _KnownClients:
             def callback(self, domain: str, key: bytes) -> bool:
-                return keyring.curve_owner(key) is not None
+                if keyring.curve_owner(key) is not None:
+                    return True
+                # a host nobody registered (or a key since replaced): refused before any frame
+                counters.add("curve_refused")
+                log.warning("curve_key_refused", key=key.decode(errors="replace"),
+                            next="register the host with 'org join', or ignore it")
+                return False
 
         self._auth = ThreadAuthenticator(self.context)
         self._auth.start()

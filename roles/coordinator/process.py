@@ -70,8 +70,12 @@ class CoordinatorProcess(RoleProcess):
         self.reconcile()
 
     def warm_up(self) -> None:
-        """Connect to every loop-agent now, so the first dispatch does not wait for a handshake."""
-        from roles.instances import org_instances
-        for spec in org_instances(self.cfg.org.loop_agents, self.cfg.org.eval_agents):
-            if spec.role == "loop-agent":
-                self.transport.prepare(spec.instance)
+        """Connect to every loop-agent now, so the first dispatch does not wait for a handshake:
+        this host's and those other hosts joined with (their rows, not the configured count)."""
+        from state_db.errors import OrgError
+        from state_db.queries.processes import role_instances
+        for row in role_instances(self.writer.conn, "loop-agent"):
+            try:
+                self.transport.prepare(row.instance)
+            except OrgError as exc:      # not reachable yet (no keys registered): the first send retries
+                self.log.info("not_prepared", instance=row.instance, error=exc.code)

@@ -8,7 +8,6 @@ state (writer, backend, history, settings, the reflection it carries to the next
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from roles import telemetry
 from roles.loop_agent import gate, progress as prog, triage, wrapup
@@ -107,7 +106,7 @@ class Acting:
                              cost_usd=left(trips.get("cost_usd"), spent["cost"]),
                              seconds=left(trips.get("elapsed_s"), progress.elapsed_s + self.clock() - t0))
 
-        ctx = ActContext(self.work_id, n, attempt, Path(work.workspace), prompt.system_prefix, prompt.variable,
+        ctx = ActContext(self.work_id, n, attempt, self.history.workspace, prompt.system_prefix, prompt.variable,
                          max_turns=self.settings.max_turns, remaining=remaining)
 
         def on_usage(u: Usage) -> None:
@@ -268,7 +267,7 @@ class Acting:
             spent["cost"] += u.cost_usd
 
         text = wrapup.prompt(work.goal, n, decision, parts, allowance["tokens"])
-        ctx = ActContext(self.work_id, n, attempt, Path(work.workspace), wrapup.INSTRUCTIONS, text,
+        ctx = ActContext(self.work_id, n, attempt, self.history.workspace, wrapup.INSTRUCTIONS, text,
                          max_turns=wrapup.MAX_TURNS, remaining=remaining)
         outcome = None
         try:

@@ -271,7 +271,7 @@ class LoopEngine(Acting):
         if isinstance(step, WrapUp):
             return Ended(self._wrap_up(step.decision))
         if isinstance(step, AwaitHuman):
-            if not gate.settle(self.w, self.work_id, work.workspace, self.settings.gate_runner,
+            if not gate.settle(self.w, self.work_id, str(self.history.workspace), self.settings.gate_runner,
                                before_action=lambda: self._reset_once(its), after_action=self._checkpoint_action):
                 self.log.info("parked", why="a decision waits for a human",
                               next="whichever loop-agent is free resumes it once decided")

@@ -126,7 +126,6 @@ class LoopAgentProcess(RoleProcess):
     def _run_loop(self, work_id: str, backend_spec: str) -> None:
         """Worker thread: one engine run with its own connections (sqlite objects are per thread)."""
         from roles.loop_agent.backends.factory import build
-        from roles.workspace.history import WorkspaceHistory
         from state_db.writer import StateWriter
 
         log = self.log.bind(work_id=work_id)
@@ -145,7 +144,7 @@ class LoopAgentProcess(RoleProcess):
             log.info("loop_starting", backend=built.label)
             self.verifier = RemoteVerify(connect(self.home.db_path, readonly=True), sender.send,
                                          (self.interrupt, self.pause), eval_agent=verifier_of)
-            history = WorkspaceHistory(self.home.history_dir / f"{work_id}.git", workspace, defer=True)
+            history = self._history(writer, work_id, workspace)
             settings = LoopSettings.from_config(self.cfg)
             settings.gate_runner = gate_runner(self.cfg, self.home)
             from skills import select
@@ -175,6 +174,24 @@ class LoopAgentProcess(RoleProcess):
             sender.close()
             writer.close()
             os.close(lock)                  # releases the flock
+
+    def _history(self, writer, work_id: str, workspace: Path):
+        """The run's shadow history. On a joined host (org join) the workspace is a local copy
+        under the host's own home, fetched from and pushed to the coordinator host's history of
+        the work item through git (``roles.workspace.remote``); else the workspace itself."""
+        from roles.workspace.history import WorkspaceHistory
+        if not self.cfg.hosts.coordinator:
+            return WorkspaceHistory(self.home.history_dir / f"{work_id}.git", workspace, defer=True)
+        from roles.workspace.remote import RemoteHistory
+        from state_db.queries.peers import peer
+        coordinator = peer(writer.conn, "coordinator")
+        if coordinator is None or not coordinator.git_url:
+            raise OrgError("the coordinator host serves no histories to joined hosts",
+                           code="no_git_server",
+                           hint="set [hosts] git_listen = \"HOST:PORT\" in the coordinator host's org.toml "
+                                "and start it again")
+        return RemoteHistory(self.home.history_dir / f"{work_id}.git", self.home.root / "workspaces" / work_id,
+                             remote=f"{coordinator.git_url}/{work_id}.git", defer=True)
 
     def _run_lock(self, work_id: str) -> int | None:
         """Hold an exclusive lock on the run while working it. If the run moved here from a

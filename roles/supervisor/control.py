@@ -71,9 +71,15 @@ def wait_ready(home: OrgHome, *, timeout_s: float, proc: subprocess.Popen | None
                 conn.close()
             settled = {r.instance for r in seen if r.status in (RoleStatus.READY, RoleStatus.FAILED)
                        and (since is None or r.status == RoleStatus.FAILED or (r.started_at or 0) >= since)}
+            wanted = _wanted(home)
+            if _joined(home):                    # the session is the coordinator host's
+                if wanted <= settled:
+                    return [r.as_dict() for r in seen if r.instance in wanted]
+                time.sleep(0.05)
+                continue
             ours = session is not None and (proc is None or session.supervisor_pid == proc.pid)
             if ours and session.status == SessionStatus.RUNNING and session.supervisor_pid \
-                    and _wanted(home) <= settled:
+                    and wanted <= settled:
                 return [r.as_dict() for r in seen]
         time.sleep(0.05)
     raise ControlError(f"the org did not become ready in {timeout_s:.0f}s; roles: "
@@ -86,7 +92,16 @@ def _wanted(home: OrgHome) -> set[str]:
     from roles.instances import org_instances
     from state_db import config as config_mod
     cfg = config_mod.load_config(home)
-    return {s.instance for s in org_instances(cfg.org.loop_agents, cfg.org.eval_agents)}
+    if cfg.hosts.coordinator:
+        from roles.supervisor import hosts
+        return set(hosts.joined_names(home))
+    specs = org_instances(cfg.org.loop_agents, cfg.org.eval_agents)
+    return {s.instance for s in specs if cfg.hosts.loop_agents_here or s.role != "loop-agent"}
+
+
+def _joined(home: OrgHome) -> bool:
+    from roles.supervisor import hosts
+    return hosts.joined_path(home).exists()
 
 
 def request(home: OrgHome, intent: str, *, force: bool = False, timeout_s: float = 30.0) -> dict:
@@ -97,6 +112,8 @@ def request(home: OrgHome, intent: str, *, force: bool = False, timeout_s: float
     ControlError (``control_failed`` on timeout).
     """
     t0 = time.monotonic()
+    if _joined(home):
+        return _leave(home, force=force, timeout_s=timeout_s, t0=t0)
     # the human's intent first, durably (the operation); the signal only makes the supervisor act now
     record_intent(home, intent, force=force, supervisor_running=supervisor_alive(home) is not None)
     writer = StateWriter(home.db_path, Actor.HUMAN)
@@ -125,9 +142,33 @@ def request(home: OrgHome, intent: str, *, force: bool = False, timeout_s: float
         writer.close()
 
 
+def _leave(home: OrgHome, *, force: bool, timeout_s: float, t0: float) -> dict:
+    """A joined host stops its own instances only: the org (its session, the coordinator
+    host's roles, other hosts) goes on, and the coordinator requeues what they were running."""
+    sup = supervisor_alive(home)
+    if sup:
+        procs.signal_if_same(sup[0], sup[1], signal.SIGTERM)
+        deadline = time.monotonic() + (min(timeout_s, 1.0) if force else timeout_s)
+        while procs.is_alive(*sup) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if procs.is_alive(*sup):
+            if not force:
+                raise ControlError(f"this host's supervisor (pid {sup[0]}) did not stop within {timeout_s:.0f}s",
+                                   hint="retry with --force")
+            procs.signal_if_same(sup[0], sup[1], signal.SIGKILL)
+    writer = StateWriter(home.db_path, Actor.HUMAN)
+    try:
+        _stop_orphans(home, writer)
+    finally:
+        writer.close()
+    return {"status": SessionStatus.STOPPED, "stopped_ms": round((time.monotonic() - t0) * 1000, 1),
+            "supervisor": "signalled" if sup else "absent"}
+
+
 def _stop_orphans(home: OrgHome, writer: StateWriter) -> None:
     for r in role_instances(writer.conn):
-        procs.signal_if_same(r.pid, r.pid_start, signal.SIGKILL)
+        if (home.run_dir / f"{r.instance}.pid").exists():      # this home's: not another host's
+            procs.signal_if_same(r.pid, r.pid_start, signal.SIGKILL)
     for pidfile in home.run_dir.glob("*.pid"):
         info = procs.read_pidfile(pidfile)
         if info is None or not procs.is_alive(*info):

@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg, _ = init_home(home)
         configure(home.logs_dir, "supervisor", "supervisor", max_bytes=cfg.logs.max_bytes,
                   backups=cfg.logs.backups)
-        supervisor, forks = Supervisor(home, cfg, forks=forks), None
+        instances = None
+        if cfg.hosts.coordinator:                  # a joined host runs the instances it joined with
+            from roles.supervisor import hosts
+            instances = hosts.specs(hosts.joined_names(home))
+        supervisor, forks = Supervisor(home, cfg, forks=forks, instances=instances), None
         return supervisor.run()
     except OrgError as exc:          # an expected failure: one line
         print(exc.line(), file=sys.stderr)

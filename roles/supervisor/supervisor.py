@@ -79,14 +79,22 @@ class Supervisor:
     """
 
     def __init__(self, home: OrgHome, cfg: Config, *, python: str = sys.executable,
-                 clock=time.monotonic, spawner: Spawner | None = None, forks: ForkServer | None = None):
+                 clock=time.monotonic, spawner: Spawner | None = None, forks: ForkServer | None = None,
+                 instances: list[InstanceSpec] | None = None):
         self.home = home
         self.cfg = cfg
         self.python = python
         self.clock = clock
         self.log = structlog.get_logger()
         self.writer = StateWriter(home.db_path, Actor.SUPERVISOR)
-        self.children = {s.instance: Child(s) for s in org_instances(cfg.org.loop_agents, cfg.org.eval_agents)}
+        # a joined host (org join: [hosts] coordinator) runs only the instances it was given and
+        # leaves the org session to the coordinator host (roles/supervisor/hosts.py)
+        self.joined = bool(cfg.hosts.coordinator)
+        specs = instances if instances is not None else org_instances(cfg.org.loop_agents, cfg.org.eval_agents)
+        if instances is None and not cfg.hosts.loop_agents_here:
+            specs = [s for s in specs if s.role != Actor.LOOP_AGENT]
+        self.children = {s.instance: Child(s) for s in specs}
+        self.git = None                  # the histories served to joined hosts ([hosts] git_listen)
         self._stop_requested: str | None = None
         self._lock_fd: int | None = None
         self.spawner = spawner
@@ -126,7 +134,7 @@ class Supervisor:
     def clear_leftovers(self) -> None:
         """Stop role processes an earlier (killed) supervisor left behind, by pid and start time."""
         victims = [(r.instance, r.pid, r.pid_start) for r in role_instances(self.writer.conn)
-                   if procs.is_alive(r.pid, r.pid_start)]
+                   if r.instance in self.children and procs.is_alive(r.pid, r.pid_start)]
         for _, pid, started in victims:
             procs.signal_if_same(pid, started, signal.SIGTERM)
         deadline = time.monotonic() + 3
@@ -140,6 +148,11 @@ class Supervisor:
     def open_session(self) -> None:
         me = os.getpid()
         now = time.time()
+        if self.joined:                   # the org session is the coordinator host's
+            with self.writer.transaction() as tx:
+                self._role_rows(tx, now)
+            procs.write_pidfile(self.home.run_dir / "supervisor.pid", me)
+            return
         with self.writer.transaction() as tx:
             row = org_session(tx.conn)
             fields = {"supervisor_pid": me, "supervisor_start": procs.start_time(me), "updated_at": now,
@@ -150,12 +163,33 @@ class Supervisor:
                 tx.update("org_session", 1, **fields)
             else:
                 tx.set_status("org_session", 1, SessionStatus.RUNNING, detail="{}", **fields)
-            for name, child in self.children.items():
-                if role_instance(tx.conn, name) is None:
-                    tx.insert("role_instances", {"instance": name, "role": child.spec.role,
-                                                 "status": RoleStatus.STOPPED, "updated_at": now})
+            self._role_rows(tx, now)
             # instances beyond the configured count (loop_agents lowered) are simply left stopped
         procs.write_pidfile(self.home.run_dir / "supervisor.pid", me)
+
+    def _role_rows(self, tx, now: float) -> None:
+        for name, child in self.children.items():
+            if role_instance(tx.conn, name) is None:
+                tx.insert("role_instances", {"instance": name, "role": child.spec.role,
+                                             "status": RoleStatus.STOPPED, "updated_at": now})
+
+    def register_peers(self) -> None:
+        """Over tcp: this host's instances go into the store's peers table, so roles on other
+        hosts reach and authenticate them (roles/supervisor/hosts.py)."""
+        from roles.supervisor import hosts
+        if hosts.is_tcp(self.cfg):
+            hosts.register(self.writer, self.home, self.cfg, list(self.children))
+
+    def serve_histories(self) -> None:
+        """[hosts] git_listen: the work items' histories, served to joined hosts by git daemon."""
+        if self.joined or not self.cfg.hosts.git_listen:
+            return
+        from roles.supervisor.gitserve import GitServer
+        host, _, port = self.cfg.hosts.git_listen.rpartition(":")
+        self.home.history_dir.mkdir(parents=True, exist_ok=True)
+        self.git = GitServer(self.home.history_dir, host, int(port))
+        self.git.start()
+        self.log.info("histories_served", listen=self.cfg.hosts.git_listen)
 
     # -- children -------------------------------------------------------------------------
     def spawn(self, child: Child) -> None:
@@ -324,6 +358,8 @@ class Supervisor:
             self.forks.record_pid(self.home.run_dir / "forkserver.pid")
         self.clear_leftovers()
         self.open_session()
+        self.register_peers()
+        self.serve_histories()
         for child in self.children.values():
             self.spawn(child)
         if on_ready:
@@ -336,7 +372,10 @@ class Supervisor:
             if self.clock() - last_hb_check > 1.0:
                 self.check_heartbeats()
                 last_hb_check = self.clock()
-            if self.clock() >= next_retention:
+            if self.git is not None and not self.git.alive():
+                self.log.warning("histories_server_exited", next="start it again")
+                self.git.start()
+            if self.clock() >= next_retention and not self.joined:
                 self.apply_retention()
                 next_retention = self.clock() + RETENTION_EVERY_S
             time.sleep(0.05)
@@ -363,6 +402,12 @@ class Supervisor:
             self._on_exit(c, c.proc.returncode)
         if self.forks is not None:
             self.forks.close()
+        if self.git is not None:
+            self.git.stop()
+        if self.joined:
+            (self.home.run_dir / "supervisor.pid").unlink(missing_ok=True)
+            self.writer.close()
+            return 0
         with self.writer.transaction() as tx:
             row = org_session(tx.conn)
             if row.status != target:

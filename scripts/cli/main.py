@@ -22,7 +22,7 @@ EXIT_INTERNAL = 70     # a bug: the traceback goes to logs/cli.log
 # module names under scripts/cli/commands (each module's NAME is the command: continue_run -> continue)
 COMMANDS = ["status", "submit", "show", "cancel", "continue_run", "decisions", "decide", "diff", "export", "logs",
             "ping", "chat", "candidates", "skills", "knowledge", "suspend", "resume", "stop", "doctor", "config", "gc",
-            "dashboard", "watch", "mcp", "schedule", "trigger", "discover", "migrate_store"]
+            "dashboard", "watch", "mcp", "schedule", "trigger", "discover", "migrate_store", "hosts", "join"]
 
 
 class UsageError(OrgError):

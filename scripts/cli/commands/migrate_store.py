@@ -31,5 +31,6 @@ def run(args) -> int:
         print(f"{table:<{width}}  {info['rows']:>8} rows  {info['checksum'][:16]}")
     print(f"copied {result['rows']} rows of {len(result['tables'])} tables from {source} to "
           f"{store.describe(args.to)}; every table verified (count and checksum)")
-    print("the org itself still runs on its state.db: roles do not open a PostgreSQL store yet", file=sys.stderr)
+    print(f"to run the org on it: stop the org, set [state] url = \"{args.to}\" in org.toml, start it again",
+          file=sys.stderr)
     return 0

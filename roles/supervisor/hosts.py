@@ -1,0 +1,146 @@
+"""An org over several machines: what each host's supervisor registers, and how a host joins.
+
+The coordinator host runs the org as usual with a tcp transport (``[transport] endpoint =
+"tcp://HOST:PORT"``) and a PostgreSQL store (``[state] url``); its supervisor registers every
+instance it runs in the store's ``peers`` table: where it listens, its CURVE public key and its
+HMAC key (``register``). A *joined* host (``org join``) has its own org home, its own keyring and
+its own supervisor, which runs only the instances it was given (loop-agents or eval-agents),
+registers them the same way, and never touches the org session: starting, suspending and
+stopping the org stay the coordinator host's.
+
+Every role reaches and authenticates the others through those rows (``transport.peers``): a
+connection from a CURVE key nobody registered is refused and counted (``curve_refused``). A
+message that cannot be pushed to another host is not written to a file there (the outbox is a
+same-host fallback); it is not needed either, because every fact is a row in the shared store and
+every role reconciles on its tick.
+"""
+from __future__ import annotations
+
+import socket
+
+from roles.instances import InstanceSpec
+from state_db.config import Config
+from state_db.errors import Conflict, StateError
+from state_db.home import OrgHome
+from state_db.queries import peers as peer_q
+from state_db.writer import StateWriter
+
+
+class JoinError(StateError):
+    code = "join_refused"
+
+
+def host_name(cfg: Config) -> str:
+    return cfg.hosts.name or socket.gethostname().split(".")[0] or "host"
+
+
+def is_tcp(cfg: Config) -> bool:
+    return cfg.transport.endpoint not in ("", "ipc")
+
+
+def git_url(cfg: Config) -> str:
+    """Where joined hosts fetch and push histories (the coordinator host's ``git_listen``)."""
+    return f"git://{cfg.hosts.git_listen}" if cfg.hosts.git_listen else ""
+
+
+def register(writer: StateWriter, home: OrgHome, cfg: Config, instances: list[str]) -> list[str]:
+    """Register ``instances`` (this host's) in the store; returns their names.
+
+    Raises:
+        Conflict: a name is registered by another host.
+        KeyringError: an instance has no keys (the supervisor issues them at start).
+    """
+    from roles.transport_link import peer_keys
+    host, url = host_name(cfg), git_url(cfg)
+    rows = peer_keys(home, cfg, instances)
+    with writer.transaction() as tx:
+        for name, keys in rows.items():
+            peer_q.register(tx, instance=name, host=host, role=_role(name), **keys,
+                            git_url=url if name == "coordinator" else "")
+    return instances
+
+
+def _role(instance: str) -> str:
+    """``loop-agent`` of ``loop-agent-50``; ``coordinator`` of ``coordinator``."""
+    stem, _, n = instance.rpartition("-")
+    return stem if n.isdigit() else instance
+
+
+def allocate(writer: StateWriter, role: str, count: int, mine: list[str]) -> list[str]:
+    """Names for ``count`` instances of ``role`` on a joining host: the ones it had (``mine``,
+    from its own earlier join), then the lowest numbers no host uses (from 50 up: the coordinator
+    host's own numbers stay free for it to grow into)."""
+    names = list(mine[:count])
+    taken = peer_q.taken_names(writer.conn, role)
+    n = 50
+    while len(names) < count:
+        name = f"{role}-{n}"
+        if name not in taken and name not in names:
+            names.append(name)
+        n += 1
+        if n > 99:
+            raise JoinError(f"no free {role} names left (50..99 are taken)",
+                            hint="remove hosts that left with 'org hosts remove HOST'")
+    return names
+
+
+def check_coordinator(writer: StateWriter, cfg: Config) -> peer_q.Peer:
+    """The coordinator this host joins is the one it was told of: the same endpoint and key.
+
+    Raises:
+        JoinError: no coordinator registered yet, or another one.
+    """
+    found = peer_q.peer(writer.conn, "coordinator")
+    if found is None:
+        raise JoinError("no coordinator is registered in the store",
+                        hint="start the org on the coordinator host first, with a tcp endpoint "
+                             "([transport] endpoint) and this PostgreSQL store")
+    if found.curve_public != cfg.hosts.coordinator_key:
+        raise JoinError(f"the coordinator registered in the store has key {found.curve_public}, "
+                        f"not {cfg.hosts.coordinator_key}",
+                        hint="check --coordinator-key against 'org hosts' on the coordinator host")
+    if found.endpoint != cfg.hosts.coordinator:
+        raise JoinError(f"the coordinator registered in the store listens at {found.endpoint}, "
+                        f"not {cfg.hosts.coordinator}", hint="check --coordinator")
+    return found
+
+
+def specs(names: list[str]) -> list[InstanceSpec]:
+    return [InstanceSpec(n, _role(n)) for n in names]
+
+
+def forget_host(writer: StateWriter, host: str) -> list[str]:
+    """Remove a host's rows (a machine that left for good); its runs were requeued already
+    when its heartbeats lapsed."""
+    with writer.transaction() as tx:
+        gone = [p.instance for p in peer_q.of_host(tx.conn, host)]
+        for name in gone:
+            tx.delete("peers", name)
+    if not gone:
+        raise Conflict(f"no host {host!r} is registered", hint="see 'org hosts'")
+    return gone
+
+
+# -- a joined host's own record: which instances it runs ----------------------------------------
+
+def joined_path(home: OrgHome):
+    return home.root / "joined.json"
+
+
+def joined_names(home: OrgHome) -> list[str]:
+    """The instances this joined host runs (written by ``org join``)."""
+    import orjson
+    try:
+        doc = orjson.loads(joined_path(home).read_bytes())
+        return [str(n) for n in doc["instances"]]
+    except FileNotFoundError:
+        raise JoinError(f"{home.root} has not joined an org", hint="run 'org join' first") from None
+    except (ValueError, KeyError, TypeError):
+        raise JoinError(f"{joined_path(home)} is not a joined host's record",
+                        hint="run 'org join' again") from None
+
+
+def write_joined(home: OrgHome, role: str, names: list[str]) -> None:
+    import orjson
+    from transport.keys import write_private
+    write_private(joined_path(home), orjson.dumps({"role": role, "instances": names}))

@@ -1,0 +1,66 @@
+"""``org hosts``: the machines an org runs on, what each runs, and the key a new host joins with."""
+from __future__ import annotations
+
+import time
+
+from scripts.cli.output import add_json, emit_json, home_of, table
+
+NAME = "hosts"
+HELP = "list the hosts of an org over tcp and the coordinator's key to join with; 'remove HOST' forgets one"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("action", nargs="?", choices=("list", "remove"), default="list",
+                   help="list (default): the registered instances by host; remove HOST: forget a host that left")
+    p.add_argument("host", nargs="?", help="the host to remove")
+    add_json(p)
+
+
+def run(args) -> int:
+    from scripts.cli.main import UsageError
+    from state_db.connection import connect
+    from state_db.queries.peers import all_peers
+    from state_db.queries.processes import role_instances
+
+    home = home_of(args).require()
+    if args.action == "remove":
+        if not args.host:
+            raise UsageError("org hosts remove HOST: which host?")
+        from roles.supervisor import hosts
+        from state_db.writer import StateWriter
+        writer = StateWriter(home.db_path, "human")
+        try:
+            gone = hosts.forget_host(writer, args.host)
+        finally:
+            writer.close()
+        print(f"forgot {args.host}: " + ", ".join(gone))
+        return 0
+    conn = connect(home.db_path, readonly=True)
+    try:
+        peers = all_peers(conn)
+        roles = {r.instance: r for r in role_instances(conn)}
+    finally:
+        conn.close()
+    now = time.time()
+    rows = [{**p.public(), "status": roles[p.instance].status if p.instance in roles else "unknown",
+             "heartbeat_s_ago": round(now - roles[p.instance].heartbeat_at, 1)
+             if p.instance in roles and roles[p.instance].heartbeat_at else None} for p in peers]
+    coordinator = next((p for p in peers if p.instance == "coordinator"), None)
+    if args.json:
+        emit_json({"peers": rows, "coordinator_key": coordinator.curve_public if coordinator else None,
+                   "coordinator": coordinator.endpoint if coordinator else None,
+                   "git_url": coordinator.git_url if coordinator else None})
+        return 0
+    if not rows:
+        print("no host is registered: the org runs on one machine over ipc ([transport] endpoint = \"ipc\")")
+        return 0
+    print(table([[r["host"], r["instance"], r["endpoint"], r["status"],
+                  "" if r["heartbeat_s_ago"] is None else f"{r['heartbeat_s_ago']}s"] for r in rows],
+                ["HOST", "INSTANCE", "ENDPOINT", "STATUS", "HEARTBEAT"]))
+    if coordinator is not None:
+        print(f"\njoin another machine with:\n  org join --coordinator {coordinator.endpoint} "
+              f"--coordinator-key '{coordinator.curve_public}' --role loop-agent "
+              "--listen tcp://THAT_HOST:PORT --store <this org's postgresql:// URL>")
+        if not coordinator.git_url:
+            print("  (first set [hosts] git_listen here: joined loop-agents get their workspaces through it)")
+    return 0
