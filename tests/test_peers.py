@@ -1,0 +1,122 @@
+"""Instances on other hosts, as the transport sees them (transport/peers.py) and as each host's
+supervisor registers them (roles/supervisor/hosts.py): a row in the store never replaces a key
+this host issued, the HMAC key is never journaled, a name another host holds is refused, and a
+host only joins the coordinator it was told of. Over a real store, keyring and CLI."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import zmq
+
+from roles.supervisor import hosts
+from state_db import config as config_mod
+from state_db.errors import Conflict
+from state_db.queries import peers as peer_q
+from state_db.vocab import Actor
+from state_db.writer import StateWriter
+from tests.support.org import query
+from transport.endpoints import Endpoints
+from transport.keys import Keyring, keyring_path
+from transport.peers import StorePeers
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _row(tx, instance, host, *, hmac=b"\x01" * 32, public=None, endpoint="tcp://10.0.0.7:7350"):
+    public = public or zmq.curve_keypair()[0]
+    peer_q.register(tx, instance=instance, host=host, role=hosts._role(instance), endpoint=endpoint,
+                    curve_public=public.decode(), hmac_key=hmac.hex())
+    return public
+
+
+def test_a_peer_is_known_by_name_and_key_but_never_over_a_key_this_host_issued(org_home):
+    ring = Keyring.create(keyring_path(org_home.run_dir))
+    mine = ring.issue("coordinator")
+    ring.issue_curve("coordinator")
+    sup = StateWriter(org_home.db_path, Actor.SUPERVISOR)
+    with sup.transaction() as tx:
+        remote = _row(tx, "loop-agent-50", "worker-1", hmac=b"\x02" * 32)
+        forged = _row(tx, "coordinator", "worker-1", hmac=b"\x03" * 32, endpoint="tcp://10.0.0.7:7200")
+    peers = StorePeers(org_home.db_path)
+    ring = Keyring.load(keyring_path(org_home.run_dir)).attach_peers(peers)
+    assert ring.key_for("loop-agent-50") == b"\x02" * 32
+    assert ring.curve_owner(remote) == "loop-agent-50"
+    assert ring.curve_keypair("loop-agent-50") == (remote, b"")         # its public key only
+    assert ring.key_for("coordinator") == mine                           # the local file wins
+    assert ring.curve_owner(forged) is None                              # a row claiming a local name
+    assert ring.curve_owner(zmq.curve_keypair()[0]) is None              # nobody's key
+    where = Endpoints(org_home.run_dir, tcp_base="tcp://127.0.0.1:7000", peers=peers)
+    assert where("loop-agent-50") == "tcp://10.0.0.7:7350"                # where it registered
+    assert where("curator") == "tcp://127.0.0.1:7500"                     # unregistered: the base rule
+    # the HMAC keys are in the table for the transport, never in the journal
+    events = query(org_home, "SELECT data FROM events WHERE kind='peers.registered'")
+    assert len(events) == 2 and not any(("02" * 32) in e["data"] or ("03" * 32) in e["data"] for e in events)
+
+
+def test_a_name_another_host_registered_is_refused_and_a_new_row_is_seen_after_a_refresh(org_home):
+    sup = StateWriter(org_home.db_path, Actor.SUPERVISOR)
+    with sup.transaction() as tx:
+        _row(tx, "loop-agent-50", "worker-1")
+    with pytest.raises(Conflict, match="worker-1"):
+        with sup.transaction() as tx:
+            _row(tx, "loop-agent-50", "worker-2")
+    peers = StorePeers(org_home.db_path, min_interval_s=0.0)
+    assert peers.get("loop-agent-51") is None
+    with sup.transaction() as tx:
+        key = _row(tx, "loop-agent-51", "worker-2")
+    assert peers.refresh() and peers.owner(key) == "loop-agent-51"
+    with pytest.raises(Exception):                     # only a supervisor registers instances
+        with StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1").transaction() as tx:
+            _row(tx, "loop-agent-52", "worker-3")
+    assert hosts.allocate(sup, "loop-agent", 2, []) == ["loop-agent-52", "loop-agent-53"]
+    assert hosts.allocate(sup, "loop-agent", 1, ["loop-agent-50"]) == ["loop-agent-50"]
+
+
+def test_a_host_joins_only_the_coordinator_it_was_told_of(org_home):
+    sup = StateWriter(org_home.db_path, Actor.SUPERVISOR)
+    told = zmq.curve_keypair()[0].decode()
+
+    def cfg(key, where="tcp://10.0.0.5:7200"):
+        return config_mod.Config({"hosts": {"coordinator": where, "coordinator_key": key}})
+
+    with pytest.raises(hosts.JoinError, match="no coordinator"):
+        hosts.check_coordinator(sup, cfg(told))
+    with sup.transaction() as tx:
+        _row(tx, "coordinator", "coordinator-host", public=told.encode(), endpoint="tcp://10.0.0.5:7200")
+    assert hosts.check_coordinator(sup, cfg(told)).host == "coordinator-host"
+    with pytest.raises(hosts.JoinError, match="key") as info:
+        hosts.check_coordinator(sup, cfg(zmq.curve_keypair()[0].decode()))
+    assert info.value.code == "join_refused"
+    with pytest.raises(hosts.JoinError, match="listens at"):
+        hosts.check_coordinator(sup, cfg(told, "tcp://10.0.0.6:7200"))
+
+
+@pytest.mark.parametrize("extra, code", [
+    (["--role", "eval-agent", "--store", "postgresql:///x"], "not_built"),
+    (["--role", "loop-agent"], "bad_arguments"),                                # no PostgreSQL store
+    (["--role", "loop-agent", "--store", "postgresql:///x", "--count", "0"], "bad_arguments"),
+    (["--role", "cook", "--store", "postgresql:///x"], "bad_arguments"),
+])
+def test_org_join_with_wrong_arguments_is_one_coded_line(tmp_path, extra, code):
+    key = zmq.curve_keypair()[0].decode()
+    argv = [sys.executable, "-m", "scripts.cli.main", "join", "--coordinator", "tcp://127.0.0.1:7200",
+            "--coordinator-key", key, "--listen", "tcp://127.0.0.1:8000", *extra]
+    env = {k: v for k, v in os.environ.items() if k != "ORG_STATE_URL"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                          env={**env, "ORG_HOME": str(tmp_path / "joined")})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith(f"error[{code}]"), proc.stderr
+    assert not (tmp_path / "joined").exists()
+
+
+def test_org_join_refuses_a_home_that_runs_an_org_of_its_own(org_home):
+    key = zmq.curve_keypair()[0].decode()
+    proc = subprocess.run([sys.executable, "-m", "scripts.cli.main", "join", "--coordinator", "tcp://127.0.0.1:7200",
+                           "--coordinator-key", key, "--listen", "tcp://127.0.0.1:8000", "--role", "loop-agent",
+                           "--store", "postgresql:///x"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "ORG_HOME": str(org_home.root)})
+    assert proc.returncode == 1 and proc.stderr.startswith("error[join_refused]"), proc.stderr
+    assert "Traceback" not in proc.stderr
