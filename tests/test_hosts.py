@@ -6,6 +6,7 @@ only a throwaway PostgreSQL store and talk over ZeroMQ tcp on 127.0.0.1 with CUR
 
 - a work item dispatched to a worker's loop-agent reaches goal_met, verified by the coordinator
   host's eval-agent from the checkpoints the worker pushed into its history;
+- a joined host follows the org's suspend and resume;
 - a worker killed mid-act (the whole namespace, with -9) has its run requeued once its heartbeat
   lapses; a second worker, with a fresh home of its own, joins, fetches the run's history from the
   coordinator host and finishes it with no iteration committed and no model call counted twice;
@@ -154,7 +155,17 @@ def test_a_joined_host_runs_the_work_and_a_lost_one_is_replaced_without_anything
         wait_for(lambda: query(org, "SELECT value FROM transport_counters WHERE instance='coordinator' "
                                     "AND name='curve_refused'"), timeout=20, what="the refusal to be counted")
 
-        # 3. the worker disappears mid-act; its run is requeued and a new worker finishes it
+        # 3. the joined host follows the org: suspended with it, started again when it resumes
+        def agent():
+            return query(org, "SELECT status, started_at FROM role_instances WHERE instance='loop-agent-50'")[0]
+        before = agent()["started_at"]
+        cli(org, "suspend")
+        wait_for(lambda: agent()["status"] == "stopped", timeout=30, what=f"the joined loop-agent to stop: {first.tail()}")
+        cli(org, "resume")
+        wait_for(lambda: agent()["status"] == "ready" and agent()["started_at"] > before, timeout=30,
+                 what=f"the joined loop-agent to start again: {first.tail()}")
+
+        # 4. the worker disappears mid-act; its run is requeued and a new worker finishes it
         slow = slow_script(tmp_path)
         wid2 = submit(org, demo_workspace(org, "ws-kill"), script=slow)["id"]
         wait_for(lambda: query(org, "SELECT COUNT(*) AS c FROM model_calls WHERE work_id=? AND iteration=2",

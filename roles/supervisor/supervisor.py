@@ -95,6 +95,7 @@ class Supervisor:
             specs = [s for s in specs if s.role != Actor.LOOP_AGENT]
         self.children = {s.instance: Child(s) for s in specs}
         self.git = None                  # the histories served to joined hosts ([hosts] git_listen)
+        self.held = False                # a joined host whose org is suspended or stopped: children stopped
         self._stop_requested: str | None = None
         self._lock_fd: int | None = None
         self.spawner = spawner
@@ -371,6 +372,8 @@ class Supervisor:
             self.replace_cold_agents()
             if self.clock() - last_hb_check > 1.0:
                 self.check_heartbeats()
+                if self.joined:
+                    self.follow_session()
                 last_hb_check = self.clock()
             if self.git is not None and not self.git.alive():
                 self.log.warning("histories_server_exited", next="start it again")
@@ -380,6 +383,40 @@ class Supervisor:
                 next_retention = self.clock() + RETENTION_EVERY_S
             time.sleep(0.05)
         return self.shutdown()
+
+    def follow_session(self) -> None:
+        """A joined host follows the org: while the coordinator host suspends or stops it, this
+        host's roles are stopped the way a suspend stops them there (they finish their step);
+        once the org runs again they are started again."""
+        row = org_session(self.writer.conn)
+        running = row is not None and row.status == SessionStatus.RUNNING
+        if not running and not self.held:
+            self.held = True
+            self.log.info("org_held", status=row.status if row else None, next="stop this host's roles until it runs")
+            self._stop_children(bool(row.intent.get("force")) if row else False)
+        elif running and self.held:
+            self.held = False
+            self.log.info("org_runs_again", next="start this host's roles")
+            for child in self.children.values():
+                child.failed, child.crashes = False, deque()
+                self.spawn(child)
+
+    def _stop_children(self, force: bool) -> None:
+        """SIGTERM every live child, wait stop_timeout_s, then SIGKILL (at once with force)."""
+        live = [c for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
+        for c in live:
+            c.stopping = True
+            procs.signal_if_same(c.proc.pid, c.started, signal.SIGKILL if force else signal.SIGTERM)
+        deadline = self.clock() + (0 if force else self.cfg.supervisor.stop_timeout_s)
+        while any(c.proc.poll() is None for c in live) and self.clock() < deadline:
+            time.sleep(0.02)
+        for c in live:
+            if c.proc.poll() is None:
+                self.log.warning("role_killed_after_timeout", instance=c.spec.instance)
+                procs.signal_if_same(c.proc.pid, c.started, signal.SIGKILL)
+            c.proc.wait(timeout=10)
+            self._on_exit(c, c.proc.returncode)
+            c.proc = None
 
     def shutdown(self) -> int:
         """Stop every child: SIGTERM, wait stop_timeout_s, then SIGKILL (at once with force)."""
