@@ -71,7 +71,12 @@ def test_a_name_another_host_registered_is_refused_and_a_new_row_is_seen_after_a
     with pytest.raises(Exception):                     # only a supervisor registers instances
         with StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1").transaction() as tx:
             _row(tx, "loop-agent-52", "worker-3")
-    assert hosts.allocate(sup, "loop-agent", 2, []) == ["loop-agent-52", "loop-agent-53"]
+    # a host that left is forgotten: its key is refused once what was read is max_age_s old
+    aged = StorePeers(org_home.db_path, min_interval_s=0.0, max_age_s=0.0)
+    assert aged.owner(key) == "loop-agent-51"
+    assert hosts.forget_host(StateWriter(org_home.db_path, Actor.HUMAN), "worker-2") == ["loop-agent-51"]
+    assert aged.owner(key) is None and aged.get("loop-agent-51") is None
+    assert hosts.allocate(sup, "loop-agent", 2, []) == ["loop-agent-51", "loop-agent-52"]
     assert hosts.allocate(sup, "loop-agent", 1, ["loop-agent-50"]) == ["loop-agent-50"]
 
 

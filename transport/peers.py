@@ -3,8 +3,9 @@ public key (who may connect) and its HMAC key (whose envelopes are genuine).
 
 They come from the store's ``peers`` table (``state_db.queries.peers``), which every host's
 supervisor fills with its own instances when the org runs over tcp. :class:`StorePeers` reads it
-at most once per ``min_interval_s`` and only when asked to refresh (a key or a name this process
-does not know yet), so a message from a known peer costs no query. The local keyring file always
+at most once per ``min_interval_s`` when asked to refresh (a key or a name this process does not
+know yet), and again when what it read is ``max_age_s`` old, so a host removed from the store
+(``org hosts remove``) is refused within that long and a message from a known peer costs no query. The local keyring file always
 wins: a row in the store cannot replace the key of an instance this host issued.
 """
 from __future__ import annotations
@@ -27,10 +28,11 @@ class PeerKeys:
 class StorePeers:
     """The ``peers`` rows of the store at ``store``, cached (thread-safe)."""
 
-    def __init__(self, store: Path | str, *, min_interval_s: float = 1.0,
+    def __init__(self, store: Path | str, *, min_interval_s: float = 1.0, max_age_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.min_interval_s = min_interval_s
+        self.max_age_s = max_age_s      # a host removed from the store is refused within this long
         self.clock = clock
         self._lock = threading.Lock()
         self._by_name: dict[str, PeerKeys] = {}
@@ -66,14 +68,16 @@ class StorePeers:
             except Exception:  # noqa: BLE001 - the store is down: the peers known so far stay
                 return False
 
-    def get(self, instance: str) -> PeerKeys | None:
-        if self._loaded_at is None:
+    def _fresh(self) -> None:
+        if self._loaded_at is None or self.clock() - self._loaded_at >= self.max_age_s:
             self.refresh()
+
+    def get(self, instance: str) -> PeerKeys | None:
+        self._fresh()
         return self._by_name.get(instance)
 
     def owner(self, curve_public: bytes) -> str | None:
-        if self._loaded_at is None:
-            self.refresh()
+        self._fresh()
         return self._by_key.get(curve_public)
 
     def names(self) -> list[str]:
