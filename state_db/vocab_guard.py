@@ -33,6 +33,7 @@ GUARDED: dict[tuple[str, str], Iterable[str]] = {
     ("decisions", "status"): DecisionStatus,
     ("role_instances", "status"): RoleStatus,
     ("role_instances", "role"): ROLE_ACTORS,
+    ("peers", "role"): ROLE_ACTORS,
     ("org_session", "status"): SessionStatus,
     ("skill_candidates", "status"): CandidateStatus,
     ("candidate_batches", "status"): BatchStatus,

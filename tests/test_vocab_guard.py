@@ -26,6 +26,8 @@ BASE = {
                             "status": "pending", "created_at": 1},
     "role_instances": lambda i: {"instance": f"r{i}", "role": "curator", "status": "ready", "updated_at": 1},
     "org_session": lambda i: {"id": 1, "status": "running", "updated_at": 1},
+    "peers": lambda i: {"instance": f"p{i}", "host": "h", "role": "loop-agent", "endpoint": "tcp://h:1",
+                        "curve_public": f"{i:040d}", "hmac_key": "0" * 64, "registered_at": 1, "updated_at": 1},
     "skill_candidates": lambda i: {"id": f"c{i}", "name": "n", "status": "pending", "created_at": 1},
     "candidate_batches": lambda i: {"id": f"b{i}", "status": "open", "created_at": 1},
     "raw_notes": lambda i: {"id": f"n{i}", "run_id": "w", "fact": "f", "judgment": "j", "rationale": "r",
