@@ -365,7 +365,7 @@ class Supervisor:
             self.spawn(child)
         if on_ready:
             on_ready()
-        last_hb_check = self.clock()
+        last_hb_check = next_git = self.clock()
         next_retention = self.clock() + RETENTION_EVERY_S
         while not self._stop_requested:
             self.reap_and_restart()
@@ -375,14 +375,24 @@ class Supervisor:
                 if self.joined:
                     self.follow_session()
                 last_hb_check = self.clock()
-            if self.git is not None and not self.git.alive():
-                self.log.warning("histories_server_exited", next="start it again")
-                self.git.start()
+            if self.git is not None and not self.git.alive() and self.clock() >= next_git:
+                next_git = self.clock() + 5.0
+                self._restart_git()
             if self.clock() >= next_retention and not self.joined:
                 self.apply_retention()
                 next_retention = self.clock() + RETENTION_EVERY_S
             time.sleep(0.05)
         return self.shutdown()
+
+    def _restart_git(self) -> None:
+        """The histories' server exited: start it again (a failure is logged and retried; the
+        org goes on, and joined hosts' pushes fail until it is back, which their runs retry)."""
+        from state_db.errors import OrgError
+        self.log.warning("histories_server_exited", next="start it again")
+        try:
+            self.git.start()
+        except OrgError as exc:
+            self.log.error("histories_server_failed", error=exc.line(), next="retry in 5 s")
 
     def follow_session(self) -> None:
         """A joined host follows the org: while the coordinator host suspends or stops it, this
@@ -424,19 +434,7 @@ class Supervisor:
         force = bool(intent.get("force"))
         target = SessionStatus.SUSPENDED if intent.get("intent") == "suspend" else SessionStatus.STOPPED
         self.log.info("org_stopping", why=self._stop_requested, force=force, next=str(target))
-        live = [c for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
-        for c in live:
-            c.stopping = True
-            procs.signal_if_same(c.proc.pid, c.started, signal.SIGKILL if force else signal.SIGTERM)
-        deadline = self.clock() + (0 if force else self.cfg.supervisor.stop_timeout_s)
-        while any(c.proc.poll() is None for c in live) and self.clock() < deadline:
-            time.sleep(0.02)
-        for c in live:
-            if c.proc.poll() is None:
-                self.log.warning("role_killed_after_timeout", instance=c.spec.instance)
-                procs.signal_if_same(c.proc.pid, c.started, signal.SIGKILL)
-            c.proc.wait(timeout=10)
-            self._on_exit(c, c.proc.returncode)
+        self._stop_children(force)
         if self.forks is not None:
             self.forks.close()
         if self.git is not None:
