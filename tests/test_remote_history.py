@@ -339,29 +339,6 @@ def test_git_server_on_a_taken_port_says_so(tmp_path):
     assert not server.alive()
 
 
-@pytest.mark.timeout(120)
-def test_push_cost_per_checkpoint_on_loopback(tmp_path, coord):
-    """The figure: what a checkpoint costs with its push, against the local checkpoint alone."""
-    ch = coordinator_history(coord)
-    ch.baseline()
-    rh = worker(tmp_path, coord[2], defer=True)
-    rh.baseline()
-    local = WorkspaceHistory(tmp_path / "local" / "h.git", tmp_path / "local_ws", defer=True)
-    (tmp_path / "local_ws").mkdir()
-    local.baseline()
-    times: dict[str, list[float]] = {"remote": [], "local": []}
-    for n in range(1, 21):
-        for name, h in (("remote", rh), ("local", local)):
-            (h.workspace / "f.txt").write_text(f"{n}\n")
-            started = time.perf_counter()
-            h.checkpoint(n)
-            times[name].append((time.perf_counter() - started) * 1000)
-    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    print(f"\ncheckpoint median ms: remote {med['remote']:.1f}, local {med['local']:.1f}")
-    assert med["remote"] < 1000
-    assert remote_ref(ch.git_dir, "refs/iterations/20") == rh.iteration_commit(20)
-
-
 @pytest.mark.timeout(60)
 def test_a_refused_push_and_a_vanished_repository_fail_in_one_line(tmp_path, coord):
     ch = coordinator_history(coord)
