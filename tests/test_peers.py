@@ -18,6 +18,7 @@ from state_db.queries import peers as peer_q
 from state_db.vocab import Actor
 from state_db.writer import StateWriter
 from tests.support.org import query
+from tests.support.pg import pg_server, pg_url  # noqa: F401 - fixtures
 from transport.endpoints import Endpoints
 from transport.keys import Keyring, keyring_path
 from transport.peers import StorePeers
@@ -125,3 +126,15 @@ def test_org_join_refuses_a_home_that_runs_an_org_of_its_own(org_home):
                           env={**os.environ, "ORG_HOME": str(org_home.root)})
     assert proc.returncode == 1 and proc.stderr.startswith("error[join_refused]"), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_org_join_on_a_store_no_coordinator_host_ever_used_is_one_coded_line(tmp_path, pg_url):
+    key = zmq.curve_keypair()[0].decode()
+    env = {k: v for k, v in os.environ.items() if k != "ORG_STATE_URL"}
+    proc = subprocess.run([sys.executable, "-m", "scripts.cli.main", "join", "--coordinator", "tcp://127.0.0.1:7200",
+                           "--coordinator-key", key, "--listen", "tcp://127.0.0.1:8000", "--role", "loop-agent",
+                           "--store", pg_url], capture_output=True, text=True, timeout=60,
+                          env={**env, "ORG_HOME": str(tmp_path / "joined")})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error[join_refused]"), proc.stderr
+    assert not (tmp_path / "joined").exists()

@@ -90,7 +90,13 @@ def check_coordinator(writer: StateWriter, cfg: Config) -> peer_q.Peer:
     Raises:
         JoinError: no coordinator registered yet, or another one.
     """
-    found = peer_q.peer(writer.conn, "coordinator")
+    import sqlite3
+    try:
+        found = peer_q.peer(writer.conn, "coordinator")
+    except sqlite3.Error as exc:        # the store's errors (PostgreSQL's too) come as sqlite3's
+        raise JoinError(f"the store holds no org hosts ({str(exc).splitlines()[0]})",
+                        hint="start the org on the coordinator host first, on this store, with this "
+                             "version of loop-org") from None
     if found is None:
         raise JoinError("no coordinator is registered in the store",
                         hint="start the org on the coordinator host first, with a tcp endpoint "
