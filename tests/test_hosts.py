@@ -96,7 +96,9 @@ def coordinator_host(pg_url, monkeypatch):
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("the two-host test makes mount and PID namespaces with unshare, as root")
     monkeypatch.delenv("ORG_STATE_URL", raising=False)
-    port = random.randrange(20000, 40000, 10)
+    # below the kernel's ephemeral range (32768 and up), so no outgoing connection holds a port
+    # the hosts are about to listen on (the base, +200..+500, workers +1000.., git +2000)
+    port = random.randrange(20000, 30000, 10)
     with running_org(CONFIG.format(url=pg_url, port=port, git=port + 2000)) as home:
         monkeypatch.setenv("ORG_HOME", str(home.root))
         yield home, port
