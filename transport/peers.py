@@ -79,6 +79,3 @@ class StorePeers:
     def owner(self, curve_public: bytes) -> str | None:
         self._fresh()
         return self._by_key.get(curve_public)
-
-    def names(self) -> list[str]:
-        return sorted(self._by_name)
