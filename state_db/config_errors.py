@@ -63,8 +63,8 @@ def expect(field: FieldInfo) -> str:
         if fields_of(item) is not None:
             return "a list of tables ([[...]])"
         return "a list of " + (_choices(get_args(item)) if get_origin(item) is Literal else "strings")
-    bounds = {type(m).__name__.lower(): getattr(m, type(m).__name__.lower()) for m in field.metadata
-              if type(m).__name__ in ("Ge", "Gt", "Le", "Lt", "MinLen")}
+    bounds = {type(m).__name__.lower(): getattr(m, _BOUNDS[type(m).__name__]) for m in field.metadata
+              if type(m).__name__ in _BOUNDS}
     if kind is str:
         return "a non-empty string" if bounds.get("minlen") else "a string"
     noun = "an integer" if kind is int else "a number"
@@ -74,6 +74,10 @@ def expect(field: FieldInfo) -> str:
         if op in bounds:
             return f"{noun} {sign} {bounds[op]}"
     return noun
+
+
+# annotated_types' constraint classes, and the attribute each keeps its bound in
+_BOUNDS = {"Ge": "ge", "Gt": "gt", "Le": "le", "Lt": "lt", "MinLen": "min_length"}
 
 
 def _choices(values: tuple) -> str:
