@@ -87,9 +87,9 @@ def wrapup_attempt(conn: sqlite3.Connection, work_id: str, since: float) -> int 
 
 def attempt_usage(conn: sqlite3.Connection, work_id: str, attempt: int) -> tuple[int, float]:
     """(budget tokens, cost) of one attempt's model calls (cache reads are not budget tokens)."""
-    row = conn.execute("""SELECT COALESCE(SUM(input_tokens + cache_write_tokens + output_tokens), 0),
+    row = conn.execute(f"""SELECT COALESCE(SUM(input_tokens + cache_write_tokens + output_tokens), 0),
                                  COALESCE(SUM(cost_usd), 0) FROM model_calls WHERE work_id = ? AND attempt = ?
-                                 AND COALESCE(instance, '') LIKE ?""", (work_id, attempt, f"{Actor.LOOP_AGENT}%")).fetchone()
+                                 AND COALESCE(instance, '') LIKE '{Actor.LOOP_AGENT}%'""", (work_id, attempt)).fetchone()
     return int(row[0]), float(row[1])
 
 

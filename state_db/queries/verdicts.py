@@ -15,8 +15,9 @@ from typing import Callable
 from state_db.queries.base import columns, loads
 from state_db.vocab import Actor, VerdictOutcome, WorkStatus
 
-_BY_EVAL = "written_by LIKE ?"
-_EVAL = f"{Actor.EVAL_AGENT}%"
+# A literal pattern, not a bound one: SQLite prepares a statement again on every run when a LIKE's
+# pattern is a parameter (its LIKE optimisation depends on the value), ~80 µs a query.
+_BY_EVAL = f"written_by LIKE '{Actor.EVAL_AGENT}%'"
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,10 @@ def latest_eval_verdict(conn: sqlite3.Connection, work_id: str, iteration: int |
     of the latest iteration that has one. None when there is none."""
     if iteration is None:
         row = conn.execute(f"""SELECT * FROM verdicts WHERE work_id = ? AND {_BY_EVAL}
-                               ORDER BY iteration DESC, at DESC LIMIT 1""", (work_id, _EVAL)).fetchone()
+                               ORDER BY iteration DESC, at DESC LIMIT 1""", (work_id,)).fetchone()
     else:
         row = conn.execute(f"""SELECT * FROM verdicts WHERE work_id = ? AND iteration = ? AND {_BY_EVAL}
-                               ORDER BY at DESC LIMIT 1""", (work_id, iteration, _EVAL)).fetchone()
+                               ORDER BY at DESC LIMIT 1""", (work_id, iteration)).fetchone()
     return Verdict.from_row(row) if row else None
 
 
@@ -87,7 +88,7 @@ def latest_eval_verdicts(conn: sqlite3.Connection, work_id: str, *, after: int =
     """Iteration → its latest eval-agent verdict, for the iterations after ``after``."""
     out: dict[int, Verdict] = {}
     for row in conn.execute(f"""SELECT * FROM verdicts WHERE work_id = ? AND iteration > ? AND {_BY_EVAL}
-                                ORDER BY iteration, at""", (work_id, after, _EVAL)):
+                                ORDER BY iteration, at""", (work_id, after)):
         out[row["iteration"]] = Verdict.from_row(row)
     return out
 
@@ -99,7 +100,7 @@ def latest_iteration_passed(conn: sqlite3.Connection, work_id: str) -> bool:
     if last is None:
         return False
     return conn.execute(f"""SELECT 1 FROM verdicts WHERE work_id = ? AND iteration = ? AND outcome = ?
-                            AND {_BY_EVAL}""", (work_id, last, VerdictOutcome.PASS, _EVAL)).fetchone() is not None
+                            AND {_BY_EVAL}""", (work_id, last, VerdictOutcome.PASS)).fetchone() is not None
 
 
 def verdict(conn: sqlite3.Connection, verdict_id: str) -> Verdict | None:
@@ -121,7 +122,7 @@ def everything(conn: sqlite3.Connection) -> list[Verdict]:
 
 def preflight(conn: sqlite3.Connection, work_id: str) -> Preflight | None:
     """The eval-agent's preflight of ``work_id``, or None (not run yet)."""
-    row = conn.execute(f"SELECT * FROM preflights WHERE work_id = ? AND {_BY_EVAL}", (work_id, _EVAL)).fetchone()
+    row = conn.execute(f"SELECT * FROM preflights WHERE work_id = ? AND {_BY_EVAL}", (work_id,)).fetchone()
     return Preflight.from_row(row) if row else None
 
 
