@@ -559,3 +559,33 @@ def test_a_baseline_killed_between_its_refs_is_taken_again(tmp_path, ws):
     assert hist.baseline_commit() == base and hist.tree_id(base) == git_tree_of(ws, tmp_path)
     (ws / "README").write_text("after\n")
     assert hist.checkpoint(1)
+
+
+def test_what_a_snapshot_checks_out_is_in_its_index_with_the_stat_it_was_written_with(hist, ws, tmp_path):
+    """libgit2's checkout puts each file it writes in the snapshot's index, stat included, so
+    the next snapshot reads none of them again (nothing re-adds them after the checkout)."""
+    from roles.workspace import snapshot
+    hist.baseline()
+    dest = tmp_path / "snap"
+    for n in range(1, 4):
+        (ws / "README").write_text(f"{n}\n" * n)
+        (ws / "tests" / f"t{n}.py").write_text("x\n")
+        hist.materialize(hist.checkpoint(n), dest)
+    snap_dir = snapshot.git_dir_of(hist.git_dir, dest.absolute())
+    work = shadow.shadow_for(snap_dir, dest.absolute())
+    work.save_index()
+    listed = git("--git-dir", str(snap_dir), "--work-tree", str(dest), "ls-files", "--debug")
+    entries, name = {}, None
+    for line in listed.splitlines():
+        if not line.startswith(" "):
+            name = line
+            continue
+        for key, value in (part.split(":", 1) for part in line.split("\t")):
+            entries.setdefault(name, {})[key.strip()] = value.strip()
+    for rel in ("README", "tests/t3.py"):
+        s = os.lstat(dest / rel)
+        seen = entries[rel]
+        assert seen["mtime"] == f"{s.st_mtime_ns // 10**9}:{s.st_mtime_ns % 10**9}"
+        assert seen["ctime"] == f"{s.st_ctime_ns // 10**9}:{s.st_ctime_ns % 10**9}"
+        assert (int(seen["ino"]), int(seen["size"])) == (s.st_ino, s.st_size)
+    assert [(d.status, d.new_file.path) for d in work._index().diff_to_workdir(flags=shadow._SCAN).deltas] == []

@@ -33,7 +33,6 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-import pygit2
 import structlog
 
 from roles.workspace import shadow
@@ -107,12 +106,7 @@ def _create(history: Path, snap_dir: Path) -> None:
     """The snapshot's repository: bare, borrowing the history's objects; atomic."""
     tmp = snap_dir.with_name(f".{snap_dir.name}.init-{uuid.uuid4().hex[:8]}")
     try:
-        pygit2.init_repository(os.fspath(tmp), bare=True)
-        (tmp / "objects" / "info" / "alternates").write_text(f"{history.absolute() / 'objects'}\n")
-        with open(tmp / "config", "a", encoding="utf-8") as f:
-            for key, value in shadow.REPO_CONFIG:
-                section, name = key.split(".")
-                f.write(f"[{section}]\n\t{name} = {value}\n")
+        shadow.init_bare(tmp, "refs/heads/master", alternates=history.absolute() / "objects")
         os.rename(tmp, snap_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
