@@ -48,6 +48,18 @@ def test_no_select_outside_state_db_bench_and_tests():
     assert not found, "SQL reads outside state_db/ (move them into state_db/queries/):\n" + "\n".join(found)
 
 
+def test_no_query_binds_a_like_pattern():
+    """A LIKE whose pattern is a bound parameter makes SQLite prepare the statement again on every
+    run (its LIKE optimisation depends on the value): ~80 µs a query, on queries the loop asks
+    several times an iteration. The patterns asked here are constants: they are written inline."""
+    bound = re.compile(r"\bLIKE\s+\?", re.I)
+    found = [f"{path.relative_to(ROOT)}:{i}: {line.strip()[:100]}"
+             for path in sorted((ROOT / "state_db" / "queries").glob("*.py"))
+             for i, line in enumerate(path.read_text().splitlines(), 1) if bound.search(line)]
+    assert not found, "write the LIKE pattern into the SQL:\n" + "\n".join(found)
+    assert bound.search("AND name LIKE ?") and not bound.search("AND name LIKE 'eval-agent%'")
+
+
 def test_the_grep_sees_every_package_that_reads_state():
     """The check above would see a SELECT in each package that reads state (it is not vacuous)."""
     tops = {rel.parts[0] for rel, _ in _python_files()}
