@@ -39,6 +39,7 @@ Refs: ``refs/loop-org/baseline``, ``refs/iterations/<n>`` per committed iteratio
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -96,11 +97,15 @@ class WorkspaceHistory(HistoryViews):
         self._defer = defer
         self._head: str | None = None   # where HEAD moves at the next flush (``defer``)
         self._commits: dict[str, pygit2.Oid] = {}   # commit id -> its tree, for ids resolved before
+        self._head_file = os.fspath(self.git_dir / "HEAD")
+        self._there = False             # seen to exist: a history is only ever removed by delete()
 
     # -- plumbing -------------------------------------------------------------------------
 
     def _exists(self) -> bool:
-        return (self.git_dir / "HEAD").exists()
+        if not self._there:             # asked ~9 times an iteration
+            self._there = os.path.exists(self._head_file)
+        return self._there
 
     def _shadow(self) -> shadow.Shadow:
         return shadow.shadow_for(self.git_dir, self.workspace)
@@ -340,4 +345,5 @@ class WorkspaceHistory(HistoryViews):
         """Remove the whole shadow history (the workspace is untouched)."""
         shadow.forget(self.git_dir)
         self._commits.clear()
+        self._there = False
         shutil.rmtree(self.git_dir, ignore_errors=True)
