@@ -3,13 +3,16 @@ hostile doer would, through real bubblewrap. Each refusal has a positive control
 or call works outside the sandbox (or for a shown neighbour), so the test can fail."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from roles.sandbox import Toolchain, bubblewrap, exposed, runner_from_config
 from state_db.bootstrap import init_home
 from state_db.config import Config, ConfigError, defaults, load
 from state_db.home import OrgHome
+from tests.support.pg import pg_server  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.skipif(bubblewrap() is None, reason="bubblewrap (bwrap) is not installed")
 PY = sys.executable
@@ -182,6 +186,107 @@ def test_the_eval_snapshot_appears_at_the_workspaces_own_path(tmp_path, org_b):
     assert out.splitlines()[0] == str(ws / "pkg") and "from the snapshot" in out
     assert "live-only" not in out and (snapshot / "pkg" / "written").exists()
     assert str(home.root) not in out
+
+
+SOCKET_PROBE = """
+import socket, sys
+for path in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        print("CONNECTED", path, s.recv(64).decode())
+    except OSError as exc:
+        print("refused", path, exc.errno)
+own = "/tmp/own.sock"                  # a command's own socket, as a project's tests may make
+server = socket.socket(socket.AF_UNIX)
+server.bind(own)
+server.listen(1)
+client = socket.socket(socket.AF_UNIX)
+client.connect(own)
+server.accept()[0].sendall(b"own-ok")
+print("OWN", client.recv(16).decode())
+"""
+
+
+@contextlib.contextmanager
+def listening(*paths: Path):
+    """A host process's Unix sockets at ``paths``, each answering HOST to whoever connects."""
+    servers = []
+    for path in paths:
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.listen(8)
+        servers.append(server)
+
+        def answer(server=server):
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                conn.sendall(b"HOST")
+                conn.close()
+        threading.Thread(target=answer, daemon=True).start()
+    try:
+        yield
+    finally:
+        for server, path in zip(servers, paths):
+            server.close()
+            path.unlink(missing_ok=True)
+
+
+def test_a_host_socket_in_a_shown_folder_or_the_workspace_cannot_be_reached(tmp_path, org_b):
+    """A read-only mount does not stop connect() on a socket and the sandbox's uid is the host
+    user's: a host process listening in a shown folder (an agent, a container engine, a
+    database) or in the workspace would answer the doer as the org. Each is covered; a socket
+    the command makes itself still works."""
+    home, ws = org_b
+    shown = tmp_path / "shown"
+    (shown / "deep" / "er").mkdir(parents=True)
+    (shown / "closed").mkdir()
+    paths = [shown / "agent.sock", shown / "deep" / "er" / "engine.sock", ws / "dev-server.sock",
+             shown / "closed" / "private.sock"]
+    (ws / "probe.py").write_text(SOCKET_PROBE)
+    with listening(*paths):
+        for path in paths:                      # control: reachable from outside
+            c = socket.socket(socket.AF_UNIX)
+            c.connect(str(path))
+            assert c.recv(8) == b"HOST"
+            c.close()
+        # a folder the org's user may not enter (another user's, 0700): out of reach inside,
+        # and nothing can be mounted over what it holds; the sandbox must still start
+        os.chown(shown / "closed", 65533, 65533)
+        os.chmod(shown / "closed", 0o700)
+        runner = runner_from_config(config(readonly_binds=[str(shown)]), home, ws)
+        out = sh(runner, f"{PY} probe.py " + " ".join(map(str, paths)) + f"; ls {shown}")
+    assert "agent.sock" in out                   # control: the folder is shown
+    assert "CONNECTED" not in out and out.count("refused") == 4, out
+    assert "OWN own-ok" in out, out
+
+
+def test_the_postgresql_store_cannot_be_reached_from_inside_even_with_its_socket_folder_shown(org_b, pg_server):
+    """A doer that reaches the store writes its own verdicts: the org's Python (psycopg
+    included) is shown, so the only thing between them is the socket."""
+    home, ws = org_b
+    url = pg_server.url()
+    probe = ("import psycopg, sys\n"
+             "try:\n"
+             "    print('ANSWER', psycopg.connect(sys.argv[1], connect_timeout=5).execute('SELECT 41 + 1').fetchone()[0])\n"
+             "except Exception as exc:\n"
+             "    print('refused', type(exc).__name__)\n")
+    (ws / "store.py").write_text(probe)
+    control = subprocess.run([PY, str(ws / "store.py"), url], capture_output=True, text=True, timeout=30)
+    assert "ANSWER 42" in control.stdout, control.stdout + control.stderr
+    folder = pg_server.socket_dir
+    mode = stat.S_IMODE(folder.stat().st_mode)
+    os.chmod(folder, 0o755)                      # open to all, as Debian's /var/run/postgresql
+    try:
+        runner = runner_from_config(config(readonly_binds=[str(folder)]), home, ws)
+        out = sh(runner, f"{PY} store.py '{url}'; ls -a {folder}", timeout_s=30)
+    finally:
+        os.chmod(folder, mode)
+    assert ".s.PGSQL" in out                     # control: the socket's folder is shown
+    assert "ANSWER" not in out and "refused" in out, out
 
 
 def test_org_homes_are_owner_only_and_state_db_0600(tmp_path):

@@ -35,7 +35,7 @@ from roles.sandbox.limits import (Limits, PidsCgroup, inner_prefix, outer_prefix
                                   process_limit_kind)
 from roles.sandbox.seccomp import memfd, program
 from roles.sandbox.toolchains import SYSTEM, Exposure, Toolchain
-from roles.sandbox.view import View, build
+from roles.sandbox.view import SOCKET, View, build
 
 log = structlog.get_logger("sandbox")
 
@@ -80,11 +80,16 @@ def mount_args(view: View, workspace: Path, *, inside: Path | None = None, writa
     # a hidden place matters where something shown would reveal it, or around a writable bind
     # (a workspace inside the org home): there it is an empty, read-only folder
     around = [os.path.normpath(dest) for _, dest in binds]
+    # a host socket inside a writable bind is covered too, where that bind is the folder itself
+    # at its own path (elsewhere, as a snapshot presented at the workspace's path, it is not there)
+    own_place = [os.path.realpath(src) for src, dest in binds if os.path.realpath(src) == os.path.normpath(dest)]
+    sockets = {e.path for e in view.hidden if e.reason == SOCKET}
     for p in [*(Path(e.path) for e in view.hidden), *hide]:
         real = os.path.realpath(p)
         if real in _UNHIDEABLE:
             raise SandboxConfigError(f"{real} cannot be hidden; hide a folder below it")
-        if os.path.lexists(real) and (_inside_any(real, shown) or any(_inside_any(d, [real]) for d in around)):
+        if os.path.lexists(real) and (_inside_any(real, shown) or any(_inside_any(d, [real]) for d in around)
+                                      or (real in sockets and _inside_any(real, own_place))):
             entries.setdefault(real, (0, real))
     for path in shown:
         if path not in entries:
@@ -185,11 +190,12 @@ class BwrapRunner:
         """``CommandRunner.run``: stdout and stderr combined, head and tail kept."""
         return self.execute(command, cwd=cwd, timeout_s=timeout_s, max_output=max_output_bytes)
 
-    def view(self, inside: Path, readonly_binds: Sequence[Path] = ()) -> View:
-        """What a command in the workspace shown at ``inside`` sees (``view.build``)."""
+    def view(self, inside: Path, readonly_binds: Sequence[Path] = (), workspace: Path | None = None) -> View:
+        """What a command in the workspace shown at ``inside`` sees (``view.build``); ``workspace``
+        the folder bound there, whose host sockets are covered too."""
         toolchain = self.toolchain_of(inside) if self.toolchain_of else None
         extra = [Exposure(os.path.realpath(p), "asked for by the org") for p in (*self.readonly_binds, *readonly_binds)]
-        return build(toolchain, own_home=self.own_home, readonly=extra)
+        return build(toolchain, own_home=self.own_home, readonly=extra, workspace=workspace)
 
     def execute(self, command: Sequence[str] | str, *, timeout_s: float, cwd: Path | None = None,
                 max_output: int | None = None, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
@@ -222,7 +228,7 @@ class BwrapRunner:
         inside = Path(os.path.normpath(self.present_at or os.path.realpath(workspace)))
         workdir = _translate(os.path.realpath(cwd or workspace), os.path.realpath(workspace), inside)
         limits = limits or self.limits
-        view = self.view(inside, readonly_binds)
+        view = self.view(inside, readonly_binds, Path(os.path.realpath(workspace)))
         hide = [*self.hide, *([self.own_home] if self.own_home else [])]
         mounts = mount_args(view, Path(workspace), inside=inside, writable=[*self.writable, *writable],
                             hide=hide, tmp_mb=limits.disk_mb)

@@ -12,14 +12,20 @@ Shown read-only:
 Everything else is absent — the real home's other contents, other users' homes, other projects,
 ``/srv``, ``/mnt``, ``/media``, ``/var/lib``, ``/run`` — and inside what is shown, these are
 hidden whatever the allow-list says: every org home this machine has registered
-(``state_db.home.known_homes``) plus this org's own, and the deny-list below every home folder
-(``DENY``: keys, credentials, shell histories).
+(``state_db.home.known_homes``) plus this org's own, the deny-list below every home folder
+(``DENY``: keys, credentials, shell histories), and every Unix socket a process of this machine
+listens on (``host_sockets``) — in a shown folder or in the workspace. A read-only mount does
+not stop ``connect()`` on a socket, and the sandbox's uid is the host user's: a PostgreSQL
+store, a container engine or an agent whose socket sat in a shown folder would take the
+sandbox's requests as the org's. Sockets are read from ``/proc/net/unix`` each time a view is
+built; one bound after that is not hidden from the command already running.
 """
 from __future__ import annotations
 
 import functools
 import os
 import pwd
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +52,45 @@ class View:
     hidden: tuple[Exposure, ...]
     path: str
     env: dict[str, str] = field(default_factory=dict)
+
+
+SOCKET = "a Unix socket a process of this machine listens on"
+
+
+def host_sockets(table: str = "/proc/net/unix") -> list[str]:
+    """Real paths of the Unix sockets bound in this machine's network namespace (abstract and
+    unnamed ones aside: the sandbox's own network namespace already keeps those out)."""
+    try:
+        with open(table, "rb") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return []
+    found: dict[str, None] = {}
+    for line in lines:
+        parts = line.split(None, 7)     # Num RefCount Protocol Flags Type St Inode [Path]
+        if len(parts) == 8 and parts[7].startswith(b"/"):
+            found[os.path.realpath(os.fsdecode(parts[7]))] = None
+    return [p for p in found if _reachable(p)]
+
+
+def _reachable(path: str) -> bool:
+    """Whether this process's user could reach ``path`` by its permission bits alone, as the
+    sandbox's (mapped to it, without capabilities) would: every folder above it searchable. A
+    socket behind a folder it may not enter is out of the sandbox's reach already, and bubblewrap
+    could not mount over it."""
+    uid, groups = os.geteuid(), {os.getegid(), *os.getgroups()}
+    parent = os.path.dirname(path)
+    while True:
+        try:
+            st = os.stat(parent)
+        except OSError:
+            return False
+        bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid in groups else stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
+        if parent == "/":
+            return True
+        parent = os.path.dirname(parent)
 
 
 def every_home() -> list[str]:
@@ -109,6 +154,9 @@ def build(toolchain: Toolchain | None, *, own_home: Path | None, readonly: Seque
     hidden = [Exposure(h, "an org home") for h in org if kept.cover(h)]
     hidden += [d for d in denied if kept.cover(d.path)]
     hidden += [Exposure(str(p), "only root may read it") for p in root_private_in(kept.tops)]
+    covered = _Tops([h.path for h in hidden])
+    reach = _Tops([*kept.tops, *([os.path.realpath(workspace)] if workspace is not None else [])])
+    hidden += [Exposure(p, SOCKET) for p in host_sockets() if reach.cover(p) and not covered.cover(p)]
     visible = [os.path.realpath(e) for e in toolchain.path.split(os.pathsep) if e.startswith("/")]
     hidden_tops = _Tops([h.path for h in hidden])
     inside = [p for p in dict.fromkeys(visible) if kept.cover(p) and not hidden_tops.cover(p)]
