@@ -65,12 +65,13 @@ def host_sockets(table: str = "/proc/net/unix") -> list[str]:
             lines = f.read().splitlines()[1:]
     except OSError:
         return []
-    found: dict[str, None] = {}
+    bound: dict[bytes, None] = {}       # a listener's accepted connections repeat its path
     for line in lines:
         parts = line.split(None, 7)     # Num RefCount Protocol Flags Type St Inode [Path]
         if len(parts) == 8 and parts[7].startswith(b"/"):
-            found[os.path.realpath(os.fsdecode(parts[7]))] = None
-    return [p for p in found if _reachable(p)]
+            bound[parts[7]] = None
+    real = dict.fromkeys(os.path.realpath(os.fsdecode(p)) for p in bound)
+    return [p for p in real if _reachable(p)]
 
 
 def _reachable(path: str) -> bool:
