@@ -14,7 +14,8 @@ model call, a long tool call, a budget hog).
 Same-run baseline ``raw_unsandboxed_escapes``: the same probes as ``PROBES`` run once as plain
 processes and once in the sandbox — reading another org's ``state.db``, writing outside the
 workspace, reading a credentials file in the home, creating a user namespace, writing a file
-bigger than the limit, seeing the host's paths in ``/proc/1/cmdline`` — so the figure shows what
+bigger than the limit, seeing the host's paths in ``/proc/1/cmdline``, talking to a host
+process's Unix socket in the workspace — so the figure shows what
 the sandbox takes away on this very machine.
 
 Targets: ``escape_attempts`` ≥ 30, ``escapes`` == 0, ``probe_escapes`` == 0.
@@ -24,9 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -74,6 +77,9 @@ PROBES = {
     "file_over_size_limit": ('head -c 200000000 /dev/zero > big 2>/dev/null; '
                              '[ "$(stat -c %s big 2>/dev/null || echo 0)" -ge 200000000 ] && echo ESCAPED; rm -f big'),
     "host_paths_in_proc_1_cmdline": 'tr "\\0" " " < /proc/1/cmdline | grep -q "$OUR_ORG" && echo ESCAPED',
+    # a host process listening on a Unix socket in the workspace (a database, a dev server)
+    "connect_host_unix_socket": ('python3 -c "import socket, sys; s = socket.socket(socket.AF_UNIX); '
+                                 's.connect(sys.argv[1]); print(s.recv(7).decode())" "$HOST_SOCKET" 2>/dev/null'),
 }
 
 
@@ -97,7 +103,22 @@ def run_probes() -> tuple[dict, dict]:
         creds.parent.mkdir(parents=True)
         creds.write_text("[default]\naws_secret_access_key = not-a-real-key\n")
         # passed in the environment, not in the command line: pid 1's command line is the probe's own
-        env = {"OTHER_ORG": str(other.root), "OUTSIDE": str(outside), "CREDS": str(creds), "OUR_ORG": str(ours.root)}
+        host_socket = ws / "host.sock"
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(host_socket))
+        listener.listen(8)
+
+        def answer() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                conn.sendall(b"ESCAPED")
+                conn.close()
+        threading.Thread(target=answer, daemon=True).start()
+        env = {"OTHER_ORG": str(other.root), "OUTSIDE": str(outside), "CREDS": str(creds), "OUR_ORG": str(ours.root),
+               "HOST_SOCKET": str(host_socket)}
         cfg = config_mod.load(None)
         sandboxed = runner_from_config(cfg, ours, ws)
         plain = UnsandboxedRunner(ws)
@@ -106,6 +127,7 @@ def run_probes() -> tuple[dict, dict]:
             out_plain[name] = "ESCAPED" in plain.execute(line, cwd=ws, timeout_s=60, env=env).output
             out_box[name] = "ESCAPED" in sandboxed.execute(line, cwd=ws, timeout_s=60, env=env).output
             (outside / "pwned").unlink(missing_ok=True)
+        listener.close()
         return out_plain, out_box
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
