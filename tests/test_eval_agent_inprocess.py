@@ -77,3 +77,34 @@ def test_a_verify_request_gets_the_verdict_of_the_committed_iteration(org_home, 
     assert got.payload["iteration"] == 1
     verdict = read_rows(org_home.db_path, "SELECT outcome, written_by FROM verdicts WHERE iteration = 1")[0]
     assert verdict == {"outcome": "pass", "written_by": "eval-agent"}
+
+
+def test_a_second_verdict_for_an_iteration_is_refused_inside_the_write(org_home, ws):
+    """Two eval-agents that disagreed for a moment on whose share an iteration is (the org's
+    list changing) may both verify it: the second write finds the first in its own transaction
+    and writes nothing — not a second verdict, not an error verdict, no goal_met of its own."""
+    from roles.eval_agent.checks import CheckResult
+    from roles.eval_agent.verifier import Verifier
+
+    submit(org_home, ws, "w1", verify=("true",))
+    la = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
+    with la.transaction() as tx:
+        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
+                                 "checkpoint": "0" * 40, "committed_at": tx.now})
+    la.close()
+
+    def check(passed):
+        return CheckResult(name="check", command="true", passed=passed, exit_code=0 if passed else 1,
+                           timed_out=False, signature="", output_tail="", duration_ms=1.0)
+
+    first = Verifier(org_home, StateWriter(org_home.db_path, Actor.EVAL_AGENT, "eval-agent"))
+    second = Verifier(org_home, StateWriter(org_home.db_path, Actor.EVAL_AGENT, "eval-agent-50"))
+    written = first.record("w1", 1, [check(False)], [])
+    assert second.existing("w1", 1) is not None
+    again = second.record("w1", 1, [check(True)], [])                  # raced: it had verified already
+    assert (again.id, again.outcome, again.goal_met) == (written.id, "fail", False)
+    error = second.record_error("w1", 1, "git_remote_failed", "the coordinator host is unreachable")
+    assert error.id == written.id
+    rows = read_rows(org_home.db_path, "SELECT id, outcome, written_by FROM verdicts WHERE work_id='w1'")
+    assert rows == [{"id": written.id, "outcome": "fail", "written_by": "eval-agent"}]
+    assert read_rows(org_home.db_path, "SELECT status FROM work_items WHERE id='w1'")[0]["status"] != "ended"

@@ -11,7 +11,10 @@ with the code ``verifier_error`` (or the sandbox's code) is written and the run 
 ``verify_unrunnable``: a verdict that can never be written must not keep a run waiting.
 
 What is owed is one query (``state_db.queries.verdicts.due``): the preflights of live runs
-without one, then committed iterations of live runs without a verdict.
+without one, then committed iterations of live runs without a verdict. Of several eval-agents,
+each takes its share (``roles.instances.OrgEvalAgents``). One on a joined host (``org join --role
+eval-agent``) verifies iterations only, from the checkpoints the store names, fetched from the
+coordinator host's histories; the preflights, which read the real workspace, stay there.
 """
 from __future__ import annotations
 
@@ -20,13 +23,14 @@ import time
 
 from roles.eval_agent.review import Reviewer, ReviewSettings
 from roles.eval_agent.verifier import Verifier
-from roles.instances import eval_agent_shard, shard_of
+from roles.instances import OrgEvalAgents
 from roles.runtime import RoleProcess
 from state_db.errors import OrgError
 from state_db.queries.verdicts import Due, due
 from transport.kinds import Kind
 
 RETRIES = 3
+GIT_TIMEOUT_S = 60.0     # one git exchange with the coordinator host (a joined eval-agent)
 BACKOFF_S = 0.5
 
 
@@ -37,9 +41,16 @@ class EvalAgentProcess(RoleProcess):
         super().__init__(home, instance, **seams)
         self.worker: threading.Thread | None = None
         self.more = threading.Event()
-        shard = eval_agent_shard(self.instance, self.cfg.org.eval_agents)
-        # of several eval-agents, this one verifies only the work items of its share
-        self._owns = None if shard is None else (lambda work_id: shard_of(work_id, shard[1]) == shard[0])
+        # on a joined host (org join --role eval-agent) the work items' histories are the
+        # coordinator host's, fetched through git; preflights stay on the coordinator host
+        self.joined = bool(self.cfg.hosts.coordinator)
+
+    def _owns(self, agents: OrgEvalAgents, row: Due) -> bool:
+        """Whether ``row`` is this eval-agent's to verify: of several, its share (the same list
+        every process reads: ``roles.instances``); never a preflight on a joined host."""
+        if self.joined and row.n == 0:
+            return False
+        return agents.current().owner(row.work_id, row.n) == self.instance
 
     def reconcile(self) -> None:
         if self.stopping:
@@ -58,7 +69,9 @@ class EvalAgentProcess(RoleProcess):
         writer = StateWriter(self.home.db_path, self.role, self.instance)
         sender = self.transport.thread_sender()
         from roles.sandbox import runner_from_config
+        agents = OrgEvalAgents(self.cfg, writer.conn)
         verifier = Verifier(self.home, writer, timeout_s=float(self.cfg.sandbox.cpu_seconds),
+                            history_factory=self._remote_history(writer) if self.joined else None,
                             runner_factory=lambda snapshot, workspace: runner_from_config(self.cfg, self.home, snapshot,
                                                                                present_at=workspace),
                             reviewer=Reviewer(ReviewSettings.from_config(self.cfg), writer))
@@ -68,7 +81,7 @@ class EvalAgentProcess(RoleProcess):
                 soonest = min((at for _, at in failures.values()), default=None)
                 self.more.wait(1.0 if soonest is None else min(1.0, max(0.05, soonest - time.monotonic())))
                 self.more.clear()
-                for row in due(writer.conn, self._owns):
+                for row in [r for r in due(writer.conn) if self._owns(agents, r)]:
                     if self.stopping:
                         break
                     key = (row.work_id, row.n)
@@ -105,6 +118,31 @@ class EvalAgentProcess(RoleProcess):
         finally:
             sender.close()
             writer.close()
+
+    def _remote_history(self, writer):
+        """(git_dir, workspace) -> the work item's history on this joined host: a local copy in
+        this home that fetches the checkpoint to verify and the baseline from the coordinator
+        host's ``git daemon`` (``roles.workspace.remote``). It is ``eval-history/<id>.git``, not
+        the ``history/<id>.git`` a loop-agent of the same home keeps for its own workspace (whose
+        baseline ref it writes only once the baseline is checked out there). No workspace is made
+        or written: only snapshots (``eval/<id>``).
+
+        Raises (when a history is made): OrgError ``no_git_server`` — the coordinator host serves
+        no histories; retried, then an ``error`` verdict.
+        """
+        from roles.workspace.remote import RemoteHistory
+        from state_db.queries.peers import peer
+
+        def make(git_dir, workspace):
+            coordinator = peer(writer.conn, "coordinator")
+            if coordinator is None or not coordinator.git_url:
+                raise OrgError("the coordinator host serves no histories to joined hosts", code="no_git_server",
+                               hint="set [hosts] git_listen = \"HOST:PORT\" in the coordinator host's org.toml "
+                                    "and start it again")
+            work_id = git_dir.name.removesuffix(".git")
+            return RemoteHistory(self.home.root / "eval-history" / git_dir.name, self.home.root / "workspaces" / work_id,
+                                 remote=f"{coordinator.git_url}/{work_id}.git", timeout_s=GIT_TIMEOUT_S)
+        return make
 
     def _announce(self, sender, row: Due, result) -> None:
         """Log the verdict (or preflight) and wake whoever waits for it."""
