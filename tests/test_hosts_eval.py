@@ -11,7 +11,8 @@ The worker host joins with an eval-agent and then, into the same home, with a lo
   share is the joined eval-agent's has its preflight run by the coordinator host's eval-agent (the
   baseline is the real workspace) and every iteration verified by ``eval-agent-50`` from the
   checkpoints the joined loop-agent pushed, fetched from the coordinator host's git daemon into a
-  history of the worker's own, and reaches goal_met.
+  history of the worker's own, and reaches goal_met;
+- the joined eval-agent follows the org's suspend and resume.
 """
 from __future__ import annotations
 
@@ -122,5 +123,15 @@ def test_a_joined_eval_agent_verifies_the_iterations_of_its_share_from_the_pushe
         assert (worker.home / "eval" / wid / "textstats.py").exists()            # its snapshot, on its host
         user = org.root.parent / f"ws{attempt}" / "textstats.py"
         assert user.read_text() == (DEMO / "project" / "textstats.py").read_text()    # the user's workspace untouched
+
+        # the joined eval-agent follows the org: stopped while it is suspended, started on resume
+        def agent():
+            return query(org, "SELECT status, started_at FROM role_instances WHERE instance='eval-agent-50'")[0]
+        before = agent()["started_at"]
+        cli(org, "suspend")
+        wait_for(lambda: agent()["status"] == "stopped", timeout=30, what=f"the joined eval-agent to stop: {worker.tail()}")
+        cli(org, "resume")
+        wait_for(lambda: agent()["status"] == "ready" and agent()["started_at"] > before, timeout=30,
+                 what=f"the joined eval-agent to start again: {worker.tail()}")
     finally:
         worker.kill()

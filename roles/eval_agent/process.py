@@ -8,7 +8,8 @@ a worker thread so heartbeats continue while verify commands run.
 A verification that raises (its snapshot cannot be written, the sandbox fails to start) is
 retried ``RETRIES`` times with exponential backoff from ``BACKOFF_S``; then an ``error`` verdict
 with the code ``verifier_error`` (or the sandbox's code) is written and the run ends
-``verify_unrunnable``: a verdict that can never be written must not keep a run waiting.
+``verify_unrunnable``: a verdict that can never be written must not keep a run waiting. On a
+joined host a coordinator host that cannot be reached (``git_remote_failed``) goes the same way.
 
 What is owed is one query (``state_db.queries.verdicts.due``): the preflights of live runs
 without one, then committed iterations of live runs without a verdict. Of several eval-agents,
@@ -31,6 +32,8 @@ from transport.kinds import Kind
 
 RETRIES = 3
 GIT_TIMEOUT_S = 60.0     # one git exchange with the coordinator host (a joined eval-agent)
+# codes an error verdict keeps as they are (the machine's, never the doer's); any other is verifier_error
+KEPT_CODES = ("sandbox_failed", "sandbox_error", "git_remote_failed", "git_remote_missing", "no_git_server")
 BACKOFF_S = 0.5
 
 
@@ -71,7 +74,7 @@ class EvalAgentProcess(RoleProcess):
         from roles.sandbox import runner_from_config
         agents = OrgEvalAgents(self.cfg, writer.conn)
         verifier = Verifier(self.home, writer, timeout_s=float(self.cfg.sandbox.cpu_seconds),
-                            history_factory=self._remote_history(writer) if self.joined else None,
+                            history_factory=remote_histories(self.home, writer.conn) if self.joined else None,
                             runner_factory=lambda snapshot, workspace: runner_from_config(self.cfg, self.home, snapshot,
                                                                                present_at=workspace),
                             reviewer=Reviewer(ReviewSettings.from_config(self.cfg), writer))
@@ -105,7 +108,7 @@ class EvalAgentProcess(RoleProcess):
                                            code=code, attempt=tries, of=RETRIES, next=f"retry in {delay:.1f} s")
                             continue
                         failures.pop(key, None)
-                        code = code if code in ("sandbox_failed", "sandbox_error") else "verifier_error"
+                        code = code if code in KEPT_CODES else "verifier_error"
                         self.log.error("verify_gave_up", work_id=row.work_id, iteration=row.n, error=str(exc),
                                        code=code, attempts=tries, next="error verdict; the run ends verify_unrunnable")
                         try:
@@ -118,31 +121,6 @@ class EvalAgentProcess(RoleProcess):
         finally:
             sender.close()
             writer.close()
-
-    def _remote_history(self, writer):
-        """(git_dir, workspace) -> the work item's history on this joined host: a local copy in
-        this home that fetches the checkpoint to verify and the baseline from the coordinator
-        host's ``git daemon`` (``roles.workspace.remote``). It is ``eval-history/<id>.git``, not
-        the ``history/<id>.git`` a loop-agent of the same home keeps for its own workspace (whose
-        baseline ref it writes only once the baseline is checked out there). No workspace is made
-        or written: only snapshots (``eval/<id>``).
-
-        Raises (when a history is made): OrgError ``no_git_server`` — the coordinator host serves
-        no histories; retried, then an ``error`` verdict.
-        """
-        from roles.workspace.remote import RemoteHistory
-        from state_db.queries.peers import peer
-
-        def make(git_dir, workspace):
-            coordinator = peer(writer.conn, "coordinator")
-            if coordinator is None or not coordinator.git_url:
-                raise OrgError("the coordinator host serves no histories to joined hosts", code="no_git_server",
-                               hint="set [hosts] git_listen = \"HOST:PORT\" in the coordinator host's org.toml "
-                                    "and start it again")
-            work_id = git_dir.name.removesuffix(".git")
-            return RemoteHistory(self.home.root / "eval-history" / git_dir.name, self.home.root / "workspaces" / work_id,
-                                 remote=f"{coordinator.git_url}/{work_id}.git", timeout_s=GIT_TIMEOUT_S)
-        return make
 
     def _announce(self, sender, row: Due, result) -> None:
         """Log the verdict (or preflight) and wake whoever waits for it."""
@@ -162,3 +140,29 @@ class EvalAgentProcess(RoleProcess):
         self.more.set()
         if self.worker is not None:
             self.worker.join(max(0.5, self.cfg.supervisor.stop_timeout_s - 2.0))
+
+
+def remote_histories(home, conn):
+    """(git_dir, workspace) -> a work item's history for an eval-agent on a joined host: a copy
+    in this home that fetches the checkpoint to verify and the baseline from the coordinator
+    host's ``git daemon`` (``roles.workspace.remote``). It is ``eval-history/<id>.git``, not the
+    ``history/<id>.git`` a loop-agent of the same home keeps for its own workspace (whose baseline
+    ref it writes only once the baseline is checked out there). No workspace is made or written:
+    only snapshots (``eval/<id>``).
+
+    Raises (when a history is made): OrgError ``no_git_server`` — the coordinator host serves no
+    histories; retried, then an ``error`` verdict.
+    """
+    from roles.workspace.remote import RemoteHistory
+    from state_db.queries.peers import peer
+
+    def make(git_dir, workspace):
+        coordinator = peer(conn, "coordinator")
+        if coordinator is None or not coordinator.git_url:
+            raise OrgError("the coordinator host serves no histories to joined hosts", code="no_git_server",
+                           hint="set [hosts] git_listen = \"HOST:PORT\" in the coordinator host's org.toml "
+                                "and start it again")
+        work_id = git_dir.name.removesuffix(".git")
+        return RemoteHistory(home.root / "eval-history" / git_dir.name, home.root / "workspaces" / work_id,
+                             remote=f"{coordinator.git_url}/{work_id}.git", timeout_s=GIT_TIMEOUT_S)
+    return make

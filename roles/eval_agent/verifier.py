@@ -51,7 +51,8 @@ _KEEP_HISTORIES = 8
 _CANNOT_START = re.compile(r"^(?:\S*/)?python[\d.]*: (?:No module named|can't open file)|"
                            r"^npm (?:ERR!|error) Missing script|No rule to make target|no makefile found|"
                            r"^error: no such command|^bwrap: ", re.MULTILINE)
-UNRUNNABLE_CODES = ("verify_unrunnable", "sandbox_failed", "sandbox_unavailable", "sandbox_error", "verifier_error")
+UNRUNNABLE_CODES = ("verify_unrunnable", "sandbox_failed", "sandbox_unavailable", "sandbox_error", "verifier_error",
+                    "git_remote_failed", "git_remote_missing", "no_git_server")
 
 
 @dataclass(frozen=True)
