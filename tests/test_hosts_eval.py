@@ -91,7 +91,7 @@ def test_a_joined_eval_agent_verifies_the_iterations_of_its_share_from_the_pushe
         # (the ids are random: one of another share is cancelled before it runs, and another submitted)
         agents = EvalAgents(("eval-agent", "eval-agent-50"), ("eval-agent",))
         for attempt in range(24):
-            wid = submit(org, demo_workspace(org, f"ws{attempt}"))["id"]
+            wid = submit(org, demo_workspace(org, f"ws{attempt}"), "--no-wait")["id"]
             if agents.owner(wid, 1) == "eval-agent-50":
                 break
             cli(org, "cancel", wid)
@@ -129,7 +129,8 @@ def test_a_joined_eval_agent_verifies_the_iterations_of_its_share_from_the_pushe
             return query(org, "SELECT status, started_at FROM role_instances WHERE instance='eval-agent-50'")[0]
         before = agent()["started_at"]
         cli(org, "suspend")
-        wait_for(lambda: agent()["status"] == "stopped", timeout=30, what=f"the joined eval-agent to stop: {worker.tail()}")
+        wait_for(lambda: agent()["status"] == "stopped", timeout=30,
+                 what=f"the joined eval-agent to stop: {worker.tail()}")
         cli(org, "resume")
         wait_for(lambda: agent()["status"] == "ready" and agent()["started_at"] > before, timeout=30,
                  what=f"the joined eval-agent to start again: {worker.tail()}")

@@ -31,10 +31,10 @@ from state_db.queries.verdicts import Due, due
 from transport.kinds import Kind
 
 RETRIES = 3
+BACKOFF_S = 0.5
 GIT_TIMEOUT_S = 60.0     # one git exchange with the coordinator host (a joined eval-agent)
 # codes an error verdict keeps as they are (the machine's, never the doer's); any other is verifier_error
 KEPT_CODES = ("sandbox_failed", "sandbox_error", "git_remote_failed", "git_remote_missing", "no_git_server")
-BACKOFF_S = 0.5
 
 
 class EvalAgentProcess(RoleProcess):
