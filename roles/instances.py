@@ -14,8 +14,9 @@ its share. Preflights record the baseline from the real workspace, which only th
 host has: they are split between the coordinator host's eval-agents only; iterations between
 all. While the membership changes two processes may disagree for a moment: a verdict is then
 late (nobody took it yet) or raced for, and the verdict write refuses a second verdict for an
-iteration (``Verifier.record``), so none is lost or doubled. Over ipc nothing is read from the
-store: the list is ``[org] eval_agents``'s names.
+iteration (``Verifier.record``), so none is lost or doubled, and the eval-agents of one home
+take a work item's snapshot one at a time (``roles.eval_agent.process.WorkLocks``). Over ipc
+nothing is read from the store: the list is ``[org] eval_agents``'s names.
 """
 from __future__ import annotations
 

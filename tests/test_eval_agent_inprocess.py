@@ -151,3 +151,37 @@ def test_a_joined_eval_agent_that_cannot_reach_the_coordinator_host_gets_a_coded
     row = read_rows(org_home.db_path, "SELECT status, stop_reason FROM work_items WHERE id='w1'")[0]
     assert row == {"status": "ended", "stop_reason": "verify_unrunnable"}
     writer.close()
+
+
+@pytest.mark.timeout(60)
+def test_one_verification_at_a_time_per_work_item_among_the_eval_agents_of_a_home(tmp_path):
+    """Two eval-agents of one home that both took an iteration (the list changing): the second
+    skips it while the first verifies, so the snapshot is never rewritten under running checks;
+    a holder that dies lets go."""
+    import subprocess
+    import sys
+
+    from roles.eval_agent.process import WorkLocks
+
+    path = tmp_path / "verify.lock"
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys; from roles.eval_agent.process import WorkLocks; "
+                               f"locks = WorkLocks({str(path)!r}); assert locks.take('w-1'); "
+                               "print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        mine = WorkLocks(path)
+        assert mine._at("w-1") != mine._at("w-2")
+        assert not mine.take("w-1")                    # the other process verifies it
+        assert mine.take("w-2")                        # another work item is not held up
+        mine.release("w-2")
+        holder.kill()
+        holder.wait(timeout=10)
+        assert mine.take("w-1")                        # a holder that died let go
+        mine.release("w-1")
+        mine.close()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(timeout=10)

@@ -19,8 +19,12 @@ coordinator host's histories; the preflights, which read the real workspace, sta
 """
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 import time
+import zlib
+from pathlib import Path
 
 from roles.eval_agent.review import Reviewer, ReviewSettings
 from roles.eval_agent.verifier import Verifier
@@ -73,6 +77,7 @@ class EvalAgentProcess(RoleProcess):
         sender = self.transport.thread_sender()
         from roles.sandbox import runner_from_config
         agents = OrgEvalAgents(self.cfg, writer.conn)
+        locks = WorkLocks(self.home.run_dir / "verify.lock")
         verifier = Verifier(self.home, writer, timeout_s=float(self.cfg.sandbox.cpu_seconds),
                             history_factory=remote_histories(self.home, writer.conn) if self.joined else None,
                             runner_factory=lambda snapshot, workspace: runner_from_config(self.cfg, self.home, snapshot,
@@ -90,6 +95,12 @@ class EvalAgentProcess(RoleProcess):
                     key = (row.work_id, row.n)
                     tries, next_at = failures.get(key, (0, 0.0))
                     if time.monotonic() < next_at:
+                        continue
+                    if not locks.take(row.work_id):
+                        # another eval-agent of this home verifies it (a share changing hands): its
+                        # verdict counts, and this one must not rewrite the snapshot under its checks
+                        self.log.info("verify_busy", work_id=row.work_id, iteration=row.n,
+                                      next="another eval-agent of this host verifies it")
                         continue
                     try:
                         result = verifier.verify(row.work_id, row.n)
@@ -116,9 +127,12 @@ class EvalAgentProcess(RoleProcess):
                         except Exception as again:  # noqa: BLE001 - e.g. the run ended meanwhile
                             self.log.error("error_verdict_failed", work_id=row.work_id, error=str(again))
                             continue
+                    finally:
+                        locks.release(row.work_id)
                     failures.pop(key, None)
                     self._announce(sender, row, result)
         finally:
+            locks.close()
             sender.close()
             writer.close()
 
@@ -166,3 +180,33 @@ def remote_histories(home, conn):
         return RemoteHistory(home.root / "eval-history" / git_dir.name, home.root / "workspaces" / work_id,
                              remote=f"{coordinator.git_url}/{work_id}.git", timeout_s=GIT_TIMEOUT_S)
     return make
+
+
+class WorkLocks:
+    """One verification at a time per work item among the eval-agents of one home, which share
+    its snapshot directories (``eval/<id>``): while the org's eval-agent list changes, two of them
+    may both take an iteration, and one must not rewrite the snapshot under the other's checks.
+    A byte of ``path`` per work item (by crc32: two items on one byte only wait for each other),
+    POSIX record locks, so a killed holder lets go at once."""
+
+    SPAN = 1 << 20
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def _at(self, work_id: str) -> int:
+        return zlib.crc32(work_id.encode("utf-8")) % self.SPAN
+
+    def take(self, work_id: str) -> bool:
+        """Lock ``work_id`` for this process; False when another process holds it."""
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, self._at(work_id))
+        except OSError:
+            return False
+        return True
+
+    def release(self, work_id: str) -> None:
+        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, self._at(work_id))
+
+    def close(self) -> None:
+        os.close(self.fd)

@@ -4,7 +4,7 @@ The coordinator host runs the org as usual with a tcp transport (``[transport] e
 "tcp://HOST:PORT"``) and a PostgreSQL store (``[state] url``); its supervisor registers every
 instance it runs in the store's ``peers`` table: where it listens, its CURVE public key and its
 HMAC key (``register``). A *joined* host (``org join``) has its own org home, its own keyring and
-its own supervisor, which runs only the instances it was given (loop-agents or eval-agents),
+its own supervisor, which runs only the instances it was given (loop-agents, eval-agents or both),
 registers them the same way, and never touches the org session: starting, suspending and
 stopping the org stay the coordinator host's.
 
