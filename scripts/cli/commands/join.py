@@ -23,7 +23,8 @@ def add_arguments(p) -> None:
                    help="the coordinator host's transport base ([transport] endpoint there)")
     p.add_argument("--coordinator-key", required=True, metavar="KEY",
                    help="the coordinator's CURVE public key ('org hosts' on the coordinator host prints it)")
-    p.add_argument("--role", required=True, choices=("loop-agent", "eval-agent"), help="what this host runs")
+    p.add_argument("--role", required=True, choices=("loop-agent", "eval-agent"),
+                   help="what this host runs (join again into the same home with the other role to run both)")
     p.add_argument("--count", type=int, default=1, help="how many instances (default 1)")
     p.add_argument("--listen", required=True, metavar="tcp://HOST:PORT",
                    help="where this host's instances listen (a base: each instance gets a port above it); "
