@@ -77,3 +77,111 @@ def test_a_verify_request_gets_the_verdict_of_the_committed_iteration(org_home, 
     assert got.payload["iteration"] == 1
     verdict = read_rows(org_home.db_path, "SELECT outcome, written_by FROM verdicts WHERE iteration = 1")[0]
     assert verdict == {"outcome": "pass", "written_by": "eval-agent"}
+
+
+def test_a_second_verdict_for_an_iteration_is_refused_inside_the_write(org_home, ws):
+    """Two eval-agents that disagreed for a moment on whose share an iteration is (the org's
+    list changing) may both verify it: the second write finds the first in its own transaction
+    and writes nothing — not a second verdict, not an error verdict, no goal_met of its own."""
+    from roles.eval_agent.checks import CheckResult
+    from roles.eval_agent.verifier import Verifier
+
+    submit(org_home, ws, "w1", verify=("true",))
+    la = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
+    with la.transaction() as tx:
+        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
+                                 "checkpoint": "0" * 40, "committed_at": tx.now})
+    la.close()
+
+    def check(passed):
+        return CheckResult(name="check", command="true", passed=passed, exit_code=0 if passed else 1,
+                           timed_out=False, signature="", output_tail="", duration_ms=1.0)
+
+    first = Verifier(org_home, StateWriter(org_home.db_path, Actor.EVAL_AGENT, "eval-agent"))
+    second = Verifier(org_home, StateWriter(org_home.db_path, Actor.EVAL_AGENT, "eval-agent-50"))
+    written = first.record("w1", 1, [check(False)], [])
+    assert second.existing("w1", 1) is not None
+    again = second.record("w1", 1, [check(True)], [])                  # raced: it had verified already
+    assert (again.id, again.outcome, again.goal_met) == (written.id, "fail", False)
+    error = second.record_error("w1", 1, "git_remote_failed", "the coordinator host is unreachable")
+    assert error.id == written.id
+    rows = read_rows(org_home.db_path, "SELECT id, outcome, written_by FROM verdicts WHERE work_id='w1'")
+    assert rows == [{"id": written.id, "outcome": "fail", "written_by": "eval-agent"}]
+    assert read_rows(org_home.db_path, "SELECT status FROM work_items WHERE id='w1'")[0]["status"] != "ended"
+
+
+def test_a_joined_eval_agent_that_cannot_reach_the_coordinator_host_gets_a_coded_error_never_the_doers(
+        org_home, ws):
+    """On a joined host the checkpoint comes from the coordinator host's git daemon: none
+    registered, or one that does not answer, is a coded error (the process retries it, then
+    writes it as an ``error`` verdict: the run ends verify_unrunnable, the doer is not charged)."""
+    import socket
+
+    from roles.eval_agent.process import KEPT_CODES, remote_histories
+    from roles.eval_agent.verifier import Verifier
+    from state_db.errors import OrgError
+    from state_db.queries import peers as peer_q
+
+    submit(org_home, ws, "w1", verify=("true",))
+    la = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
+    with la.transaction() as tx:
+        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
+                                 "checkpoint": "ab" * 20, "committed_at": tx.now})
+    la.close()
+    writer = StateWriter(org_home.db_path, Actor.EVAL_AGENT, "eval-agent-50")
+    verifier = Verifier(org_home, writer, history_factory=remote_histories(org_home, writer.conn))
+    with pytest.raises(OrgError) as err:
+        verifier.verify("w1", 1)
+    assert err.value.code == "no_git_server"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]                     # nothing listens there once closed
+    sup = StateWriter(org_home.db_path, Actor.SUPERVISOR)
+    with sup.transaction() as tx:
+        peer_q.register(tx, instance="coordinator", host="coordinator-host", role="coordinator",
+                        endpoint="tcp://127.0.0.1:7200", curve_public="c" * 40, hmac_key="00" * 32,
+                        git_url=f"git://127.0.0.1:{port}")
+    sup.close()
+    with pytest.raises(OrgError) as err:
+        verifier.verify("w1", 1)
+    assert err.value.code == "git_remote_failed" and f"127.0.0.1:{port}" in str(err.value)
+    assert err.value.code in KEPT_CODES and not (org_home.root / "workspaces" / "w1").exists()
+    verdict = verifier.record_error("w1", 1, err.value.code, str(err.value))
+    assert verdict.outcome == "error" and verdict.checks[0].code == "git_remote_failed"
+    row = read_rows(org_home.db_path, "SELECT status, stop_reason FROM work_items WHERE id='w1'")[0]
+    assert row == {"status": "ended", "stop_reason": "verify_unrunnable"}
+    writer.close()
+
+
+@pytest.mark.timeout(60)
+def test_one_verification_at_a_time_per_work_item_among_the_eval_agents_of_a_home(tmp_path):
+    """Two eval-agents of one home that both took an iteration (the list changing): the second
+    skips it while the first verifies, so the snapshot is never rewritten under running checks;
+    a holder that dies lets go."""
+    import subprocess
+    import sys
+
+    from roles.eval_agent.process import WorkLocks
+
+    path = tmp_path / "verify.lock"
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys; from roles.eval_agent.process import WorkLocks; "
+                               f"locks = WorkLocks({str(path)!r}); assert locks.take('w-1'); "
+                               "print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        mine = WorkLocks(path)
+        assert mine._at("w-1") != mine._at("w-2")
+        assert not mine.take("w-1")                    # the other process verifies it
+        assert mine.take("w-2")                        # another work item is not held up
+        mine.release("w-2")
+        holder.kill()
+        holder.wait(timeout=10)
+        assert mine.take("w-1")                        # a holder that died let go
+        mine.release("w-1")
+        mine.close()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(timeout=10)

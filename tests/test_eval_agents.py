@@ -75,3 +75,88 @@ def test_each_work_item_is_verified_by_its_own_eval_agent_and_a_killed_one_catch
         assert {v["written_by"] for v in verdicts} == {eval_agent_for(w, 2)}
     wait_for(lambda: roles(org)[victim]["status"] == "ready" and roles(org)[victim]["pid"] != pid,
              timeout=30, what="the killed eval-agent back")
+
+
+def _store_with_eval_agents(home, rows):
+    """peers and role_instances rows as the hosts' supervisors and the roles write them:
+    ``rows`` is (instance, host, status, heartbeat age in s or None)."""
+    import time
+
+    from state_db.queries import peers as peer_q
+    from state_db.vocab import Actor
+    from state_db.writer import StateWriter
+
+    sup = StateWriter(home.db_path, Actor.SUPERVISOR)
+    now = time.time()
+    with sup.transaction() as tx:
+        if peer_q.peer(tx.conn, "coordinator") is None:
+            peer_q.register(tx, instance="coordinator", host="coordinator-host", role="coordinator",
+                            endpoint="tcp://127.0.0.1:7200", curve_public="c" * 40, hmac_key="00" * 32)
+        for name, host, status, age in rows:
+            peer_q.register(tx, instance=name, host=host, role="eval-agent", endpoint=f"tcp://{host}:7400",
+                            curve_public=name.ljust(40, "x"), hmac_key="00" * 32)
+            tx.insert("role_instances", {"instance": name, "role": "eval-agent", "status": "starting",
+                                         "updated_at": now})
+            if status != "starting":
+                tx.set_status("role_instances", name, status, updated_at=now,
+                              heartbeat_at=None if age is None else now - age)
+    sup.close()
+
+
+def test_over_tcp_the_eval_agent_list_is_the_stores_and_preflights_stay_on_the_coordinator_host(org_home):
+    from roles.instances import EvalAgents, OrgEvalAgents, stored_eval_agents
+    from state_db.config import Config
+    from state_db.connection import connect
+
+    _store_with_eval_agents(org_home, [("eval-agent", "coordinator-host", "ready", 0.5),
+                                       ("eval-agent-50", "worker-1", "ready", 0.5),
+                                       ("eval-agent-51", "worker-1", "ready", 60.0),      # heartbeat lapsed
+                                       ("eval-agent-52", "worker-2", "starting", None)])
+    conn = connect(org_home.db_path, readonly=True)
+    agents = stored_eval_agents(conn, heartbeat_timeout_s=10.0)
+    assert agents == EvalAgents(("eval-agent", "eval-agent-50"), ("eval-agent",))
+    ids = [f"w-{i:04d}" for i in range(200)]
+    assert {agents.owner(w, 0) for w in ids} == {"eval-agent"}                 # preflights: coordinator host
+    owners = [agents.owner(w, 1) for w in ids]
+    assert set(owners) == {"eval-agent", "eval-agent-50"}
+    assert all(agents.owner(w, n) == agents.owner(w, 1) for w in ids for n in (2, 7))   # every iteration alike
+    assert owners == [("eval-agent", "eval-agent-50")[shard_of(w, 2)] for w in ids]    # the same rule everywhere
+
+    # every process reads the same list: a loop-agent's target is the eval-agent's own share
+    tcp = Config({"transport": {"endpoint": "tcp://127.0.0.1:7000"}, "supervisor": {"heartbeat_timeout_s": 10.0}})
+    ticks = [0.0]
+    seen = OrgEvalAgents(tcp, conn, max_age_s=1.0, clock=lambda: ticks[0])
+    assert [seen.target(w, 1) for w in ids] == owners and seen.target(ids[0], 0) == "eval-agent"
+    _store_with_eval_agents(org_home, [("eval-agent-53", "worker-2", "ready", 0.1)])
+    assert seen.current().everyone == ("eval-agent", "eval-agent-50")        # read at most once a max_age_s
+    ticks[0] = 1.5
+    assert seen.current().everyone == ("eval-agent", "eval-agent-50", "eval-agent-53")
+    conn.close()
+
+
+def test_over_ipc_the_list_is_the_configured_one_and_the_store_is_not_read():
+    from roles.instances import OrgEvalAgents
+    from state_db.config import Config
+
+    class NoStore:
+        def execute(self, *a, **k):
+            raise AssertionError("the store was read over ipc")
+
+    for count in (1, 3):
+        cfg = Config({"org": {"eval_agents": count}})
+        agents = OrgEvalAgents(cfg, NoStore())
+        ids = [f"w-{i}" for i in range(50)]
+        assert [agents.target(w, 1) for w in ids] == [eval_agent_for(w, count) for w in ids]
+        assert [agents.target(w, 0) for w in ids] == [eval_agent_for(w, count) for w in ids]
+        assert agents.current().everyone == tuple(eval_agent_names(count))
+
+
+def test_with_no_live_eval_agent_in_the_store_a_request_goes_to_the_configured_owner(org_home):
+    from roles.instances import OrgEvalAgents
+    from state_db.config import Config
+    from state_db.connection import connect
+
+    conn = connect(org_home.db_path, readonly=True)
+    agents = OrgEvalAgents(Config({"transport": {"endpoint": "tcp://127.0.0.1:7000"}}), conn)
+    assert agents.current().owner("w-1", 1) is None and agents.target("w-1", 1) == "eval-agent"
+    conn.close()

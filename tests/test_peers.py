@@ -79,6 +79,21 @@ def test_a_name_another_host_registered_is_refused_and_a_new_row_is_seen_after_a
     assert aged.owner(key) is None and aged.get("loop-agent-51") is None
     assert hosts.allocate(sup, "loop-agent", 2, []) == ["loop-agent-51", "loop-agent-52"]
     assert hosts.allocate(sup, "loop-agent", 1, ["loop-agent-50"]) == ["loop-agent-50"]
+    # a host that joined with loop-agents joins with an eval-agent too: its own numbering
+    assert hosts.allocate(sup, "eval-agent", 1, ["loop-agent-50"]) == ["eval-agent-50"]
+    assert hosts.allocate(sup, "eval-agent", 2, ["loop-agent-50", "eval-agent-50"]) == ["eval-agent-50",
+                                                                                        "eval-agent-51"]
+
+
+def test_a_home_joined_with_both_roles_keeps_both(org_home):
+    assert hosts.write_joined(org_home, "loop-agent", ["loop-agent-50", "loop-agent-51"]) == ["loop-agent-50",
+                                                                                              "loop-agent-51"]
+    both = hosts.write_joined(org_home, "eval-agent", ["eval-agent-50"])
+    assert both == hosts.joined_names(org_home) == ["loop-agent-50", "loop-agent-51", "eval-agent-50"]
+    # joining again with a role replaces that role's instances only
+    assert hosts.write_joined(org_home, "loop-agent", ["loop-agent-50"]) == ["eval-agent-50", "loop-agent-50"]
+    assert [(s.instance, s.role) for s in hosts.specs(hosts.joined_names(org_home))] == [
+        ("eval-agent-50", "eval-agent"), ("loop-agent-50", "loop-agent")]
 
 
 def test_a_host_joins_only_the_coordinator_it_was_told_of(org_home):
@@ -101,7 +116,7 @@ def test_a_host_joins_only_the_coordinator_it_was_told_of(org_home):
 
 
 @pytest.mark.parametrize("extra, code", [
-    (["--role", "eval-agent", "--store", "postgresql:///x"], "not_built"),
+    (["--role", "eval-agent"], "bad_arguments"),                                # no PostgreSQL store
     (["--role", "loop-agent"], "bad_arguments"),                                # no PostgreSQL store
     (["--role", "loop-agent", "--store", "postgresql:///x", "--count", "0"], "bad_arguments"),
     (["--role", "cook", "--store", "postgresql:///x"], "bad_arguments"),

@@ -380,3 +380,44 @@ def test_a_worker_killed_while_taking_the_baseline_takes_it_again(tmp_path, coor
     assert restarted.baseline_commit() is None        # never recorded before its checkout
     assert restarted.baseline() == base
     assert files_of(restarted.workspace) == files_of(coord[1])
+
+
+@pytest.mark.timeout(60)
+def test_an_eval_agents_copy_fetches_the_checkpoint_and_the_baseline_and_verifies_from_them(tmp_path, coord):
+    """A joined eval-agent's history (``ensure_held``): the checkpoint a worker pushed and the
+    coordinator's baseline are fetched into a copy of its own, with no workspace; the snapshot
+    it writes restores protected files from that baseline; a commit the coordinator does not
+    hold, and a coordinator that cannot be reached, are one coded line."""
+    ch = coordinator_history(coord)
+    base = ch.baseline()
+    rh = worker(tmp_path, coord[2])
+    rh.baseline()
+    (rh.workspace / "src" / "app.py").write_text("print('v1')\n")
+    (rh.workspace / "tests" / "test_app.py").write_text("def test(): assert True  # edited\n")
+    c1 = rh.checkpoint(1)
+
+    ev = RemoteHistory(tmp_path / "eval-host" / "eval-history" / "w1.git", tmp_path / "eval-host" / "workspaces" / "w1",
+                       remote=coord[2].url("w1"), timeout_s=10)
+    assert ev.baseline_commit() is None
+    ev.ensure_held(c1)
+    assert ev.baseline_commit() == base and not ev.workspace.exists()
+    protected = ev.protected_paths(patterns=("tests/**",))
+    changed = ev.materialize(c1, tmp_path / "eval-host" / "eval" / "w1", paths=protected)
+    assert changed == ["tests/test_app.py"]
+    snap = tmp_path / "eval-host" / "eval" / "w1"
+    assert (snap / "src" / "app.py").read_text() == "print('v1')\n"
+    assert (snap / "tests" / "test_app.py").read_text() == "def test(): pass\n"      # the baseline's
+    ev.ensure_held(c1)                                    # held: nothing fetched again
+    with pytest.raises(HistoryError) as err:
+        ev.ensure_held("1" * 40)
+    assert err.value.code == "git_remote_failed" and "not in the coordinator's history" in str(err.value)
+    fsck(ev.git_dir)
+
+    coord[2].stop()
+    gone = RemoteHistory(tmp_path / "other" / "w1.git", tmp_path / "other" / "ws", remote=coord[2].url("w1"),
+                         timeout_s=5)
+    started = time.monotonic()
+    with pytest.raises(HistoryError) as err:
+        gone.ensure_held(c1)
+    assert time.monotonic() - started < 6
+    assert err.value.code == "git_remote_failed" and "\n" not in str(err.value)

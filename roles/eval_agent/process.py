@@ -8,19 +8,27 @@ a worker thread so heartbeats continue while verify commands run.
 A verification that raises (its snapshot cannot be written, the sandbox fails to start) is
 retried ``RETRIES`` times with exponential backoff from ``BACKOFF_S``; then an ``error`` verdict
 with the code ``verifier_error`` (or the sandbox's code) is written and the run ends
-``verify_unrunnable``: a verdict that can never be written must not keep a run waiting.
+``verify_unrunnable``: a verdict that can never be written must not keep a run waiting. On a
+joined host a coordinator host that cannot be reached (``git_remote_failed``) goes the same way.
 
 What is owed is one query (``state_db.queries.verdicts.due``): the preflights of live runs
-without one, then committed iterations of live runs without a verdict.
+without one, then committed iterations of live runs without a verdict. Of several eval-agents,
+each takes its share (``roles.instances.OrgEvalAgents``). One on a joined host (``org join --role
+eval-agent``) verifies iterations only, from the checkpoints the store names, fetched from the
+coordinator host's histories; the preflights, which read the real workspace, stay there.
 """
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 import time
+import zlib
+from pathlib import Path
 
 from roles.eval_agent.review import Reviewer, ReviewSettings
 from roles.eval_agent.verifier import Verifier
-from roles.instances import eval_agent_shard, shard_of
+from roles.instances import OrgEvalAgents
 from roles.runtime import RoleProcess
 from state_db.errors import OrgError
 from state_db.queries.verdicts import Due, due
@@ -28,6 +36,9 @@ from transport.kinds import Kind
 
 RETRIES = 3
 BACKOFF_S = 0.5
+GIT_TIMEOUT_S = 60.0     # one git exchange with the coordinator host (a joined eval-agent)
+# codes an error verdict keeps as they are (the machine's, never the doer's); any other is verifier_error
+KEPT_CODES = ("sandbox_failed", "sandbox_error", "git_remote_failed", "git_remote_missing", "no_git_server")
 
 
 class EvalAgentProcess(RoleProcess):
@@ -37,9 +48,19 @@ class EvalAgentProcess(RoleProcess):
         super().__init__(home, instance, **seams)
         self.worker: threading.Thread | None = None
         self.more = threading.Event()
-        shard = eval_agent_shard(self.instance, self.cfg.org.eval_agents)
-        # of several eval-agents, this one verifies only the work items of its share
-        self._owns = None if shard is None else (lambda work_id: shard_of(work_id, shard[1]) == shard[0])
+        # on a joined host (org join --role eval-agent) the work items' histories are the
+        # coordinator host's, fetched through git; preflights stay on the coordinator host
+        self.joined = bool(self.cfg.hosts.coordinator)
+
+    def _owns(self, agents: OrgEvalAgents, row: Due) -> bool:
+        """Whether ``row`` is this eval-agent's to verify: of several, its share (the same list
+        every process reads: ``roles.instances``); never a preflight on a joined host."""
+        if self.joined and row.n == 0:
+            return False
+        current = agents.current()
+        if not agents.stored and self.instance not in current.everyone:
+            return True          # over ipc, an instance [org] eval_agents does not name verifies everything
+        return current.owner(row.work_id, row.n) == self.instance
 
     def reconcile(self) -> None:
         if self.stopping:
@@ -58,7 +79,10 @@ class EvalAgentProcess(RoleProcess):
         writer = StateWriter(self.home.db_path, self.role, self.instance)
         sender = self.transport.thread_sender()
         from roles.sandbox import runner_from_config
+        agents = OrgEvalAgents(self.cfg, writer.conn)
+        locks = WorkLocks(self.home.run_dir / "verify.lock")
         verifier = Verifier(self.home, writer, timeout_s=float(self.cfg.sandbox.cpu_seconds),
+                            history_factory=remote_histories(self.home, writer.conn) if self.joined else None,
                             runner_factory=lambda snapshot, workspace: runner_from_config(self.cfg, self.home, snapshot,
                                                                                present_at=workspace),
                             reviewer=Reviewer(ReviewSettings.from_config(self.cfg), writer))
@@ -68,12 +92,18 @@ class EvalAgentProcess(RoleProcess):
                 soonest = min((at for _, at in failures.values()), default=None)
                 self.more.wait(1.0 if soonest is None else min(1.0, max(0.05, soonest - time.monotonic())))
                 self.more.clear()
-                for row in due(writer.conn, self._owns):
+                for row in [r for r in due(writer.conn) if self._owns(agents, r)]:
                     if self.stopping:
                         break
                     key = (row.work_id, row.n)
                     tries, next_at = failures.get(key, (0, 0.0))
                     if time.monotonic() < next_at:
+                        continue
+                    if not locks.take(row.work_id):
+                        # another eval-agent of this home verifies it (a share changing hands): its
+                        # verdict counts, and this one must not rewrite the snapshot under its checks
+                        self.log.info("verify_busy", work_id=row.work_id, iteration=row.n,
+                                      next="another eval-agent of this host verifies it")
                         continue
                     try:
                         result = verifier.verify(row.work_id, row.n)
@@ -92,7 +122,7 @@ class EvalAgentProcess(RoleProcess):
                                            code=code, attempt=tries, of=RETRIES, next=f"retry in {delay:.1f} s")
                             continue
                         failures.pop(key, None)
-                        code = code if code in ("sandbox_failed", "sandbox_error") else "verifier_error"
+                        code = code if code in KEPT_CODES else "verifier_error"
                         self.log.error("verify_gave_up", work_id=row.work_id, iteration=row.n, error=str(exc),
                                        code=code, attempts=tries, next="error verdict; the run ends verify_unrunnable")
                         try:
@@ -100,9 +130,12 @@ class EvalAgentProcess(RoleProcess):
                         except Exception as again:  # noqa: BLE001 - e.g. the run ended meanwhile
                             self.log.error("error_verdict_failed", work_id=row.work_id, error=str(again))
                             continue
+                    finally:
+                        locks.release(row.work_id)
                     failures.pop(key, None)
                     self._announce(sender, row, result)
         finally:
+            locks.close()
             sender.close()
             writer.close()
 
@@ -124,3 +157,59 @@ class EvalAgentProcess(RoleProcess):
         self.more.set()
         if self.worker is not None:
             self.worker.join(max(0.5, self.cfg.supervisor.stop_timeout_s - 2.0))
+
+
+def remote_histories(home, conn):
+    """(git_dir, workspace) -> a work item's history for an eval-agent on a joined host: a copy
+    in this home that fetches the checkpoint to verify and the baseline from the coordinator
+    host's ``git daemon`` (``roles.workspace.remote``). It is ``eval-history/<id>.git``, not the
+    ``history/<id>.git`` a loop-agent of the same home keeps for its own workspace (whose baseline
+    ref it writes only once the baseline is checked out there). No workspace is made or written:
+    only snapshots (``eval/<id>``).
+
+    Raises (when a history is made): OrgError ``no_git_server`` — the coordinator host serves no
+    histories; retried, then an ``error`` verdict.
+    """
+    from roles.workspace.remote import RemoteHistory
+    from state_db.queries.peers import peer
+
+    def make(git_dir, workspace):
+        coordinator = peer(conn, "coordinator")
+        if coordinator is None or not coordinator.git_url:
+            raise OrgError("the coordinator host serves no histories to joined hosts", code="no_git_server",
+                           hint="set [hosts] git_listen = \"HOST:PORT\" in the coordinator host's org.toml "
+                                "and start it again")
+        work_id = git_dir.name.removesuffix(".git")
+        return RemoteHistory(home.root / "eval-history" / git_dir.name, home.root / "workspaces" / work_id,
+                             remote=f"{coordinator.git_url}/{work_id}.git", timeout_s=GIT_TIMEOUT_S)
+    return make
+
+
+class WorkLocks:
+    """One verification at a time per work item among the eval-agents of one home, which share
+    its snapshot directories (``eval/<id>``): while the org's eval-agent list changes, two of them
+    may both take an iteration, and one must not rewrite the snapshot under the other's checks.
+    A byte of ``path`` per work item (by crc32: two items on one byte only wait for each other),
+    POSIX record locks, so a killed holder lets go at once."""
+
+    SPAN = 1 << 20
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def _at(self, work_id: str) -> int:
+        return zlib.crc32(work_id.encode("utf-8")) % self.SPAN
+
+    def take(self, work_id: str) -> bool:
+        """Lock ``work_id`` for this process; False when another process holds it."""
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, self._at(work_id))
+        except OSError:
+            return False
+        return True
+
+    def release(self, work_id: str) -> None:
+        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, self._at(work_id))
+
+    def close(self) -> None:
+        os.close(self.fd)

@@ -51,7 +51,8 @@ _KEEP_HISTORIES = 8
 _CANNOT_START = re.compile(r"^(?:\S*/)?python[\d.]*: (?:No module named|can't open file)|"
                            r"^npm (?:ERR!|error) Missing script|No rule to make target|no makefile found|"
                            r"^error: no such command|^bwrap: ", re.MULTILINE)
-UNRUNNABLE_CODES = ("verify_unrunnable", "sandbox_failed", "sandbox_unavailable", "sandbox_error", "verifier_error")
+UNRUNNABLE_CODES = ("verify_unrunnable", "sandbox_failed", "sandbox_unavailable", "sandbox_error", "verifier_error",
+                    "git_remote_failed", "git_remote_missing", "no_git_server")
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,7 @@ class Verifier:
         if found:
             return _from_row(found, work.stop_reason == StopReason.GOAL_MET)
         history = self._history(work_id, work.workspace)
+        history.ensure_held(it.checkpoint)      # a joined host's copy fetches it (and the baseline)
         snapshot = self.home.root / "eval" / work_id
         patterns = (*(DEFAULT_PROTECTED_PATTERNS if work.default_protect else ()), *work.protect)
         paths = history.protected_paths(patterns=patterns) if patterns else []
@@ -380,7 +382,8 @@ class Verifier:
                outcome: str | None = None, *, held: list | None = None, end_detail: str | None = None,
                review: Review | None = None) -> Verdict:
         """Write the verdict. ``review`` can only veto: it is one more check, and ``impossible``
-        pauses the run with a decision for the human in the same transaction."""
+        pauses the run with a decision for the human in the same transaction. An iteration that
+        has an eval-agent's verdict already keeps it: that one is returned and nothing is written."""
         checks = [*checks, review.check()] if review is not None else list(checks)
         outcome = outcome or (VerdictOutcome.PASS if all(c.passed for c in checks) else VerdictOutcome.FAIL)
         vid = f"v-{uuid.uuid4().hex[:12]}"
@@ -388,6 +391,13 @@ class Verifier:
         outcome, feedback = judged(outcome, feedback_of(checks, protected, held), review)
         goal_met, ended = False, None
         with self.writer.transaction() as tx:
+            # one verdict an iteration: two eval-agents that disagreed for a moment on whose it
+            # was (the org's list changing) may both verify it; the second writes nothing
+            # (store writes are serialised, so this check holds until the commit)
+            already = verdicts.latest_eval_verdict(tx.conn, work_id, n)
+            if already is not None:
+                work = work_q.item(tx.conn, work_id)
+                return _from_row(already, work is not None and work.stop_reason == StopReason.GOAL_MET)
             tx.insert("verdicts", {"id": vid, "work_id": work_id, "iteration": n, "outcome": outcome,
                                    "checks": [c.encode() for c in checks], "feedback": feedback,
                                    "protected_changed": protected, "written_by": self.writer.instance,

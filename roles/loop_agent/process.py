@@ -7,13 +7,12 @@ current act is cut and discarded, exactly as after a crash.
 from __future__ import annotations
 
 import fcntl
-import functools
 import os
 import threading
 import time
 from pathlib import Path
 
-from roles.instances import eval_agent_for
+from roles.instances import OrgEvalAgents
 from roles.loop_agent.engine import LoopEngine, LoopSettings, end_unbuildable
 from roles.loop_agent.remote_verify import RemoteVerify
 from roles.loop_agent.tools import observed
@@ -134,16 +133,18 @@ class LoopAgentProcess(RoleProcess):
             return                      # stopping before the previous holder let go; a later tick retries
         writer = StateWriter(self.home.db_path, self.role, self.instance)
         sender = self.transport.thread_sender()
-        verifier_of = functools.partial(eval_agent_for, count=self.cfg.org.eval_agents)
-        sender.prepare(verifier_of(work_id))     # connected before the first verify request
         built = None
         try:
+            reads = connect(self.home.db_path, readonly=True)
+            # which eval-agent verifies what: [org] eval_agents over ipc, the store's list over tcp
+            verifier_of = OrgEvalAgents(self.cfg, reads)
+            sender.prepare(verifier_of.target(work_id))     # connected before the first verify request
             item = work_q.item(writer.conn, work_id)
             workspace = Path(item.workspace)
             built = build(backend_spec, self.cfg, self.home, self.instance)
             log.info("loop_starting", backend=built.label)
-            self.verifier = RemoteVerify(connect(self.home.db_path, readonly=True), sender.send,
-                                         (self.interrupt, self.pause), eval_agent=verifier_of)
+            self.verifier = RemoteVerify(reads, sender.send, (self.interrupt, self.pause),
+                                         eval_agent=verifier_of.target)
             history = self._history(writer, work_id, workspace)
             settings = LoopSettings.from_config(self.cfg)
             settings.gate_runner = gate_runner(self.cfg, self.home)

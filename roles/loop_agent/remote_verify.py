@@ -54,13 +54,14 @@ class RemoteVerify:
         interrupt: events; any set abandons the wait (suspend, shutdown). The iteration stays
             committed and is verified on resume.
         resend_s: how often the request is repeated while waiting.
-        eval_agent: the eval-agent instance that verifies a work item (of several, its owner).
+        eval_agent: ``eval_agent(work_id, n)``: the eval-agent instance that verifies iteration
+            ``n`` of a work item (of several, its owner).
     """
 
     def __init__(self, conn, send: Callable, interrupt: tuple[threading.Event, ...], *, resend_s: float = 15.0,
-                 eval_agent: Callable[[str], str] = lambda work_id: "eval-agent"):
+                 eval_agent: Callable[[str, int], str] = lambda work_id, n: "eval-agent"):
         self.conn = conn
-        self.eval_agent = eval_agent        # work id -> the eval-agent that verifies it
+        self.eval_agent = eval_agent        # (work id, n) -> the eval-agent that verifies it
         self.send = send
         self.interrupt = interrupt
         self.resend_s = resend_s
@@ -84,7 +85,7 @@ class RemoteVerify:
             if verdict:
                 raise VerifyAbandoned(*verdict)
             if time.monotonic() >= next_send:
-                self.send(self.eval_agent(work_id), "verify_request", {"work_id": work_id, "iteration": n})
+                self.send(self.eval_agent(work_id, n), "verify_request", {"work_id": work_id, "iteration": n})
                 next_send = time.monotonic() + self.resend_s
             self.arrived.wait(0.25)
             self.arrived.clear()

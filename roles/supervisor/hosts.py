@@ -4,7 +4,7 @@ The coordinator host runs the org as usual with a tcp transport (``[transport] e
 "tcp://HOST:PORT"``) and a PostgreSQL store (``[state] url``); its supervisor registers every
 instance it runs in the store's ``peers`` table: where it listens, its CURVE public key and its
 HMAC key (``register``). A *joined* host (``org join``) has its own org home, its own keyring and
-its own supervisor, which runs only the instances it was given (loop-agents or eval-agents),
+its own supervisor, which runs only the instances it was given (loop-agents, eval-agents or both),
 registers them the same way, and never touches the org session: starting, suspending and
 stopping the org stay the coordinator host's.
 
@@ -67,10 +67,10 @@ def _role(instance: str) -> str:
 
 
 def allocate(writer: StateWriter, role: str, count: int, mine: list[str]) -> list[str]:
-    """Names for ``count`` instances of ``role`` on a joining host: the ones it had (``mine``,
-    from its own earlier join), then the lowest numbers no host uses (from 50 up: the coordinator
-    host's own numbers stay free for it to grow into)."""
-    names = list(mine[:count])
+    """Names for ``count`` instances of ``role`` on a joining host: the ones of that role it had
+    (``mine``, from its own earlier join), then the lowest numbers no host uses (from 50 up: the
+    coordinator host's own numbers stay free for it to grow into)."""
+    names = [n for n in mine if _role(n) == role][:count]
     taken = peer_q.taken_names(writer.conn, role)
     n = 50
     while len(names) < count:
@@ -146,7 +146,13 @@ def joined_names(home: OrgHome) -> list[str]:
                         hint="run 'org join' again") from None
 
 
-def write_joined(home: OrgHome, role: str, names: list[str]) -> None:
+def write_joined(home: OrgHome, role: str, names: list[str]) -> list[str]:
+    """Record ``names`` as this host's instances of ``role``, next to those of any other role it
+    joined with before (one host may run loop-agents and eval-agents); returns them all."""
     import orjson
     from transport.keys import write_private
-    write_private(joined_path(home), orjson.dumps({"role": role, "instances": names}))
+    before = joined_names(home) if joined_path(home).exists() else []
+    everyone = [n for n in before if _role(n) != role] + list(names)
+    roles = sorted({_role(n) for n in everyone})
+    write_private(joined_path(home), orjson.dumps({"roles": roles, "instances": everyone}))
+    return everyone

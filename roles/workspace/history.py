@@ -242,6 +242,10 @@ class WorkspaceHistory(HistoryViews):
         log.info("workspace_baseline", workspace=str(self.workspace), commit=commit)
         return commit
 
+    def ensure_held(self, commit: str) -> None:
+        """Make sure ``commit`` and the baseline are in this history before they are read. A
+        local history holds everything it recorded: nothing to do (``RemoteHistory`` fetches)."""
+
     def iteration_commit(self, iteration: int) -> str | None:
         """The checkpoint recorded for ``iteration``, or None."""
         return self._resolve(iteration_ref(iteration))

@@ -10,7 +10,9 @@ work item's history at ``<coordinator home>/history/<work_id>.git`` and serves i
 - pushes every checkpoint back as git objects before returning, so the iteration row the caller
   commits next names a commit the coordinator's eval-agent can read;
 - fetches once when it is asked for a commit it does not hold (a fresh worker home resuming a run
-  that another worker began).
+  that another worker began);
+- on a joined host's eval-agent, fetches the checkpoint it is to verify and the baseline
+  (``ensure_held``), with no workspace at all: it writes only snapshots.
 
 Transport is the git executable (``git --git-dir=<local history> fetch|push``), one process per
 exchange, each with a timeout (its whole process group is killed then), no prompt
@@ -239,6 +241,34 @@ class RemoteHistory(WorkspaceHistory):
         log.info("workspace_baseline_fetched", workspace=str(self.workspace), commit=commit,
                  remote=self.remote)
         return commit
+
+    def ensure_held(self, commit: str) -> None:
+        """For an eval-agent on a joined host: fetch ``commit`` (a checkpoint the store names) and
+        the coordinator's baseline when either is not held here, and record that baseline as
+        this history's (protected files are restored from it). No workspace is touched. A
+        baseline already recorded here never moves.
+
+        Raises: RemoteMissing; HistoryError(git_remote_failed): the coordinator cannot be
+        reached in ``timeout_s``, or its history has no baseline, another one, or not ``commit``.
+        """
+        base = self.baseline_commit()
+        if base is not None and WorkspaceHistory._resolve(self, commit) is not None:
+            return
+        self._fetch()
+        fetched = self._ref(FETCHED_BASELINE)
+        if fetched is None:
+            raise self._failure("fetch from", "the coordinator's history has no baseline yet",
+                                "its eval-agent records it in the preflight; try again later")
+        if base is None:
+            self._set_ref(BASELINE_REF, fetched, "loop-org: baseline of the coordinator", expect=None)
+        elif base != fetched:
+            raise self._failure("fetch from", f"the coordinator's baseline is {fetched}, not {base} as fetched before",
+                                "a baseline never moves: remove this host's copy (history/<id>.git) and verify again")
+        if WorkspaceHistory._resolve(self, commit) is None:
+            raise self._failure("fetch from", f"commit {commit} is not in the coordinator's history",
+                                "the loop-agent pushes each checkpoint before committing it; check the "
+                                "coordinator host's git server")
+        log.info("checkpoint_fetched", remote=self.remote, commit=commit)
 
     def reset_to(self, commit: str) -> None:
         """``WorkspaceHistory.reset_to``; a commit not held here is fetched first (once), and a

@@ -78,3 +78,13 @@ def register(tx, *, instance: str, host: str, role: str, endpoint: str, curve_pu
         tx.delete("peers", instance)
     tx.insert("peers", row, journal=False)
     tx.journal("peers.registered", instance, {k: v for k, v in row.items() if k != "hmac_key"})
+
+
+def live_eval_agents(conn: sqlite3.Connection, *, heartbeat_timeout_s: float, now: float) -> list[Peer]:
+    """The registered eval-agents that are ready and heartbeating (within ``heartbeat_timeout_s``
+    of ``now``), by name: the org's eval-agent list over tcp (``roles.instances.EvalAgents``)."""
+    rows = conn.execute("""SELECT p.* FROM peers p JOIN role_instances r ON r.instance = p.instance
+                           WHERE p.role = 'eval-agent' AND r.status = 'ready'
+                             AND r.heartbeat_at IS NOT NULL AND r.heartbeat_at >= ?
+                           ORDER BY p.instance""", (now - heartbeat_timeout_s,))
+    return [Peer.from_row(r) for r in rows]

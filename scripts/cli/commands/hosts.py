@@ -59,8 +59,9 @@ def run(args) -> int:
                 ["HOST", "INSTANCE", "ENDPOINT", "STATUS", "HEARTBEAT"]))
     if coordinator is not None:
         print(f"\njoin another machine with:\n  org join --coordinator {coordinator.endpoint} "
-              f"--coordinator-key '{coordinator.curve_public}' --role loop-agent "
+              f"--coordinator-key '{coordinator.curve_public}' --role loop-agent|eval-agent "
               "--listen tcp://THAT_HOST:PORT --store <this org's postgresql:// URL>")
         if not coordinator.git_url:
-            print("  (first set [hosts] git_listen here: joined loop-agents get their workspaces through it)")
+            print("  (first set [hosts] git_listen here: joined loop-agents get their workspaces through it, "
+                  "joined eval-agents the checkpoints they verify)")
     return 0

@@ -1,4 +1,6 @@
-"""``org join``: run loop-agents on this machine for an org whose coordinator runs on another.
+"""``org join``: run loop-agents or eval-agents on this machine for an org whose coordinator runs
+on another. Joining again with the other role into the same home adds it: the host then runs both
+(its supervisor must be stopped first, as it starts the instances it was started with).
 
 This host gets an org home of its own (its own keyring, logs, histories and workspaces), shares
 only the PostgreSQL store with the coordinator host, and talks to it over ZeroMQ tcp with CURVE
@@ -21,7 +23,8 @@ def add_arguments(p) -> None:
                    help="the coordinator host's transport base ([transport] endpoint there)")
     p.add_argument("--coordinator-key", required=True, metavar="KEY",
                    help="the coordinator's CURVE public key ('org hosts' on the coordinator host prints it)")
-    p.add_argument("--role", required=True, choices=("loop-agent", "eval-agent"), help="what this host runs")
+    p.add_argument("--role", required=True, choices=("loop-agent", "eval-agent"),
+                   help="what this host runs (join again into the same home with the other role to run both)")
     p.add_argument("--count", type=int, default=1, help="how many instances (default 1)")
     p.add_argument("--listen", required=True, metavar="tcp://HOST:PORT",
                    help="where this host's instances listen (a base: each instance gets a port above it); "
@@ -58,10 +61,6 @@ def run(args) -> int:
     from state_db.vocab import Actor
     from state_db.writer import StateWriter
 
-    if args.role == "eval-agent":
-        raise StateError("joining eval-agents from another host is not built yet: eval-agents run on the "
-                         "coordinator host ([org] eval_agents)", code="not_built",
-                         hint="join loop-agents (--role loop-agent)")
     if not 1 <= args.count <= 50:
         raise UsageError("--count must be 1..50")
     store = args.store or os.environ.get("ORG_STATE_URL", "")
@@ -89,6 +88,12 @@ def run(args) -> int:
             writer.close()
         home.root.mkdir(parents=True, exist_ok=True)
         home.config_path.write_text(_toml(args, store, max(1, eval_agents)))
+    if home.run_dir.exists() and control.supervisor_alive(home):
+        # its supervisor runs the instances it was started with; one of another role is started
+        # with the others when it starts again
+        raise StateError(f"this host already runs its instances from {home.root}", code="already_running",
+                         hint=f"stop them with 'org --home {home.root} stop', then join again: every role this "
+                              "home joined with starts")
     cfg, _ = init_home(home)
     writer = StateWriter(home.db_path, Actor.SUPERVISOR)
     try:
@@ -97,22 +102,19 @@ def run(args) -> int:
         names = hosts.allocate(writer, args.role, args.count, mine)
     finally:
         writer.close()
-    hosts.write_joined(home, args.role, names)
+    everyone = hosts.write_joined(home, args.role, names)
     if args.foreground:
         from roles.supervisor.supervisor import Supervisor
         from state_db.logsetup import configure
         configure(home.logs_dir, "supervisor", "supervisor", stderr=True)
-        return Supervisor(home, cfg, instances=hosts.specs(names)).run()
-    if control.supervisor_alive(home):
-        raise StateError(f"this host already runs its instances from {home.root}", code="already_running",
-                         hint="see 'org status'; stop them with 'org stop' on this host")
+        return Supervisor(home, cfg, instances=hosts.specs(everyone)).run()
     info = control.start_background(home, timeout_s=args.timeout)
-    result = {"home": str(home.root), "host": hosts.host_name(cfg), "instances": names, "pid": info["pid"],
+    result = {"home": str(home.root), "host": hosts.host_name(cfg), "instances": everyone, "pid": info["pid"],
               "ready_ms": info["ready_ms"]}
     if args.json:
         emit_json(result)
     else:
-        print(f"joined the org at {args.coordinator} as {result['host']}: " + ", ".join(names)
+        print(f"joined the org at {args.coordinator} as {result['host']}: " + ", ".join(everyone)
               + f" ready in {info['ready_ms'] / 1000:.2f}s")
         print(f"next: 'org --home {home.root} logs -f' to follow them, 'org --home {home.root} stop' to stop them")
     return 0
