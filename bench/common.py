@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
+from pathlib import Path
 
 
 def quiet_logs() -> None:
@@ -24,3 +27,22 @@ def finish(figures: dict, targets: dict, passes: dict[str, bool], *, as_json: bo
     figures["pass"] = passes
     print(json.dumps(figures, ensure_ascii=False, indent=None if as_json else 2))
     return 0 if all(passes.values()) else 1
+
+
+def unix_listener(path: Path, reply: bytes) -> socket.socket:
+    """A host process's Unix socket at ``path`` that answers ``reply`` to whoever connects (the
+    escape probes and the sandbox tests reach for one); close it to stop."""
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(8)
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.sendall(reply)
+            conn.close()
+    threading.Thread(target=answer, name=f"listener {path.name}", daemon=True).start()
+    return listener

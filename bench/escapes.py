@@ -25,11 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -85,6 +83,7 @@ PROBES = {
 
 def run_probes() -> tuple[dict, dict]:
     """Each probe as a plain process and in the sandbox; returns (unsandboxed, sandboxed) verdicts."""
+    from bench.common import unix_listener
     from roles.sandbox import UnsandboxedRunner, runner_from_config
     from state_db import config as config_mod
     from state_db.bootstrap import init_home
@@ -104,19 +103,7 @@ def run_probes() -> tuple[dict, dict]:
         creds.write_text("[default]\naws_secret_access_key = not-a-real-key\n")
         # passed in the environment, not in the command line: pid 1's command line is the probe's own
         host_socket = ws / "host.sock"
-        listener = socket.socket(socket.AF_UNIX)
-        listener.bind(str(host_socket))
-        listener.listen(8)
-
-        def answer() -> None:
-            while True:
-                try:
-                    conn, _ = listener.accept()
-                except OSError:
-                    return
-                conn.sendall(b"ESCAPED")
-                conn.close()
-        threading.Thread(target=answer, daemon=True).start()
+        listener = unix_listener(host_socket, b"ESCAPED")
         env = {"OTHER_ORG": str(other.root), "OUTSIDE": str(outside), "CREDS": str(creds), "OUR_ORG": str(ours.root),
                "HOST_SOCKET": str(host_socket)}
         cfg = config_mod.load(None)

@@ -79,6 +79,16 @@ def test_a_verify_request_gets_the_verdict_of_the_committed_iteration(org_home, 
     assert verdict == {"outcome": "pass", "written_by": "eval-agent"}
 
 
+def _committed(org_home, ws, checkpoint: str) -> None:
+    """Work item ``w1`` with iteration 1 committed at ``checkpoint``, as its loop-agent writes it."""
+    submit(org_home, ws, "w1", verify=("true",))
+    la = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
+    with la.transaction() as tx:
+        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
+                                 "checkpoint": checkpoint, "committed_at": tx.now})
+    la.close()
+
+
 def test_a_second_verdict_for_an_iteration_is_refused_inside_the_write(org_home, ws):
     """Two eval-agents that disagreed for a moment on whose share an iteration is (the org's
     list changing) may both verify it: the second write finds the first in its own transaction
@@ -86,12 +96,7 @@ def test_a_second_verdict_for_an_iteration_is_refused_inside_the_write(org_home,
     from roles.eval_agent.checks import CheckResult
     from roles.eval_agent.verifier import Verifier
 
-    submit(org_home, ws, "w1", verify=("true",))
-    la = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
-    with la.transaction() as tx:
-        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
-                                 "checkpoint": "0" * 40, "committed_at": tx.now})
-    la.close()
+    _committed(org_home, ws, "0" * 40)
 
     def check(passed):
         return CheckResult(name="check", command="true", passed=passed, exit_code=0 if passed else 1,
@@ -122,12 +127,7 @@ def test_a_joined_eval_agent_that_cannot_reach_the_coordinator_host_gets_a_coded
     from state_db.errors import OrgError
     from state_db.queries import peers as peer_q
 
-    submit(org_home, ws, "w1", verify=("true",))
-    la = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
-    with la.transaction() as tx:
-        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
-                                 "checkpoint": "ab" * 20, "committed_at": tx.now})
-    la.close()
+    _committed(org_home, ws, "ab" * 20)
     writer = StateWriter(org_home.db_path, Actor.EVAL_AGENT, "eval-agent-50")
     verifier = Verifier(org_home, writer, history_factory=remote_histories(org_home, writer.conn))
     with pytest.raises(OrgError) as err:

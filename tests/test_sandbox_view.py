@@ -12,11 +12,11 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
 
+from bench.common import unix_listener
 from roles.sandbox import Toolchain, bubblewrap, exposed, runner_from_config
 from state_db.bootstrap import init_home
 from state_db.config import Config, ConfigError, defaults, load
@@ -211,22 +211,7 @@ print("OWN", client.recv(16).decode())
 @contextlib.contextmanager
 def listening(*paths: Path):
     """A host process's Unix sockets at ``paths``, each answering HOST to whoever connects."""
-    servers = []
-    for path in paths:
-        server = socket.socket(socket.AF_UNIX)
-        server.bind(str(path))
-        server.listen(8)
-        servers.append(server)
-
-        def answer(server=server):
-            while True:
-                try:
-                    conn, _ = server.accept()
-                except OSError:
-                    return
-                conn.sendall(b"HOST")
-                conn.close()
-        threading.Thread(target=answer, daemon=True).start()
+    servers = [unix_listener(path, b"HOST") for path in paths]
     try:
         yield
     finally:
