@@ -59,7 +59,8 @@ SOCKET = "a Unix socket a process of this machine listens on"
 
 def host_sockets(table: str = "/proc/net/unix") -> list[str]:
     """Real paths of the Unix sockets bound in this machine's network namespace (abstract and
-    unnamed ones aside: the sandbox's own network namespace already keeps those out)."""
+    unnamed ones aside: the sandbox's own network namespace already keeps those out). ``build``
+    keeps those inside what a command sees and within its reach (``_reachable``)."""
     try:
         with open(table, "rb") as f:
             lines = f.read().splitlines()[1:]
@@ -70,8 +71,7 @@ def host_sockets(table: str = "/proc/net/unix") -> list[str]:
         parts = line.split(None, 7)     # Num RefCount Protocol Flags Type St Inode [Path]
         if len(parts) == 8 and parts[7].startswith(b"/"):
             bound[parts[7]] = None
-    real = dict.fromkeys(os.path.realpath(os.fsdecode(p)) for p in bound)
-    return [p for p in real if _reachable(p)]
+    return list(dict.fromkeys(os.path.realpath(os.fsdecode(p)) for p in bound))
 
 
 def _reachable(path: str) -> bool:
@@ -133,9 +133,8 @@ def build(toolchain: Toolchain | None, *, own_home: Path | None, readonly: Seque
           workspace: Path | None = None) -> View:
     """The view for a command of ``toolchain`` (None: this process's PATH and HOME).
 
-    ``readonly``: more (path, reason) pairs (org.toml's, the caller's); ``workspace`` is shown
-    writable by the caller and counts as shown here (the deny-list applies below it only when it
-    is a home, which ``submit`` refuses anyway)."""
+    ``readonly``: more (path, reason) pairs (org.toml's, the caller's); ``workspace`` is the
+    folder the caller binds writable: the host sockets inside it are hidden as in what is shown."""
     toolchain = toolchain or Toolchain(os.environ.get("PATH", ""), str(Path.home()))
     homes = every_home()
     tools, env = _discover(toolchain, tuple(homes))
@@ -157,7 +156,8 @@ def build(toolchain: Toolchain | None, *, own_home: Path | None, readonly: Seque
     hidden += [Exposure(str(p), "only root may read it") for p in root_private_in(kept.tops)]
     covered = _Tops([h.path for h in hidden])
     reach = _Tops([*kept.tops, *([os.path.realpath(workspace)] if workspace is not None else [])])
-    hidden += [Exposure(p, SOCKET) for p in host_sockets() if reach.cover(p) and not covered.cover(p)]
+    hidden += [Exposure(p, SOCKET) for p in host_sockets()
+               if reach.cover(p) and not covered.cover(p) and _reachable(p)]
     visible = [os.path.realpath(e) for e in toolchain.path.split(os.pathsep) if e.startswith("/")]
     hidden_tops = _Tops([h.path for h in hidden])
     inside = [p for p in dict.fromkeys(visible) if kept.cover(p) and not hidden_tops.cover(p)]
