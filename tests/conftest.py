@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,28 @@ settings.register_profile("dev", max_examples=20, deadline=None,
 settings.register_profile("thorough", max_examples=2000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+_REGISTRY: dict[str, str] = {}
+
+
+def pytest_configure(config):
+    """The org homes the tests create are registered in a registry of the session's own
+    (``$XDG_STATE_HOME``, inherited by every org process the tests start), not the user's: pytest
+    keeps its last temporary folders, so the user's registry would list every home of them, and
+    each sandboxed command hides every registered home."""
+    if "XDG_STATE_HOME" not in _REGISTRY:
+        _REGISTRY["XDG_STATE_HOME"] = os.environ.get("XDG_STATE_HOME", "")
+        os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="org-xdg-")
+
+
+def pytest_unconfigure(config):
+    if "XDG_STATE_HOME" in _REGISTRY:
+        shutil.rmtree(os.environ["XDG_STATE_HOME"], ignore_errors=True)
+        before = _REGISTRY.pop("XDG_STATE_HOME")
+        if before:
+            os.environ["XDG_STATE_HOME"] = before
+        else:
+            os.environ.pop("XDG_STATE_HOME", None)
 
 
 @pytest.fixture

@@ -65,6 +65,23 @@ def test_a_second_org_home_is_hidden_even_inside_a_folder_the_sandbox_shows(tmp_
     assert "SQLite format 3" not in out and SECRET not in out, out
 
 
+def test_an_org_home_registered_after_a_command_is_hidden_from_the_next_one(tmp_path, org_b):
+    """The registered homes are read once and kept while the registry is unchanged: a home a new
+    org registers between two commands of the same process must still be hidden from the second."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "tool.txt").write_text("a shown neighbour\n")
+    home, ws = org_b
+    runner = runner_from_config(config(readonly_binds=[str(shared)]), home, ws)
+    assert "a shown neighbour" in sh(runner, f"cat {shared}/tool.txt")     # the homes are read and kept now
+    late = OrgHome(shared / "org-late")
+    init_home(late)                                                         # registers itself
+    (late.root / "notes.txt").write_text(SECRET)
+    out = sh(runner, f"cat {shared}/tool.txt; head -c 16 {late.db_path}; cat {late.root}/notes.txt")
+    assert "a shown neighbour" in out
+    assert "SQLite format 3" not in out and SECRET not in out, out
+
+
 def test_another_project_in_the_real_home_is_absent(org_b):
     project = Path(tempfile.mkdtemp(prefix="other-project-", dir=Path.home()))
     try:

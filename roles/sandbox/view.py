@@ -27,6 +27,7 @@ import os
 import pwd
 import stat
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -104,16 +105,45 @@ def every_home() -> list[str]:
     return sorted(h for h in homes if h not in ("/", ""))
 
 
+# The registered homes, resolved, as last read: (the registry's signature, when to read again
+# regardless, the homes). Each sandboxed command needs them, and resolving every home of a
+# machine that has run many orgs costs tens of milliseconds (a stat per path component).
+REGISTRY_FRESH_S = 2.0
+_registered: tuple[tuple | None, float, tuple[str, ...]] | None = None
+
+
+def registered_homes() -> tuple[str, ...]:
+    """The machine's registered org homes, resolved. Read again whenever the registry file
+    changes (a new org registers itself before it runs anything) and at least every
+    ``REGISTRY_FRESH_S`` otherwise, so a home's folder changing under it is seen within that.
+    A home removed meanwhile stays listed until then: hiding a path that is gone is a no-op
+    (``bwrap.mount_args`` covers only what exists)."""
+    global _registered
+    from state_db.home import known_homes, registry_path
+    try:
+        st = os.stat(registry_path())
+        signature: tuple | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    except OSError:
+        signature = None
+    now = time.monotonic()
+    seen = _registered
+    if seen is not None and seen[0] == signature and now < seen[1]:
+        return seen[2]
+    homes = tuple(dict.fromkeys(os.path.realpath(p) for p in known_homes()))
+    _registered = (signature, now + REGISTRY_FRESH_S, homes)
+    return homes
+
+
 def org_homes(own: Path | None) -> list[str]:
     """Every org home to hide: this org's, the machine's registered ones, ``$ORG_HOME`` and the
     project's default ``.org``."""
-    from state_db.home import ENV_HOME, known_homes, project_root
-    found = [*known_homes(), str(project_root() / ".org")]
+    from state_db.home import ENV_HOME, project_root
+    found = [str(project_root() / ".org")]
     if own is not None:
         found.insert(0, str(own))
     if os.environ.get(ENV_HOME):
         found.append(os.environ[ENV_HOME])
-    return list(dict.fromkeys(os.path.realpath(p) for p in found))
+    return list(dict.fromkeys([*(os.path.realpath(p) for p in found), *registered_homes()]))
 
 
 def default_visible() -> list[Path]:
