@@ -158,3 +158,20 @@ def test_exec_mode_starts_each_role_as_its_own_interpreter(org, monkeypatch):
     sup = procs.read_pidfile(org.run_dir / "supervisor.pid")
     assert not (org.run_dir / "forkserver.pid").exists()
     assert all(_ppid(r["pid"]) == sup[0] for r in roles(org).values())
+
+
+def test_the_template_is_started_before_the_supervisor_imports_anything_beyond_the_standard_library():
+    """``roles.supervisor.main`` starts the template first: what it imports to do so must be the
+    standard library only, or the template's imports (the start-up's longest step) wait for it."""
+    import subprocess
+    import sys
+    probe = ("import sys, roles.supervisor.template; "
+             "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    # beyond the standard library: the project's package, and site's own hooks (underscored)
+    assert {m for m in eval(out.stdout) if not m.startswith("_")} == {"roles"}, out.stdout
+    main = (Path(__file__).resolve().parents[1] / "roles/supervisor/main.py").read_text()
+    head = main[:main.index("launched = launch(")]
+    assert "state_db" not in head.split('"""', 2)[-1] and "structlog" not in head

@@ -37,32 +37,12 @@ from pathlib import Path
 
 import orjson
 
+from roles.supervisor.template import HEAVY, LIGHT, PRELOAD, launch, pdeathsig
 from state_db.errors import OrgError
 
-_PR_SET_PDEATHSIG = 1
-# What the roles import, in two stages. The template forks the first roles as soon as the light
-# stage is in (start-up is not held up by the model SDK, ~2 s of CPU), then imports the heavy
-# stage while idle and says it is warm; a role forked after that finds the SDK already imported.
-# A module that fails to import is skipped (the role that needs it reports the failure itself).
-LIGHT = (
-    "roles.loop_agent.process",
-    "roles.eval_agent.process",
-    "roles.coordinator.process",
-    "roles.curator.process",
-    "roles.workspace.history",
-)
-HEAVY = (
-    "anthropic",
-    "roles.loop_agent.backends.factory",
-    "roles.loop_agent.backends.anthropic_backend",
-    "roles.loop_agent.scripted.server",
-)
-PRELOAD = LIGHT + ("--",) + HEAVY
+__all__ = ["ForkServer", "ForkServerError", "ForkedRole", "HEAVY", "LIGHT", "PRELOAD", "serve"]
+
 IDLE_BEFORE_HEAVY_S = 0.2      # no spawn request for this long: the start-up burst is over
-
-
-def _pdeathsig(sig: int) -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
 
 
 class ForkServerError(OrgError):
@@ -111,14 +91,12 @@ class ForkServer:
 
     # -- the template process ------------------------------------------------------------
     def start(self) -> None:
-        ours, theirs = socket.socketpair()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ORG_KEY")}
-        self.proc = subprocess.Popen(
-            [self.python, "-m", "roles.supervisor.forkserver", str(theirs.fileno()), *self.preload],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
-            preexec_fn=lambda: _pdeathsig(signal.SIGKILL))
-        theirs.close()
-        self.sock, self._buf, self.warm = ours, b"", False
+        self.adopt(*launch(self.python, self.preload))
+
+    def adopt(self, proc: subprocess.Popen, sock: socket.socket) -> None:
+        """Take over a template ``template.launch`` started (the supervisor starts it before it
+        imports anything else)."""
+        self.proc, self.sock, self._buf, self.warm = proc, sock, b"", False
         self._write_pidfile()
 
     def started(self) -> bool:
@@ -236,7 +214,7 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict) -> None:
         sock.close()
         os.close(wake_r)
         os.close(wake_w)
-        _pdeathsig(signal.SIGTERM)
+        pdeathsig(signal.SIGTERM)
         if os.getppid() == 1:                       # the template died while forking
             os._exit(1)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -276,8 +254,22 @@ def _load(names) -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the role that needs it reports it
             pass
+    _validators()
     gc.collect()
     gc.freeze()                                     # imported objects stay on shared pages
+
+
+def _validators() -> None:
+    """Build org.toml's validators once, here. pydantic builds them when a configuration is first
+    validated (``defer_build``), ~50 ms of CPU, and every role validates its org.toml first thing:
+    built before the fork, no role builds its own copy. Once built, this costs nothing."""
+    if "state_db.config" not in sys.modules:
+        return
+    try:
+        from state_db.config import Config, defaults
+        Config(defaults())
+    except Exception:  # noqa: BLE001 - a role that cannot validate its configuration says so itself
+        pass
 
 
 def serve(fd: int, preload: list[str]) -> int:

@@ -6,21 +6,24 @@ import os
 import sys
 from pathlib import Path
 
-from state_db.errors import OrgError
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m roles.supervisor.main")
     parser.add_argument("--home", required=True, help="org home")
     args = parser.parse_args(argv)
-    # The role template starts first and imports the roles' code while this process imports its
-    # own and opens the org (two cores: the two overlap). Closed again if org.toml says
-    # [supervisor] spawn = "exec", or if this supervisor does not get to run.
-    forks = None
+    # The role template starts first, before this process imports anything but the standard
+    # library, and imports the roles' code while this process imports its own and opens the org
+    # (two cores: the two overlap). Closed again if org.toml says [supervisor] spawn = "exec", or
+    # if this supervisor does not get to run.
+    forks = launched = None
     if os.environ.get("ORG_SPAWN", "fork") != "exec":
+        from roles.supervisor.template import launch
+        launched = launch(sys.executable)
+    from state_db.errors import OrgError
+    if launched is not None:
         from roles.supervisor.forkserver import ForkServer
         forks = ForkServer(sys.executable)
-        forks.start()
+        forks.adopt(*launched)
     from roles.supervisor.supervisor import Supervisor
     from state_db.bootstrap import init_home
     from state_db.home import OrgHome

@@ -1,0 +1,64 @@
+"""Starting the role template (``roles.supervisor.forkserver``) with the standard library only.
+
+The supervisor starts the template first thing, before it imports anything of its own: the
+template's imports are the longest step of the org's start-up, and on two cores they overlap
+with the supervisor's own imports and with it opening the org only if the template is already
+running. So this module imports nothing beyond the standard library, and neither does the
+package it is in.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+_PR_SET_PDEATHSIG = 1
+# What the roles import, in two stages. The template forks the first roles as soon as the light
+# stage is in, then imports the heavy stage while idle and says it is warm; a role forked after
+# that finds all of it already imported. The light stage is what the loop-agents need, as there
+# are many of them and their pages are shared only if imported here. The coordinator, the
+# curator and the eval-agent are single processes: at start-up each imports its own code after
+# the fork, on another core while the others start (later forks find it imported). The model
+# SDK (~2 s of CPU) never holds up the start. A module that fails to import is skipped (the role
+# that needs it reports the failure itself).
+LIGHT = (
+    "roles.loop_agent.process",
+    "roles.workspace.history",
+)
+HEAVY = (
+    "roles.eval_agent.process",
+    "roles.coordinator.process",
+    "roles.curator.process",
+    "anthropic",
+    "roles.loop_agent.backends.factory",
+    "roles.loop_agent.backends.anthropic_backend",
+    "roles.loop_agent.scripted.server",
+)
+PRELOAD = LIGHT + ("--",) + HEAVY
+
+
+def pdeathsig(sig: int) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def launch(python: str = sys.executable, preload: tuple[str, ...] = PRELOAD) -> tuple[subprocess.Popen, socket.socket]:
+    """Start a template that imports ``preload``; return it and this side of its socket.
+
+    It dies with this process (``PR_SET_PDEATHSIG``) and is not given the org's keys."""
+    ours, theirs = socket.socketpair()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORG_KEY")}
+    try:
+        proc = subprocess.Popen(
+            [python, "-m", "roles.supervisor.forkserver", str(theirs.fileno()), *preload],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
+            preexec_fn=lambda: pdeathsig(signal.SIGKILL))
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return proc, ours
