@@ -40,57 +40,20 @@ from pathlib import Path
 
 import structlog
 
+from roles.supervisor.githooks import (  # noqa: F401 - ALLOWED_REFS, hooks_dir_for, write_hooks are this module's too
+    ALLOWED_REFS, hooks_dir_for, receive_config, serve_env, write_hooks)
 from state_db.errors import OrgError
 
 log = structlog.get_logger("supervisor.gitserve")
 
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
-ALLOWED_REFS = ("refs/iterations/*", "refs/actions/*", "refs/discarded/*", "refs/heads/checkpoints")
-
-PRE_RECEIVE = """#!/bin/sh
-# What a worker host may push into a workspace history (written by roles/supervisor/gitserve.py).
-# stdin: one "<old> <new> <ref>" line per updated ref; any refusal refuses the whole push.
-status=0
-while read -r old new ref; do
-    case "$new" in
-        *[!0]*) ;;
-        *) echo "loop-org: refusing to delete $ref: histories only grow" >&2; status=1; continue ;;
-    esac
-    case "$ref" in
-        refs/loop-org/*)
-            echo "loop-org: refusing $ref: the baseline belongs to the coordinator host" >&2; status=1 ;;
-        %(allowed)s) ;;
-        *)
-            echo "loop-org: refusing $ref: a worker pushes only %(listed)s" >&2; status=1 ;;
-    esac
-done
-exit $status
-"""
 
 
 class GitServeError(OrgError):
     """The git daemon could not be started; ``code`` says why."""
 
     code = "git_serve_failed"
-
-
-def hooks_dir_for(history_dir: Path) -> Path:
-    """Where the server's hooks live: ``<home>/run/git-hooks`` beside ``<home>/history``."""
-    return Path(history_dir).absolute().parent / "run" / "git-hooks"
-
-
-def write_hooks(hooks_dir: Path) -> Path:
-    """Write the ``pre-receive`` hook (atomically, executable) and return its path."""
-    hooks_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)   # run/ is owner-only
-    hooks_dir.mkdir(exist_ok=True)
-    text = PRE_RECEIVE % {"allowed": "|".join(ALLOWED_REFS), "listed": ", ".join(ALLOWED_REFS)}
-    hook = hooks_dir / "pre-receive"
-    tmp = hook.with_name(f".{hook.name}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, hook)
-    return hook
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -140,9 +103,7 @@ class GitServer:
 
     def command(self) -> list[str]:
         """The daemon's command line."""
-        return ["git", "-c", "receive.fsckObjects=true", "-c", "receive.denyDeletes=true",
-                "-c", "receive.autogc=false",   # the client would wait for a `git gc --auto` per push
-                "-c", f"core.hooksPath={self.hooks_dir}",
+        return ["git", *receive_config(self.hooks_dir),
                 "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
                 f"--base-path={self.history_dir}", f"--listen={self.host}", f"--port={self.port}",
                 "--informative-errors", "--init-timeout=10", "--timeout=300",
@@ -150,9 +111,7 @@ class GitServer:
 
     def _env(self) -> dict[str, str]:
         """No user or system git configuration, no inherited ``GIT_*`` setting."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-        env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, LC_ALL="C")
-        return env
+        return serve_env()
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start the daemon; return once its port accepts connections.
