@@ -145,3 +145,27 @@ def serve(home_root: Path, environ: Mapping[str, str] | None = None) -> NoReturn
     env = serve_env(env, keep_protocol=True)
     env.pop("SSH_ORIGINAL_COMMAND", None)
     os.execve(git, argv, env)
+
+
+# -- the authorized_keys line ------------------------------------------------------------------
+
+_KEY = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com|"
+                  r"sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,3}( [^\r\n]*)?")
+
+
+def authorized_keys_line(org_script: Path, home_root: Path, public_key: str) -> str:
+    """The line of ``~/.ssh/authorized_keys`` that lets ``public_key`` (a worker host's, as in its
+    ``.pub`` file) fetch and push the histories of ``home_root`` and do nothing else.
+
+    Raises: GitShellError(code="git_shell_key"): not one public key; a path sshd cannot quote.
+    """
+    lines = [ln.strip() for ln in public_key.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if len(lines) != 1 or not _KEY.fullmatch(lines[0]):
+        raise GitShellError("not one ssh public key (a line 'ssh-ed25519 AAAA... comment')", code="git_shell_key",
+                            hint="give the worker host's ~/.ssh/id_ed25519.pub or the like, one key")
+    for path in (org_script, home_root):
+        if any(c in str(path) for c in '"\\\n\r'):
+            raise GitShellError(f"{path} holds a quote, a backslash or a line break", code="git_shell_key",
+                                hint="put the checkout and the org home at plain paths")
+    forced = f"{shlex.quote(str(org_script))} git-shell --home {shlex.quote(str(home_root))}"
+    return f'command="{forced}",restrict {lines[0]}'
