@@ -29,7 +29,7 @@ import re
 import shlex
 import shutil
 from pathlib import Path
-from typing import Mapping, NoReturn
+from typing import Mapping, NoReturn, Sequence
 
 from roles.supervisor.githooks import hooks_current, hooks_dir_for, receive_config, serve_env, write_hooks
 from state_db.errors import OrgError
@@ -153,9 +153,10 @@ _KEY = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed
                   r"sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,3}( [^\r\n]*)?")
 
 
-def authorized_keys_line(org_script: Path, home_root: Path, public_key: str) -> str:
+def authorized_keys_line(org_command: Sequence[str | os.PathLike], home_root: Path, public_key: str) -> str:
     """The line of ``~/.ssh/authorized_keys`` that lets ``public_key`` (a worker host's, as in its
     ``.pub`` file) fetch and push the histories of ``home_root`` and do nothing else.
+    ``org_command`` runs the org CLI (``[<checkout>/scripts/org]``).
 
     Raises: GitShellError(code="git_shell_key"): not one public key; a path sshd cannot quote.
     """
@@ -163,9 +164,10 @@ def authorized_keys_line(org_script: Path, home_root: Path, public_key: str) -> 
     if len(lines) != 1 or not _KEY.fullmatch(lines[0]):
         raise GitShellError("not one ssh public key (a line 'ssh-ed25519 AAAA... comment')", code="git_shell_key",
                             hint="give the worker host's ~/.ssh/id_ed25519.pub or the like, one key")
-    for path in (org_script, home_root):
-        if any(c in str(path) for c in '"\\\n\r'):
-            raise GitShellError(f"{path} holds a quote, a backslash or a line break", code="git_shell_key",
+    words = [os.fspath(w) for w in org_command] + ["git-shell", "--home", os.fspath(home_root)]
+    for word in words:
+        if any(c in word for c in '"\\\n\r'):
+            raise GitShellError(f"{word!r} holds a quote, a backslash or a line break", code="git_shell_key",
                                 hint="put the checkout and the org home at plain paths")
-    forced = f"{shlex.quote(str(org_script))} git-shell --home {shlex.quote(str(home_root))}"
+    forced = " ".join(shlex.quote(w) for w in words)
     return f'command="{forced}",restrict {lines[0]}'

@@ -85,5 +85,5 @@ def _ssh_line(home, keyfile: str | None) -> int:
     except OSError as exc:
         raise UsageError(f"cannot read {keyfile}: {exc.strerror}") from None
     org_script = Path(__file__).resolve().parents[2] / "org"
-    print(authorized_keys_line(org_script, home.root, text))
+    print(authorized_keys_line([org_script], home.root, text))
     return 0
