@@ -3,7 +3,8 @@
 A loop-agent on a worker host shares no file system with the coordinator host. It fetches the
 baseline of its work item from ``<home>/history/<work_id>.git`` here and pushes every checkpoint
 back (``roles.workspace.remote``), over git's own protocol: ``git://<host>:<port>/<work_id>.git``
-served by one ``git daemon`` (ssh:// to the same folder works as well; that is git's affair).
+served by one ``git daemon``; or over ssh:// through sshd's forced command ``org git-shell``
+(``roles.supervisor.gitshell``), with the same settings and hook (below).
 
 What is served: the repositories below ``history_dir`` and nothing else. ``--base-path`` maps a
 request's path below it, the directory argument whitelists it (a path outside is refused), and the
@@ -21,12 +22,22 @@ before verifying: the ``pre-receive`` hook this module writes refuses any update
 ``refs/iterations/*``, ``refs/actions/*``, ``refs/discarded/*`` and ``refs/heads/checkpoints``, and
 any deletion (histories only grow; ``receive.denyDeletes`` says so too). The hooks directory is
 given with ``-c core.hooksPath``, which git passes on to the ``receive-pack`` it starts, so a
-repository's own ``hooks/`` is never run. That holds for git:// through this daemon only: a worker
-pushing over ssh:// runs ``git receive-pack`` through sshd, which must be given the same settings
-(a forced command ``git -c core.hooksPath=<home>/run/git-hooks -c receive.fsckObjects=true -c
-receive.denyDeletes=true receive-pack ...``) or the baseline is not guarded. Anyone who can reach
-the port can fetch any work item's history and push checkpoints to it: listen on a private network
-or a tunnel only (git:// has no authentication; use ssh:// where workers are not trusted hosts).
+repository's own ``hooks/`` is never run. The hook's text and the ``-c`` settings
+(``githooks.receive_config``) are written once, in ``roles.supervisor.githooks``, and used by this
+daemon and by ``org git-shell`` alike.
+
+Over ssh://, a worker's ``git push`` runs ``git receive-pack`` through sshd, which by itself would
+run it with none of these settings: the baseline would not be guarded and a repository's own hooks
+would run. A worker's key is therefore given the forced command ``org git-shell --home <home>`` in
+``~/.ssh/authorized_keys`` (``command="...",restrict``; ``org hosts ssh-line KEYFILE`` prints the
+line), which serves ``git-upload-pack`` and ``git-receive-pack`` on a repository directly below
+``history_dir`` only, with ``receive_config``, and refuses anything else; the coordinator host
+advertises ``[hosts] git_url = "ssh://user@host:port/"`` then (``hosts.git_url``). sshd
+authenticates each worker by its key.
+
+Anyone who can reach the daemon's port can fetch any work item's history and push checkpoints to
+it: listen on a private network or a tunnel only (git:// has no authentication; use ssh:// where
+workers are not trusted hosts).
 """
 from __future__ import annotations
 
