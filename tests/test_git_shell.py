@@ -32,6 +32,17 @@ ORG = [sys.executable, "-m", "scripts.cli.main"]     # the checkout's org CLI, a
 USER = getpass.getuser()
 
 
+def cannot_serve() -> str | None:
+    """Why this machine cannot run the ssh tests, or None."""
+    import pwd
+    if not os.path.exists(SSHD):
+        return f"OpenSSH's server is not installed ({SSHD}): apt-get install openssh-server (.ci/run does)"
+    shell = pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
+    if os.path.basename(shell) in ("nologin", "false") or not os.access(shell, os.X_OK):
+        return f"sshd runs the forced command through {USER}'s login shell, and {shell} is none"
+    return None
+
+
 def keygen(path: Path, comment: str = "test") -> str:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
                    check=True, timeout=30, stdin=subprocess.DEVNULL)
@@ -123,8 +134,8 @@ class Sshd:
 @pytest.fixture
 def coord(tmp_path):
     """The coordinator host: its home (history/ below it), its workspace, its sshd."""
-    if not os.path.exists(SSHD):
-        pytest.skip(f"OpenSSH's server is not installed ({SSHD}): apt-get install openssh-server (.ci/run does)")
+    if cannot_serve():
+        pytest.skip(cannot_serve())
     home = tmp_path / "coord"
     (home / "history").mkdir(parents=True)
     ws = tmp_path / "coord_ws"
@@ -336,8 +347,8 @@ def test_the_line_org_hosts_prints_serves_through_scripts_org(tmp_path, monkeypa
     stamp = venv / ".installed"
     if not (venv / "bin" / "python").exists() or not stamp.exists() or stamp.read_text().strip() != want:
         pytest.skip("scripts/org would install the project into .venv first (run scripts/org once)")
-    if not os.path.exists(SSHD):
-        pytest.skip(f"OpenSSH's server is not installed ({SSHD}): apt-get install openssh-server (.ci/run does)")
+    if cannot_serve():
+        pytest.skip(cannot_serve())
     home = tmp_path / "coord"
     ws = tmp_path / "ws"
     ws.mkdir()
