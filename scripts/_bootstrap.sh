@@ -1,8 +1,8 @@
 # Sourced by scripts/start-org and scripts/test: make .venv and install the project once (and, for
 # scripts/test, the pinned Claude Code CLI; see ensure_claude_code below).
 # A stamp file holding a hash of pyproject.toml says the install is current, so later starts
-# skip pip entirely (a pip no-op costs ~0.5 s). Only ensure_postgresql (scripts/test) runs a system
-# package manager, and only as root (or with password-less sudo) when the server is missing.
+# skip pip entirely (a pip no-op costs ~0.5 s). Only ensure_postgresql and ensure_sshd (scripts/test)
+# run a system package manager, and only as root (or with password-less sudo) when the server is missing.
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
 
@@ -98,4 +98,22 @@ ensure_postgresql() {
     fi
   fi
   echo "warning: PostgreSQL is not installed and could not be (apt-get install postgresql as root); the PostgreSQL store's tests will be skipped" >&2
+}
+
+# The OpenSSH server tests/test_git_shell.py starts under its temporary folder (histories over
+# ssh:// through 'org git-shell'): Debian's openssh-server package when /usr/sbin/sshd is missing.
+# Without root (or password-less sudo) or apt-get, one warning line: those tests then skip.
+ensure_sshd() {
+  [ -x /usr/sbin/sshd ] && return 0
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+  if command -v apt-get >/dev/null 2>&1 && { [ -z "$sudo" ] || sudo -n true 2>/dev/null; }; then
+    echo "loop-org: installing Debian's openssh-server package (once) for the ssh history tests" >&2
+    if $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null 2>&1 \
+       || { $sudo apt-get update -qq >/dev/null 2>&1 \
+            && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null 2>&1; }; then
+      return 0
+    fi
+  fi
+  echo "warning: the OpenSSH server is not installed and could not be (apt-get install openssh-server as root); the ssh history tests will be skipped" >&2
 }

@@ -90,6 +90,8 @@ ProposalKindName = Literal[tuple(k.value for k in ProposalKind)]  # type: ignore
 HostName = Annotated[str, Field(pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"),
                      Expect("empty or a host name (letters, digits, . _ -)")]
 HostPort = Annotated[str, Field(pattern=r"^$|^[^\s:/]+:[0-9]{1,5}$"), Expect("empty or HOST:PORT")]
+GitUrl = Annotated[str, Field(pattern=r"^$|^(git|ssh)://([^\s/@]+@)?[^\s/@]+(/\S*)?$"),
+                   Expect("empty or a git://HOST:PORT or ssh://[USER@]HOST[:PORT]/ URL")]
 TcpBase = Annotated[str, Field(pattern=r"^$|^tcp://[^\s/]+:[0-9]{1,5}$"), Expect("empty or tcp://HOST:PORT")]
 CurveKey = Annotated[str, Field(pattern=r"^$|^[0-9A-Za-z.:+=^!/*?&<>()\[\]{}@%$#-]{40}$"),
                      Expect("empty or a 40-character z85 CURVE public key (the coordinator host's 'org hosts' prints it)")]
@@ -214,6 +216,9 @@ class Hosts(Section):
                                        "other hosts")
     git_listen: HostPort = key("", "coordinator host: serve the work items' histories to joined hosts with git "
                                    "daemon at HOST:PORT (e.g. 10.0.0.5:9418)")
+    git_url: GitUrl = key("", "coordinator host: the URL joined hosts fetch and push histories at, in place of "
+                              "git://<git_listen> (e.g. ssh://org@10.0.0.5:22/ through sshd's forced command "
+                              "'org git-shell'; the path part is what git-shell maps: / or <home>/history)")
     coordinator: TcpBase = key("", "joined host: the coordinator's tcp://HOST:PORT")
     coordinator_key: CurveKey = key("", "joined host: the coordinator's CURVE public key")
 

@@ -177,8 +177,8 @@ def remote_histories(home, conn):
         coordinator = peer(conn, "coordinator")
         if coordinator is None or not coordinator.git_url:
             raise OrgError("the coordinator host serves no histories to joined hosts", code="no_git_server",
-                           hint="set [hosts] git_listen = \"HOST:PORT\" in the coordinator host's org.toml "
-                                "and start it again")
+                           hint="set [hosts] git_listen = \"HOST:PORT\" (or git_url = \"ssh://...\") in the coordinator "
+                                "host's org.toml and start it again")
         work_id = git_dir.name.removesuffix(".git")
         return RemoteHistory(home.root / "eval-history" / git_dir.name, home.root / "workspaces" / work_id,
                              remote=f"{coordinator.git_url}/{work_id}.git", timeout_s=GIT_TIMEOUT_S)

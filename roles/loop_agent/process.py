@@ -189,8 +189,8 @@ class LoopAgentProcess(RoleProcess):
         if coordinator is None or not coordinator.git_url:
             raise OrgError("the coordinator host serves no histories to joined hosts",
                            code="no_git_server",
-                           hint="set [hosts] git_listen = \"HOST:PORT\" in the coordinator host's org.toml "
-                                "and start it again")
+                           hint="set [hosts] git_listen = \"HOST:PORT\" (or git_url = \"ssh://...\") in the coordinator "
+                                "host's org.toml and start it again")
         return RemoteHistory(self.home.history_dir / f"{work_id}.git", self.home.root / "workspaces" / work_id,
                              remote=f"{coordinator.git_url}/{work_id}.git", defer=True)
 

@@ -3,7 +3,8 @@
 A loop-agent on a worker host shares no file system with the coordinator host. It fetches the
 baseline of its work item from ``<home>/history/<work_id>.git`` here and pushes every checkpoint
 back (``roles.workspace.remote``), over git's own protocol: ``git://<host>:<port>/<work_id>.git``
-served by one ``git daemon`` (ssh:// to the same folder works as well; that is git's affair).
+served by one ``git daemon``; or over ssh:// through sshd's forced command ``org git-shell``
+(``roles.supervisor.gitshell``), with the same settings and hook (below).
 
 What is served: the repositories below ``history_dir`` and nothing else. ``--base-path`` maps a
 request's path below it, the directory argument whitelists it (a path outside is refused), and the
@@ -21,12 +22,22 @@ before verifying: the ``pre-receive`` hook this module writes refuses any update
 ``refs/iterations/*``, ``refs/actions/*``, ``refs/discarded/*`` and ``refs/heads/checkpoints``, and
 any deletion (histories only grow; ``receive.denyDeletes`` says so too). The hooks directory is
 given with ``-c core.hooksPath``, which git passes on to the ``receive-pack`` it starts, so a
-repository's own ``hooks/`` is never run. That holds for git:// through this daemon only: a worker
-pushing over ssh:// runs ``git receive-pack`` through sshd, which must be given the same settings
-(a forced command ``git -c core.hooksPath=<home>/run/git-hooks -c receive.fsckObjects=true -c
-receive.denyDeletes=true receive-pack ...``) or the baseline is not guarded. Anyone who can reach
-the port can fetch any work item's history and push checkpoints to it: listen on a private network
-or a tunnel only (git:// has no authentication; use ssh:// where workers are not trusted hosts).
+repository's own ``hooks/`` is never run. The hook's text and the ``-c`` settings
+(``githooks.receive_config``) are written once, in ``roles.supervisor.githooks``, and used by this
+daemon and by ``org git-shell`` alike.
+
+Over ssh://, a worker's ``git push`` runs ``git receive-pack`` through sshd, which by itself would
+run it with none of these settings: the baseline would not be guarded and a repository's own hooks
+would run. A worker's key is therefore given the forced command ``org git-shell --home <home>`` in
+``~/.ssh/authorized_keys`` (``command="...",restrict``; ``org hosts ssh-line KEYFILE`` prints the
+line), which serves ``git-upload-pack`` and ``git-receive-pack`` on a repository directly below
+``history_dir`` only, with ``receive_config``, and refuses anything else; the coordinator host
+advertises ``[hosts] git_url = "ssh://user@host:port/"`` then (``hosts.git_url``). sshd
+authenticates each worker by its key.
+
+Anyone who can reach the daemon's port can fetch any work item's history and push checkpoints to
+it: listen on a private network or a tunnel only (git:// has no authentication; use ssh:// where
+workers are not trusted hosts).
 """
 from __future__ import annotations
 
@@ -40,57 +51,20 @@ from pathlib import Path
 
 import structlog
 
+from roles.supervisor.githooks import (  # noqa: F401 - ALLOWED_REFS, hooks_dir_for, write_hooks are this module's too
+    ALLOWED_REFS, hooks_dir_for, receive_config, serve_env, write_hooks)
 from state_db.errors import OrgError
 
 log = structlog.get_logger("supervisor.gitserve")
 
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
-ALLOWED_REFS = ("refs/iterations/*", "refs/actions/*", "refs/discarded/*", "refs/heads/checkpoints")
-
-PRE_RECEIVE = """#!/bin/sh
-# What a worker host may push into a workspace history (written by roles/supervisor/gitserve.py).
-# stdin: one "<old> <new> <ref>" line per updated ref; any refusal refuses the whole push.
-status=0
-while read -r old new ref; do
-    case "$new" in
-        *[!0]*) ;;
-        *) echo "loop-org: refusing to delete $ref: histories only grow" >&2; status=1; continue ;;
-    esac
-    case "$ref" in
-        refs/loop-org/*)
-            echo "loop-org: refusing $ref: the baseline belongs to the coordinator host" >&2; status=1 ;;
-        %(allowed)s) ;;
-        *)
-            echo "loop-org: refusing $ref: a worker pushes only %(listed)s" >&2; status=1 ;;
-    esac
-done
-exit $status
-"""
 
 
 class GitServeError(OrgError):
     """The git daemon could not be started; ``code`` says why."""
 
     code = "git_serve_failed"
-
-
-def hooks_dir_for(history_dir: Path) -> Path:
-    """Where the server's hooks live: ``<home>/run/git-hooks`` beside ``<home>/history``."""
-    return Path(history_dir).absolute().parent / "run" / "git-hooks"
-
-
-def write_hooks(hooks_dir: Path) -> Path:
-    """Write the ``pre-receive`` hook (atomically, executable) and return its path."""
-    hooks_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)   # run/ is owner-only
-    hooks_dir.mkdir(exist_ok=True)
-    text = PRE_RECEIVE % {"allowed": "|".join(ALLOWED_REFS), "listed": ", ".join(ALLOWED_REFS)}
-    hook = hooks_dir / "pre-receive"
-    tmp = hook.with_name(f".{hook.name}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, hook)
-    return hook
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -140,9 +114,7 @@ class GitServer:
 
     def command(self) -> list[str]:
         """The daemon's command line."""
-        return ["git", "-c", "receive.fsckObjects=true", "-c", "receive.denyDeletes=true",
-                "-c", "receive.autogc=false",   # the client would wait for a `git gc --auto` per push
-                "-c", f"core.hooksPath={self.hooks_dir}",
+        return ["git", *receive_config(self.hooks_dir),
                 "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
                 f"--base-path={self.history_dir}", f"--listen={self.host}", f"--port={self.port}",
                 "--informative-errors", "--init-timeout=10", "--timeout=300",
@@ -150,9 +122,7 @@ class GitServer:
 
     def _env(self) -> dict[str, str]:
         """No user or system git configuration, no inherited ``GIT_*`` setting."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-        env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, LC_ALL="C")
-        return env
+        return serve_env()
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start the daemon; return once its port accepts connections.

@@ -39,7 +39,11 @@ def is_tcp(cfg: Config) -> bool:
 
 
 def git_url(cfg: Config) -> str:
-    """Where joined hosts fetch and push histories (the coordinator host's ``git_listen``)."""
+    """Where joined hosts fetch and push histories: the coordinator host's ``[hosts] git_url``
+    (ssh:// through ``org git-shell``, or git://), else ``git://<git_listen>``; empty when it
+    serves none. Joined hosts append ``/<work_id>.git``, so a trailing ``/`` is dropped."""
+    if cfg.hosts.git_url:
+        return cfg.hosts.git_url.rstrip("/")
     return f"git://{cfg.hosts.git_listen}" if cfg.hosts.git_listen else ""
 
 

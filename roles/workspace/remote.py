@@ -2,7 +2,8 @@
 
 A loop-agent on a worker host shares no file system with the coordinator host, which keeps every
 work item's history at ``<coordinator home>/history/<work_id>.git`` and serves it
-(``roles.supervisor.gitserve``: ``git daemon``; ssh:// works the same). ``RemoteHistory`` is a
+(``roles.supervisor.gitserve``: ``git daemon``; or ssh:// through sshd's forced command ``org
+git-shell``, ``roles.supervisor.gitshell``). ``RemoteHistory`` is a
 ``WorkspaceHistory`` in the worker's own home that
 
 - takes its baseline from there: the coordinator's eval-agent records it (from the real
@@ -17,6 +18,10 @@ work item's history at ``<coordinator home>/history/<work_id>.git`` and serves i
 Transport is the git executable (``git --git-dir=<local history> fetch|push``), one process per
 exchange, each with a timeout (its whole process group is killed then), no prompt
 (``GIT_TERMINAL_PROMPT=0``, ssh in batch mode), no user or system git configuration and no hook.
+Over ssh:// the system's ``ssh`` is run as git runs it: its key and the coordinator's host key come
+from the user's ``~/.ssh/config`` and ``known_hosts``, or from ``GIT_SSH_COMMAND`` (``GIT_SSH``,
+``GIT_SSH_VARIANT``) in the environment, the only ``GIT_*`` settings kept; without either, ``ssh
+-o BatchMode=yes -o ConnectTimeout=<timeout>``.
 Git only ever touches the local history's object store and refs, never the workspace: checking
 the baseline out goes through ``shadow`` like any reset. The local history is the org's own
 (created by ``shadow.create``, in the org home), never a doer-writable repository, so running git
@@ -118,7 +123,7 @@ class RemoteHistory(WorkspaceHistory):
         git_dir: the local history (``<worker home>/history/<work_id>.git``); made on first use.
         workspace: the worker's workspace; made when the baseline is checked out into it.
         remote: the URL of the coordinator's history of this work item
-            (``git://<coordinator>:9418/<work_id>.git``, or ssh://).
+            (``git://<coordinator>:9418/<work_id>.git``, or ``ssh://[user@]host[:port]/<work_id>.git``).
         defer, on_step: as ``WorkspaceHistory``; ``on_step`` also hears ``fetched`` and
             ``pushed:<ref>``.
         timeout_s: the longest one git exchange may take; it is killed then.

@@ -22,7 +22,8 @@ EXIT_INTERNAL = 70     # a bug: the traceback goes to logs/cli.log
 # module names under scripts/cli/commands (each module's NAME is the command: continue_run -> continue)
 COMMANDS = ["status", "submit", "show", "cancel", "continue_run", "decisions", "decide", "diff", "export", "logs",
             "ping", "chat", "candidates", "skills", "knowledge", "suspend", "resume", "stop", "doctor", "config", "gc",
-            "dashboard", "watch", "mcp", "schedule", "trigger", "discover", "migrate_store", "hosts", "join"]
+            "dashboard", "watch", "mcp", "schedule", "trigger", "discover", "migrate_store", "hosts", "join",
+            "git_shell"]
 
 
 class UsageError(OrgError):
@@ -57,6 +58,11 @@ def format_error(exc: OrgError) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (``sys.exit`` happens in ``run``)."""
     from state_db.home import require_linux
+
+    args_given = sys.argv[1:] if argv is None else list(argv)
+    if args_given[:1] == ["git-shell"]:      # sshd's forced command: once per fetch or push, so fast
+        from scripts.cli.commands.git_shell import fast
+        return fast(args_given[1:])
 
     try:
         require_linux()

@@ -6,13 +6,16 @@ import time
 from scripts.cli.output import add_json, emit_json, home_of, table
 
 NAME = "hosts"
-HELP = "list the hosts of an org over tcp and the coordinator's key to join with; 'remove HOST' forgets one"
+HELP = ("list the hosts of an org over tcp and the coordinator's key to join with; 'remove HOST' forgets one; "
+        "'ssh-line KEYFILE' prints the authorized_keys line serving histories to a worker's ssh key")
 
 
 def add_arguments(p) -> None:
-    p.add_argument("action", nargs="?", choices=("list", "remove"), default="list",
-                   help="list (default): the registered instances by host; remove HOST: forget a host that left")
-    p.add_argument("host", nargs="?", help="the host to remove")
+    p.add_argument("action", nargs="?", choices=("list", "remove", "ssh-line"), default="list",
+                   help="list (default): the registered instances by host; remove HOST: forget a host that left; "
+                        "ssh-line KEYFILE: the ~/.ssh/authorized_keys line that lets a worker host's public key "
+                        "fetch and push this home's histories through 'org git-shell', and nothing else")
+    p.add_argument("host", nargs="?", help="the host to remove, or the public key file for ssh-line")
     add_json(p)
 
 
@@ -23,6 +26,8 @@ def run(args) -> int:
     from state_db.queries.processes import role_instances
 
     home = home_of(args).require()
+    if args.action == "ssh-line":
+        return _ssh_line(home, args.host)
     if args.action == "remove":
         if not args.host:
             raise UsageError("org hosts remove HOST: which host?")
@@ -62,6 +67,23 @@ def run(args) -> int:
               f"--coordinator-key '{coordinator.curve_public}' --role loop-agent|eval-agent "
               "--listen tcp://THAT_HOST:PORT --store <this org's postgresql:// URL>")
         if not coordinator.git_url:
-            print("  (first set [hosts] git_listen here: joined loop-agents get their workspaces through it, "
-                  "joined eval-agents the checkpoints they verify)")
+            print("  (first set [hosts] git_listen or git_url here: joined loop-agents get their workspaces "
+                  "through it, joined eval-agents the checkpoints they verify)")
+    return 0
+
+
+def _ssh_line(home, keyfile: str | None) -> int:
+    """Print the forced-command line of ``keyfile`` (a worker host's public key)."""
+    from pathlib import Path
+
+    from roles.supervisor.gitshell import authorized_keys_line
+    from scripts.cli.main import UsageError
+    if not keyfile:
+        raise UsageError("org hosts ssh-line KEYFILE: which public key file?")
+    try:
+        text = Path(keyfile).read_text(errors="replace")
+    except OSError as exc:
+        raise UsageError(f"cannot read {keyfile}: {exc.strerror}") from None
+    org_script = Path(__file__).resolve().parents[2] / "org"
+    print(authorized_keys_line([org_script], home.root, text))
     return 0
