@@ -24,7 +24,8 @@ from roles.supervisor.gitshell import GitShellError, authorized_keys_line, comma
 from roles.workspace.history import WorkspaceHistory
 from roles.workspace.remote import RemoteHistory, git_env
 from roles.workspace.views import BASELINE_REF, HEAD_REF
-from tests.test_remote_history import files_of, free_port, fsck, git, remote_ref
+from tests.test_remote_history import (files_of, free_port, fsck, git, plant_own_hooks, remote_ref,
+                                       weakened_repository)
 
 ROOT = Path(__file__).resolve().parents[1]
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -241,17 +242,9 @@ def test_hostile_pushes_over_ssh_are_refused(tmp_path, over_ssh):
     (rh.workspace / "a.txt").write_text("1\n")
     c1 = rh.checkpoint(1)
     marker = tmp_path / "repository-hook-ran"
-    for name in ("pre-receive", "update", "post-receive", "post-update", "pre-upload-pack"):
-        own_hook = ch.git_dir / "hooks" / name            # a repository's own hooks are never run
-        own_hook.parent.mkdir(exist_ok=True)
-        own_hook.write_text(f"#!/bin/sh\ntouch {marker}\nexit 0\n")
-        own_hook.chmod(0o755)
-    evil = tmp_path / "evil"
-    git("init", "-q", str(evil))
-    (evil / "tests").mkdir()
-    (evil / "tests" / "test_app.py").write_text("def test(): assert True  # weakened\n")
-    git("add", "-A", cwd=evil)
-    git("commit", "-qm", "evil", cwd=evil)
+    # a repository's own hooks are never run
+    plant_own_hooks(ch.git_dir, marker, ("pre-receive", "update", "post-receive", "post-update", "pre-upload-pack"))
+    evil = weakened_repository(tmp_path / "evil")
     for spec in ("+HEAD:refs/loop-org/baseline", "HEAD:refs/loop-org/other", "HEAD:refs/heads/evil",
                  "HEAD:refs/tags/evil", ":refs/iterations/1", "+HEAD:refs/heads/main"):
         out = git("push", "--force", url, spec, cwd=evil, check=False)

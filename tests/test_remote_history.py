@@ -38,6 +38,25 @@ def git(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.C
                           timeout=30, check=check)
 
 
+def plant_own_hooks(git_dir: Path, marker: Path, names) -> None:
+    """Hooks in a served repository's own ``hooks/`` that leave ``marker`` if they ever run."""
+    for name in names:
+        hook = git_dir / "hooks" / name
+        hook.parent.mkdir(exist_ok=True)
+        hook.write_text(f"#!/bin/sh\ntouch {marker}\nexit 0\n")
+        hook.chmod(0o755)
+
+
+def weakened_repository(path: Path) -> Path:
+    """A hostile worker's repository: one commit whose test asserts nothing."""
+    git("init", "-q", str(path))
+    (path / "tests").mkdir()
+    (path / "tests" / "test_app.py").write_text("def test(): assert True  # weakened\n")
+    git("add", "-A", cwd=path)
+    git("commit", "-qm", "evil", cwd=path)
+    return path
+
+
 def remote_ref(git_dir: Path, ref: str) -> str | None:
     out = git(f"--git-dir={git_dir}", "rev-parse", "--verify", "--quiet", ref, check=False)
     return out.stdout.strip() or None
@@ -226,16 +245,8 @@ def test_hostile_pushes_are_refused(tmp_path, coord):
     c1 = rh.checkpoint(1)
     url = coord[2].url("w1")
     marker = tmp_path / "repository-hook-ran"
-    own_hook = ch.git_dir / "hooks" / "pre-receive"     # a repository's own hook is never run
-    own_hook.parent.mkdir(exist_ok=True)
-    own_hook.write_text(f"#!/bin/sh\ntouch {marker}\nexit 0\n")
-    own_hook.chmod(0o755)
-    evil = tmp_path / "evil"
-    git("init", "-q", str(evil))
-    (evil / "tests").mkdir()
-    (evil / "tests" / "test_app.py").write_text("def test(): assert True  # weakened\n")
-    git("add", "-A", cwd=evil)
-    git("commit", "-qm", "evil", cwd=evil)
+    plant_own_hooks(ch.git_dir, marker, ("pre-receive",))     # a repository's own hook is never run
+    evil = weakened_repository(tmp_path / "evil")
     for spec in ("+HEAD:refs/loop-org/baseline", "HEAD:refs/loop-org/other", "HEAD:refs/heads/evil",
                  "HEAD:refs/tags/evil", ":refs/iterations/1"):
         out = git("push", "--force", url, spec, cwd=evil, check=False)
