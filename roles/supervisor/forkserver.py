@@ -2,11 +2,12 @@
 
 Started with ``exec`` every role process imports the same code on its own — the runtime,
 ZeroMQ, structlog, pygit2 and, in a loop-agent, the model SDK (about 2 s of CPU) — and keeps its
-own copy of every page of it. The template imports all of that once; each role is then a
-``fork()`` of it, and the imported code's pages stay shared between the roles (copy-on-write;
-``gc.freeze()`` keeps the collector from touching them), which ``bench/scale.py`` measures as
-proportional set size per role. The org's start-up is not shorter for it on two cores: the
-template's imports come before the first fork, as an interpreter's would.
+own copy of every page of it. The template imports it once, in the two stages
+``roles.supervisor.template`` lists; each role is then a ``fork()`` of it, and the imported code's
+pages stay shared between the roles (copy-on-write; ``gc.freeze()`` keeps the collector from
+touching them), which ``bench/scale.py`` measures as proportional set size per role. The
+supervisor starts the template before its own imports (``template.launch``), so on two cores the
+two import side by side; a role forked before the second stage imports what it lacks itself.
 
 Protocol, over a socketpair, one JSON object per line:
 
@@ -23,7 +24,6 @@ org.toml starts every role as its own interpreter instead, as before.
 """
 from __future__ import annotations
 
-import ctypes
 import gc
 import importlib
 import os

@@ -51,8 +51,7 @@ from pathlib import Path
 
 import structlog
 
-from roles.supervisor.githooks import (  # noqa: F401 - ALLOWED_REFS, hooks_dir_for, write_hooks are this module's too
-    ALLOWED_REFS, hooks_dir_for, receive_config, serve_env, write_hooks)
+from roles.supervisor.githooks import hooks_dir_for, receive_config, serve_env, write_hooks
 from state_db.errors import OrgError
 
 log = structlog.get_logger("supervisor.gitserve")
