@@ -1,6 +1,6 @@
 # Sourced by scripts/start-org and scripts/test: make .venv and install the project once (and, for
 # scripts/test, the pinned Claude Code CLI; see ensure_claude_code below).
-# A stamp file holding a hash of pyproject.toml says the install is current, so later starts
+# A stamp file holding a hash of pyproject.toml (and of the install mode) says the install is current, so later starts
 # skip pip entirely (a pip no-op costs ~0.5 s). Only ensure_postgresql and ensure_sshd (scripts/test)
 # run a system package manager, and only as root (or with password-less sudo) when the server is missing.
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,18 +16,28 @@ find_python() {
   return 1
 }
 
-ensure_installed() {  # $1: extras ("" or "test")
-  local extras="$1" spec="." stamp want
-  [ -n "$extras" ] && spec=".[$extras]"
-  stamp="$venv/.installed${extras:+-$extras}"
-  want="$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16)"
-  if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
-    return 0
-  fi
+# The checkout goes on the virtual environment's sys.path through a plain .pth line ("compat"),
+# not setuptools' default import hook: that hook is imported at the start of every Python process
+# (~15-20 ms each: the supervisor, the role template, every CLI call).
+editable_mode="compat"
+
+install_stamp() {  # what a current install's stamp holds: pyproject.toml and how it is installed
+  { cat "$root/pyproject.toml"; echo "$editable_mode"; } | sha256sum | cut -c1-16
+}
+
+install_current() {  # $1: extras ("" or "test"); true when .venv holds a current install of them
+  local extras="$1" want
+  want="$(install_stamp)"
+  [ -x "$venv/bin/python" ] || return 1
+  [ "$(cat "$venv/.installed${extras:+-$extras}" 2>/dev/null)" = "$want" ] && return 0
   # an install with the test extras (scripts/test) holds the plain one
-  if [ -z "$extras" ] && [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.installed-test" 2>/dev/null)" = "$want" ]; then
-    return 0
-  fi
+  [ -z "$extras" ] && [ "$(cat "$venv/.installed-test" 2>/dev/null)" = "$want" ]
+}
+
+ensure_installed() {  # $1: extras ("" or "test")
+  local extras="$1" stamp
+  stamp="$venv/.installed${extras:+-$extras}"
+  install_current "$extras" && return 0
   if [ "$(uname -s)" != "Linux" ]; then
     echo "error[unsupported_platform]: loop-org runs on Linux only — use a Linux machine or VM" >&2
     exit 1
@@ -42,11 +52,12 @@ ensure_installed() {  # $1: extras ("" or "test")
     "$py" -m venv "$venv" || { echo "error[venv_failed]: could not create $venv — is the python3-venv package installed?" >&2; exit 1; }
   fi
   echo "loop-org: installing the project${extras:+ with [$extras]} (once)" >&2
-  if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root$([ -n "$extras" ] && echo "[$extras]")" >&2; then
+  if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+      --config-settings editable_mode="$editable_mode" -e "$root$([ -n "$extras" ] && echo "[$extras]")" >&2; then
     echo "error[install_failed]: pip could not install loop-org — see the messages above" >&2
     exit 1
   fi
-  echo "$want" > "$stamp"
+  install_stamp > "$stamp"
 }
 
 # The project's own bytecode. Python writes the bytecode of what it imports itself, unless

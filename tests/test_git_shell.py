@@ -24,6 +24,7 @@ from roles.supervisor.gitshell import GitShellError, authorized_keys_line, comma
 from roles.workspace.history import WorkspaceHistory
 from roles.workspace.remote import RemoteHistory, git_env
 from roles.workspace.views import BASELINE_REF, HEAD_REF
+from tests.support import install_current
 from tests.test_remote_history import (files_of, free_port, fsck, git, plant_own_hooks, remote_ref,
                                        weakened_repository)
 
@@ -334,12 +335,7 @@ def test_a_login_or_another_command_is_refused(tmp_path, coord):
 @pytest.mark.timeout(120)
 def test_the_line_org_hosts_prints_serves_through_scripts_org(tmp_path, monkeypatch):
     """The forced command as ``org hosts ssh-line`` writes it: ``<checkout>/scripts/org git-shell``."""
-    venv = ROOT / ".venv"
-    want = subprocess.run(["sha256sum"], input=(ROOT / "pyproject.toml").read_bytes(), capture_output=True,
-                          check=True).stdout.decode()[:16]
-    stamps = [venv / ".installed", venv / ".installed-test"]     # scripts/test writes the second
-    if not (venv / "bin" / "python").exists() or not any(s.exists() and s.read_text().strip() == want
-                                                          for s in stamps):
+    if not install_current(ROOT):
         pytest.skip("scripts/org would install the project into .venv first (run scripts/org once)")
     if cannot_serve():
         pytest.skip(cannot_serve())

@@ -3,7 +3,6 @@ expected failures are one coded line, and each corrected behaviour is what the u
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import pty
 import re
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from state_db.vocab import Actor
+from tests.support import install_current
 
 ROOT = Path(__file__).resolve().parents[1]
 CODED = re.compile(r"^error\[(?P<code>[a-z_]+)\]: .+ — .+$")
@@ -85,9 +85,7 @@ def test_start_org_refuses_a_bad_home_or_flag_with_one_coded_line(tmp_path, case
 
 def test_the_start_org_script_passes_the_coded_line_through(tmp_path):
     """The shell entry (when its install is current, so it runs no pip) prints the same line."""
-    stamp = ROOT / ".venv" / ".installed"
-    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
-    if not stamp.is_file() or stamp.read_text().strip() != want:
+    if not install_current(ROOT):
         pytest.skip("the checkout's .venv is not installed for scripts/start-org (it would run pip)")
     out = subprocess.run([str(ROOT / "scripts" / "start-org"), "--bogus"], capture_output=True, text=True,
                          timeout=30, env=_env(tmp_path / "unused", tmp_path))

@@ -237,6 +237,43 @@ def listening(*paths: Path):
             path.unlink(missing_ok=True)
 
 
+def test_deny_listed_files_made_after_a_command_are_hidden_from_the_next_one(tmp_path, org_b):
+    """The view is kept between commands while nothing it was made from changed: a key, a
+    credential or a history written into a shown home folder between two commands of one
+    runner, at once and at every depth of the deny-list, is hidden from the second command."""
+    home_dir = tmp_path / "someone"
+    (home_dir / "bin").mkdir(parents=True)
+    (home_dir / "bin" / "tool").write_text("SHOWN tool\n")
+    (home_dir / ".config").mkdir()                        # a parent that exists before, one that does not
+    runner = runner_from_config(config(readonly_binds=[str(home_dir)]), org_b[0], org_b[1])
+    late = {".netrc": "machine x password p", ".config/gh/hosts.yml": "oauth_token: t",
+            ".config/git/credentials": "https://u:p@h", ".local/share/keyrings/login.keyring": "k",
+            ".ssh/id_ed25519": "PRIVATE KEY"}
+    line = "; ".join(f"cat {home_dir}/{rel} 2>/dev/null" for rel in late) + f"; cat {home_dir}/bin/tool"
+    assert "SHOWN tool" in sh(runner, line)               # the view is made and kept now
+    for rel, text in late.items():
+        (home_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home_dir / rel).write_text(f"DENIED {text}")
+    out = sh(runner, line)
+    assert "SHOWN tool" in out
+    assert "DENIED" not in out, out
+
+
+def test_a_host_socket_bound_after_a_command_cannot_be_reached_from_the_next_one(tmp_path, org_b):
+    """Sockets are read for every command, not kept with the view: one a host process binds in
+    a shown folder between two commands of one runner is covered in the second."""
+    home, ws = org_b
+    shown = tmp_path / "shown"
+    shown.mkdir()
+    (ws / "probe.py").write_text(SOCKET_PROBE)
+    runner = runner_from_config(config(readonly_binds=[str(shown)]), home, ws)
+    late = shown / "late.sock"
+    assert "No such file" in sh(runner, f"{PY} probe.py {late}; ls {late}")      # made and kept now
+    with listening(late):
+        out = sh(runner, f"{PY} probe.py {late}")
+    assert "CONNECTED" not in out and "refused" in out, out
+
+
 def test_a_host_socket_in_a_shown_folder_or_the_workspace_cannot_be_reached(tmp_path, org_b):
     """A read-only mount does not stop connect() on a socket and the sandbox's uid is the host
     user's: a host process listening in a shown folder (an agent, a container engine, a

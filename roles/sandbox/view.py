@@ -27,6 +27,7 @@ import os
 import pwd
 import stat
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,16 +135,17 @@ def registered_homes() -> tuple[str, ...]:
     return homes
 
 
-def org_homes(own: Path | None) -> list[str]:
-    """Every org home to hide: this org's, the machine's registered ones, ``$ORG_HOME`` and the
-    project's default ``.org``."""
+def org_homes(own: Path | None, registered: tuple[str, ...] | None = None) -> list[str]:
+    """Every org home to hide: this org's, the machine's registered ones (``registered``, default
+    read now), ``$ORG_HOME`` and the project's default ``.org``."""
     from state_db.home import ENV_HOME, project_root
     found = [str(project_root() / ".org")]
     if own is not None:
         found.insert(0, str(own))
     if os.environ.get(ENV_HOME):
         found.append(os.environ[ENV_HOME])
-    return list(dict.fromkeys([*(os.path.realpath(p) for p in found), *registered_homes()]))
+    registered = registered_homes() if registered is None else registered
+    return list(dict.fromkeys([*(os.path.realpath(p) for p in found), *registered]))
 
 
 def default_visible() -> list[Path]:
@@ -164,34 +166,103 @@ def build(toolchain: Toolchain | None, *, own_home: Path | None, readonly: Seque
     """The view for a command of ``toolchain`` (None: this process's PATH and HOME).
 
     ``readonly``: more (path, reason) pairs (org.toml's, the caller's); ``workspace`` is the
-    folder the caller binds writable: the host sockets inside it are hidden as in what is shown."""
+    folder the caller binds writable: the host sockets inside it are hidden as in what is shown.
+
+    What does not depend on the host's sockets is kept from the last build with the same
+    arguments while nothing it was made from has changed (``_Shown.current``); the sockets are
+    read for every view."""
     toolchain = toolchain or Toolchain(os.environ.get("PATH", ""), str(Path.home()))
-    homes = every_home()
-    tools, env = _discover(toolchain, tuple(homes))
-    shown = [Exposure(p, "system folder") for p in SYSTEM if os.path.isdir(p) and not os.path.islink(p)]
-    shown += [Exposure(str(p), "the org's code and Python") for p in default_visible()]
-    shown += list(tools)
-    org = org_homes(own_home)           # read once: every org home hides, and hides what is in it
-    folders = [e.path for e in (*shown, *readonly)]
-    denied = _denied(homes + [toolchain.home] + folders, folders)
-    never = _Tops([*org, *(d.path for d in denied)])
-    # nothing discovered inside an org home or a denied path is shown; what the org asks for
-    # by name (org.toml, a CLI's own folder) is shown unless denied
-    keep = [e for e in shown if not never.cover(e.path)]
-    denied_tops = _Tops([d.path for d in denied])
-    keep += [e for e in readonly if not denied_tops.cover(e.path)]
-    kept = _Tops([e.path for e in keep])
-    hidden = [Exposure(h, "an org home") for h in org if kept.cover(h)]
-    hidden += [d for d in denied if kept.cover(d.path)]
-    hidden += [Exposure(str(p), "only root may read it") for p in root_private_in(kept.tops)]
-    covered = _Tops([h.path for h in hidden])
-    reach = _Tops([*kept.tops, *([os.path.realpath(workspace)] if workspace is not None else [])])
-    hidden += [Exposure(p, SOCKET) for p in host_sockets()
-               if reach.cover(p) and not covered.cover(p) and _reachable(p)]
-    visible = [os.path.realpath(e) for e in toolchain.path.split(os.pathsep) if e.startswith("/")]
-    hidden_tops = _Tops([h.path for h in hidden])
-    inside = [p for p in dict.fromkeys(visible) if kept.cover(p) and not hidden_tops.cover(p)]
-    return View(tuple(keep), tuple(hidden), os.pathsep.join(inside) or "/usr/local/bin:/usr/bin:/bin", env)
+    key = (toolchain, str(own_home) if own_home is not None else None, tuple(readonly),
+           os.path.realpath(workspace) if workspace is not None else None)
+    shown = _SHOWN.get(key)
+    if shown is None or not shown.current():
+        shown = _Shown.make(toolchain, own_home, readonly, key[3])
+        with _SHOWN_LOCK:
+            _SHOWN[key] = shown
+            while len(_SHOWN) > _SHOWN_MAX:
+                del _SHOWN[next(iter(_SHOWN))]
+    hidden = [*shown.hidden, *(Exposure(p, SOCKET) for p in host_sockets()
+                               if shown.reach.cover(p) and not shown.covered.cover(p) and _reachable(p))]
+    hidden_tops = _Tops([h.path for h in hidden]) if len(hidden) > len(shown.hidden) else shown.covered
+    inside = [p for p in shown.visible if not hidden_tops.cover(p)]
+    return View(shown.keep, tuple(hidden), os.pathsep.join(inside) or "/usr/local/bin:/usr/bin:/bin",
+                dict(shown.env))
+
+
+# What a view shows and hides apart from the sockets, by build's arguments: each command of a
+# role builds a view, and making this part again costs milliseconds (a realpath per org home,
+# listings of homes), while checking that it still holds costs a few stat calls.
+_SHOWN: dict[tuple, "_Shown"] = {}
+_SHOWN_LOCK = threading.Lock()
+_SHOWN_MAX = 64
+SHOWN_FRESH_S = 2.0
+
+
+@dataclass
+class _Shown:
+    """The socket-independent part of a view, and what it was made from: the registered homes
+    as read then (``registered_homes`` reads the registry again when its file changes), the
+    users' database (``/etc/passwd``: which home folders exist), and every folder whose listing
+    said which deny-list entries exist (a name added to or removed from a folder changes its
+    modification time). It is made again when any of those changed, and at least every
+    ``SHOWN_FRESH_S`` (a system folder or a toolchain's link changing meanwhile)."""
+
+    keep: tuple[Exposure, ...]
+    hidden: tuple[Exposure, ...]
+    covered: _Tops                   # the hidden paths' tops
+    reach: _Tops                     # what a command reaches: the kept folders and the workspace
+    visible: tuple[str, ...]         # the PATH's folders that are shown and not hidden
+    env: dict[str, str]
+    registered: tuple[str, ...]
+    looked_in: tuple[tuple[str, tuple | None], ...]
+    until: float
+
+    @classmethod
+    def make(cls, toolchain: Toolchain, own_home: Path | None, readonly: Sequence[Exposure],
+             workspace: str | None) -> _Shown:
+        until = time.monotonic() + SHOWN_FRESH_S
+        looked_in = tuple((f, _signature(f)) for f in (_PASSWD,))
+        homes = every_home()
+        tools, env = _discover(toolchain, tuple(homes))
+        shown = [Exposure(p, "system folder") for p in SYSTEM if os.path.isdir(p) and not os.path.islink(p)]
+        shown += [Exposure(str(p), "the org's code and Python") for p in default_visible()]
+        shown += list(tools)
+        registered = registered_homes()
+        org = org_homes(own_home, registered)   # read once: every org home hides, and hides what is in it
+        folders = [e.path for e in (*shown, *readonly)]
+        consulted: list[str] = []
+        denied = _denied(homes + [toolchain.home] + folders, folders, consulted)
+        looked_in += tuple((f, _signature(f)) for f in dict.fromkeys(consulted))
+        never = _Tops([*org, *(d.path for d in denied)])
+        # nothing discovered inside an org home or a denied path is shown; what the org asks for
+        # by name (org.toml, a CLI's own folder) is shown unless denied
+        keep = [e for e in shown if not never.cover(e.path)]
+        denied_tops = _Tops([d.path for d in denied])
+        keep += [e for e in readonly if not denied_tops.cover(e.path)]
+        kept = _Tops([e.path for e in keep])
+        hidden = [Exposure(h, "an org home") for h in org if kept.cover(h)]
+        hidden += [d for d in denied if kept.cover(d.path)]
+        hidden += [Exposure(str(p), "only root may read it") for p in root_private_in(kept.tops)]
+        covered = _Tops([h.path for h in hidden])
+        reach = _Tops([*kept.tops, *([workspace] if workspace is not None else [])])
+        visible = [os.path.realpath(e) for e in toolchain.path.split(os.pathsep) if e.startswith("/")]
+        visible = [p for p in dict.fromkeys(visible) if kept.cover(p) and not covered.cover(p)]
+        return cls(tuple(keep), tuple(hidden), covered, reach, tuple(visible), env, registered, looked_in, until)
+
+    def current(self) -> bool:
+        return (time.monotonic() < self.until and registered_homes() is self.registered
+                and all(_signature(f) == sig for f, sig in self.looked_in))
+
+
+_PASSWD = "/etc/passwd"
+
+
+def _signature(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
 
 
 @functools.lru_cache(maxsize=32)
@@ -237,11 +308,12 @@ def _names(folder: str) -> frozenset[str] | None:
         return None
 
 
-def _denied(homes: Iterable[str], shown: Sequence[str]) -> list[Exposure]:
+def _denied(homes: Iterable[str], shown: Sequence[str], consulted: list[str] | None = None) -> list[Exposure]:
     """Deny-list entries below each home (and each shown folder, in case it is one) that are
     inside something shown. Only an entry inside something shown is looked up, and a home is
     listed once instead of looking up every entry whose first name it lacks (a path that
-    exists has its first component listed in the home)."""
+    exists has its first component listed in the home). ``consulted`` is given every folder
+    whose contents the answer depends on."""
     out: dict[str, Exposure] = {}
     inside = _Tops(shown)
     for home in dict.fromkeys(h for h in homes if h):
@@ -258,8 +330,12 @@ def _denied(homes: Iterable[str], shown: Sequence[str]) -> list[Exposure]:
                 continue
             if not listed:
                 names, listed = _names(home), True
+                if consulted is not None:
+                    consulted.append(home)
             if names is not None and rel.split("/", 1)[0] not in names:
                 continue
+            if consulted is not None and "/" in rel:
+                consulted.append(os.path.dirname(path))
             if os.path.lexists(path):
                 out.setdefault(path, Exposure(path, "deny-list: keys, credentials or history"))
     return list(out.values())

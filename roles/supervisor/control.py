@@ -22,6 +22,9 @@ from state_db.vocab import Actor, RoleStatus, SessionStatus
 from state_db.writer import StateWriter
 
 
+POLL_S = 0.02       # how often start and stop look at state.db while they wait
+
+
 class ControlError(StateError):
     code = "control_failed"
 
@@ -57,31 +60,34 @@ def wait_ready(home: OrgHome, *, timeout_s: float, proc: subprocess.Popen | None
     for the new org."""
     deadline = time.monotonic() + timeout_s
     seen: list[RoleInstance] = []
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            tail = (home.logs_dir / "supervisor.out").read_text(errors="replace").strip().splitlines()[-1:]
-            raise ControlError(f"the supervisor exited with {proc.returncode}: {' '.join(tail)}",
-                               hint="see 'org logs --role supervisor' and logs/supervisor.out")
-        if home.exists():
-            conn = connect(home.db_path, readonly=True)
-            try:
+    conn = wanted = None            # opened once the home exists; what org.toml asks for, read once
+    try:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                tail = (home.logs_dir / "supervisor.out").read_text(errors="replace").strip().splitlines()[-1:]
+                raise ControlError(f"the supervisor exited with {proc.returncode}: {' '.join(tail)}",
+                                   hint="see 'org logs --role supervisor' and logs/supervisor.out")
+            if conn is None and home.exists():
+                conn = connect(home.db_path, readonly=True)
+            if conn is not None:
                 session = org_session(conn)
                 seen = role_instances(conn)
-            finally:
-                conn.close()
-            settled = {r.instance for r in seen if r.status in (RoleStatus.READY, RoleStatus.FAILED)
-                       and (since is None or r.status == RoleStatus.FAILED or (r.started_at or 0) >= since)}
-            wanted = _wanted(home)
-            if _joined(home):                    # the session is the coordinator host's
-                if wanted <= settled:
-                    return [r.as_dict() for r in seen if r.instance in wanted]
-                time.sleep(0.05)
-                continue
-            ours = session is not None and (proc is None or session.supervisor_pid == proc.pid)
-            if ours and session.status == SessionStatus.RUNNING and session.supervisor_pid \
-                    and wanted <= settled:
-                return [r.as_dict() for r in seen]
-        time.sleep(0.05)
+                settled = {r.instance for r in seen if r.status in (RoleStatus.READY, RoleStatus.FAILED)
+                           and (since is None or r.status == RoleStatus.FAILED or (r.started_at or 0) >= since)}
+                wanted = wanted if wanted is not None else _wanted(home)
+                if _joined(home):                    # the session is the coordinator host's
+                    if wanted <= settled:
+                        return [r.as_dict() for r in seen if r.instance in wanted]
+                    time.sleep(POLL_S)
+                    continue
+                ours = session is not None and (proc is None or session.supervisor_pid == proc.pid)
+                if ours and session.status == SessionStatus.RUNNING and session.supervisor_pid \
+                        and wanted <= settled:
+                    return [r.as_dict() for r in seen]
+            time.sleep(POLL_S)
+    finally:
+        if conn is not None:
+            conn.close()
     raise ControlError(f"the org did not become ready in {timeout_s:.0f}s; roles: "
                        + ", ".join(f"{r.instance}={r.status}" for r in seen),
                        hint="see 'org logs' and 'org doctor'")
@@ -123,7 +129,7 @@ def request(home: OrgHome, intent: str, *, force: bool = False, timeout_s: float
             procs.signal_if_same(sup[0], sup[1], signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
             while procs.is_alive(*sup) and time.monotonic() < deadline:
-                time.sleep(0.02)
+                time.sleep(POLL_S)
             if procs.is_alive(*sup):
                 raise ControlError(f"the supervisor (pid {sup[0]}) did not stop within {timeout_s:.0f}s",
                                    hint="retry with --force")
@@ -150,7 +156,7 @@ def _leave(home: OrgHome, *, force: bool, timeout_s: float, t0: float) -> dict:
         procs.signal_if_same(sup[0], sup[1], signal.SIGTERM)
         deadline = time.monotonic() + (min(timeout_s, 1.0) if force else timeout_s)
         while procs.is_alive(*sup) and time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(POLL_S)
         if procs.is_alive(*sup):
             if not force:
                 raise ControlError(f"this host's supervisor (pid {sup[0]}) did not stop within {timeout_s:.0f}s",
