@@ -57,20 +57,36 @@ print(json.dumps(out))
 """
 
 
+class PairError(Exception):
+    """An expected failure: printed as one line, ``error[code]: what — what to do``."""
+
+    def __init__(self, code: str, what: str, todo: str) -> None:
+        super().__init__(what)
+        self.code, self.what, self.todo = code, what, todo
+
+    def line(self) -> str:
+        return f"error[{self.code}]: {self.what} — {self.todo}"
+
+
 class Tree:
     """A source tree and the interpreter that runs it."""
 
-    def __init__(self, root: Path, python: str, env: dict[str, str]) -> None:
-        self.root, self.python, self.env = root, python, env
+    def __init__(self, root: Path, python: str, env: dict[str, str], timeout_s: float = RUN_TIMEOUT_S) -> None:
+        self.root, self.python, self.env, self.timeout_s = root, python, env, timeout_s
 
     def run(self, args: list[str]) -> str:
-        proc = subprocess.run([self.python, *args], cwd=self.root, env=self.env, capture_output=True,
-                              text=True, timeout=RUN_TIMEOUT_S)
+        what = f"{self.root}: {' '.join(Path(a).name if a.endswith('.py') else a for a in args[:2])}"
+        try:
+            proc = subprocess.run([self.python, *args], cwd=self.root, env=self.env, capture_output=True,
+                                  text=True, timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            raise PairError("bench_timeout", f"{what} ran longer than {self.timeout_s:.0f} s and was stopped",
+                            "run that benchmark on its own to see where it waits") from None
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("{", "["))]
         if not lines:
-            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-            raise SystemExit(f"bench/pair.py: {self.root}: {' '.join(args[:2])} printed no figures "
-                             f"(exit {proc.returncode}): {tail}")
+            tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "nothing on stderr"
+            raise PairError("bench_failed", f"{what} printed no figures (exit {proc.returncode}): {tail}",
+                            "run that benchmark on its own to see why")
         return lines[-1]
 
     def loop(self) -> list[float]:
@@ -103,16 +119,28 @@ def _missing(tree: Path) -> list[str]:
 def earlier_tree(rev: str, scratch: Path) -> Tree:
     """``rev`` checked out under ``scratch``, with what it needs beyond this environment."""
     tree = scratch / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), rev],
-                   check=True, capture_output=True, timeout=120)
+    _step(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), rev], 120,
+          "worktree_failed", f"git could not check out {rev[:12]}", "see 'git worktree list' and prune what is stale")
     extra = []
     missing = _missing(tree)
     if missing:
         target = scratch / "overlay"
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "--target", str(target), *missing], check=True, capture_output=True, timeout=600)
+        _step([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+               "--target", str(target), *missing], 600, "install_failed",
+              f"pip could not install what {rev[:12]} needs ({', '.join(missing)})",
+              "check that the package registry is reachable")
         extra.append(str(target))
     return Tree(tree, sys.executable, _env(tree, extra))
+
+
+def _step(argv: list[str], timeout_s: float, code: str, what: str, todo: str) -> None:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise PairError(code, f"{what}: no answer in {timeout_s:.0f} s", todo) from None
+    if proc.returncode != 0:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-2:])
+        raise PairError(code, f"{what}: {tail or f'exit {proc.returncode}'}", todo)
 
 
 def _median(xs: list[float]) -> float:
@@ -161,6 +189,9 @@ def main(argv=None) -> int:
         earlier = earlier_tree(rev, scratch)
         this = Tree(ROOT, sys.executable, _env(ROOT))
         figures = {"against": rev[:12], "rounds": args.rounds, **compare(this, earlier, args.bench, args.rounds)}
+    except PairError as exc:
+        print(exc.line(), file=sys.stderr)
+        return 1
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(scratch / "tree")],
                        capture_output=True, timeout=60)

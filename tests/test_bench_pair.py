@@ -28,3 +28,39 @@ def test_only_what_the_earlier_tree_declares_and_this_environment_lacks_is_insta
         '[project]\nname = "x"\nversion = "0"\n'
         'dependencies = ["pytest>=1", "structlog", "surely-not-installed-zz>=2; python_version >= \'3\'"]\n')
     assert pair._missing(tmp_path) == ["surely-not-installed-zz>=2; python_version >= '3'"]
+
+
+def _tree(tmp_path: Path, bench: str) -> pair.Tree:
+    (tmp_path / "bench").mkdir(parents=True)
+    (tmp_path / "bench" / "org.py").write_text(bench)
+    return pair.Tree(tmp_path, sys.executable, {"PATH": "/usr/bin:/bin"}, timeout_s=2)
+
+
+@pytest.mark.timeout(30)
+def test_a_benchmark_that_hangs_is_stopped_and_named_in_one_coded_line(tmp_path):
+    tree = _tree(tmp_path, "import time\ntime.sleep(60)\n")
+    with pytest.raises(pair.PairError) as got:
+        tree.org()
+    line = got.value.line()
+    assert line.startswith("error[bench_timeout]: ") and "org.py" in line and " — " in line, line
+    assert "\n" not in line
+
+
+@pytest.mark.timeout(30)
+def test_a_benchmark_that_crashes_is_named_with_the_end_of_its_error(tmp_path):
+    tree = _tree(tmp_path, "raise RuntimeError('the org would not start')\n")
+    with pytest.raises(pair.PairError) as got:
+        tree.org()
+    line = got.value.line()
+    assert line.startswith("error[bench_failed]: ") and "exit 1" in line and "the org would not start" in line
+    assert "\n" not in line
+
+
+@pytest.mark.timeout(60)
+def test_main_prints_one_line_when_the_earlier_tree_fails(monkeypatch, capsys):
+    def failing(rev, scratch):
+        raise pair.PairError("install_failed", "pip could not install what abc needs (x)", "check the registry")
+    monkeypatch.setattr(pair, "earlier_tree", failing)
+    assert pair.main(["--against", "HEAD", "--json"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "error[install_failed]: pip could not install what abc needs (x) — check the registry"

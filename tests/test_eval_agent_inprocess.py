@@ -185,3 +185,31 @@ def test_one_verification_at_a_time_per_work_item_among_the_eval_agents_of_a_hom
         if holder.poll() is None:
             holder.kill()
             holder.wait(timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_a_machine_without_bubblewrap_is_named_in_the_error_verdict_not_a_generic_verifier_error(
+        org_home, eval_agent, ws, monkeypatch):
+    """bubblewrap gone from the machine: the checks cannot run. The eval-agent retries, then
+    writes an error whose code says what the machine lacks (``sandbox_unavailable``, every code
+    the verifier counts as unrunnable for the machine's sake is kept), and the run ends
+    verify_unrunnable, never charged to the doer."""
+    import json
+
+    from roles import sandbox
+    from roles.eval_agent.process import KEPT_CODES
+    from roles.eval_agent.verifier import UNRUNNABLE_CODES
+    from roles.sandbox.mode import RefusingRunner
+    from roles.sandbox.errors import SandboxUnavailable
+
+    monkeypatch.setattr(sandbox, "runner_from_config", lambda *a, **k: RefusingRunner(SandboxUnavailable(
+        "bubblewrap (bwrap) is not installed, so agent commands are refused; install the 'bubblewrap' package")))
+    proc, stub = eval_agent
+    submit(org_home, ws, "w1", verify=("python3 -c 'import calc'",))
+    proc.reconcile()
+    wake = stub.wait_for(Kind.WAKE, recipient="coordinator", timeout_s=30)[0]
+    assert wake.payload == {"work_id": "w1", "ended": "verify_unrunnable"}
+    checks = json.loads(read_rows(org_home.db_path, "SELECT checks FROM preflights WHERE work_id='w1'")[0]["checks"])
+    assert [c.get("code") for c in checks] == ["sandbox_unavailable"], checks
+    assert "bubblewrap" in checks[0]["output_tail"]
+    assert set(KEPT_CODES) == set(UNRUNNABLE_CODES) - {"verify_unrunnable", "verifier_error"}

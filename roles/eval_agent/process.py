@@ -27,7 +27,7 @@ import zlib
 from pathlib import Path
 
 from roles.eval_agent.review import Reviewer, ReviewSettings
-from roles.eval_agent.verifier import Verifier
+from roles.eval_agent.verifier import MACHINE_CODES, Verifier
 from roles.instances import OrgEvalAgents
 from roles.runtime import RoleProcess
 from state_db.errors import OrgError
@@ -38,7 +38,7 @@ RETRIES = 3
 BACKOFF_S = 0.5
 GIT_TIMEOUT_S = 60.0     # one git exchange with the coordinator host (a joined eval-agent)
 # codes an error verdict keeps as they are (the machine's, never the doer's); any other is verifier_error
-KEPT_CODES = ("sandbox_failed", "sandbox_error", "git_remote_failed", "git_remote_missing", "no_git_server")
+KEPT_CODES = MACHINE_CODES
 
 
 class EvalAgentProcess(RoleProcess):

@@ -51,8 +51,10 @@ _KEEP_HISTORIES = 8
 _CANNOT_START = re.compile(r"^(?:\S*/)?python[\d.]*: (?:No module named|can't open file)|"
                            r"^npm (?:ERR!|error) Missing script|No rule to make target|no makefile found|"
                            r"^error: no such command|^bwrap: ", re.MULTILINE)
-UNRUNNABLE_CODES = ("verify_unrunnable", "sandbox_failed", "sandbox_unavailable", "sandbox_error", "verifier_error",
-                    "git_remote_failed", "git_remote_missing", "no_git_server")
+# why a check could not run that is the machine's (the sandbox, the coordinator host's git), never the doer's
+MACHINE_CODES = ("sandbox_failed", "sandbox_unavailable", "sandbox_error", "git_remote_failed", "git_remote_missing",
+                 "no_git_server")
+UNRUNNABLE_CODES = ("verify_unrunnable", "verifier_error", *MACHINE_CODES)
 
 
 @dataclass(frozen=True)

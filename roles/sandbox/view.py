@@ -172,17 +172,18 @@ def build(toolchain: Toolchain | None, *, own_home: Path | None, readonly: Seque
     arguments while nothing it was made from has changed (``_Shown.current``); the sockets are
     read for every view."""
     toolchain = toolchain or Toolchain(os.environ.get("PATH", ""), str(Path.home()))
-    key = (toolchain, str(own_home) if own_home is not None else None, tuple(readonly),
-           os.path.realpath(workspace) if workspace is not None else None)
+    key = (toolchain, str(own_home) if own_home is not None else None, tuple(readonly))
     shown = _SHOWN.get(key)
     if shown is None or not shown.current():
-        shown = _Shown.make(toolchain, own_home, readonly, key[3])
+        shown = _Shown.make(toolchain, own_home, readonly)
         with _SHOWN_LOCK:
             _SHOWN[key] = shown
             while len(_SHOWN) > _SHOWN_MAX:
                 del _SHOWN[next(iter(_SHOWN))]
+    reach = _Tops([os.path.realpath(workspace)]) if workspace is not None else None
     hidden = [*shown.hidden, *(Exposure(p, SOCKET) for p in host_sockets()
-                               if shown.reach.cover(p) and not shown.covered.cover(p) and _reachable(p))]
+                               if (shown.kept.cover(p) or (reach is not None and reach.cover(p)))
+                               and not shown.covered.cover(p) and _reachable(p))]
     hidden_tops = _Tops([h.path for h in hidden]) if len(hidden) > len(shown.hidden) else shown.covered
     inside = [p for p in shown.visible if not hidden_tops.cover(p)]
     return View(shown.keep, tuple(hidden), os.pathsep.join(inside) or "/usr/local/bin:/usr/bin:/bin",
@@ -209,8 +210,8 @@ class _Shown:
 
     keep: tuple[Exposure, ...]
     hidden: tuple[Exposure, ...]
+    kept: _Tops                      # the shown folders' tops
     covered: _Tops                   # the hidden paths' tops
-    reach: _Tops                     # what a command reaches: the kept folders and the workspace
     visible: tuple[str, ...]         # the PATH's folders that are shown and not hidden
     env: dict[str, str]
     registered: tuple[str, ...]
@@ -218,8 +219,7 @@ class _Shown:
     until: float
 
     @classmethod
-    def make(cls, toolchain: Toolchain, own_home: Path | None, readonly: Sequence[Exposure],
-             workspace: str | None) -> _Shown:
+    def make(cls, toolchain: Toolchain, own_home: Path | None, readonly: Sequence[Exposure]) -> _Shown:
         until = time.monotonic() + SHOWN_FRESH_S
         looked_in = tuple((f, _signature(f)) for f in (_PASSWD,))
         homes = every_home()
@@ -244,10 +244,9 @@ class _Shown:
         hidden += [d for d in denied if kept.cover(d.path)]
         hidden += [Exposure(str(p), "only root may read it") for p in root_private_in(kept.tops)]
         covered = _Tops([h.path for h in hidden])
-        reach = _Tops([*kept.tops, *([workspace] if workspace is not None else [])])
         visible = [os.path.realpath(e) for e in toolchain.path.split(os.pathsep) if e.startswith("/")]
         visible = [p for p in dict.fromkeys(visible) if kept.cover(p) and not covered.cover(p)]
-        return cls(tuple(keep), tuple(hidden), covered, reach, tuple(visible), env, registered, looked_in, until)
+        return cls(tuple(keep), tuple(hidden), kept, covered, tuple(visible), env, registered, looked_in, until)
 
     def current(self) -> bool:
         return (time.monotonic() < self.until and registered_homes() is self.registered
