@@ -16,6 +16,7 @@ import gc
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -31,7 +32,7 @@ from transport.envelope import Envelope
 from transport.kinds import Kind, role_of
 
 
-STOP_LATENCY_MS = 100
+STOP_LATENCY_MS = 100     # the longest a turn waits where nothing else wakes it on a stop
 
 
 class RoleProcess:
@@ -70,6 +71,7 @@ class RoleProcess:
         self.stop_reason = ""
         self._transport: RoleTransport | None = transport
         self._next_tick = self._next_beat = 0.0
+        self._interrupt: tuple[int, int] | None = None     # (read, write): wakes the poll on a stop
 
     # -- hooks for roles ----------------------------------------------------------------
     def reconcile(self) -> None:
@@ -105,6 +107,11 @@ class RoleProcess:
     def request_stop(self, why: str) -> None:
         self.stopping = True
         self.stop_reason = why
+        if self._interrupt is not None:          # from a signal handler or another thread: wake the poll
+            try:
+                os.write(self._interrupt[1], b"\0")
+            except OSError:
+                pass
 
     def heartbeat(self, status: str | None = None) -> None:
         with self.writer.transaction(render=status is not None) as tx:
@@ -133,8 +140,26 @@ class RoleProcess:
             self.heartbeat()
             self._next_beat = now + self.heartbeat_s
         wait = max(0.0, min(self._next_tick, self._next_beat) - self.monotonic())
-        # bounded so a stop signal (which cannot interrupt the poll) is seen quickly
-        self.transport.poll(min(int(wait * 1000) + 1, max_wait_ms))
+        if self._interrupt is not None:
+            # a stop (signal or request_stop) writes to the interrupt pipe and ends the poll: the
+            # turn waits until the next tick, not waking up ten times a second for nothing
+            self.transport.poll(int(wait * 1000) + 1)
+        else:
+            # bounded so a stop signal (which cannot interrupt the poll) is seen quickly
+            self.transport.poll(min(int(wait * 1000) + 1, max_wait_ms))
+
+    def _wake_on_stop(self) -> None:
+        """Let a stop end the transport's wait at once: a signal's number is written to a pipe
+        (``signal.set_wakeup_fd``), and so is ``request_stop`` from another thread; the transport
+        polls that pipe beside its socket. Only a transport that can poll it (``interrupt_on``)
+        and the main thread take part; otherwise each turn's wait stays within STOP_LATENCY_MS."""
+        interrupt_on = getattr(self.transport, "interrupt_on", None)
+        if interrupt_on is None or threading.current_thread() is not threading.main_thread():
+            return
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        interrupt_on(r)
+        self._interrupt = (r, w)
 
     def close(self) -> None:
         """Stop: the role's own clean-up, the transport, the STOPPED row, the database."""
@@ -149,6 +174,14 @@ class RoleProcess:
         except Exception as exc:  # the supervisor records the exit either way
             self.log.warning("stop_not_recorded", error=str(exc))
         self.writer.close()
+        if self._interrupt is not None:
+            try:
+                signal.set_wakeup_fd(-1)
+            except ValueError:                  # not the main thread: the process is ending anyway
+                pass
+            for fd in self._interrupt:
+                os.close(fd)
+            self._interrupt = None
         from roles import telemetry
         telemetry.current().shutdown()          # the spans still in the batch are exported
 
@@ -156,6 +189,7 @@ class RoleProcess:
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
         signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))
         self.start()
+        self._wake_on_stop()
         self.warm_up()
         # what start-up made (imports, configuration, connections) lives as long as the process:
         # out of the collector's way, so a full collection walks only what the role makes while

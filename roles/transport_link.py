@@ -91,6 +91,10 @@ class TransportLink:
     def poll(self, timeout_ms: int) -> int:
         return self.receiver.poll(timeout_ms)
 
+    def interrupt_on(self, fd: int) -> None:
+        """``poll`` returns early once ``fd`` is readable (``Receiver.interrupt_on``)."""
+        self.receiver.interrupt_on(fd)
+
     def send(self, recipient: str, kind: str, payload: dict | None = None) -> str:
         return _send(self.sender, recipient, kind, payload)
 

@@ -88,6 +88,7 @@ class Receiver:
         self.socket: zmq.Socket | None = None
         self.endpoint: str | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._interrupt_r = -1
         self._poller = zmq.Poller()
         self._closed = False
         self._outbox_due = True   # drain at start-up
@@ -176,11 +177,20 @@ class Receiver:
         """
         return self._wake_r
 
+    def interrupt_on(self, fd: int) -> None:
+        """Make :meth:`poll` return early once ``fd`` (non-blocking: a pipe a signal handler or
+        another thread writes to) becomes readable; what is in it is read and discarded."""
+        if self._interrupt_r >= 0:
+            self._poller.unregister(self._interrupt_r)
+        self._interrupt_r = fd
+        self._poller.register(fd, zmq.POLLIN)
+
     def poll(self, timeout_ms: int = 0) -> int:
         """Handle what is ready, waiting up to ``timeout_ms`` for something to arrive.
 
         Returns as soon as a round handled something (or rejected or dropped everything it
-        took), or when the timeout ends.
+        took), when the interrupt descriptor (``interrupt_on``) is written to, or when the
+        timeout ends.
 
         Returns:
             How many envelopes were handled.
@@ -194,9 +204,16 @@ class Receiver:
             if left <= 0:
                 return 0
             wait = min(left, max(0.0, self._next_sweep - time.monotonic()))
+            interrupted = False
             for sock, _ in self._poller.poll(max(1, int(wait * 1000))):
                 if sock == self._wake_r:
                     self._drain_wake()
+                elif sock == self._interrupt_r:
+                    _drain(sock)
+                    interrupted = True
+            if interrupted:
+                took, handled = self.process_ready()
+                return handled
 
     run_once = poll
 
@@ -310,11 +327,7 @@ class Receiver:
             pass
 
     def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except OSError:
-            pass
+        _drain(self._wake_r)
 
     def _curve_server(self, sock: zmq.Socket, endpoint: str) -> None:
         pair = self.keyring.curve_keypair(self.instance)
@@ -346,3 +359,12 @@ class Receiver:
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
+
+
+def _drain(fd: int) -> None:
+    """Read a non-blocking pipe until it is empty."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    except OSError:
+        pass
