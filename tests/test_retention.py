@@ -93,3 +93,45 @@ def test_org_gc_removes_the_cli_homes_of_ended_runs_only(org_home, capsys):
     assert all(d.exists() for d in homes.values())
     assert cli.main(["gc", "--json"]) == 0
     assert not homes["old"].exists() and homes["live"].exists()
+
+
+def test_a_joined_host_removes_its_own_copies_of_ended_runs_and_prunes_no_shared_rows(org_home):
+    """On a joined host the rows are the shared store's (the coordinator host prunes them); its
+    own files are not anyone else's to remove: the eval-agent's history copies and snapshots of
+    runs that ended long enough ago go, those of live runs stay."""
+    from roles.operations.retention import collect
+    from state_db.config import load_config
+
+    _seed(org_home, time.time() - 40 * DAY)
+    made = {}
+    for wid in ("old", "live"):
+        made[wid] = (org_home.root / "eval-history" / f"{wid}.git", org_home.root / "eval" / wid)
+        for d in made[wid]:
+            (d / "objects").mkdir(parents=True)
+            (d / "objects" / "pack").write_text("x")
+    conn = connect(org_home.db_path, readonly=True)
+    counts = lambda: [conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]   # noqa: E731
+                      for t in ("model_calls", "delivery_ledger", "events")]
+    before = counts()
+    result = collect(org_home, load_config(org_home), dry_run=True, history=False, older_than_days=0,
+                     actor="supervisor", rows=False)
+    assert (result["eval_histories"], result["eval_snapshots"]) == (1, 1) and "events" not in result
+    assert all(d.exists() for pair in made.values() for d in pair)
+    collect(org_home, load_config(org_home), dry_run=False, history=False, older_than_days=0, actor="supervisor",
+            rows=False)
+    assert not any(d.exists() for d in made["old"]) and all(d.exists() for d in made["live"])
+    assert counts() == before
+    conn.close()
+
+
+def test_org_gc_on_a_joined_host_says_it_prunes_no_rows(org_home, capsys):
+    _seed(org_home, time.time() - 40 * DAY)
+    org_home.config_path.write_text('[hosts]\ncoordinator = "tcp://127.0.0.1:7200"\n'
+                                    f'coordinator_key = "{"A" * 40}"\n')
+    conn = connect(org_home.db_path, readonly=True)
+    n = conn.execute("SELECT COUNT(*) FROM model_calls").fetchone()[0]
+    assert cli.main(["gc"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("pruned: no rows (a joined host") and "eval history copies" in out, out
+    assert conn.execute("SELECT COUNT(*) FROM model_calls").fetchone()[0] == n
+    conn.close()

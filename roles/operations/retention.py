@@ -41,7 +41,14 @@ def stale_cli_outbox(home, *, now: float | None = None, older_than_s: float = CL
     return [f for _, f in sorted(found)]
 
 
-def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, actor: str = "human") -> dict:
+def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, actor: str = "human",
+            rows: bool = True) -> dict:
+    """Prune old rows (``rows``) and remove the files of runs that ended long enough ago: eval
+    snapshots and a joined eval-agent's history copies (``eval/<id>``, ``eval-history/<id>.git``,
+    after ``retention.eval_snapshots_days``), the command backend's CLI homes, stale CLI outbox
+    files, quarantined messages, and with ``history`` the histories themselves. A joined host
+    passes ``rows=False``: the rows are the shared store's, pruned by the coordinator host; the
+    files are its own. Returns the counts (``dry_run``: what would go)."""
     from state_db.retention import DAY, prune
     from state_db.writer import StateWriter
     from transport.envelope import Limits
@@ -49,13 +56,14 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
     writer = StateWriter(home.db_path, actor)
     try:
         out = prune(writer, events_days=cfg.retention.events_days, model_calls_days=cfg.retention.model_calls_days,
-                    ledger_keep_s=Limits.from_config(cfg.data["transport"]).ledger_keep_s, dry_run=dry_run)
+                    ledger_keep_s=Limits.from_config(cfg.data["transport"]).ledger_keep_s,
+                    dry_run=dry_run) if rows else {}
         now = time.time()
         rows = with_status(writer.conn, WorkStatus.ENDED)
         ended = {r.id: r.ended_at for r in rows}
     finally:
         writer.close()
-    files = {"eval_snapshots": 0, "histories": 0, "quarantine": 0, "cli_homes": 0,
+    files = {"eval_snapshots": 0, "eval_histories": 0, "histories": 0, "quarantine": 0, "cli_homes": 0,
              "cli_outbox": 0}
     for f in stale_cli_outbox(home, now=time.time()):
         files["cli_outbox"] += 1
@@ -65,6 +73,13 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
     for d in eval_dir.iterdir() if eval_dir.is_dir() else []:
         if d.name in ended and now - ended[d.name] > cfg.retention.eval_snapshots_days * DAY:
             files["eval_snapshots"] += 1
+            if not dry_run:
+                shutil.rmtree(d, ignore_errors=True)
+    # a joined eval-agent's copies of the coordinator host's histories (roles.eval_agent.process)
+    for d in (home.root / "eval-history").glob("*.git"):
+        at = ended.get(d.name.removesuffix(".git"))
+        if d.is_dir() and at is not None and now - at > cfg.retention.eval_snapshots_days * DAY:
+            files["eval_histories"] += 1
             if not dry_run:
                 shutil.rmtree(d, ignore_errors=True)
     # the command backend's private CLI homes (session transcripts: prompts and tool output)

@@ -325,10 +325,13 @@ class Supervisor:
                 procs.signal_if_same(child.proc.pid, child.started, signal.SIGKILL)
 
     def apply_retention(self) -> None:
-        """Automatic retention (org.toml [retention]); failures are logged and retried later."""
+        """Automatic retention (org.toml [retention]); failures are logged and retried later. A
+        joined host removes only its own files (eval snapshots, history copies): the rows are the
+        shared store's, pruned by the coordinator host."""
         try:
             from roles.operations.retention import collect
-            result = collect(self.home, self.cfg, dry_run=False, history=False, older_than_days=0, actor="supervisor")
+            result = collect(self.home, self.cfg, dry_run=False, history=False, older_than_days=0, actor="supervisor",
+                             rows=not self.joined)
             self.log.info("retention_applied", **{k: v for k, v in result.items() if isinstance(v, int)})
         except Exception as exc:  # noqa: BLE001 - retention must never take the org down
             self.log.warning("retention_failed", error=str(exc), next=f"retry in {RETENTION_EVERY_S:.0f}s")
@@ -378,7 +381,7 @@ class Supervisor:
             if self.git is not None and not self.git.alive() and self.clock() >= next_git:
                 next_git = self.clock() + 5.0
                 self._restart_git()
-            if self.clock() >= next_retention and not self.joined:
+            if self.clock() >= next_retention:
                 self.apply_retention()
                 next_retention = self.clock() + RETENTION_EVERY_S
             time.sleep(0.05)

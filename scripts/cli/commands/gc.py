@@ -23,14 +23,18 @@ def run(args) -> int:
 
     home = home_of(args).require()
     cfg = config_mod.load_config(home)
-    result = collect(home, cfg, dry_run=args.dry_run, history=args.history, older_than_days=args.older_than)
+    # a joined host's rows are the shared store's (the coordinator host prunes them): its own files only
+    joined = bool(cfg.hosts.coordinator)
+    result = collect(home, cfg, dry_run=args.dry_run, history=args.history, older_than_days=args.older_than,
+                     rows=not joined)
     if args.json:
         emit_json(result)
     else:
         verb = "would prune" if args.dry_run else "pruned"
-        print(f"{verb}: {result['events']} journal events, {result['model_calls']} model-call rows "
-              f"({result['runs_summarized']} runs summarized), {result['ledger_ids']} ledger ids, "
-              f"{result['eval_snapshots']} eval snapshots, {result['histories']} histories, "
-              f"{result['quarantine']} quarantined files, {result['cli_homes']} CLI homes, "
-              f"{result['cli_outbox']} stale CLI wakes in outbox/")
+        rows = ("no rows (a joined host: the coordinator host prunes the shared store), " if joined else
+                f"{result['events']} journal events, {result['model_calls']} model-call rows "
+                f"({result['runs_summarized']} runs summarized), {result['ledger_ids']} ledger ids, ")
+        print(f"{verb}: {rows}{result['eval_snapshots']} eval snapshots, {result['eval_histories']} eval history "
+              f"copies, {result['histories']} histories, {result['quarantine']} quarantined files, "
+              f"{result['cli_homes']} CLI homes, {result['cli_outbox']} stale CLI wakes in outbox/")
     return 0
