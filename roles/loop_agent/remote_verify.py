@@ -54,17 +54,21 @@ class RemoteVerify:
         interrupt: events; any set abandons the wait (suspend, shutdown). The iteration stays
             committed and is verified on resume.
         resend_s: how often the request is repeated while waiting.
+        recheck_s: how often the store is read again without a wake-up (the eval-agent's
+            ``verdict_ready`` sets ``arrived``); bounds how late a cancel or the run's timeout
+            is seen while waiting.
         eval_agent: ``eval_agent(work_id, n)``: the eval-agent instance that verifies iteration
             ``n`` of a work item (of several, its owner).
     """
 
     def __init__(self, conn, send: Callable, interrupt: tuple[threading.Event, ...], *, resend_s: float = 15.0,
-                 eval_agent: Callable[[str, int], str] = lambda work_id, n: "eval-agent"):
+                 recheck_s: float = 0.5, eval_agent: Callable[[str, int], str] = lambda work_id, n: "eval-agent"):
         self.conn = conn
         self.eval_agent = eval_agent        # (work id, n) -> the eval-agent that verifies it
         self.send = send
         self.interrupt = interrupt
         self.resend_s = resend_s
+        self.recheck_s = recheck_s
         self.arrived = threading.Event()
 
     def _found(self, work_id: str, n: int) -> bool:
@@ -87,5 +91,5 @@ class RemoteVerify:
             if time.monotonic() >= next_send:
                 self.send(self.eval_agent(work_id, n), "verify_request", {"work_id": work_id, "iteration": n})
                 next_send = time.monotonic() + self.resend_s
-            self.arrived.wait(0.25)
+            self.arrived.wait(self.recheck_s)
             self.arrived.clear()
