@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 from pathlib import Path
 
 import structlog
@@ -39,6 +40,43 @@ def identity(role: str, instance: str):
     return add
 
 
+class RotatingLog(logging.handlers.RotatingFileHandler):
+    """The standard library's size-rotated file, rendering each line once.
+
+    ``RotatingFileHandler`` formats a record to measure it against ``maxBytes`` and then again to
+    write it: two JSON renders a line, most of what a log call costs. Here the text made for
+    the measure is the one written (both happen under the handler's lock). It also stats the
+    file only when a line would make it roll over, to keep the standard rule that a file that is
+    not a regular one (``/dev/null``) is never rotated."""
+
+    _last: tuple[logging.LogRecord, str] | None = None
+
+    def format(self, record: logging.LogRecord) -> str:
+        last = self._last
+        if last is not None and last[0] is record:
+            return last[1]
+        text = super().format(record)
+        self._last = (record, text)
+        return text
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            super().emit(record)
+        finally:
+            self._last = None
+
+    def shouldRollover(self, record: logging.LogRecord) -> bool:
+        if self.stream is None:                 # delay=True: opened by the first line
+            self.stream = self._open()
+        if self.maxBytes <= 0:
+            return False
+        size = len("%s\n" % self.format(record))
+        self.stream.seek(0, 2)
+        if self.stream.tell() + size < self.maxBytes:
+            return False
+        return not (os.path.exists(self.baseFilename) and not os.path.isfile(self.baseFilename))
+
+
 def configure(logs_dir: Path | None, role: str, instance: str, *, max_bytes: int = 10 * 2**20,
               backups: int = 3, stderr: bool = False) -> structlog.BoundLogger:
     """Send this process's structlog output to ``<logs_dir>/<instance>.log`` as JSON lines.
@@ -48,8 +86,8 @@ def configure(logs_dir: Path | None, role: str, instance: str, *, max_bytes: int
     handlers: list[logging.Handler] = []
     if logs_dir is not None:
         logs_dir.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.handlers.RotatingFileHandler(
-            logs_dir / f"{instance}.log", maxBytes=max_bytes, backupCount=backups, encoding="utf-8"))
+        handlers.append(RotatingLog(logs_dir / f"{instance}.log", maxBytes=max_bytes, backupCount=backups,
+                                    encoding="utf-8"))
     if stderr or not handlers:
         handlers.append(logging.StreamHandler())
     who = identity(role, instance)
