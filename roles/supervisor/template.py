@@ -33,6 +33,8 @@ HEAVY = (
     "roles.coordinator.process",
     "roles.curator.process",
     "anthropic",
+    # the SDK imports it at its first request, and it reads every installed package's entry points
+    "opentelemetry.propagate",
     "roles.loop_agent.backends.factory",
     "roles.loop_agent.backends.anthropic_backend",
     "roles.loop_agent.scripted.server",
