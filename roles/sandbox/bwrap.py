@@ -22,7 +22,6 @@ import json
 import math
 import os
 import shlex
-import shutil
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -31,7 +30,7 @@ import structlog
 from roles.sandbox.capture import Captured, run_bounded
 from roles.sandbox.environment import SANDBOX_HOME, clean_env
 from roles.sandbox.errors import SandboxConfigError, SandboxFailed, SandboxUnavailable
-from roles.sandbox.limits import (Limits, PidsCgroup, inner_prefix, outer_prefix, over_quota, preexec_rlimits,
+from roles.sandbox.limits import (Limits, PidsCgroup, inner_prefix, outer_prefix, over_quota, preexec_rlimits, which,
                                   process_limit_kind)
 from roles.sandbox.seccomp import memfd, program
 from roles.sandbox.toolchains import SYSTEM, Exposure, Toolchain
@@ -52,7 +51,7 @@ _probed: dict[str, str | None] = {}
 
 def bubblewrap() -> str | None:
     """Path of the bwrap executable, or None."""
-    return shutil.which("bwrap")
+    return which("bwrap")
 
 
 def namespace_args(*, network: bool, uid: int = SANDBOX_UID, gid: int = SANDBOX_GID) -> list[str]:
@@ -105,7 +104,8 @@ def mount_args(view: View, workspace: Path, *, inside: Path | None = None, writa
     args = _system_links() + ["--dev", "/dev", "--proc", "/proc",
                               *(["--size", str(tmp_mb * 2**20)] if tmp_mb else []), "--tmpfs", "/tmp", "--dir", home]
     folders = set()
-    for dest, (kind, source) in sorted(entries.items(), key=lambda e: (len(Path(e[0]).parts), e[1][0], e[0])):
+    # parents first: by depth (the number of "/" in a normalised absolute path), then kind, then path
+    for dest, (kind, source) in sorted(entries.items(), key=lambda e: (e[0].rstrip("/").count("/"), e[1][0], e[0])):
         if kind == 0 and not os.path.isdir(dest):
             args += ["--ro-bind", "/dev/null", dest]      # a hidden file reads as empty
             continue
@@ -299,7 +299,7 @@ def _outer_stage(alive_fd: int, cgroup: PidsCgroup | None) -> list[str]:
     the group and the run's process group. That catches what no parent-death signal does: a
     sandbox child still starting when its bubblewrap died blocks forever on an eventfd, before
     the in-sandbox watcher exists."""
-    setpriv = shutil.which("setpriv")
+    setpriv = which("setpriv")
     kill = f"echo 1 > {shlex.quote(str(cgroup.kill_file))}; " if cgroup else ""
     join = f"echo $$ > {shlex.quote(str(cgroup.procs))} || {{ kill $w; exit 126; }}; " if cgroup else ""
     script = (f"{{ read _ </proc/self/fd/{alive_fd}; {kill}kill -KILL -$$; }} </dev/null >/dev/null 2>&1 & "
@@ -322,7 +322,7 @@ def _watch_parent(fd: int) -> list[str]:
 def _backstop(timeout_s: float) -> list[str]:
     """A second clock inside the sandbox: should it ever outlive its parent (a parent killed in
     the instant before the parent-death signal is armed), it still ends."""
-    binary = shutil.which("timeout")
+    binary = which("timeout")
     return [binary, "-s", "KILL", str(math.ceil(timeout_s) + _BACKSTOP_GRACE_S)] if binary else []
 
 

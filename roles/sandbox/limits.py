@@ -56,8 +56,23 @@ class Limits:
                    file_size_mb=int(cfg.sandbox.file_size_mb), disk_mb=int(cfg.sandbox.disk_mb))
 
 
+_FOUND: dict[tuple[str, str], str | None] = {}
+
+
+def which(name: str) -> str | None:
+    """``shutil.which(name)``, kept while this process's PATH is the same and the file found is
+    still executable (each sandboxed command asks for four tools, and a PATH search is a stat per
+    folder). A tool that disappears is searched for again; one not found is searched for each time."""
+    key = (name, os.environ.get("PATH", ""))
+    found = _FOUND.get(key)
+    if found is not None and os.access(found, os.X_OK):
+        return found
+    found = _FOUND[key] = shutil.which(name)
+    return found
+
+
 def prlimit_binary() -> str | None:
-    return shutil.which("prlimit")
+    return which("prlimit")
 
 
 def outer_prefix(limits: Limits) -> list[str]:

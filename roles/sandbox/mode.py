@@ -12,6 +12,7 @@ import os
 import sqlite3
 import stat
 import sys
+import threading
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -188,18 +189,32 @@ def _store_of(org_home, root: Path) -> Path | str:
     return org_home.db_path if isinstance(org_home, OrgHome) else OrgHome(root).db_path
 
 
+# one read connection per thread and store for toolchain_for: every sandboxed command asks
+_READERS = threading.local()
+
+
 def toolchain_for(db_path: Path | str, workspace: Path) -> Toolchain | None:
     """The toolchain recorded with the work item holding ``workspace`` (the one with its lock,
-    else the latest), or None (no such item, or a state.db without the column)."""
-    try:
-        conn = connect(db_path, readonly=True)
+    else the latest), or None (no such item, or a state.db without the column). The thread's
+    read connection is kept for the next command; one that fails is closed and opened again."""
+    for attempt in range(2):
+        readers = _READERS.__dict__.setdefault("by_store", {})
         try:
+            conn = readers.get(str(db_path))
+            if conn is None:
+                conn = readers[str(db_path)] = connect(db_path, readonly=True)
             recorded = toolchain_of_workspace(conn, str(workspace))
-        finally:
-            conn.close()
-        return Toolchain.decode(recorded) if recorded is not None else None
-    except (sqlite3.Error, StateError, ValueError, TypeError):
-        return None
+            return Toolchain.decode(recorded) if recorded is not None else None
+        except (sqlite3.Error, StateError, ValueError, TypeError):
+            stale = readers.pop(str(db_path), None)
+            if stale is not None:
+                try:
+                    stale.close()
+                except Exception:  # noqa: BLE001 - it failed already; a new one is opened
+                    pass
+            if attempt:
+                return None
+    return None
 
 
 def describe_mode(cfg) -> str:

@@ -131,6 +131,8 @@ def registered_homes() -> tuple[str, ...]:
     if seen is not None and seen[0] == signature and now < seen[1]:
         return seen[2]
     homes = tuple(dict.fromkeys(os.path.realpath(p) for p in known_homes()))
+    if seen is not None and seen[2] == homes:
+        homes = seen[2]             # the same tuple: views made from it (``_Shown``) still hold
     _registered = (signature, now + REGISTRY_FRESH_S, homes)
     return homes
 
