@@ -1,7 +1,7 @@
 """Coordinator process: reconciles (locks, dispatch, recovery, spend cap) and announces."""
 from __future__ import annotations
 
-from roles.coordinator import announce, dispatch, schedules, triggers
+from roles.coordinator import announce, dispatch, schedules
 from roles.runtime import RoleProcess
 from transport.kinds import Kind
 
@@ -16,6 +16,7 @@ class CoordinatorProcess(RoleProcess):
     def reconcile(self) -> None:
         schedules.tick(self.writer, self.home, self.cfg)     # standing orders due now: dispatched below
         if self._watcher is None:                            # triggers: a thread (a check may take minutes)
+            from roles.coordinator import triggers          # its checks' code: imported once the role is ready
             self._watcher = triggers.Watcher(self.home, self.cfg, self.instance, clock=self.clock)
             self._watcher.start()
         changed = dispatch.reconcile(self.writer, heartbeat_timeout_s=self.cfg.supervisor.heartbeat_timeout_s,

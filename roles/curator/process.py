@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 
 from knowledge.thresholds import Thresholds
-from roles.curator.pipeline import Pipeline
 from roles.runtime import RoleProcess
 from state_db.queries.events import last_id
 from transport.kinds import Kind
@@ -22,12 +21,23 @@ class CuratorProcess(RoleProcess):
 
     def __init__(self, home, instance, *, author=None, **seams):
         super().__init__(home, instance, **seams)
-        kwargs = {"author": author} if author is not None else {}
-        self.pipeline = Pipeline(self.writer, Thresholds.from_config(self.cfg), home.skills_dir, log=self.log,
-                                 **kwargs)
+        self._author = author
+        self._pipeline = None
         self.seen_ended = -1
         self.next_slow = 0.0
         self.woken = False
+
+    @property
+    def pipeline(self):
+        """The curation pipeline, made at its first pass: its imports (the knowledge and skills
+        code, ~80 ms) come after the role is ready, not before (the role template has them
+        imported for any curator forked once it is warm)."""
+        if self._pipeline is None:
+            from roles.curator.pipeline import Pipeline
+            kwargs = {"author": self._author} if self._author is not None else {}
+            self._pipeline = Pipeline(self.writer, Thresholds.from_config(self.cfg), self.home.skills_dir,
+                                      log=self.log, **kwargs)
+        return self._pipeline
 
     def reconcile(self) -> None:
         latest = last_id(self.writer.conn, "work_items.ended")

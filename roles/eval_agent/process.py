@@ -26,8 +26,7 @@ import time
 import zlib
 from pathlib import Path
 
-from roles.eval_agent.review import Reviewer, ReviewSettings
-from roles.eval_agent.verifier import MACHINE_CODES, Verifier
+from roles.eval_agent.codes import MACHINE_CODES
 from roles.instances import OrgEvalAgents
 from roles.runtime import RoleProcess
 from state_db.errors import OrgError
@@ -75,6 +74,10 @@ class EvalAgentProcess(RoleProcess):
             self.more.set()
 
     def _work(self) -> None:
+        # the verifier's code is imported by the worker, after the role is ready (the role template
+        # has it imported for any eval-agent forked once it is warm)
+        from roles.eval_agent.review import Reviewer, ReviewSettings
+        from roles.eval_agent.verifier import Verifier
         from state_db.writer import StateWriter
         writer = StateWriter(self.home.db_path, self.role, self.instance)
         sender = self.transport.thread_sender()

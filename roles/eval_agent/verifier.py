@@ -31,6 +31,7 @@ from pathlib import Path
 from roles import telemetry
 from roles.eval_agent import evidence, held as held_rules
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
+from roles.eval_agent.codes import MACHINE_CODES, UNRUNNABLE_CODES  # noqa: F401 - re-exported
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
 from state_db.ending import StopDecision, end_run, goal_met as goal_met_rule
@@ -51,10 +52,6 @@ _KEEP_HISTORIES = 8
 _CANNOT_START = re.compile(r"^(?:\S*/)?python[\d.]*: (?:No module named|can't open file)|"
                            r"^npm (?:ERR!|error) Missing script|No rule to make target|no makefile found|"
                            r"^error: no such command|^bwrap: ", re.MULTILINE)
-# why a check could not run that is the machine's (the sandbox, the coordinator host's git), never the doer's
-MACHINE_CODES = ("sandbox_failed", "sandbox_unavailable", "sandbox_error", "git_remote_failed", "git_remote_missing",
-                 "no_git_server")
-UNRUNNABLE_CODES = ("verify_unrunnable", "verifier_error", *MACHINE_CODES)
 
 
 @dataclass(frozen=True)

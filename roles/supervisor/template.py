@@ -21,17 +21,23 @@ _PR_SET_PDEATHSIG = 1
 # that finds all of it already imported. The light stage is what the loop-agents need, as there
 # are many of them and their pages are shared only if imported here. The coordinator, the
 # curator and the eval-agent are single processes: at start-up each imports its own code after
-# the fork, on another core while the others start (later forks find it imported). The model
-# SDK (~2 s of CPU) never holds up the start. A module that fails to import is skipped (the role
-# that needs it reports the failure itself).
+# the fork, on another core while the others start, and what it needs only to work (the
+# verifier, the curation pipeline, the triggers' checks) once it is ready; later forks find all
+# of it imported. The model SDK (~2 s of CPU) never holds up the start. A module that fails to
+# import is skipped (the role that needs it reports the failure itself).
 LIGHT = (
     "roles.loop_agent.process",
     "roles.workspace.history",
 )
 HEAVY = (
     "roles.eval_agent.process",
+    "roles.eval_agent.verifier",
+    "roles.eval_agent.review",
+    "croniter",
     "roles.coordinator.process",
+    "roles.coordinator.triggers",
     "roles.curator.process",
+    "roles.curator.pipeline",
     "anthropic",
     # the SDK imports it at its first request, and it reads every installed package's entry points
     "opentelemetry.propagate",

@@ -1,0 +1,7 @@
+"""Why a check could not run, as the verdicts record it."""
+from __future__ import annotations
+
+# the machine's reasons (the sandbox, the coordinator host's git), never the doer's
+MACHINE_CODES = ("sandbox_failed", "sandbox_unavailable", "sandbox_error", "git_remote_failed", "git_remote_missing",
+                 "no_git_server")
+UNRUNNABLE_CODES = ("verify_unrunnable", "verifier_error", *MACHINE_CODES)
