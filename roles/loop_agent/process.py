@@ -13,9 +13,7 @@ import time
 from pathlib import Path
 
 from roles.instances import OrgEvalAgents
-from roles.loop_agent.engine import LoopEngine, LoopSettings, end_unbuildable
 from roles.loop_agent.remote_verify import RemoteVerify
-from roles.loop_agent.tools import observed
 from roles.runtime import RoleProcess
 from state_db.connection import connect
 from state_db.queries import work as work_q
@@ -123,8 +121,12 @@ class LoopAgentProcess(RoleProcess):
             tx.update("role_instances", self.instance, current_work=work_id, updated_at=time.time())
 
     def _run_loop(self, work_id: str, backend_spec: str) -> None:
-        """Worker thread: one engine run with its own connections (sqlite objects are per thread)."""
+        """Worker thread: one engine run with its own connections (sqlite objects are per thread).
+        The engine's code is imported here, by the first run: a loop-agent is ready before it
+        (one forked from the warm role template has it imported already)."""
         from roles.loop_agent.backends.factory import build
+        from roles.loop_agent.engine import LoopEngine, LoopSettings
+        from roles.loop_agent.tools import observed
         from state_db.writer import StateWriter
 
         log = self.log.bind(work_id=work_id)
@@ -216,6 +218,7 @@ class LoopAgentProcess(RoleProcess):
         """A backend that cannot be built (no key, unknown model) will not fix itself: the stop
         policy's ModelError ends the run."""
         from roles.loop_agent.backends.base import BackendConfigError
+        from roles.loop_agent.engine import LoopSettings, end_unbuildable
         if isinstance(exc, BackendConfigError):
             end_unbuildable(writer, work_id, LoopSettings.from_config(self.cfg), exc)
 

@@ -27,9 +27,11 @@ _PR_SET_PDEATHSIG = 1
 # import is skipped (the role that needs it reports the failure itself).
 LIGHT = (
     "roles.loop_agent.process",
-    "roles.workspace.history",
 )
 HEAVY = (
+    "roles.loop_agent.engine",
+    "roles.loop_agent.tools",
+    "roles.workspace.history",
     "roles.eval_agent.process",
     "roles.eval_agent.verifier",
     "roles.eval_agent.review",
