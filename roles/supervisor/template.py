@@ -18,13 +18,15 @@ import sys
 _PR_SET_PDEATHSIG = 1
 # What the roles import, in two stages. The template forks the first roles as soon as the light
 # stage is in, then imports the heavy stage while idle and says it is warm; a role forked after
-# that finds all of it already imported. The light stage is what the loop-agents need, as there
-# are many of them and their pages are shared only if imported here. The coordinator, the
-# curator and the eval-agent are single processes: at start-up each imports its own code after
-# the fork, on another core while the others start, and what it needs only to work (the
-# verifier, the curation pipeline, the triggers' checks) once it is ready; later forks find all
-# of it imported. The model SDK (~2 s of CPU) never holds up the start. A module that fails to
-# import is skipped (the role that needs it reports the failure itself).
+# that finds all of it already imported. The light stage is what a role needs to be ready (the
+# runtime, the transport, the store: a loop-agent's process without its engine). What a role
+# needs only to work is in the heavy stage: the loop engine and the workspace history, the
+# verifier, the curation pipeline, the triggers' checks, the model SDK (~2 s of CPU). A role
+# forked before the template is warm imports those itself when it first works (the coordinator,
+# the curator and the eval-agent import their own modules after the fork, on the other core),
+# and an idle loop-agent forked before is forked again from the warm template, so the pages of
+# the many loop-agents are shared. A module that fails to import is skipped (the role that needs
+# it reports the failure itself).
 LIGHT = (
     "roles.loop_agent.process",
 )
