@@ -232,9 +232,9 @@ class _Shown:
         registered = registered_homes()
         org = org_homes(own_home, registered)   # read once: every org home hides, and hides what is in it
         folders = [e.path for e in (*shown, *readonly)]
-        consulted: list[str] = []
+        consulted: list[tuple[str, tuple | None]] = []
         denied = _denied(homes + [toolchain.home] + folders, folders, consulted)
-        looked_in += tuple((f, _signature(f)) for f in dict.fromkeys(consulted))
+        looked_in += tuple(dict.fromkeys(consulted))
         never = _Tops([*org, *(d.path for d in denied)])
         # nothing discovered inside an org home or a denied path is shown; what the org asks for
         # by name (org.toml, a CLI's own folder) is shown unless denied
@@ -309,12 +309,14 @@ def _names(folder: str) -> frozenset[str] | None:
         return None
 
 
-def _denied(homes: Iterable[str], shown: Sequence[str], consulted: list[str] | None = None) -> list[Exposure]:
+def _denied(homes: Iterable[str], shown: Sequence[str],
+            consulted: list[tuple[str, tuple | None]] | None = None) -> list[Exposure]:
     """Deny-list entries below each home (and each shown folder, in case it is one) that are
     inside something shown. Only an entry inside something shown is looked up, and a home is
     listed once instead of looking up every entry whose first name it lacks (a path that
     exists has its first component listed in the home). ``consulted`` is given every folder
-    whose contents the answer depends on."""
+    whose contents the answer depends on, with its signature (``_signature``) from before it was
+    read."""
     out: dict[str, Exposure] = {}
     inside = _Tops(shown)
     for home in dict.fromkeys(h for h in homes if h):
@@ -330,13 +332,14 @@ def _denied(homes: Iterable[str], shown: Sequence[str], consulted: list[str] | N
             if not inside.cover(path):
                 continue
             if not listed:
+                if consulted is not None:       # taken before the listing: a change after it is seen
+                    consulted.append((home, _signature(home)))
                 names, listed = _names(home), True
-                if consulted is not None:
-                    consulted.append(home)
             if names is not None and rel.split("/", 1)[0] not in names:
                 continue
             if consulted is not None and "/" in rel:
-                consulted.append(os.path.dirname(path))
+                folder = os.path.dirname(path)
+                consulted.append((folder, _signature(folder)))
             if os.path.lexists(path):
                 out.setdefault(path, Exposure(path, "deny-list: keys, credentials or history"))
     return list(out.values())
