@@ -133,8 +133,19 @@ def test_org_join_with_wrong_arguments_is_one_coded_line(tmp_path, extra, code):
     assert not (tmp_path / "joined").exists()
 
 
-def test_org_join_refuses_a_home_that_runs_an_org_of_its_own(org_home):
-    key = zmq.curve_keypair()[0].decode()
+def _key_beginning_with_a_dash() -> str:
+    """A real CURVE public key whose Z85 text begins with "-" (about one key in 85 does)."""
+    for _ in range(20000):
+        key = zmq.curve_keypair()[0].decode()
+        if key.startswith("-"):
+            return key
+    raise AssertionError("no key beginning with '-' in 20,000 tries")
+
+
+@pytest.mark.parametrize("dash", [False, True], ids=["key", "key_beginning_with_a_dash"])
+def test_org_join_refuses_a_home_that_runs_an_org_of_its_own(org_home, dash):
+    """Also with a key that begins with "-", given as its own argument, as 'org hosts' prints it."""
+    key = _key_beginning_with_a_dash() if dash else zmq.curve_keypair()[0].decode()
     proc = subprocess.run([sys.executable, "-m", "scripts.cli.main", "join", "--coordinator", "tcp://127.0.0.1:7200",
                            "--coordinator-key", key, "--listen", "tcp://127.0.0.1:8000", "--role", "loop-agent",
                            "--store", "postgresql:///x"], capture_output=True, text=True, timeout=60,

@@ -55,6 +55,26 @@ def format_error(exc: OrgError) -> str:
     return exc.line()
 
 
+# options whose value is a CURVE key: 40 Z85 characters, which may begin with "-"
+KEY_OPTIONS = ("--coordinator-key",)
+KEY_LENGTH = 40
+
+
+def _keys_joined(argv: list[str]) -> list[str]:
+    """``--coordinator-key KEY`` as ``--coordinator-key=KEY``: a Z85 key may begin with "-", and
+    argparse takes a separate value that begins with "-" for an option of its own."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in KEY_OPTIONS and i + 1 < len(argv) and len(argv[i + 1]) == KEY_LENGTH:
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (``sys.exit`` happens in ``run``)."""
     from state_db.home import require_linux
@@ -67,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         require_linux()
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_keys_joined(args_given))
         _quiet_logs(getattr(args, "home", None))
         if not getattr(args, "_run", None):
             parser.print_help()
