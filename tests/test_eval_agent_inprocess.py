@@ -198,7 +198,7 @@ def test_a_machine_without_bubblewrap_is_named_in_the_error_verdict_not_a_generi
 
     from roles import sandbox
     from roles.eval_agent.process import KEPT_CODES
-    from roles.eval_agent.verifier import UNRUNNABLE_CODES
+    from roles.eval_agent.codes import UNRUNNABLE_CODES
     from roles.sandbox.mode import RefusingRunner
     from roles.sandbox.errors import SandboxUnavailable
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from roles import telemetry
 from roles.eval_agent import evidence, held as held_rules
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
-from roles.eval_agent.codes import MACHINE_CODES, UNRUNNABLE_CODES  # noqa: F401 - re-exported
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
 from state_db.ending import StopDecision, end_run, goal_met as goal_met_rule

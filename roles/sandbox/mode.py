@@ -197,8 +197,8 @@ def toolchain_for(db_path: Path | str, workspace: Path) -> Toolchain | None:
     """The toolchain recorded with the work item holding ``workspace`` (the one with its lock,
     else the latest), or None (no such item, or a state.db without the column). The thread's
     read connection is kept for the next command; one that fails is closed and opened again."""
-    for attempt in range(2):
-        readers = _READERS.__dict__.setdefault("by_store", {})
+    readers = _READERS.__dict__.setdefault("by_store", {})
+    for _ in range(2):                  # a failing connection is replaced once
         try:
             conn = readers.get(str(db_path))
             if conn is None:
@@ -212,8 +212,6 @@ def toolchain_for(db_path: Path | str, workspace: Path) -> Toolchain | None:
                     stale.close()
                 except Exception:  # noqa: BLE001 - it failed already; a new one is opened
                     pass
-            if attempt:
-                return None
     return None
 
 

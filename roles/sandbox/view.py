@@ -121,11 +121,7 @@ def registered_homes() -> tuple[str, ...]:
     (``bwrap.mount_args`` covers only what exists)."""
     global _registered
     from state_db.home import known_homes, registry_path
-    try:
-        st = os.stat(registry_path())
-        signature: tuple | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    except OSError:
-        signature = None
+    signature = _signature(str(registry_path()))
     now = time.monotonic()
     seen = _registered
     if seen is not None and seen[0] == signature and now < seen[1]:
@@ -223,7 +219,7 @@ class _Shown:
     @classmethod
     def make(cls, toolchain: Toolchain, own_home: Path | None, readonly: Sequence[Exposure]) -> _Shown:
         until = time.monotonic() + SHOWN_FRESH_S
-        looked_in = tuple((f, _signature(f)) for f in (_PASSWD,))
+        looked_in: tuple[tuple[str, tuple | None], ...] = ((_PASSWD, _signature(_PASSWD)),)
         homes = every_home()
         tools, env = _discover(toolchain, tuple(homes))
         shown = [Exposure(p, "system folder") for p in SYSTEM if os.path.isdir(p) and not os.path.islink(p)]
@@ -263,7 +259,7 @@ def _signature(path: str) -> tuple | None:
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
 
 
 @functools.lru_cache(maxsize=32)
