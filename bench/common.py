@@ -7,6 +7,17 @@ import threading
 from pathlib import Path
 
 
+class BenchError(Exception):
+    """An expected failure: printed as one line, ``error[code]: what — what to do``."""
+
+    def __init__(self, code: str, what: str, todo: str) -> None:
+        super().__init__(what)
+        self.code, self.what, self.todo = code, what, todo
+
+    def line(self) -> str:
+        return f"error[{self.code}]: {self.what} — {self.todo}"
+
+
 def quiet_logs() -> None:
     """Library logs go nowhere below warnings: the figures are the output."""
     import logging

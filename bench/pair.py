@@ -35,6 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import BenchError  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 ORG_FIGURES = ("dispatch_to_first_act_ms_p50", "iteration_overhead_ms_p50", "eval_snapshot_ms_10k_files",
                "startup_ms", "resume_ms")
@@ -57,17 +59,6 @@ print(json.dumps(out))
 """
 
 
-class PairError(Exception):
-    """An expected failure: printed as one line, ``error[code]: what — what to do``."""
-
-    def __init__(self, code: str, what: str, todo: str) -> None:
-        super().__init__(what)
-        self.code, self.what, self.todo = code, what, todo
-
-    def line(self) -> str:
-        return f"error[{self.code}]: {self.what} — {self.todo}"
-
-
 class Tree:
     """A source tree and the interpreter that runs it."""
 
@@ -80,12 +71,12 @@ class Tree:
             proc = subprocess.run([self.python, *args], cwd=self.root, env=self.env, capture_output=True,
                                   text=True, timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
-            raise PairError("bench_timeout", f"{what} ran longer than {self.timeout_s:.0f} s and was stopped",
+            raise BenchError("bench_timeout", f"{what} ran longer than {self.timeout_s:.0f} s and was stopped",
                             "run that benchmark on its own to see where it waits") from None
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("{", "["))]
         if not lines:
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "nothing on stderr"
-            raise PairError("bench_failed", f"{what} printed no figures (exit {proc.returncode}): {tail}",
+            raise BenchError("bench_failed", f"{what} printed no figures (exit {proc.returncode}): {tail}",
                             "run that benchmark on its own to see why")
         return lines[-1]
 
@@ -137,10 +128,10 @@ def _step(argv: list[str], timeout_s: float, code: str, what: str, todo: str) ->
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise PairError(code, f"{what}: no answer in {timeout_s:.0f} s", todo) from None
+        raise BenchError(code, f"{what}: no answer in {timeout_s:.0f} s", todo) from None
     if proc.returncode != 0:
         tail = " | ".join(proc.stderr.strip().splitlines()[-2:])
-        raise PairError(code, f"{what}: {tail or f'exit {proc.returncode}'}", todo)
+        raise BenchError(code, f"{what}: {tail or f'exit {proc.returncode}'}", todo)
 
 
 def _median(xs: list[float]) -> float:
@@ -189,7 +180,7 @@ def main(argv=None) -> int:
         earlier = earlier_tree(rev, scratch)
         this = Tree(ROOT, sys.executable, _env(ROOT))
         figures = {"against": rev[:12], "rounds": args.rounds, **compare(this, earlier, args.bench, args.rounds)}
-    except PairError as exc:
+    except BenchError as exc:
         print(exc.line(), file=sys.stderr)
         return 1
     finally:

@@ -55,7 +55,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import workload  # noqa: E402
-from bench.common import finish, quiet_logs  # noqa: E402
+from bench.common import BenchError, finish, quiet_logs  # noqa: E402
 
 TARGETS_MIN = {"throughput_ratio_n32": 0.8}
 TARGETS_MAX = {"overhead_ms_p99_n32": 50.0, "pss_mb_idle_loop_agent": 40.0, "startup_ms": 500.0}
@@ -204,6 +204,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
                       f"{len(ids)} items to end", interval=0.1)
         probe.stop.set()
         probe.join()
+        ended_idle(home, ids, n)
         pids1 = org_pids(home)
         cpu1, own1 = _cpu_by_role(pids1), _own_cpu_by_role(pids1)
         cpu_by = {k: round(cpu1.get(k, 0.0) - cpu0.get(k, 0.0), 2) for k in cpu1}
@@ -219,6 +220,23 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
     figures["cpu_ms_per_iteration_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(cpu_by.items())}
     figures["cpu_ms_per_iteration_children_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(kids_by.items())}
     return figures
+
+
+def ended_idle(home, ids: list[str], n: int) -> None:
+    """Raise BenchError when the items ended without one committed iteration: the figures would
+    be of nothing (e.g. a machine without bubblewrap ends every run ``verify_unrunnable``)."""
+    marks = ",".join("?" * len(ids))
+    if workload.query(home, f"SELECT 1 FROM iterations WHERE work_id IN ({marks}) LIMIT 1", ids):
+        return
+    rows = workload.query(home, f"SELECT stop_reason, stop_detail FROM work_items WHERE id IN ({marks})", ids)
+    reasons: dict[str, int] = {}
+    for r in rows:
+        reasons[r["stop_reason"]] = reasons.get(r["stop_reason"], 0) + 1
+    said = ", ".join(f"{k} ×{v}" for k, v in sorted(reasons.items(), key=str))
+    detail = next((r["stop_detail"] for r in rows if r["stop_detail"]), "")
+    raise BenchError("no_iterations", f"at N={n} all {len(ids)} items ended without an iteration ({said}): "
+                                      f"{detail.splitlines()[0][:300] if detail else 'no detail recorded'}",
+                     "fix what the stop reason names ('org doctor' checks the machine), then run again")
 
 
 def _settle(home, n: int, t0: float) -> float | None:
@@ -363,8 +381,12 @@ def main(argv=None) -> int:
     rows = []
     for n in ns:
         with tempfile.TemporaryDirectory(prefix="sc", dir="/tmp") as d:
-            rows.append(run_n(Path(d), n, latency=args.latency, items_per_agent=args.items_per_agent,
-                              iterations=args.iterations, eval_agents=args.eval_agents or max(1, n // 16)))
+            try:
+                rows.append(run_n(Path(d), n, latency=args.latency, items_per_agent=args.items_per_agent,
+                                  iterations=args.iterations, eval_agents=args.eval_agents or max(1, n // 16)))
+            except BenchError as exc:
+                print(exc.line(), file=sys.stderr)
+                return 2
         print(json.dumps(rows[-1]), file=sys.stderr)
     top = rows[-1]
     default = next((r for r in rows if r["n"] == 2), rows[0])

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import pair
+from bench.common import BenchError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +43,7 @@ def _tree(tmp_path: Path, bench: str) -> pair.Tree:
     ("raise RuntimeError('the org would not start')\n", "bench_failed", "the org would not start"),
 ], ids=["hangs", "crashes"])
 def test_a_benchmark_that_hangs_or_crashes_is_one_coded_line_naming_it(tmp_path, bench, code, said):
-    with pytest.raises(pair.PairError) as got:
+    with pytest.raises(BenchError) as got:
         _tree(tmp_path, bench).org()
     line = got.value.line()
     assert line.startswith(f"error[{code}]: ") and "org.py" in line and said in line and " — " in line, line
@@ -52,7 +53,7 @@ def test_a_benchmark_that_hangs_or_crashes_is_one_coded_line_naming_it(tmp_path,
 @pytest.mark.timeout(60)
 def test_main_prints_one_line_when_the_earlier_tree_fails(monkeypatch, capsys):
     def failing(rev, scratch):
-        raise pair.PairError("install_failed", "pip could not install what abc needs (x)", "check the registry")
+        raise BenchError("install_failed", "pip could not install what abc needs (x)", "check the registry")
     monkeypatch.setattr(pair, "earlier_tree", failing)
     assert pair.main(["--against", "HEAD", "--json"]) == 1
     err = capsys.readouterr().err
