@@ -390,3 +390,24 @@ def test_org_show_lists_what_a_runs_sandbox_shows_and_hides(tmp_path):
     assert view["/usr"] and view["/tmp"].startswith("private")
     assert any(p.startswith(sys.prefix) or sys.prefix.startswith(p) for p in view)     # the org's Python
     assert all(not p.startswith(str(home.root)) or r.startswith("hidden") for p, r in view.items())
+
+
+@pytest.mark.timeout(30)
+def test_socket_paths_are_resolved_as_realpath_resolves_them(tmp_path):
+    """host_sockets resolves each folder once; a path through a linked folder, a socket's name
+    that is itself a link, and a '..' still resolve exactly as os.path.realpath does."""
+    from roles.sandbox.view import host_sockets
+    real = tmp_path / "real"
+    (real / "s").mkdir(parents=True)
+    (tmp_path / "linked").symlink_to(real)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (real / "s" / "named-link").symlink_to(elsewhere / "target")
+    paths = [f"{tmp_path}/linked/s/a", f"{tmp_path}/linked/s/b", f"{real}/s/named-link",
+             f"{tmp_path}/linked/s/../s/c", f"{tmp_path}/linked/s/..", "/no/such/folder/d"]
+    table = tmp_path / "unix"
+    table.write_text("Num RefCount Protocol Flags Type St Inode Path\n" + "".join(
+        f"0000: 00000002 00000000 00010000 0001 01 {1000 + i} {p}\n" for i, p in enumerate(paths))
+        + "0000: 00000002 00000000 00010000 0001 01 9 @abstract\n")
+    assert host_sockets(str(table)) == list(dict.fromkeys(os.path.realpath(p) for p in paths))
+    assert f"{elsewhere}/target" in host_sockets(str(table))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import time
 import uuid
 from dataclasses import dataclass
 from functools import lru_cache
@@ -176,7 +177,7 @@ class PidsCgroup:
         base = _pids_base()
         if base is None or limits.max_procs is None:
             return None
-        _sweep(base)
+        _sweep_now_and_then(base)
         path = base / f"run-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         try:
             path.mkdir()
@@ -236,6 +237,19 @@ def _rmdir(path: Path) -> bool:
         return True
     except OSError:
         return False
+
+
+SWEEP_EVERY_S = 10.0
+_swept_at: list[float] = [float("-inf")]
+
+
+def _sweep_now_and_then(base: Path) -> None:
+    """``_sweep`` at most every ``SWEEP_EVERY_S`` in a process: a left group is empty and holds
+    nothing, while listing every live run's group before each command cost the busiest roles."""
+    now = time.monotonic()
+    if now - _swept_at[0] >= SWEEP_EVERY_S:
+        _swept_at[0] = now
+        _sweep(base)
 
 
 def _sweep(base: Path) -> None:

@@ -73,7 +73,18 @@ def host_sockets(table: str = "/proc/net/unix") -> list[str]:
         parts = line.split(None, 7)     # Num RefCount Protocol Flags Type St Inode [Path]
         if len(parts) == 8 and parts[7].startswith(b"/"):
             bound[parts[7]] = None
-    return list(dict.fromkeys(os.path.realpath(os.fsdecode(p)) for p in bound))
+    # many sockets share a folder (an org's run/s): each folder is resolved once, and a name is
+    # resolved on its own only where it is a symbolic link
+    folders: dict[str, str] = {}
+    out: dict[str, None] = {}
+    for raw in bound:
+        folder, name = os.path.split(os.fsdecode(raw))
+        real = folders.get(folder)
+        if real is None:
+            real = folders[folder] = os.path.realpath(folder)
+        path = os.path.join(real, name)
+        out[os.path.realpath(path) if name in ("", ".", "..") or os.path.islink(path) else path] = None
+    return list(out)
 
 
 def _reachable(path: str) -> bool:
