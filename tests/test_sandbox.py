@@ -175,6 +175,40 @@ def test_mounts_put_parents_before_children_whatever_the_argument_order(tmp_path
     assert args[-4:] == ["--remount-ro", str(home), "--remount-ro", "/"]
 
 
+@needs_bwrap
+def test_a_folder_inside_a_shown_folder_is_mounted_once_and_the_view_is_unchanged(tmp_path):
+    """A toolchain's folders inside a shown home are not mounted again (bubblewrap pays a pass
+    over the mount table per mount), but what a command sees does not change: a nested folder
+    under a hidden one is still shown, and a nested path that is a link leading out of the shown
+    folder still shows its target."""
+    shown, outside = tmp_path / "home", tmp_path / "outside"
+    (shown / "tool" / "bin").mkdir(parents=True)
+    (shown / "tool" / "bin" / "t").write_text("tool\n")
+    (shown / "secret" / "open").mkdir(parents=True)
+    (shown / "secret" / "key").write_text("hidden\n")
+    (shown / "secret" / "open" / "o").write_text("open\n")
+    (outside / "lib").mkdir(parents=True)
+    (outside / "lib" / "l").write_text("linked\n")
+    (shown / "link").symlink_to(outside / "lib")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    view = View(readonly=tuple(Exposure(str(p), "test") for p in (
+        shown, shown / "tool" / "bin", shown / "secret" / "open", shown / "link")),
+        hidden=(Exposure(str(shown / "secret"), "test"),), path="/usr/bin")
+    args = mount_args(view, ws)
+    binds = [args[i + 1] for i, a in enumerate(args) if a == "--ro-bind"]
+    assert str(shown / "tool" / "bin") not in binds                  # inside a shown folder: once
+    assert str(shown / "secret" / "open") in binds                   # under a hidden folder
+    assert str(shown / "link") in binds                              # a link out of the shown folder
+    r = BwrapRunner(ws, readonly_binds=[shown, shown / "tool" / "bin", shown / "secret" / "open", shown / "link"],
+                    hide=[shown / "secret"])
+    got = sh(r, f"cat {shown}/tool/bin/t {shown}/secret/open/o {shown}/link/l {outside}/lib/l; "
+                f"cat {shown}/secret/key || echo NO-KEY")
+    lines = got.output.splitlines()
+    assert lines[:4] == ["tool", "open", "linked", "linked"] and lines[-1] == "NO-KEY", got.output
+    assert "hidden" not in got.output, got.output
+
+
 # -- network and environment ----------------------------------------------------------------
 
 

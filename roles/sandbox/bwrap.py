@@ -104,6 +104,7 @@ def mount_args(view: View, workspace: Path, *, inside: Path | None = None, writa
     args = _system_links() + ["--dev", "/dev", "--proc", "/proc",
                               *(["--size", str(tmp_mb * 2**20)] if tmp_mb else []), "--tmpfs", "/tmp", "--dir", home]
     folders = set()
+    mounted: dict[str, tuple[int, str]] = {}
     # parents first: by depth (the number of "/" in a normalised absolute path), then kind, then path
     for dest, (kind, source) in sorted(entries.items(), key=lambda e: (e[0].rstrip("/").count("/"), e[1][0], e[0])):
         if kind == 0 and not os.path.isdir(dest):
@@ -111,6 +112,9 @@ def mount_args(view: View, workspace: Path, *, inside: Path | None = None, writa
             continue
         if kind == 1 and not os.path.exists(source):
             continue
+        if kind == 1 and _shown_already(dest, mounted):
+            continue
+        mounted[dest] = (kind, source)
         folders.add(dest)
         args += (["--tmpfs", dest], ["--ro-bind", source, dest], ["--bind", source, dest])[kind]
     # empty *and* read-only: writes to a hidden place must fail, not vanish into a tmpfs
@@ -118,6 +122,21 @@ def mount_args(view: View, workspace: Path, *, inside: Path | None = None, writa
         if kind == 0 and dest in folders:
             args += ["--remount-ro", dest]
     return args + ["--remount-ro", "/"]
+
+
+def _shown_already(path: str, mounted: dict[str, tuple[int, str]]) -> bool:
+    """Whether ``path`` (shown read-only at its own place) is shown as it is by what is mounted
+    already: its nearest mounted ancestor is itself shown read-only at its own place (a
+    recursive bind: everything below comes along, host mounts too), and ``path`` is its own real
+    path (a link could lead out of that ancestor). Each mount costs bubblewrap a pass over the
+    sandbox's mount table, so a toolchain's folders inside a shown home are not mounted twice."""
+    below, parent = path, os.path.dirname(path)
+    while parent != below:
+        found = mounted.get(parent)
+        if found is not None:
+            return found == (1, parent) and os.path.realpath(path) == path
+        below, parent = parent, os.path.dirname(parent)
+    return False
 
 
 def _inside_any(path: str, tops: Sequence[str]) -> bool:
