@@ -465,7 +465,7 @@ def files(repo: pygit2.Repository, tree: pygit2.Oid) -> dict[str, tuple[int, pyg
 
 _SHADOWS: dict[tuple[str, str], Shadow] = {}
 _SHADOWS_LOCK = threading.Lock()
-_SHADOWS_KEPT = 16
+_SHADOWS_KEPT = 96      # an eval-agent's: a history and a snapshot for each item it verifies in turn
 
 
 def shadow_for(git_dir: Path, workdir: Path) -> Shadow:
