@@ -48,6 +48,8 @@ HEAVY = (
     "roles.loop_agent.backends.factory",
     "roles.loop_agent.backends.anthropic_backend",
     "roles.loop_agent.scripted.server",
+    # an HTTP server's bind looks up the host's name (socket.getfqdn), which imports this codec
+    "encodings.idna",
 )
 PRELOAD = LIGHT + ("--",) + HEAVY
 
