@@ -27,10 +27,12 @@ trivial (``cat`` and a comparison). Per N it reports:
   ``cpu_ms_per_iteration_by_role``: the same per kind of role (each role with its child
   processes); ``cpu_ms_per_iteration_children_by_role``: the part of it spent in the child
   processes (bubblewrap and the commands that start it). What runs inside a sandbox is not in
-  them: bubblewrap leaves its sandbox's first process, which reaps every command inside, to the
-  machine's init. ``machine_cpu_ms_per_iteration`` counts it: the whole machine's busy time
-  during the run, less this benchmark's own process (submitting, the lock probe), ÷ committed
-  iterations; ``binding_limit`` reads it. The workspaces are copied before the run is timed.
+  them: bubblewrap leaves its sandbox's first process, which reaps every command inside, as an
+  orphan, adopted by the role template (``roles/supervisor/forkserver.py``), so it is counted
+  under ``supervisor`` (the template is the supervisor's child). ``machine_cpu_ms_per_iteration``
+  is the whole machine's busy time during the run, less this benchmark's own process
+  (submitting, the lock probe), ÷ committed iterations: what fits on the host, read by
+  ``binding_limit``. The workspaces are copied before the run is timed.
 - ``pss_mb``: proportional set size per role (``/proc/PID/smaps_rollup``) with the org idle,
   so pages shared between processes are counted once, split fairly.
 - ``startup_ms``: start-org to every role ready; ``warm_ms``: to every loop-agent forked from the
@@ -225,9 +227,8 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
     figures = _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss, probe.waits_ms, cpu_s,
                        (busy1 - busy0) / max(1, total1 - total0))
     its = max(1, figures["iterations"])
-    # the whole machine's busy time, less this benchmark's own: it holds what no role's process
-    # tree counts, chiefly each sandbox's first process (bubblewrap's own parent leaves it to the
-    # machine's init to reap, with every command run inside)
+    # the whole machine's busy time, less this benchmark's own: what fits on the host, with what
+    # no role's process tree holds (the kernel's own work for the sandboxes' namespaces)
     machine_s = (busy1 - busy0) / CLK - bench_s
     figures["machine_cpu_ms_per_iteration"] = round(machine_s * 1000 / its, 1) if figures["iterations"] else None
     figures["cpu_ms_per_iteration_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(cpu_by.items())}

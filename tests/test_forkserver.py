@@ -90,6 +90,27 @@ def test_exit_codes_are_reported_as_popen_reports_them(server, tmp_path):
     assert sleeper.wait(20) == -signal.SIGKILL
 
 
+def test_an_orphan_of_a_role_is_adopted_and_reaped_by_the_template_and_not_reported(server, tmp_path):
+    """A process a role's child leaves behind (as bubblewrap leaves its sandbox's first process
+    for every command) is given to the template, not to the machine's init, and is reaped there
+    when it exits: no zombie is left, and the supervisor hears of no exit but its roles'."""
+    out = tmp_path / "out.txt"
+    probe = tmp_path / "orphaner.py"
+    probe.write_text("import subprocess, sys\n"
+                     "subprocess.run(['/bin/sh', '-c', 'sleep 1.5 >/dev/null 2>&1 & echo $!'], stdout=sys.stdout)\n"
+                     "sys.stdout.flush()\n"
+                     "import time; time.sleep(30)\n")
+    role = server.spawn("orphaner", [], {}, out)
+    wait_for(lambda: out.exists() and out.read_text().strip(), what="the orphan's pid")
+    orphan = int(out.read_text().split()[0])
+    assert _ppid(orphan) == server.proc.pid                 # adopted by the template, not by pid 1
+    wait_for(lambda: not Path(f"/proc/{orphan}").exists(), timeout=10, what="the orphan to exit and be reaped")
+    assert role.poll() is None                               # its exit was not taken for the role's
+    assert set(server._roles) == {role.pid}
+    os.kill(role.pid, signal.SIGKILL)
+    assert role.wait(20) == -signal.SIGKILL
+
+
 def test_the_template_warms_up_when_idle_and_later_forks_say_so(server, tmp_path):
     first = server.spawn("platform", [], {}, tmp_path / "o")
     first.wait(20)

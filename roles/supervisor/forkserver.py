@@ -37,7 +37,7 @@ from pathlib import Path
 
 import orjson
 
-from roles.supervisor.template import HEAVY, LIGHT, PRELOAD, launch, pdeathsig
+from roles.supervisor.template import HEAVY, LIGHT, PRELOAD, launch, pdeathsig, subreaper
 from state_db.errors import OrgError
 
 __all__ = ["ForkServer", "ForkServerError", "ForkedRole", "HEAVY", "LIGHT", "PRELOAD", "serve"]
@@ -278,6 +278,14 @@ def serve(fd: int, preload: list[str]) -> int:
         else (preload, [])
     _load(light)
     warm = not heavy
+    # Every sandboxed command leaves an orphan: bubblewrap returns as soon as the sandbox's first
+    # process reports the command's status, before that process has exited. Given to the
+    # machine's init, it stays a zombie wherever init does not reap (a container whose first
+    # process is not an init: one per command, until no process can start), and its CPU, with
+    # every command it reaped inside, is counted nowhere in the org. The template adopts them,
+    # reaps them, and tells the supervisor only of its own children's exits.
+    subreaper()
+    forked: set[int] = set()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -296,7 +304,7 @@ def serve(fd: int, preload: list[str]) -> int:
             continue
         if wake_r in ready:
             os.read(wake_r, 4096)
-        _reap(sock)
+        _reap(sock, forked)
         if sock in ready:
             data = sock.recv(65536)
             if not data:                            # the supervisor closed it: stop
@@ -312,10 +320,13 @@ def serve(fd: int, preload: list[str]) -> int:
                     continue
                 if pid == 0:
                     _child(sock, wake_r, wake_w, req)
+                forked.add(pid)
                 sock.sendall(orjson.dumps({"pid": pid, "warm": warm}) + b"\n")
 
 
-def _reap(sock: socket.socket) -> None:
+def _reap(sock: socket.socket, forked: set[int]) -> None:
+    """Reap every exited child: the roles this template forked (their exits are reported) and
+    the orphans it adopted (not)."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -323,6 +334,9 @@ def _reap(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
+        if pid not in forked:
+            continue
+        forked.discard(pid)
         sock.sendall(orjson.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}) + b"\n")
 
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 # What the roles import, in two stages. The template forks the first roles as soon as the light
 # stage is in, then imports the heavy stage while idle and says it is warm; a role forked after
 # that finds all of it already imported. The light stage is what a role needs to be ready (the
@@ -57,6 +58,12 @@ PRELOAD = LIGHT + ("--",) + HEAVY
 def pdeathsig(sig: int) -> None:
     """Have the kernel send ``sig`` to this process when its parent dies."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def subreaper() -> bool:
+    """Make this process the one its descendants' orphans are given to, instead of the machine's
+    init (not inherited by its children). True when the kernel agreed."""
+    return ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 def launch(python: str = sys.executable, preload: tuple[str, ...] = PRELOAD) -> tuple[subprocess.Popen, socket.socket]:
