@@ -44,9 +44,10 @@ from state_db.vocab import (DecisionStatus, PreflightOutcome, ReviewVerdict, Sto
 from state_db.writer import StateWriter
 
 PROTECTED_CHECK = "protected files unchanged"
-# An eval-agent verifies the iterations of every running work item in turn (one per busy
-# loop-agent: 32 at N = 32), so it keeps that many histories: fewer, and each verification
-# opened its item's repositories again. A history holds about one open file.
+# An eval-agent verifies the iterations of every running work item of its share in turn (up to
+# one per busy loop-agent: 16 each for two eval-agents at N = 32), so it keeps that many
+# histories: fewer, and each verification opened its item's repositories again. A history holds
+# about one open file.
 _KEEP_HISTORIES = 40
 # What an interpreter or a build tool says when the *command* cannot start (the shell's own "not
 # found" is exit 127, "not executable" 126). Kept narrow: a test that fails on a missing file
