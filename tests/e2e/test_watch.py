@@ -120,7 +120,11 @@ def test_watch_shows_a_running_run_and_approves_a_decision_as_the_human(tmp_path
             assert all(len(line) <= 80 for line in screen.splitlines())
             select(tmux, acting)
             tmux.keys("Enter")
-            detail = wait_for(lambda: tmux.shows("phase: acting  iteration 1/3"), timeout=10, what=f"{acting}'s page")
+            # the run is acting from its attempt's start; its tool call shows once the model's first
+            # answer has come and the command runs (the page refreshes every 0.3 s)
+            detail = wait_for(lambda: (screen := tmux.shows("phase: acting  iteration 1/3")) and
+                              "now: run_command" in screen and screen, timeout=10,
+                              what=f"{acting}'s page with its running tool call")
             assert "now: run_command" in detail
             tmux.keys("b")
             select(tmux, decision["id"])
