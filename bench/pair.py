@@ -72,12 +72,12 @@ class Tree:
                                   text=True, timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
             raise BenchError("bench_timeout", f"{what} ran longer than {self.timeout_s:.0f} s and was stopped",
-                            "run that benchmark on its own to see where it waits") from None
+                             "run that benchmark on its own to see where it waits") from None
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("{", "["))]
         if not lines:
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "nothing on stderr"
             raise BenchError("bench_failed", f"{what} printed no figures (exit {proc.returncode}): {tail}",
-                            "run that benchmark on its own to see why")
+                             "run that benchmark on its own to see why")
         return lines[-1]
 
     def loop(self) -> list[float]:

@@ -56,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -200,7 +201,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
             spaces.append(root / "ws" / f"i{k:03d}")
             shutil.copytree(template, spaces[-1])
         cpu0, own0, (busy0, total0) = _cpu_by_role(pids), _own_cpu_by_role(pids), host_cpu()
-        bench0 = _own_cpu_s()
+        bench0 = _cpu_s(os.getpid())
         probe = LockProbe(home.db_path)
         probe.start()
         w0 = time.time()
@@ -213,50 +214,41 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
                       f"{len(ids)} items to end", interval=0.1)
         probe.stop.set()
         probe.join()
-        ended_idle(home, ids, n)
+        require_iterations(home, ids, n)
         pids1 = org_pids(home)
         cpu1, own1 = _cpu_by_role(pids1), _own_cpu_by_role(pids1)
         cpu_by = {k: round(cpu1.get(k, 0.0) - cpu0.get(k, 0.0), 2) for k in cpu1}
         cpu_s = sum(cpu_by.values())
         kids_by = {k: max(0.0, v - (own1.get(k, 0.0) - own0.get(k, 0.0))) for k, v in cpu_by.items()}
         busy1, total1 = host_cpu()
-        bench_s = _own_cpu_s() - bench0
+        bench_s = _cpu_s(os.getpid()) - bench0
     finally:
         control.request(home, "stop", force=True, timeout_s=60)
         workload.kill_everything(home)
     figures = _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss, probe.waits_ms, cpu_s,
                        (busy1 - busy0) / max(1, total1 - total0))
-    its = max(1, figures["iterations"])
+    its = figures["iterations"]           # at least one: require_iterations
     # the whole machine's busy time, less this benchmark's own: what fits on the host, with what
     # no role's process tree holds (the kernel's own work for the sandboxes' namespaces)
     machine_s = (busy1 - busy0) / CLK - bench_s
-    figures["machine_cpu_ms_per_iteration"] = round(machine_s * 1000 / its, 1) if figures["iterations"] else None
+    figures["machine_cpu_ms_per_iteration"] = round(machine_s * 1000 / its, 1)
     figures["cpu_ms_per_iteration_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(cpu_by.items())}
     figures["cpu_ms_per_iteration_children_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(kids_by.items())}
     return figures
 
 
-def ended_idle(home, ids: list[str], n: int) -> None:
+def require_iterations(home, ids: list[str], n: int) -> None:
     """Raise BenchError when the items ended without one committed iteration: the figures would
     be of nothing (e.g. a machine without bubblewrap ends every run ``verify_unrunnable``)."""
     marks = ",".join("?" * len(ids))
     if workload.query(home, f"SELECT 1 FROM iterations WHERE work_id IN ({marks}) LIMIT 1", ids):
         return
     rows = workload.query(home, f"SELECT stop_reason, stop_detail FROM work_items WHERE id IN ({marks})", ids)
-    reasons: dict[str, int] = {}
-    for r in rows:
-        reasons[r["stop_reason"]] = reasons.get(r["stop_reason"], 0) + 1
-    said = ", ".join(f"{k} ×{v}" for k, v in sorted(reasons.items(), key=str))
+    said = ", ".join(f"{k} ×{v}" for k, v in Counter(str(r["stop_reason"]) for r in rows).most_common())
     detail = next((r["stop_detail"] for r in rows if r["stop_detail"]), "")
     raise BenchError("no_iterations", f"at N={n} all {len(ids)} items ended without an iteration ({said}): "
                                       f"{detail.splitlines()[0][:300] if detail else 'no detail recorded'}",
                      "fix what the stop reason names ('org doctor' checks the machine), then run again")
-
-
-def _own_cpu_s() -> float:
-    """CPU seconds of this benchmark process (its threads: submitting, the lock probe)."""
-    t = os.times()
-    return t.user + t.system
 
 
 def _settle(home, n: int, t0: float) -> float | None:
@@ -377,7 +369,7 @@ def binding_limit(rows: list[dict]) -> str:
                 f"({top['iterations_per_s']} iterations/s)")
     if top["host_cpu_busy"] >= 0.85:          # before the lock: on a saturated host, lock holders wait for a core
         cores = os.cpu_count()
-        per = top.get("machine_cpu_ms_per_iteration") or top["cpu_ms_per_iteration"]
+        per = top["machine_cpu_ms_per_iteration"]
         return (f"CPU: at N={top['n']} the host's {cores} cores are {round(100 * top['host_cpu_busy'])} % busy "
                 f"at {per} ms of the machine's CPU per iteration, so at most about "
                 f"{round(cores * 1000 / per, 1)} iterations/s fit on this host")

@@ -60,10 +60,10 @@ def pdeathsig(sig: int) -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
 
 
-def subreaper() -> bool:
+def subreaper() -> None:
     """Make this process the one its descendants' orphans are given to, instead of the machine's
-    init (not inherited by its children). True when the kernel agreed."""
-    return ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    init (not inherited by its children)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def launch(python: str = sys.executable, preload: tuple[str, ...] = PRELOAD) -> tuple[subprocess.Popen, socket.socket]:
