@@ -171,6 +171,85 @@ def test_a_killed_template_is_replaced_and_its_roles_restarted(org):
     assert all(_ppid(r["pid"]) == new[0] for r in roles(org).values())
 
 
+# What stands in for the machine's init: a child subreaper that starts the supervisor, so every
+# process of the org left without a parent is given to it, reaped there and named (its comm, read
+# while it is a zombie); it prints them once the supervisor has exited.
+_INIT = """
+import ctypes, json, os, subprocess, sys
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0     # PR_SET_CHILD_SUBREAPER
+with open(sys.argv[2], "ab") as log:
+    sup = subprocess.Popen([sys.executable, "-m", "roles.supervisor.main", "--home", sys.argv[1]],
+                           stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+left = []
+while True:
+    pid = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT).si_pid
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().strip()
+    except OSError:
+        name = "?"
+    os.waitpid(pid, 0)
+    if pid == sup.pid:
+        break
+    left.append(name)
+print(json.dumps(left))
+"""
+
+
+def _left_to_init(org, tmp_path, spawn: str) -> tuple[list[str], dict]:
+    """Run one item with a sandboxed verify through an org started under ``_INIT``; returns what
+    the org left to it and the item's row."""
+    import subprocess
+    import sys
+    from roles.operations.submit import SubmitRequest, submit
+    from state_db.config import load_config
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "answer.txt").write_text("unset\n")
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"version": 1, "acts": [[
+        {"text": "Writing the answer.", "tool_uses": [{"name": "write_file",
+                                                      "input": {"path": "answer.txt", "content": "right\n"}}]},
+        {"text": "Done."}]]}))
+    init = subprocess.Popen([sys.executable, "-c", _INIT, str(org.root), str(org.logs_dir / "supervisor.out")],
+                            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "ORG_SPAWN": spawn})
+    try:
+        control.wait_ready(org, timeout_s=60)
+        wid = submit(org, load_config(org), SubmitRequest(
+            goal="make answer.txt say right", workspace=str(ws), max_iterations=2,
+            verify=['test "$(cat answer.txt)" = right'], backend=f"scripted:{script}"))["id"]
+        wait_for(lambda: query(org, "SELECT status FROM work_items WHERE id = ?", (wid,))[0]["status"] == "ended",
+                 timeout=60, what="the item to end")
+        assert control.request(org, "stop", timeout_s=30)["status"] == "stopped"
+        out, _ = init.communicate(timeout=30)
+    finally:
+        if init.poll() is None:
+            init.kill()
+            init.wait(10)
+    return json.loads(out), query(org, "SELECT * FROM work_items WHERE id = ?", (wid,))[0]
+
+
+def test_no_process_of_a_sandboxed_command_is_left_to_the_machines_init(org, tmp_path):
+    """A real org verifies a run through real bubblewrap (its preflight and its verdict: two
+    sandboxed commands, each leaving the sandbox's first process behind): the template adopts
+    and reaps every such process, so the machine's init is left none."""
+    left, item = _left_to_init(org, tmp_path, "fork")
+    assert item["stop_reason"] == "goal_met", item["stop_detail"]
+    assert left == []
+
+
+def test_exec_mode_roles_leave_the_sandboxes_first_processes_to_init(org, tmp_path):
+    """The control for the test above, and what the README says of ``spawn = "exec"``: roles
+    started as their own interpreters have no subreaper above them, so the sandboxes' first
+    processes go to whatever reaps for the machine."""
+    write_config(org, CONFIG.replace("heartbeat_timeout_s = 5.0", "heartbeat_timeout_s = 30.0"))
+    left, item = _left_to_init(org, tmp_path, "exec")
+    assert item["stop_reason"] == "goal_met", item["stop_detail"]
+    assert left.count("bwrap") >= 2, left
+
+
 def test_exec_mode_starts_each_role_as_its_own_interpreter(org, monkeypatch):
     monkeypatch.setenv("ORG_SPAWN", "exec")
     # five interpreters importing at once on a busy 2-core host can take longer than 5 s
