@@ -4,7 +4,7 @@ Usage: ``bench/scale.py --json [--ns 1,2,4,8,16,32] [--latency 0.3] [--items-per
 [--iterations 3]``.
 
 Each N gets a fresh org (supervisor, coordinator, eval-agent, curator and N loop-agents on
-ipc://) and ``items-per-agent × N`` work items whose scripted model answers every call after a
+ipc://, with org.toml's default heartbeats and outbox sweeps, as a user's org runs) and ``items-per-agent × N`` work items whose scripted model answers every call after a
 fixed ``latency`` (two calls an iteration: the act's tool turn and its closing turn) and never
 meets the goal, so every item runs exactly ``iterations`` iterations; the verify command is
 trivial (``cat`` and a comparison). Per N it reports:
@@ -186,7 +186,8 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
     from roles.operations.submit import SubmitRequest, submit
     from roles.supervisor import control
 
-    home, cfg = workload.new_org(root, n, eval_agents=eval_agents)
+    # the org as a user runs it: org.toml's heartbeats and outbox sweeps, not a chaos run's
+    home, cfg = workload.new_org(root, n, eval_agents=eval_agents, quick=False)
     t0 = time.monotonic()
     control.start_background(home, timeout_s=180)
     startup_ms = round((time.monotonic() - t0) * 1000, 1)

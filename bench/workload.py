@@ -116,24 +116,30 @@ def make_template(path: Path) -> Path:
     return path
 
 
-def org_config(loop_agents: int, extra: str = "", transport: str = "", eval_agents: int = 1) -> str:
-    """org.toml for a bench org: short heartbeats, a quick stop, restarts never given up
-    (a chaos run kills the same role many times within a minute on purpose). ``transport``:
-    more lines of the [transport] table; ``extra``: more tables."""
+def org_config(loop_agents: int, extra: str = "", transport: str = "", eval_agents: int = 1,
+               quick: bool = True) -> str:
+    """org.toml for a bench org: a quick stop, restarts never given up (a chaos run kills the same
+    role many times within a minute on purpose). ``quick``: heartbeats every 0.2 s (a killed role
+    found within 4 s) and the outbox swept every second; False keeps org.toml's defaults for both,
+    what a user's org runs with. ``transport``: more lines of the [transport] table; ``extra``:
+    more tables."""
+    beats = "heartbeat_s = 0.2\nheartbeat_timeout_s = 4.0\n" if quick else ""
+    sweep = "sweep_s = 1.0\n" if quick else ""
     return (f"[org]\nloop_agents = {loop_agents}\neval_agents = {eval_agents}\n"
-            "[supervisor]\nheartbeat_s = 0.2\nheartbeat_timeout_s = 4.0\nstop_timeout_s = 3.0\n"
-            "restart_max = 1000\nrestart_window_s = 60.0\n"
-            "[transport]\nsweep_s = 1.0\n" + transport + extra)
+            f"[supervisor]\n{beats}stop_timeout_s = 3.0\nrestart_max = 1000\nrestart_window_s = 60.0\n"
+            f"[transport]\n{sweep}" + transport + extra)
 
 
-def new_org(root: Path, loop_agents: int, extra_config: str = "", transport: str = "", eval_agents: int = 1):
-    """An initialised org home under ``root`` (short path: ipc sockets live in it)."""
+def new_org(root: Path, loop_agents: int, extra_config: str = "", transport: str = "", eval_agents: int = 1,
+            quick: bool = True):
+    """An initialised org home under ``root`` (short path: ipc sockets live in it); ``quick`` as
+    for ``org_config``."""
     from state_db.bootstrap import init_home
     from state_db.home import OrgHome
 
     home = OrgHome(root / "org")
     home.root.mkdir(parents=True)
-    home.config_path.write_text(org_config(loop_agents, extra_config, transport, eval_agents))
+    home.config_path.write_text(org_config(loop_agents, extra_config, transport, eval_agents, quick))
     cfg, _ = init_home(home)
     return home, cfg
 
