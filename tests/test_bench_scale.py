@@ -27,7 +27,7 @@ def test_a_machine_without_bubblewrap_gets_one_coded_line_naming_the_stop_reason
                 (bin_dir / entry.name).symlink_to(entry.path)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{bin_dir}:/usr/sbin"}
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--json", "--ns", "1",
-                          "--items-per-agent", "1", "--iterations", "1"],
+                          "--items-per-agent", "1", "--iterations", "1", "--startups", "1"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
@@ -36,3 +36,11 @@ def test_a_machine_without_bubblewrap_gets_one_coded_line_naming_the_stop_reason
                            "(verify_unrunnable ×1): "), last
     assert "bubblewrap" in last and "org doctor" in last
     assert not out.stdout
+
+
+def test_no_start_to_take_the_median_of_is_one_coded_line():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--json", "--startups", "0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and not out.stdout
+    assert out.stderr.strip() == ("error[bad_argument]: --startups 0: startup_ms is the median of the starts "
+                                  "— give --startups 1 or more")
