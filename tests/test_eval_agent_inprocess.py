@@ -122,7 +122,8 @@ def test_a_joined_eval_agent_that_cannot_reach_the_coordinator_host_gets_a_coded
     writes it as an ``error`` verdict: the run ends verify_unrunnable, the doer is not charged)."""
     import socket
 
-    from roles.eval_agent.process import KEPT_CODES, remote_histories
+    from roles.eval_agent.codes import MACHINE_CODES
+    from roles.eval_agent.process import remote_histories
     from roles.eval_agent.verifier import Verifier
     from state_db.errors import OrgError
     from state_db.queries import peers as peer_q
@@ -145,7 +146,7 @@ def test_a_joined_eval_agent_that_cannot_reach_the_coordinator_host_gets_a_coded
     with pytest.raises(OrgError) as err:
         verifier.verify("w1", 1)
     assert err.value.code == "git_remote_failed" and f"127.0.0.1:{port}" in str(err.value)
-    assert err.value.code in KEPT_CODES and not (org_home.root / "workspaces" / "w1").exists()
+    assert err.value.code in MACHINE_CODES and not (org_home.root / "workspaces" / "w1").exists()
     verdict = verifier.record_error("w1", 1, err.value.code, str(err.value))
     assert verdict.outcome == "error" and verdict.checks[0].code == "git_remote_failed"
     row = read_rows(org_home.db_path, "SELECT status, stop_reason FROM work_items WHERE id='w1'")[0]
@@ -197,8 +198,7 @@ def test_a_machine_without_bubblewrap_is_named_in_the_error_verdict_not_a_generi
     import json
 
     from roles import sandbox
-    from roles.eval_agent.process import KEPT_CODES
-    from roles.eval_agent.codes import UNRUNNABLE_CODES
+    from roles.eval_agent.codes import MACHINE_CODES, UNRUNNABLE_CODES
     from roles.sandbox.mode import RefusingRunner
     from roles.sandbox.errors import SandboxUnavailable
 
@@ -212,4 +212,4 @@ def test_a_machine_without_bubblewrap_is_named_in_the_error_verdict_not_a_generi
     checks = json.loads(read_rows(org_home.db_path, "SELECT checks FROM preflights WHERE work_id='w1'")[0]["checks"])
     assert [c.get("code") for c in checks] == ["sandbox_unavailable"], checks
     assert "bubblewrap" in checks[0]["output_tail"]
-    assert set(KEPT_CODES) == set(UNRUNNABLE_CODES) - {"verify_unrunnable", "verifier_error"}
+    assert set(MACHINE_CODES) == set(UNRUNNABLE_CODES) - {"verify_unrunnable", "verifier_error"}

@@ -20,12 +20,12 @@ def test_a_group_left_by_a_dead_parent_is_swept_at_a_later_command_not_at_every_
     left = base / f"run-{gone.pid}-deadbeef0000"
     left.mkdir()
     try:
-        monkeypatch.setattr(limits, "_swept_at", [time.monotonic()])             # swept just now
+        monkeypatch.setattr(limits, "_swept_at", time.monotonic())               # swept just now
         made = PidsCgroup.create(Limits())
         assert made is not None and made.path.is_dir()
         made.close()
         assert left.is_dir()                                       # not at every command
-        limits._swept_at[0] = time.monotonic() - limits.SWEEP_EVERY_S              # as long ago as the interval
+        monkeypatch.setattr(limits, "_swept_at", time.monotonic() - limits.SWEEP_EVERY_S)  # as long ago as the interval
         made = PidsCgroup.create(Limits())
         made.close()
         assert not left.exists()                                   # its parent is gone: swept

@@ -36,8 +36,6 @@ from transport.kinds import Kind
 RETRIES = 3
 BACKOFF_S = 0.5
 GIT_TIMEOUT_S = 60.0     # one git exchange with the coordinator host (a joined eval-agent)
-# codes an error verdict keeps as they are (the machine's, never the doer's); any other is verifier_error
-KEPT_CODES = MACHINE_CODES
 
 
 class EvalAgentProcess(RoleProcess):
@@ -125,7 +123,8 @@ class EvalAgentProcess(RoleProcess):
                                            code=code, attempt=tries, of=RETRIES, next=f"retry in {delay:.1f} s")
                             continue
                         failures.pop(key, None)
-                        code = code if code in KEPT_CODES else "verifier_error"
+                        # an error verdict keeps the machine's codes (never the doer's); any other is verifier_error
+                        code = code if code in MACHINE_CODES else "verifier_error"
                         self.log.error("verify_gave_up", work_id=row.work_id, iteration=row.n, error=str(exc),
                                        code=code, attempts=tries, next="error verdict; the run ends verify_unrunnable")
                         try:

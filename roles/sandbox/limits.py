@@ -240,15 +240,16 @@ def _rmdir(path: Path) -> bool:
 
 
 SWEEP_EVERY_S = 10.0
-_swept_at: list[float] = [float("-inf")]
+_swept_at = float("-inf")      # when this process last swept
 
 
 def _sweep_now_and_then(base: Path) -> None:
     """``_sweep`` at most every ``SWEEP_EVERY_S`` in a process: a left group is empty and holds
     nothing, while listing every live run's group before each command cost the busiest roles."""
+    global _swept_at
     now = time.monotonic()
-    if now - _swept_at[0] >= SWEEP_EVERY_S:
-        _swept_at[0] = now
+    if now - _swept_at >= SWEEP_EVERY_S:
+        _swept_at = now
         _sweep(base)
 
 
