@@ -4,10 +4,11 @@ Usage: ``bench/scale.py --json [--ns 1,2,4,8,16,32] [--latency 0.3] [--items-per
 [--iterations 3] [--startups 5]``.
 
 Each N gets a fresh org (supervisor, coordinator, eval-agent, curator and N loop-agents on
-ipc://, with org.toml's default heartbeats and outbox sweeps, as a user's org runs) and ``items-per-agent × N`` work items whose scripted model answers every call after a
-fixed ``latency`` (two calls an iteration: the act's tool turn and its closing turn) and never
-meets the goal, so every item runs exactly ``iterations`` iterations; the verify command is
-trivial (``cat`` and a comparison). Per N it reports:
+ipc://, with org.toml's default heartbeats and outbox sweeps, as a user's org runs) and
+``items-per-agent × N`` work items whose scripted model answers every call after a fixed
+``latency`` (two calls an iteration: the act's tool turn and its closing turn) and never meets
+the goal, so every item runs exactly ``iterations`` iterations; the verify command is trivial
+(``cat`` and a comparison). Per N it reports:
 
 - ``iterations_per_s``: committed iterations ÷ the time from the first submit to the last
   commit; ``bound_per_s``: what the model latency alone allows (N ÷ the model time of one
@@ -410,7 +411,8 @@ def main(argv=None) -> int:
     ap.add_argument("--latency", type=float, default=0.3, help="seconds per model call")
     ap.add_argument("--items-per-agent", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=3)
-    ap.add_argument("--startups", type=int, default=5, help="cold starts of the default org (startup_ms: their median)")
+    ap.add_argument("--startups", type=int, default=5,
+                    help="cold starts of the default org (startup_ms: their median)")
     ap.add_argument("--eval-agents", type=int, default=0,
                     help="eval-agents side by side ([org] eval_agents); 0: one per 16 loop-agents")
     args = ap.parse_args(argv)

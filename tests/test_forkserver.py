@@ -232,9 +232,9 @@ def _left_to_init(org, tmp_path, spawn: str) -> tuple[list[str], dict]:
 
 
 def test_no_process_of_a_sandboxed_command_is_left_to_the_machines_init(org, tmp_path):
-    """A real org verifies a run through real bubblewrap (its preflight and its verdict: two
-    sandboxed commands, each leaving the sandbox's first process behind): the template adopts
-    and reaps every such process, so the machine's init is left none."""
+    """A real org verifies a run through real bubblewrap (its preflight and its verdict, each a
+    sandboxed command that leaves the sandbox's first process behind): the template adopts and
+    reaps every such process, so the machine's init is left none."""
     left, item = _left_to_init(org, tmp_path, "fork")
     assert item["stop_reason"] == "goal_met", item["stop_detail"]
     assert left == []
