@@ -95,7 +95,14 @@ def fmt(value) -> str:
         return f"{value:,}"
     if isinstance(value, dict):
         return ", ".join(f"{k}: {fmt(v)}" for k, v in value.items()) or "—"
+    if isinstance(value, list):
+        return ", ".join(fmt(v) for v in value) or "—"
     return "—" if value is None else str(value)
+
+
+def _numbers(value: list) -> bool:
+    """A list shown among the other figures: repeated measurements (e.g. every start-up)."""
+    return bool(value) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
 
 
 def commit() -> str:
@@ -139,7 +146,7 @@ def render(results: dict[str, dict], started: str, load_before: str = "") -> tup
     out += ["", "## Other figures", ""]
     for name, r in results.items():
         extra = {k: v for k, v in r.items() if not k.startswith("_") and k not in SKIP and not k.startswith("raw_")
-                 and k not in r.get("targets", {}) and not isinstance(v, list)}
+                 and k not in r.get("targets", {}) and not (isinstance(v, list) and not _numbers(v))}
         out.append(f"- **{name}** (exit {r['_exit']}, {r['_seconds']} s)"
                    + (": " + "; ".join(f"`{k}` {fmt(v)}" for k, v in extra.items()) if extra else ""))
     for name, r in results.items():
