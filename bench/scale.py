@@ -252,12 +252,12 @@ def default_startups(root: Path, runs: int) -> list[float]:
         home = OrgHome(root / f"s{k}")
         home.root.mkdir(parents=True)
         init_home(home)
-        t0 = time.monotonic()
-        control.start_background(home, timeout_s=60)
-        out.append(round((time.monotonic() - t0) * 1000, 1))
         try:
+            t0 = time.monotonic()
+            control.start_background(home, timeout_s=60)
+            out.append(round((time.monotonic() - t0) * 1000, 1))
             control.request(home, "stop", timeout_s=30)
-        finally:
+        finally:                    # a start that failed or timed out leaves nothing running either
             workload.kill_everything(home)
     return out
 
