@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import time
 
+from state_db.queries import replays as replays_q
 from state_db.queries import skills as Q
 from state_db.vocab import BatchStatus
 
 OPEN, CLOSED = BatchStatus.OPEN, BatchStatus.CLOSED
 
 
-def open_if_due(tx, per_batch: int) -> str | None:
-    """Open a batch of every unbatched pending candidate when there are ≥ ``per_batch``."""
+def open_if_due(tx, per_batch: int, *, wait_for_replays: bool = False) -> str | None:
+    """Open a batch of every unbatched pending candidate when there are ≥ ``per_batch``; with
+    ``wait_for_replays``, only candidates whose replays have ended (or that none could be planned
+    for) count and join (skills/replay.py)."""
     ids = Q.unbatched(tx.conn)
+    if wait_for_replays:
+        waiting = replays_q.unmeasured_candidates(tx.conn)
+        ids = [i for i in ids if i not in waiting]
     if len(ids) < per_batch:
         return None
     bid = f"b-{time.strftime('%Y%m%d', time.gmtime(tx.now))}-{Q.batch_count(tx.conn) + 1}"

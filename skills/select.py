@@ -20,6 +20,7 @@ import orjson
 
 from knowledge.similarity import Index
 from state_db.queries import knowledge as K
+from state_db.queries import replays
 from state_db.queries import skills as Q
 from state_db.queries.iterations import last_n, of_work as iterations_of
 from state_db.queries.skills import Skill
@@ -102,8 +103,14 @@ def for_run(conn, work: dict) -> tuple[list[tuple[str, str]], list[tuple[str, st
     A run that has committed iterations keeps the skills its latest iteration carried (those
     still active, same order), so a resumed run's cacheable prefix stays byte-identical; a new
     run gets a fresh choice. Knowledge is chosen afresh either way (it is not in the prefix).
+    A replay (skills/replay.py) carries exactly the skill it measures (its ``with`` arm) or none
+    (its ``without`` arm), whatever else would match, with the same knowledge in both arms.
     """
     context = context_of(work)
+    replay = replays.of_work(conn, work["id"]) if work.get("id") else None
+    if replay is not None:
+        carried = [(replay["skill_name"], replay["skill_text"])] if replay["arm"] == replays.WITH else []
+        return carried, choose_knowledge(conn, context)
     last = last_n(conn, work["id"])
     if last == 0:
         return choose_skills(conn, context), choose_knowledge(conn, context)

@@ -170,6 +170,18 @@ class Knowledge(Section):
     skill_unused_days: int = key(90, ge=1)
 
 
+class Learning(Section):
+    """Skill replays: each new candidate is run on the items it came from (and similar ones),
+    with and without it, before a human reviews it. Off for paid models until a budget is set."""
+    replay: Literal["auto", "on", "off"] = key("auto", "auto: on when the model costs nothing (a local or "
+                                                "scripted server) or a replay budget is set; on; off")
+    replay_items: int = key(2, "ended items replayed per candidate (each twice: with and without)", ge=1, le=20)
+    replay_concurrency: int = key(2, "replay runs active at once, across all candidates", ge=1, le=64)
+    replay_budget_tokens: int = key(0, "tokens all replays of one candidate may spend; 0: the items' own caps",
+                                    ge=0)
+    replay_budget_usd: float = key(0.0, "dollars all replays of one candidate may spend; 0: none set", ge=0)
+
+
 class Sandbox(Section):
     mode: Literal["bubblewrap", "unsandboxed"] = key("bubblewrap", "unsandboxed only with allow_unsandboxed",
                                                      env="ORG_SANDBOX")
@@ -318,6 +330,7 @@ class Config(Section):
                     "(local models, the scripted demo server).")
     loop: Loop = section(Loop)
     knowledge: Knowledge = section(Knowledge)
+    learning: Learning = section(Learning)
     sandbox: Sandbox = section(Sandbox)
     command: Command = section(Command)
     gate: Gate = section(Gate)

@@ -61,7 +61,7 @@ KEYS = {"work_items": "id", "org_session": "id", "role_instances": "instance", "
         "iterations": ("work_id", "n"), "verdicts": "id", "preflights": "work_id", "model_calls": "request_id",
         "curated_notes": "id", "workspace_locks": "workspace", "attempts": ("work_id", "attempt"),
         "stop_history": ("work_id", "seq"), "attention": "key", "handoffs": ("work_id", "ending"), "proposals": "id",
-        "peers": "instance"}
+        "peers": "instance", "replays": "work_id", "replay_plans": "subject"}
 
 H, SUP, CO, LA, EV, CU = (Actor.HUMAN, Actor.SUPERVISOR, Actor.COORDINATOR, Actor.LOOP_AGENT,
                           Actor.EVAL_AGENT, Actor.CURATOR)
@@ -114,6 +114,10 @@ WRITERS: dict[tuple[str, str], set[str]] = {
     ("proposals", "insert"): {H, CO},
     ("proposals", "update"): {H, CO},
     ("proposals", "status"): {H, CO},
+    # skill replays: planned and submitted by the coordinator (or the human's 'org skills eval')
+    ("replays", "insert"): {H, CO},
+    ("replay_plans", "insert"): {H, CO},
+    ("replay_plans", "update"): {H, CO},
     # each host's supervisor registers its own instances (org start on the coordinator host, org join)
     ("peers", "insert"): {SUP},
     ("peers", "update"): {SUP},

@@ -421,6 +421,37 @@ CREATE TABLE peers (
 CREATE UNIQUE INDEX peers_one_key ON peers(curve_public);
 """
 
+# Skill replays (skills/replay.py): a candidate (or a skill) proves its value before a human
+# reviews it. Each replay is an ordinary work item (origin 'replay') run from the baseline of an
+# ended item, once with the skill in context and once without; ``replays`` says which arm it is
+# and freezes the text the 'with' arm carries. ``replay_plans`` records, per subject, what the
+# coordinator planned (the items chosen, or why none) so a batch waits for measured candidates.
+REPLAYS = """
+CREATE TABLE replays (
+    work_id TEXT PRIMARY KEY REFERENCES work_items(id),
+    subject TEXT NOT NULL,
+    subject_kind TEXT NOT NULL CHECK (subject_kind IN ('candidate', 'skill')),
+    source_id TEXT NOT NULL,
+    relation TEXT NOT NULL CHECK (relation IN ('source', 'similar')),
+    arm TEXT NOT NULL CHECK (arm IN ('with', 'without')),
+    skill_name TEXT NOT NULL,
+    skill_text TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX replays_subject ON replays(subject);
+CREATE TABLE replay_plans (
+    subject TEXT PRIMARY KEY,
+    subject_kind TEXT NOT NULL CHECK (subject_kind IN ('candidate', 'skill')),
+    status TEXT NOT NULL,
+    name TEXT NOT NULL,
+    skill_text TEXT NOT NULL,
+    items TEXT NOT NULL DEFAULT '[]',
+    reason TEXT NOT NULL DEFAULT '',
+    planned_by TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+"""
+
 
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
@@ -436,4 +467,5 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0012_review", REVIEW),
     ("0013_handoff", HANDOFF),
     ("0014_peers", PEERS),
+    ("0022_replays", REPLAYS),
 ]

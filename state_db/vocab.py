@@ -151,6 +151,14 @@ class Origin(StrEnum):
     SCHEDULE = "schedule"      # a standing order's tick (time-based)
     TRIGGER = "trigger"        # an event on the workspace: a commit, a file change, checks failing
     DISCOVERY = "discovery"    # a discovery scan's proposal, accepted (proactive)
+    REPLAY = "replay"          # a skill's replay: an ended item rerun with and without it (skills/replay.py)
+
+
+class ReplayPlanStatus(StrEnum):
+    """What the coordinator made of a subject's replays (skills/replay.py)."""
+
+    PLANNED = "planned"        # items chosen; runs submitted as concurrency allows
+    SKIPPED = "skipped"        # no ended item could be replayed: the reason says why
 
 
 class ScheduleKind(StrEnum):

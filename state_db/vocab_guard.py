@@ -21,7 +21,7 @@ from state_db.vocab import (
     ROLE_ACTORS, Actor, BatchStatus, CandidateStatus, DecisionStatus, NoteStatus, PreflightOutcome,
     ProposalStatus, RoleStatus, SessionStatus, SkillStatus, StopReason, VerdictOutcome, WorkStatus,
 )
-from state_db.vocab import Origin, ScheduleKind, ScheduleStatus
+from state_db.vocab import Origin, ReplayPlanStatus, ScheduleKind, ScheduleStatus
 
 PREFIX = "vocab_"
 
@@ -47,6 +47,7 @@ GUARDED: dict[tuple[str, str], Iterable[str]] = {
     ("schedules", "kind"): ScheduleKind,
     ("work_items", "origin"): Origin,
     ("proposals", "status"): ProposalStatus,
+    ("replay_plans", "status"): ReplayPlanStatus,
 }
 
 

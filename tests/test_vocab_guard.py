@@ -43,6 +43,8 @@ BASE = {
                             "created_by": "h", "created_at": 1, "seen_at": 1, "expires_at": 2},
     "schedules": lambda i: {"id": f"s{i}", "name": f"s{i}", "kind": "every", "status": "active",
                             "created_by": "h", "created_at": 1, "updated_at": 1},
+    "replay_plans": lambda i: {"subject": f"c{i}", "subject_kind": "candidate", "status": "planned", "name": "n",
+                               "skill_text": "t", "planned_by": "coordinator", "created_at": 1},
 }
 
 # values outside every vocabulary, near misses of real ones, and the examples

@@ -19,6 +19,7 @@ class CoordinatorProcess(RoleProcess):
             from roles.coordinator import triggers          # its checks' code: imported once the role is ready
             self._watcher = triggers.Watcher(self.home, self.cfg, self.instance, clock=self.clock)
             self._watcher.start()
+        self.replays()                                       # skill replays due: dispatched below
         changed = dispatch.reconcile(self.writer, heartbeat_timeout_s=self.cfg.supervisor.heartbeat_timeout_s,
                                      spend_cap_usd=self.cfg.limits.total_spend_usd)
         for work_id, agent in changed["dispatched"]:
@@ -37,6 +38,16 @@ class CoordinatorProcess(RoleProcess):
         if texts or self._attention is None:
             self.attention.kick()          # the first pass delivers what a previous run left undelivered
         self.render_snapshot()
+
+    def replays(self) -> None:
+        """Plan new candidates' replays and submit the runs due (roles/operations/replays.py). A
+        failure is logged and retried on the next pass: learning never stops the org's work."""
+        try:
+            from roles.operations import replays
+            for work_id in replays.tick(self.writer, self.home, self.cfg):
+                self.log.info("replay_submitted", work_id=work_id, next="dispatched like any work item")
+        except Exception as exc:  # noqa: BLE001 - a replay that cannot start is not the org's failure
+            self.log.warning("replays_failed", error=str(exc), next="retry on the next pass")
 
     @property
     def attention(self):

@@ -26,6 +26,7 @@ from knowledge.signals import RECOMMENDED
 from knowledge.thresholds import Thresholds
 from skills import batches, candidates, registry, select
 from skills.drafting import draft
+from state_db.queries import replays as replays_q
 from state_db.writer import StateWriter
 
 
@@ -59,10 +60,13 @@ class Pipeline:
         skills_dir: ``<org home>/skills``.
         author: writes a retro from a run record (default: derived, no model).
         log: structlog logger.
+        wait_for_replays: replays are on ([learning]): a candidate joins a batch once its
+            replays have ended (or none could be planned), so the human sees it measured.
     """
 
     def __init__(self, writer: StateWriter, thresholds: Thresholds, skills_dir: Path, *,
-                 author: RetroAuthor = derive, log=None, clock: Callable[[], float] = time.time):
+                 author: RetroAuthor = derive, log=None, clock: Callable[[], float] = time.time,
+                 wait_for_replays: bool = False):
         self.w = writer
         self.t = thresholds
         self.skills_dir = Path(skills_dir)
@@ -70,6 +74,7 @@ class Pipeline:
         self.log = log or structlog.get_logger("curator")
         self.clock = clock
         self._flight = threading.Lock()
+        self.wait_for_replays = wait_for_replays   # a batch offers only candidates whose replays ended
 
     def run(self, *, slow: bool = False) -> PassReport:
         """One pass; ``slow`` adds the periodic work (use recount, retirement proposals)."""
@@ -80,7 +85,8 @@ class Pipeline:
             report.retros = self.retros()
             self.consolidate(report)
             with self.w.transaction() as tx:
-                report.batch = batches.open_if_due(tx, self.t.candidates_per_batch)
+                report.batch = batches.open_if_due(tx, self.t.candidates_per_batch,
+                                                   wait_for_replays=self.wait_for_replays)
                 report.closed = batches.close_finished(tx)
             report.rendered = registry.ensure_rendered(self.w.conn, self.skills_dir)
             if slow:
@@ -102,6 +108,10 @@ class Pipeline:
         done = []
         for run_id in N.runs_without_retro(self.w.conn, limit):
             try:
+                if replays_q.is_replay(self.w.conn, run_id):
+                    with self.w.transaction() as tx:   # it measured a skill; its lessons are the item's own
+                        N.skip_retro(tx, run_id, "a replay measures a skill; it teaches nothing of its own")
+                    continue
                 rec = record.load(self.w.conn, run_id)
                 why = findings.taught_nothing(rec)
                 drafts = [] if why else self.author(rec)

@@ -34,9 +34,10 @@ class CuratorProcess(RoleProcess):
         imported for any curator forked once it is warm)."""
         if self._pipeline is None:
             from roles.curator.pipeline import Pipeline
+            from skills.replay import enabled
             kwargs = {"author": self._author} if self._author is not None else {}
             self._pipeline = Pipeline(self.writer, Thresholds.from_config(self.cfg), self.home.skills_dir,
-                                      log=self.log, **kwargs)
+                                      log=self.log, wait_for_replays=enabled(self.cfg)[0], **kwargs)
         return self._pipeline
 
     def reconcile(self) -> None:

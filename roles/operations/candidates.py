@@ -16,6 +16,7 @@ from roles.operations.wake import wake_coordinator
 from skills import candidates as C, review
 from skills.errors import SkillError
 from skills.skillmd import parse, render
+from skills import replay
 from state_db.config import Config
 from state_db.connection import connect
 from state_db.home import OrgHome
@@ -98,7 +99,10 @@ def listing(home: OrgHome, statuses: list[str] | tuple[str, ...] | None = None, 
             every: bool = False) -> CandidateList:
     """Candidates in ``statuses`` (default: pending; ``every``: whatever their status)."""
     chosen = STATUSES if every else tuple(statuses or ("pending",))
-    return CandidateList(chosen, tuple(_read(home, lambda conn: C.listing(conn, chosen))))
+
+    def rows(conn):
+        return [{**r, "replay": replay.of_subject(conn, r["id"])} for r in C.listing(conn, chosen)]
+    return CandidateList(chosen, tuple(_read(home, rows)))
 
 
 def queued(home: OrgHome) -> QueuedPatterns:
@@ -107,7 +111,10 @@ def queued(home: OrgHome) -> QueuedPatterns:
 
 def show(home: OrgHome, ref: str) -> CandidateView:
     """One candidate by id, or by the name of a pending or deferred one. Raises CandidateNotFound."""
-    return CandidateView(_read(home, lambda conn: C.get(conn, ref)))
+    def one(conn):
+        row = C.get(conn, ref)
+        return {**row, "replay": replay.of_subject(conn, row["id"])}
+    return CandidateView(_read(home, one))
 
 
 def decide(home: OrgHome, cfg: Config, refs: list[str], action: str, *, idempotency_key: str | None = None,

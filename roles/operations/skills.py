@@ -15,7 +15,9 @@ from roles.operations import Result, human_writer
 from skills import registry, review
 from skills.errors import SkillError
 from skills.skillmd import render, write_folder
+from skills import replay
 from state_db.config import Config
+from state_db.queries import replays as replays_q
 from state_db.connection import connect
 from state_db.home import OrgHome
 
@@ -84,6 +86,8 @@ def show(home: OrgHome, cfg: Config, name: str) -> SkillView:
         row = registry.skill(conn, name)
         row.update(next((d for d in registry.listing(conn, time.time(), days, include_retired=True)
                          if d["name"] == row["name"]), {}))
+        row["replays"] = [{"subject": p.subject, **replay.of_subject(conn, p.subject)}
+                          for p in replays_q.plans_named(conn, row["name"])]
         return row
     return SkillView(_read(home, one))
 

@@ -249,7 +249,7 @@ def check(home: OrgHome, cfg: Config, req: SubmitRequest) -> Checked:
         raise SubmitError(f"workspace {ws} is not a directory", code="workspace_missing",
                           hint="create it or pass an existing --workspace")
     org_root = home.root.resolve()
-    if ws.is_relative_to(org_root) and not any(ws.is_relative_to(org_root / d) for d in ("demo", "worktrees")):
+    if ws.is_relative_to(org_root) and not any(ws.is_relative_to(org_root / d) for d in ("demo", "worktrees", "replays")):
         raise SubmitError(f"the workspace {ws} is inside the org home; the agent must not reach the org's files",
                           code="workspace_in_org_home", hint="use a folder outside the org home")
     if org_root.is_relative_to(ws):
@@ -261,13 +261,14 @@ def check(home: OrgHome, cfg: Config, req: SubmitRequest) -> Checked:
 
 
 def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origin: dict | None = None,
-           guard=None, wake: bool = True, wait_s: float = 0.0) -> Submitted:
+           guard=None, after=None, wake: bool = True, wait_s: float = 0.0) -> Submitted:
     """Create a work item (or return the one this idempotency key created).
 
     ``writer`` writes it (default: a new one as the human, closed after); ``origin`` adds columns
     saying what started it (``origin``, ``origin_id``, ``created_by``); ``guard(tx, work_id)`` runs
     first in the write transaction and may raise to write nothing (a standing order's
-    single-flight, re-checked under the lock); ``wake=False`` sends no wake (the coordinator
+    single-flight, re-checked under the lock); ``after(tx, work_id)`` runs in the same transaction
+    once the row is written (a row that refers to it, e.g. a replay's); ``wake=False`` sends no wake (the coordinator
     submitting dispatches itself); ``wait_s`` > 0 waits that long for the preflight of a new item
     (``wait_for_preflight``).
 
@@ -306,6 +307,8 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
                 "created_at": tx.now, "updated_at": tx.now, **(origin or {})})
             if not busy:
                 tx.insert("workspace_locks", {"workspace": str(workspace), "work_id": work_id, "acquired_at": tx.now})
+            if after is not None:
+                after(tx, work_id)
             return {"id": work_id, "status": str(status), "caps": caps, "defaults_applied": defaults_applied,
                     "workspace": str(workspace), "branch": branch, "waiting_for": busy}
 

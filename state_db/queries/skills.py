@@ -213,8 +213,11 @@ def active_skills_version(conn: sqlite3.Connection) -> tuple[int, str | None]:
     return row[0], row[1]
 
 
+# a replay carries a skill to measure it, not to use it: its iterations never count
 _USES = """SELECT j.value AS name, COUNT(DISTINCT i.work_id) AS runs, MAX(i.committed_at) AS last
-             FROM iterations i, json_each(i.prompt, '$.skills') j {where} GROUP BY j.value"""
+             FROM iterations i, json_each(i.prompt, '$.skills') j
+            WHERE NOT EXISTS (SELECT 1 FROM replays r WHERE r.work_id = i.work_id) {where}
+            GROUP BY j.value"""
 
 
 def skill_uses(conn: sqlite3.Connection, names: list[str] | None = None) -> dict[str, SkillUse]:
@@ -224,7 +227,7 @@ def skill_uses(conn: sqlite3.Connection, names: list[str] | None = None) -> dict
     if names is None:
         rows = conn.execute(_USES.format(where=""))
     else:
-        rows = conn.execute(_USES.format(where=f"WHERE j.value IN ({','.join('?' * len(names))})"), names)
+        rows = conn.execute(_USES.format(where=f"AND j.value IN ({','.join('?' * len(names))})"), names)
     return {r["name"]: SkillUse(r["name"], r["runs"], r["last"]) for r in rows}
 
 

@@ -19,8 +19,17 @@ Format (JSON, UTF-8)::
       "reviews": [                                      # optional: reviews[i] answers the eval-agent's
         {"tool_uses": [{"name": "submit_review",        # review of iteration i + 1 (one turn)
                         "input": {"verdict": "reject", "reasons": ["..."]}}]}
-      ]
+      ],
+      "when": [                                   # optional: variants chosen by the request's text
+        {"prompt_contains": "Skill: retry-flaky", # the first variant whose text occurs anywhere in
+         "acts": [...], "default": ...}           # the request (system prompt and messages) serves
+      ]                                           # it, as a whole script of its own
     }
+
+A variant holds ``prompt_contains`` (a non-empty string) and the fields of a script (``acts``,
+``default``, ``repeat_last``, ``reviews``; no nested ``when``). It lets one script tell whether a
+skill or a note reached the model's context, as a model would: the same task takes a shorter path
+when the text that helps is in the prompt (skill replays are tested this way).
 
 Turn fields: ``text`` (string) and/or ``tool_uses`` (list of ``{name, input}``; ``input`` any JSON
 value, so a script can also feed malformed tool input); ``usage`` (optional; defaults
@@ -98,6 +107,17 @@ class Script:
     default: tuple[Turn, ...] | None = None
     repeat_last: bool = False
     reviews: tuple[Turn | None, ...] = ()
+    variants: tuple[tuple[str, "Script"], ...] = ()
+
+    def for_request(self, body: Any) -> "Script":
+        """The script serving ``body``: the first variant whose ``prompt_contains`` occurs in the
+        request's text (``request_text``), else this one."""
+        if self.variants:
+            text = request_text(body)
+            for needle, variant in self.variants:
+                if needle in text:
+                    return variant
+        return self
 
     def review_for(self, iteration: int) -> Turn:
         """The answer to the review of ``iteration``. Errors: ``ScriptExhausted``."""
@@ -148,19 +168,38 @@ def parse_script(text: str) -> Script:
     except RecursionError:
         raise ScriptError("script_syntax", "the JSON is nested too deeply to be a script") from None
     _require(isinstance(data, dict), "the script must be a JSON object", "$")
-    _known(data, {"version", "acts", "default", "repeat_last", "reviews"}, "$")
+    _known(data, {"version", "acts", "default", "repeat_last", "reviews", "when"}, "$")
     _require(data.get("version", 1) == 1, "unsupported script version (this server reads version 1)", "version")
+    when = data.get("when", [])
+    _require(isinstance(when, list), "'when' must be a list of variants", "when")
+    variants = tuple(_variant(v, f"when[{i}]") for i, v in enumerate(when))
+    return _script(data, "$", variants)
+
+
+def _variant(value: Any, where: str) -> tuple[str, Script]:
+    _require(isinstance(value, dict), "a variant must be an object", where)
+    _known(value, {"prompt_contains", "acts", "default", "repeat_last", "reviews"}, where)
+    needle = value.get("prompt_contains")
+    _require(isinstance(needle, str) and bool(needle), "'prompt_contains' must be a non-empty string",
+             f"{where}.prompt_contains")
+    return needle, _script(value, where, ())
+
+
+def _script(data: dict, where: str, variants: tuple) -> Script:
+    at = (lambda name: name) if where == "$" else (lambda name: f"{where}.{name}")
     acts = data.get("acts")
-    _require(isinstance(acts, list), "'acts' must be a list of acts", "acts")
+    _require(isinstance(acts, list), "'acts' must be a list of acts", at("acts"))
     default = data.get("default")
     repeat_last = data.get("repeat_last", False)
-    _require(isinstance(repeat_last, bool), "'repeat_last' must be true or false", "repeat_last")
-    _require(not (default is not None and repeat_last), "'default' and 'repeat_last' exclude each other", "default")
+    _require(isinstance(repeat_last, bool), "'repeat_last' must be true or false", at("repeat_last"))
+    _require(not (default is not None and repeat_last), "'default' and 'repeat_last' exclude each other",
+             at("default"))
     reviews = data.get("reviews", [])
-    _require(isinstance(reviews, list), "'reviews' must be a list of turns (or null)", "reviews")
-    return Script(acts=tuple(_act(a, f"acts[{i}]") for i, a in enumerate(acts)),
-                  default=None if default is None else _act(default, "default"), repeat_last=repeat_last,
-                  reviews=tuple(None if r is None else _turn(r, f"reviews[{i}]") for i, r in enumerate(reviews)))
+    _require(isinstance(reviews, list), "'reviews' must be a list of turns (or null)", at("reviews"))
+    return Script(acts=tuple(_act(a, at(f"acts[{i}]")) for i, a in enumerate(acts)),
+                  default=None if default is None else _act(default, at("default")), repeat_last=repeat_last,
+                  reviews=tuple(None if r is None else _turn(r, at(f"reviews[{i}]")) for i, r in enumerate(reviews)),
+                  variants=variants)
 
 
 def review_of_request(body: Any) -> int | None:
@@ -185,6 +224,18 @@ def step_of_request(body: Any) -> tuple[int, int]:
     if len(digits) > 9:
         raise ScriptError("bad_request", f"iteration number with {len(digits)} digits is not an iteration")
     return int(digits), turn
+
+
+def request_text(body: Any) -> str:
+    """All the text a request shows the model: its system prompt and every message's text."""
+    if not isinstance(body, dict):
+        return ""
+    system = body.get("system")
+    parts = [_text_of(system)]
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        parts.extend(_text_of(m.get("content")) for m in messages if isinstance(m, dict))
+    return "\n".join(parts)
 
 
 def first_user_text(body: Any) -> str:

@@ -217,13 +217,14 @@ class ScriptedServer(MessagesServer):
                                 "the scripted server answers POST /v1/messages only")
         body = exchange.body
         reviewed = review_of_request(body)
+        script = self.script.for_request(body)
         try:
             if reviewed is not None:       # the eval-agent's review: one scripted answer per iteration
                 iteration, turn_index = reviewed, 0
-                turn = self.script.review_for(reviewed)
+                turn = script.review_for(reviewed)
             else:
                 iteration, turn_index = step_of_request(body)
-                turn = self.script.step(iteration, turn_index)
+                turn = script.step(iteration, turn_index)
         except ScriptError as exc:
             return self._refuse(exchange, headers, 400, "invalid_request_error", f"scripted server: {exc}",
                                 code=exc.code)

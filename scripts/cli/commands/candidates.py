@@ -90,8 +90,20 @@ def listing_text(result: CandidateList, *, every: bool = False) -> str:
     if not result.rows:
         return "no candidates" + ("" if every else f" ({', '.join(result.statuses)})")
     return table([[r["id"], r["name"], _status(r), r["score"], len(r["source_notes"] or []), r["batch_id"] or "",
-                   time.strftime("%Y-%m-%d", time.localtime(r["created_at"]))] for r in result.rows],
-                 ["ID", "NAME", "STATUS", "SCORE", "NOTES", "BATCH", "CREATED"])
+                   time.strftime("%Y-%m-%d", time.localtime(r["created_at"])), _measured(r.get("replay"))]
+                  for r in result.rows],
+                 ["ID", "NAME", "STATUS", "SCORE", "NOTES", "BATCH", "CREATED", "WITH / WITHOUT / Δ GOALS"])
+
+
+def _measured(summary: dict | None) -> str:
+    """The replay's goal rates in a table cell: ``2/2 / 1/2 / +0.5``, or what holds it up."""
+    if not summary or not summary["items"]:
+        plan = (summary or {}).get("plan")
+        return "not replayed" if plan and plan["status"] == "skipped" else "—"
+    if not summary["measured"]:
+        return f"replaying ({summary['running']} running)"
+    w, wo, d = summary["with"], summary["without"], summary["delta"]["goal_rate"]
+    return f"{w['goals']}/{w['ended']} / {wo['goals']}/{wo['ended']} / {d:+g}"
 
 
 def _status(r: dict) -> str:
@@ -119,7 +131,15 @@ def show_text(result: CandidateView) -> str:
         s = signals.get(name)
         if isinstance(s, dict):
             lines.append(f"  [{'x' if s.get('ok') else ' '}] {name}: {s.get('why', '')}")
-    lines.append(f"  source notes: {', '.join(c['source_notes'] or [])}\n")
+    lines.append(f"  source notes: {', '.join(c['source_notes'] or [])}")
+    if c.get("replay") is not None:
+        from skills.replay import line
+        lines.append(f"  replayed: {line(c['replay'])}")
+        for r in c["replay"]["runs"]:
+            lines.append(f"    {r['arm']:<7} {r['work_id']}  of {r['source']} ({r['relation']})  {r['status']}"
+                         f"{'  ' + r['stop_reason'] if r['stop_reason'] else ''}  {r['iterations']} iteration(s), "
+                         f"{r['tokens']:,} tokens")
+    lines.append("")
     lines.append(result.skill_md)
     return "\n".join(lines)
 

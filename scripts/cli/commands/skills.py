@@ -1,5 +1,6 @@
-"""``org skills [list|show NAME|retire NAME|export NAME --to DIR]``: approved skills, their use and
-their origin; ``export`` writes ``DIR/NAME/SKILL.md`` in the Agent Skills layout, ready to drop into a
+"""``org skills [list|show NAME|retire NAME|export NAME --to DIR|eval NAME]``: approved skills, their
+use and their origin; ``eval`` replays ended items with and without a skill (or a pending candidate)
+and shows goal rate, iterations to goal and tokens with, without and the difference; ``export`` writes ``DIR/NAME/SKILL.md`` in the Agent Skills layout, ready to drop into a
 Claude Code project's ``.claude/skills/`` (or ``~/.claude/skills/``).
 
 A skill no run has carried for ``knowledge.skill_unused_days`` (default 90) is shown as
@@ -12,6 +13,7 @@ import time
 
 from roles.operations import skills as ops
 from roles.operations.skills import Exported, SkillList, SkillView
+from scripts.cli.main import UsageError
 from scripts.cli.output import add_json, emit_json, home_of, table
 from state_db.config import load_config
 
@@ -36,6 +38,14 @@ def add_arguments(p) -> None:
     export.add_argument("name", help="skill name")
     export.add_argument("--to", required=True, metavar="DIR", help="folder to write the skill's folder into")
     add_json(export)
+    ev = sub.add_parser("eval", help="replay ended items with and without a skill (or candidate): WITH / WITHOUT / Δ")
+    ev.add_argument("name", help="skill name (or a pending candidate's name or id)")
+    ev.add_argument("--items", type=int, metavar="N", help="ended items to replay (default: [learning] replay_items)")
+    ev.add_argument("--item", action="append", default=[], metavar="ID",
+                    help="replay this ended work item (repeatable; instead of choosing)")
+    ev.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                    help="wait up to this long for the replays to end and print the figures")
+    add_json(ev)
 
 
 def _when(at) -> str:
@@ -45,7 +55,14 @@ def _when(at) -> str:
 def run(args) -> int:
     action = args.action or "list"
     home = home_of(args).require()
-    if action == "retire":
+    if action == "eval":
+        if args.items is not None and args.items < 1:
+            raise UsageError("--items must be at least 1")
+        from roles.operations import replays
+        result = replays.evaluate(home, load_config(home), args.name, items=args.items, only=args.item or None,
+                                  wait_s=max(args.wait, 0.0))
+        text = eval_text(result)
+    elif action == "retire":
         result = ops.retire(home, args.name, idempotency_key=args.idempotency_key)
         text = f"{result.name}: retired" + ("" if result.changed else " (already)")
     elif action == "export":
@@ -65,6 +82,7 @@ def run(args) -> int:
 
 
 def show_text(result: SkillView, root) -> str:
+    from skills.replay import line
     row = result.skill
     o = row["origin"]
     return "\n".join([
@@ -72,6 +90,7 @@ def show_text(result: SkillView, root) -> str:
         + ("  — proposed for retirement" if row.get("retirement_proposed") else ""),
         f"origin: candidate {o.get('candidate')}, approved by {o.get('approved_by')}; "
         f"runs {', '.join(o.get('runs', []))}; notes {', '.join(o.get('source_notes', []))}",
+        *[f"replayed ({r['subject']}): {line(r)}" for r in row.get("replays") or []],
         f"file: {root / row['path']}\n", result.skill_md])
 
 
@@ -81,6 +100,18 @@ def listing_text(result: SkillList) -> str:
     return table([[r["name"], r["status"], r["use_count"], _when(r["last_used_at"]), r["idle_days"],
                    f"proposed for retirement (unused {result.unused_days}+ days)" if r["retirement_proposed"] else ""]
                   for r in result.rows], ["NAME", "STATUS", "USES", "LAST USED", "IDLE DAYS", "NOTE"])
+
+
+def eval_text(result) -> str:
+    from skills.replay import line
+    if not result.items:
+        return f"{result.id}: {result.name} not replayed: {result.reason}"
+    head = (f"{result.id}: replaying {result.name} on {len(result.items)} item(s) "
+            f"({', '.join(i['id'] for i in result.items)}), each with and without it; "
+            f"{len(result.submitted)} run(s) submitted now, the rest as replays end")
+    if result.summary is None:
+        return head + f"\n  the figures: org skills show {result.name}  (or wait for them: --wait SECONDS)"
+    return head + "\n  " + line(result.summary)
 
 
 def export_text(result: Exported) -> str:
