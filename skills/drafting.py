@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from knowledge.findings import clip, short_check
 from knowledge.patterns import Pattern
 from knowledge.signals import states_criteria
-from knowledge.similarity import normalize, polarity
+from knowledge.similarity import dot, normalize, polarity, vectorize
 from skills.names import name_for
 from skills.skillmd import MAX_DESCRIPTION
 from state_db.queries.knowledge import fix_notes_about
@@ -41,6 +41,34 @@ def _distinct(texts) -> list[str]:
     return out
 
 
+#: cosine (the curator's TF-IDF over character n-grams) at or above which two steps say the same
+#: thing: they become one step naming the evidence of both. Higher than the topic threshold
+#: (``knowledge.thresholds.SIMILARITY``): same topic is not the same step.
+NEAR_DUPLICATE = 0.5
+
+
+def merge_near(items: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """``[(text, evidence)]`` with near-duplicates (``NEAR_DUPLICATE``) merged into the first of
+    them, their evidence joined in order; deterministic."""
+    if not items:
+        return []
+    vecs = vectorize([t for t, _ in items])
+    kept: list[tuple[int, list[str]]] = []
+    for i, (_, evidence) in enumerate(items):
+        for j, joined in kept:
+            if dot(vecs[i], vecs[j]) >= NEAR_DUPLICATE:
+                joined.extend(e for e in evidence if e not in joined)
+                break
+        else:
+            kept.append((i, list(dict.fromkeys(evidence))))
+    return [(items[j][0], joined) for j, joined in kept]
+
+
+def _cite(evidence: list[str]) -> str:
+    shown = ", ".join(evidence[:6]) + (f" and {len(evidence) - 6} more" if len(evidence) > 6 else "")
+    return f"(run{'s' if len(evidence) > 1 else ''} {shown})"
+
+
 def draft(conn, pattern: Pattern) -> CandidateDraft:
     """The candidate for a scored pattern (see the module docstring); deterministic."""
     notes = list(pattern.notes)
@@ -58,18 +86,21 @@ def draft(conn, pattern: Pattern) -> CandidateDraft:
     negative = [t for t in advice if polarity(t) < 0]
     runs = pattern.score.runs
 
+    # each step names the runs it came from; steps that say the same thing are one step
     steps = []
     if triggers:
         check, why = triggers[0].split("|", 1)
-        steps.append(f"Run `{short_check(check, 80)}` and find the line that says \"{why}\".")
-    for f in fixes[:3]:
-        paths = ", ".join(f.evidence.get("changed_paths", [])[:3]) or "the code"
-        steps.append(f"Look at {paths} first: in run {f.run_id}, changing it resolved this failure "
-                     f"({clip(f.fact.split(':', 1)[-1], 120)}).")
-    steps += [clip(t, 240) for t in positive[:3]]
+        seen_in = list(dict.fromkeys(n.run_id for n in notes if n.evidence.get("trigger") == triggers[0]))
+        steps.append(f"Run `{short_check(check, 80)}` and find the line that says \"{why}\" {_cite(seen_in)}.")
+    fixed = [(f"Look at {', '.join(f.evidence.get('changed_paths', [])[:3]) or 'the code'} first: changing it "
+              f"resolved this failure ({clip(f.fact.split(':', 1)[-1], 120)})", [f.run_id]) for f in fixes]
+    advised = [(clip(t, 240).rstrip("."), [n.run_id for n in notes if n.judgment == t]) for t in positive]
+    for text, cited in merge_near(fixed)[:3] + merge_near(advised)[:3]:
+        steps.append(f"{text} {_cite(cited)}.")
+    steps = [t for t, _ in merge_near([(t, []) for t in steps])]
     if triggers:
         steps.append("Re-run the check after each change; if it fails with the same signature again, change the "
-                     "approach instead of repeating it.")
+                     "approach instead of repeating it (the org stops a run that repeats a failure).")
 
     crit = [f"Seen in {len(runs)} independent run(s): {', '.join(runs[:6])}."]
     crit += [clip(t, 240) for t in advice if states_criteria(t)][:3]

@@ -212,7 +212,7 @@ def test_a_drafted_candidate_has_the_four_sections_and_learns_the_fix_from_other
     text = parse(f"---\nname: {c['name']}\ndescription: {json.dumps(c['description'])}\n---\n{c['body']}")
     assert text.description.startswith("Use for work items verified by `python")
     assert all(f"## {s}" in text.body for s in SECTIONS)
-    assert "Look at calc.py first: in run fixed, changing it resolved this failure" in text.body
+    assert "Look at calc.py first: changing it resolved this failure" in text.body and "(run fixed)." in text.body
     assert "- Seen in 4 independent run(s): fixed, w1, w2, w3." in text.body
     pitfalls = text.body.split("## Pitfalls")[1]
     assert "it did not help in run(s) w1, w2, w3." in pitfalls and "Retrying did not help" not in pitfalls
