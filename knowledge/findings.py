@@ -41,7 +41,11 @@ NEAR = 0.8
 CHECK_CHARS = 60
 _SALIENT = re.compile(r"(error|fail|assert|exception|traceback|expected|panic|timed out|エラー|失敗)",
                       re.IGNORECASE)
-_MISSING = re.compile(r"command not found|: not found\b|No module named", re.IGNORECASE)
+# the sandbox runs checks without a network: a name lookup or connection that failed is the
+# sandbox's doing, not the work's (uv or npm fetching a package, a test reaching a server)
+_MISSING = re.compile(r"command not found|: not found\b|No module named|failed to lookup address|"
+                      r"Temporary failure in name resolution|Name or service not known|Could not resolve host|"
+                      r"getaddrinfo (?:EAI_AGAIN|ENOTFOUND)|Network is unreachable", re.IGNORECASE)
 _ERROR_KIND = re.compile(r"\b([A-Z]\w*(?:Error|Exception))\b")
 # runner summaries ("1 failed, 2 passed in 0.06s", "Ran 3 tests in 0.001s", "FAILED (failures=1)"):
 # counts and timings, never what went wrong

@@ -18,6 +18,7 @@ from state_db.queries import knowledge as Q
 from state_db.queries import work
 from state_db.queries.knowledge import RawNote, note_id  # noqa: F401 - the note types live with their queries
 from state_db.vocab import NoteStatus, WorkStatus
+from state_db.text import clean
 
 PARTS = ("fact", "judgment", "rationale", "applicability")
 PART_MAX_CHARS = 2000
@@ -85,8 +86,11 @@ def write_retro(tx, run_id: str, drafts: list[NoteDraft], *, author: str = "deri
     ids, e = [], ending(tx.conn, run_id)
     for k, draft in enumerate(drafts):
         draft.validate()
-        row = {"id": note_id(run_id, k, e), "run_id": run_id, "fact": draft.fact, "judgment": draft.judgment,
-               "rationale": draft.rationale, "applicability": draft.applicability,
+        # whatever wrote the draft (derived from check output, or a model), no terminal control
+        # sequence enters knowledge: notes feed curated notes, skills and prompts
+        row = {"id": note_id(run_id, k, e), "run_id": run_id, "fact": clean(draft.fact),
+               "judgment": clean(draft.judgment), "rationale": clean(draft.rationale),
+               "applicability": clean(draft.applicability),
                "evidence": {**draft.evidence, "run": run_id, "author": author},
                "status": NoteStatus.PENDING, "created_at": tx.now}
         try:

@@ -18,6 +18,7 @@ from state_db.queries import loop as loop_queries, verdicts, work
 from state_db.queries.iterations import attempts as attempts_of, of_work as iterations_of
 from state_db.queries.usage import of_work as usage_of
 from state_db.vocab import WorkStatus
+from state_db.text import clean
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Check:
     def decode(cls, data: dict) -> "Check":
         return cls(str(data.get("name") or data.get("command") or "?"), bool(data.get("passed")),
                    str(data.get("signature") or ""), data.get("exit_code"), bool(data.get("timed_out")),
-                   str(data.get("output_tail") or ""), data.get("code") or None,
+                   clean(str(data.get("output_tail") or "")), data.get("code") or None,
                    data.get("junit") if isinstance(data.get("junit"), dict) else None)
 
 

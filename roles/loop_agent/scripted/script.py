@@ -187,7 +187,7 @@ def _variant(value: Any, where: str) -> tuple[str, Script]:
 
 def _script(data: dict, where: str, variants: tuple) -> Script:
     at = (lambda name: name) if where == "$" else (lambda name: f"{where}.{name}")
-    acts = data.get("acts")
+    acts = data.get("acts") if where == "$" else data.get("acts", [])    # a variant may serve 'default' only
     _require(isinstance(acts, list), "'acts' must be a list of acts", at("acts"))
     default = data.get("default")
     repeat_last = data.get("repeat_last", False)
