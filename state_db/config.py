@@ -174,7 +174,8 @@ class Learning(Section):
     """Skill replays: each new candidate is run on the items it came from (and similar ones),
     with and without it, before a human reviews it. Off for paid models until a budget is set."""
     replay: Literal["auto", "on", "off"] = key("auto", "auto: on when the model costs nothing (a local or "
-                                                "scripted server) or a replay budget is set; on; off")
+                                                "scripted server) or a replay budget is set; on; off",
+                                                env="ORG_LEARNING_REPLAY")
     replay_items: int = key(2, "ended items replayed per candidate (each twice: with and without)", ge=1, le=20)
     replay_concurrency: int = key(2, "replay runs active at once, across all candidates", ge=1, le=64)
     replay_budget_tokens: int = key(0, "tokens all replays of one candidate may spend; 0: the items' own caps",

@@ -5,8 +5,13 @@ reached through the anthropic SDK, watched live.
 - ``learning``: three similar jobs (three services whose settings.json fails the same check the
   same way twice before it passes) — enough for the curator to write their retros, curate the
   recurring failure into a pattern, propose a skill and open a review batch; the demo waits for
-  the batch and says how to review it. It runs with its own thresholds (``LEARNING_THRESHOLDS``,
-  passed to the org it starts as environment overrides) and prints them.
+  the batch and says how to review it. Before the batch opens, the candidate is replayed on the
+  jobs it came from, with and without it (the demo's scripted model takes the short path when a
+  skill is in its prompt), and the demo prints WITH / WITHOUT / Δ. It runs with its own
+  thresholds (``LEARNING_THRESHOLDS``, passed to the org it starts as environment overrides) and
+  prints them; an org already running (e.g. from ``--demo``) is restarted with them when nothing
+  is running on it (``restart_for_learning``). The batch it reports is one holding a candidate
+  learned from the runs it just submitted, and each candidate names the runs it came from.
 
 The demos watch the org through the typed queries (the journal, the work items) like any reader.
 """
@@ -18,14 +23,17 @@ import time
 from pathlib import Path
 
 from skills import candidates as C
+from skills.replay import line as replay_line, of_subject as replay_of
 from state_db.connection import connect
 from state_db.queries import work
 from state_db.queries.events import after, last_id
+from state_db.queries.replays import source_runs
 
 DEMO_DIR = Path(__file__).resolve().parents[2] / "scripts" / "demo"
 LEARNING_DIR = DEMO_DIR / "learning"
 LEARNING_THRESHOLDS = {"raw_notes_to_consolidate": 3, "notes_per_pattern": 3, "candidates_per_batch": 1}
-LEARNING_ENV = {f"ORG_{k.upper()}": str(v) for k, v in LEARNING_THRESHOLDS.items()}
+LEARNING_ENV = {**{f"ORG_{k.upper()}": str(v) for k, v in LEARNING_THRESHOLDS.items()},
+                "ORG_LEARNING_REPLAY": "on"}     # the demo's model is scripted: replays cost nothing
 LEARNING_CHECK = "python3 validate_config.py"
 #: (service, timeout as written, whole seconds)
 SERVICES = (("billing", "30s", 30), ("search", "45s", 45), ("mailer", "90s", 90))
@@ -103,12 +111,39 @@ def learning_job(root: Path, service: str, timeout: str, seconds: int) -> dict:
              *_edit(timeout, str(seconds), "Removed the unit from timeout; validate_config.py should accept it.")],
             _edit(str(seconds), float(seconds), "The validator still rejects timeout; I wrote it as a number."),
             _edit(float(seconds), seconds, "timeout is now an integer number of seconds.")]
+    # with a skill in its prompt (a replay's 'with' arm, or a later run) the model writes the
+    # whole number at once, as a model that read the skill would
+    helped = [_edit(timeout, seconds, "The skill says: a whole number of seconds, as an integer.")]
     script = root / f"{service}.script.json"
-    script.write_text(json.dumps({"version": 1, "acts": acts}))
+    script.write_text(json.dumps({"version": 1, "acts": acts,
+                                  "when": [{"prompt_contains": "## Skill: ", "acts": helped}]}))
     return {"goal": f"Service {service}: make settings.json pass validate_config.py — the timeout must be a whole "
                     "number of seconds",
             "workspace": str(ws), "verify": [LEARNING_CHECK], "protect": ["validate_config.py"],
             "backend": f"scripted:{script}"}
+
+
+def restart_for_learning(home, running) -> None:
+    """An org already running keeps the thresholds it started with; the learning demo needs its
+    own, so it restarts the org with them — only when nothing is queued or running on it.
+    Returns None (the org is stopped; the caller starts it). Raises OrgError ``demo_org_busy``."""
+    from roles.supervisor import control
+    from state_db.errors import OrgError
+    from state_db.vocab import WorkStatus
+    conn = connect(home.db_path, readonly=True)
+    try:
+        busy = [w.id for w in work.with_status(conn, WorkStatus.QUEUED, WorkStatus.WAITING, WorkStatus.DISPATCHED,
+                                               WorkStatus.RUNNING, WorkStatus.PAUSED)]
+    finally:
+        conn.close()
+    if busy:
+        raise OrgError(f"the learning demo restarts the org with its own thresholds, but {len(busy)} work item(s) "
+                       f"are not ended ({', '.join(busy[:3])})", code="demo_org_busy",
+                       hint="let them end (or 'scripts/org cancel ID'), or 'scripts/org stop', then run it again")
+    print(f"the org is running (supervisor pid {running[0]}) with its own thresholds; nothing is running on it, "
+          "so the learning demo restarts it with the demo's")
+    control.request(home, "stop")
+    return None
 
 
 def run_learning_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
@@ -129,9 +164,14 @@ def run_learning_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
     ids = [submit(home, cfg, SubmitRequest(max_iterations=5, **learning_job(root, *svc)))["id"] for svc in SERVICES]
     out(f"demo: submitted {', '.join(ids)}\n")
     deadline, t0, batch = time.monotonic() + timeout_s, time.monotonic(), []
+
+    def ours(ev) -> None:      # a batch holding a candidate learned from this demo's runs
+        if ev.kind == "candidate_batches.created" and any(
+                set(ids) & set(source_runs(conn, c["source_notes"] or []))
+                for c in C.listing(conn, C.LIVE) if c["batch_id"] == ev.subject):
+            batch.append(ev.subject)
     while time.monotonic() < deadline and not batch:
-        seen = _follow(conn, seen, t0, out, lambda ev: ev.kind == "candidate_batches.created"
-                       and batch.append(ev.subject))
+        seen = _follow(conn, seen, t0, out, ours)
         time.sleep(0.05)
     ended = work.items(conn, ids)
     if not batch:
@@ -141,10 +181,17 @@ def run_learning_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
             + ") — 'scripts/org knowledge' shows how far the curator got")
         return 1
     cands = sorted((c for c in C.listing(conn, C.LIVE) if c["batch_id"] == batch[0]), key=lambda c: c["id"])
-    conn.close()
-    out(f"\ndemo: batch {batch[0]} is open — {len(cands)} skill candidate(s) learned from {len(ids)} runs:")
+    out(f"\ndemo: batch {batch[0]} is open — {len(cands)} skill candidate(s):")
     for c in cands:
+        runs = source_runs(conn, c["source_notes"] or [])
+        mine = [r for r in runs if r in ids]
+        earlier = [r for r in runs if r not in ids]
         out(f"  {c['id']}  {c['name']}  (score {c['score']}/5)")
+        learned = ", ".join(mine) or "none of this demo's runs"
+        out(f"    learned from {learned}"
+            + (f"; and from earlier runs {', '.join(earlier)}" if earlier else ""))
+        out(f"    replayed: {replay_line(replay_of(conn, c['id']))}")
+    conn.close()
     first = cands[0]["id"] if cands else "ID"
     out("  review: 'scripts/org candidates list', 'scripts/org candidates show " + first + "',\n"
         "          'scripts/org candidates approve " + first + "' (or reject / defer / edit)")

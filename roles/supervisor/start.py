@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
             configure(home.logs_dir, "supervisor", "supervisor", stderr=True)
             return Supervisor(home, cfg).run()
         running = control.supervisor_alive(home)
+        if args.demo == "learning" and running:
+            from roles.supervisor.demo import restart_for_learning
+            running = restart_for_learning(home, running)
         env = None
         if args.demo and not running:
             from roles.sandbox import bubblewrap, unsandboxed_allowed
