@@ -421,6 +421,12 @@ CREATE TABLE peers (
 CREATE UNIQUE INDEX peers_one_key ON peers(curve_public);
 """
 
+# Why a human decided a skill candidate as they did (``org candidates reject ID --reason TEXT``),
+# as ``org decide`` keeps a rejection's reason.
+ROUGH_EDGES = """
+ALTER TABLE skill_candidates ADD COLUMN decided_reason TEXT;
+"""
+
 
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
@@ -436,4 +442,5 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0012_review", REVIEW),
     ("0013_handoff", HANDOFF),
     ("0014_peers", PEERS),
+    ("0017_rough_edges", ROUGH_EDGES),
 ]

@@ -132,3 +132,18 @@ def test_skills_list_show_and_retire_with_use_counts(capsys, proposed, writer_fo
     assert [s["name"] for s in json.loads(out)] == ["mock-network"]
     code, _, err = org(capsys, "skills", "show", "nope")
     assert code == 1 and err.startswith("error[skill_not_found]")
+
+
+def test_a_rejection_carries_its_reason_and_a_reason_given_as_an_id_says_where_it_goes(capsys, proposed, writer_for):
+    r = proposed[1]
+    code, _, err = org(capsys, "candidates", "reject", r, "duplicate of the handle- one")
+    assert code == 1 and err.startswith("error[candidate_not_found]") and "--reason" in err
+    assert C.get(writer_for(Actor.CURATOR).conn, r)["status"] == "pending"      # nothing was written
+    code, out, _ = org(capsys, "candidates", "reject", r, "--reason", "duplicate of the handle- one")
+    assert code == 0 and f"{r} (mock-network): rejected" in out
+    got = C.get(writer_for(Actor.CURATOR).conn, r)
+    assert got["status"] == "rejected" and got["decided_reason"] == "duplicate of the handle- one"
+    code, out, _ = org(capsys, "candidates", "show", r)
+    assert code == 0 and out.splitlines()[0].endswith(": duplicate of the handle- one")
+    events = rows(writer_for(Actor.HUMAN), "SELECT data FROM events WHERE kind = 'skill_candidates.rejected'")
+    assert len(events) == 1 and "duplicate of the handle- one" in events[0]["data"]
