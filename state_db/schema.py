@@ -422,9 +422,12 @@ CREATE UNIQUE INDEX peers_one_key ON peers(curve_public);
 """
 
 # Why a human decided a skill candidate as they did (``org candidates reject ID --reason TEXT``),
-# as ``org decide`` keeps a rejection's reason.
+# as ``org decide`` keeps a rejection's reason; and who took an ended run out of "needs you"
+# (``org dismiss ID``) and when: the run and its stop reason stay as they were.
 ROUGH_EDGES = """
 ALTER TABLE skill_candidates ADD COLUMN decided_reason TEXT;
+ALTER TABLE work_items ADD COLUMN dismissed_by TEXT;
+ALTER TABLE work_items ADD COLUMN dismissed_at REAL;
 """
 
 

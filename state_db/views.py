@@ -193,8 +193,8 @@ def org_view(conn: sqlite3.Connection, *, now: float | None = None, recent: int 
     Returns ``queries.status`` (session, roles, work, usage, pending_decisions, open_batches,
     transport, last_event_id) with roles carrying ``activity``, decisions their ``action`` as data,
     and ``runs``: ``{running: [run_view], recent_ended: [run_view]}`` plus ``needs_you``:
-    ``{decisions, batches, unrunnable: [run_view], failed_roles: [instance], proposals: [open
-    discovery proposals, the recommended first]}``.
+    ``{decisions, batches, unrunnable: [run_view] (not dismissed: ``org dismiss``), failed_roles:
+    [instance], proposals: [open discovery proposals, the recommended first]}``.
     """
     now = time.time() if now is None else now
     st = queries.status(conn)
@@ -206,7 +206,8 @@ def org_view(conn: sqlite3.Connection, *, now: float | None = None, recent: int 
     st["needs_you"] = {
         "decisions": st["pending_decisions"],
         "batches": st["open_batches"],
-        "unrunnable": [r for r in ended if r["stop"]["reason"] == StopReason.VERIFY_UNRUNNABLE],
+        "unrunnable": [r for r, w in zip(ended, st["work"]["recent_ended"])
+                       if r["stop"]["reason"] == StopReason.VERIFY_UNRUNNABLE and not w.get("dismissed_at")],
         "failed_roles": [r["instance"] for r in st["roles"] if r["status"] == RoleStatus.FAILED],
         "proposals": [p.as_dict() for p in proposal_queries.open_proposals(conn, now=now, limit=50)],
     }
