@@ -51,6 +51,8 @@ def test_an_ended_run_never_says_yet_and_plot_labels_are_whole_and_readable(ende
         browser.get(board.url("/"))
         wait_for(lambda: len(texts(browser, "svg.plot[data-plot='stop-reasons'] text[data-label]")) == len(REASONS),
                  timeout=20, what="the stop-reasons plot drawn with its labels")
+        shown = dict(zip(texts(browser, "#runs tr[data-run] a"), texts(browser, "#runs tr[data-run] td.workspace")))
+        assert shown == {f"w-{k}": str(ended.root.parent / f"ws{k}") for k in range(len(REASONS))}, shown
         labels = browser.execute_script(
             "return Array.from(document.querySelectorAll(\"svg.plot[data-plot='stop-reasons'] text[data-label]\"))"
             ".map(e => [e.getAttribute('data-label'), e.textContent, e.getBoundingClientRect().height,"

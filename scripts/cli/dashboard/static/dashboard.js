@@ -153,11 +153,12 @@
     const views = {};
     st.runs.running.concat(st.runs.recent_ended).forEach(r => { views[r.id] = r; });
     const work = st.work.active.concat(st.work.recent_ended).map(w => Object.assign({}, w, { view: views[w.id] || null }));
-    section("runs", "Runs", work, ws => ws.length ? table(["run", "status", "phase", "iteration#", "tokens#", "cost#", "reason", "goal"], ws.map(w =>
+    section("runs", "Runs", work, ws => ws.length ? table(["run", "status", "phase", "iteration#", "tokens#", "cost#", "reason", "workspace", "goal"], ws.map(w =>
       h("tr", { "data-run": w.id }, h("td", {}, h("a", { href: link(`/runs/${w.id}`), text: w.id })), h("td", { class: "status" }, pill(w.status)),
         h("td", { class: "phase" }, pill(w.view ? w.view.phase : "")),
         h("td", { class: "num", text: w.view ? `${w.view.iteration.n} of ${w.view.iteration.max}` : w.iterations }), h("td", { class: "num", text: num(w.tokens) }), h("td", { class: "num", text: usd(w.cost_usd) }),
         h("td", { class: "reason", text: w.stop_reason || (w.status === "waiting" ? w.stop_detail || "" : "") }),
+        h("td", { class: "workspace", text: w.workspace }),
         h("td", { text: w.goal.slice(0, 70) })))) : h("div", { class: "muted", text: "no runs yet: org submit" }), "wide");
 
     section("orders", "Schedules and triggers", st.standing_orders || [], os => os.length ? table(["order", "kind", "rule", "state", "next", "fired#", "skipped#", "last item"],
