@@ -54,6 +54,23 @@ def pytest_collection_modifyitems(config, items):
                             append=False)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that failed because a child process ran out of time says what that process had
+    printed by then (``subprocess.TimeoutExpired`` keeps it; pytest shows only the command)."""
+    outcome = yield
+    import subprocess
+
+    excinfo = call.excinfo
+    if excinfo is None or not isinstance(excinfo.value, subprocess.TimeoutExpired):
+        return
+    report = outcome.get_result()
+    exc = excinfo.value
+    for name, data in (("stdout", exc.output), ("stderr", exc.stderr)):
+        text = data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+        report.sections.append((f"what the timed-out process printed ({name})", text[-4000:] or "(nothing)"))
+
+
 def pytest_unconfigure(config):
     if "XDG_STATE_HOME" in _REGISTRY:
         shutil.rmtree(os.environ["XDG_STATE_HOME"], ignore_errors=True)

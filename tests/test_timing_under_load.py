@@ -83,3 +83,19 @@ def test_the_busy_suite_spins_real_cores_stops_them_and_reads_pytests_summary():
     assert {k: got[k] for k in ("passed", "failed", "errors", "skipped")} == \
         {"passed": 1204, "failed": 1, "errors": 1, "skipped": 3}
     assert got["failed_tests"] == ["tests/test_a.py::test_x", "tests/test_b.py::test_y"]
+
+
+def test_a_child_process_that_runs_out_of_time_shows_what_it_printed(tmp_path):
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_runtest_makereport  # noqa\n")
+    (tmp_path / "test_slow.py").write_text(textwrap.dedent("""
+        import subprocess, sys
+
+        def test_slow_child():
+            subprocess.run([sys.executable, "-c", "import time; print('half way there', flush=True); time.sleep(30)"],
+                           capture_output=True, text=True, timeout=1.5)
+    """))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                         capture_output=True, text=True, timeout=scaled(60), cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "what the timed-out process printed (stdout)" in out.stdout and "half way there" in out.stdout, out.stdout
