@@ -147,3 +147,15 @@ def test_a_rejection_carries_its_reason_and_a_reason_given_as_an_id_says_where_i
     assert code == 0 and out.splitlines()[0].endswith(": duplicate of the handle- one")
     events = rows(writer_for(Actor.HUMAN), "SELECT data FROM events WHERE kind = 'skill_candidates.rejected'")
     assert len(events) == 1 and "duplicate of the handle- one" in events[0]["data"]
+
+
+def test_the_chat_tool_and_slash_command_pass_the_reason_on(proposed, org_home, writer_for):
+    from scripts.cli.chat import handle_slash, run_operation
+
+    failed, out = run_operation("candidates", {"action": "reject", "ids": [proposed[0]], "reason": "too narrow"},
+                                str(org_home.root))
+    assert not failed, out
+    said = handle_slash(f'/candidates defer {proposed[1]} --reason "ask again next month"', str(org_home.root))
+    assert "deferred" in said, said
+    conn = writer_for(Actor.CURATOR).conn
+    assert [C.get(conn, x)["decided_reason"] for x in proposed[:2]] == ["too narrow", "ask again next month"]
