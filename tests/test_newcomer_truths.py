@@ -144,3 +144,16 @@ def test_elapsed_time_never_goes_back_when_the_verdict_arrives_and_ends_the_run(
         tx.update("work_items", "w1", elapsed_s=8.0)
     seen.append(elapsed(t + 20))
     assert seen == [("verifying", 7.0), ("ended", 8.0), ("ended", 8.0)]
+
+
+def test_doctor_says_which_org_home_it_reads_and_why(org_home, tmp_path, capsys):
+    import scripts.cli.main as cli
+
+    assert cli.main(["doctor"]) in (0, 1, 2)
+    first = capsys.readouterr().out.splitlines()[0].split(None, 2)
+    assert first == ["ok", "home", f"{org_home.root} (from ORG_HOME)"]
+    other = tmp_path / "elsewhere"
+    cli.main(["--home", str(other), "doctor", "--json"])
+    import json
+    found = json.loads(capsys.readouterr().out)["findings"][0]
+    assert found == {"level": "ok", "check": "home", "detail": f"{other.resolve()} (from --home)"}
