@@ -12,7 +12,7 @@ object (also written to ``--out``): per run the pytest counts (``passed``, ``fai
 ``ok`` (the busy run passed). Exit status: the busy run's ``scripts/test`` status.
 
 It is a check, not a benchmark figure: bench/report.py does not run it (the whole suite takes
-longer than a report's budget); ``.ci/run`` does, with ``ORG_CI_BUSY=1``.
+longer than a report's budget); ``.ci/run`` runs it on the tests that wait on real processes after the suite, and on the whole suite with ``ORG_CI_BUSY=1``.
 """
 from __future__ import annotations
 
