@@ -4,6 +4,7 @@ writer, the one approved skills and ``org skills export`` use. Run from the repo
 differ from what this writes."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -12,7 +13,14 @@ sys.path.insert(0, str(HERE.parent))
 
 from skills.skillmd import SkillText, render  # noqa: E402
 
-T = "mcp__org__"  # how Claude Code names the tools of the plugin's MCP server "org"
+# How Claude Code names the tools of this plugin's MCP server: mcp__plugin_<plugin>_<server>__<tool>
+# (``claude --plugin-dir``); the server configured alone (``--mcp-config``) gives mcp__<server>__<tool>.
+PLUGIN = json.loads((HERE / ".claude-plugin" / "plugin.json").read_text())["name"]
+SERVER = next(iter(json.loads((HERE / ".mcp.json").read_text())["mcpServers"]))
+T = f"mcp__plugin_{PLUGIN}_{SERVER}__"
+ALONE = f"mcp__{SERVER}__"
+NAMES = (f"- Tool names: `{T}NAME` when this plugin is loaded (`claude --plugin-dir`); "
+         f"`{ALONE}NAME` when the server is configured alone (`claude --mcp-config`).")
 
 SKILLS = [
     SkillText("loop-org-delegate", (
@@ -48,6 +56,7 @@ SKILLS = [
 - A verify command that passes already, or passes on an empty change, proves nothing.
 - The workspace must not contain the org home, and tests are protected: the agent may not edit them to pass.
 - Writes need `submit` in `[mcp] tools` of org.toml; a `tool_disabled` error says how to enable it.
+{NAMES}
 """),
     SkillText("loop-org-decisions", (
         "Answer loop-org's pending decisions: gated actions a run asked a human to allow (network access, a "
@@ -74,6 +83,7 @@ SKILLS = [
 - Approving is durable and runs the command exactly once; it cannot be taken back.
 - `decide` must be enabled in `[mcp] tools` of org.toml; a `tool_disabled` error says how.
 - A decision already answered returns `illegal_transition`: read it again with `{T}decisions` (`all: true`).
+{NAMES}
 """),
     SkillText("loop-org-review", (
         "Review a batch of skill candidates that loop-org's curator proposed from finished runs: read each "
@@ -100,6 +110,7 @@ SKILLS = [
 ## Pitfalls
 - Reviewing needs `review` in `[mcp] tools` of org.toml; a `tool_disabled` error says how to enable it.
 - An approved skill is carried by every later run: when unsure, defer and ask the person.
+{NAMES}
 """),
 ]
 

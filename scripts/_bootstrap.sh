@@ -2,7 +2,8 @@
 # scripts/test, the pinned Claude Code CLI; see ensure_claude_code below).
 # A stamp file holding a hash of pyproject.toml (and of the install mode) says the install is current, so later starts
 # skip pip entirely (a pip no-op costs ~0.5 s). Only ensure_postgresql and ensure_sshd (scripts/test)
-# run a system package manager, and only as root (or with password-less sudo) when the server is missing.
+# run a system package manager, and only as root (or with password-less sudo) when the server is
+# missing and ORG_TEST_NO_SYSTEM_PACKAGES is not set (system_install).
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
 
@@ -107,38 +108,37 @@ ensure_claude_code() {  # installs once; a failure fails the run under CI=true, 
   echo "warning[claude_code_missing]: $problem; the real Claude Code test will be skipped" >&2
 }
 
-# The PostgreSQL server the store's tests start under their temporary folder (tests/support/pg.py):
-# Debian's postgresql package when no /usr/lib/postgresql/*/bin/pg_ctl exists. Without root (or
-# password-less sudo) or apt-get, one warning line: those tests then skip, saying why.
-ensure_postgresql() {
-  compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null && return 0
-  local sudo=""
+# A Debian package the tests need (scripts/test only), installed with apt-get as root (or with
+# password-less sudo): $1 the package, $2 what it is for. ORG_TEST_NO_SYSTEM_PACKAGES=1 skips every
+# such install; without it, root or apt-get, one warning line says what is skipped and why.
+system_install() {
+  local package="$1" what="$2" sudo=""
+  if [ -n "${ORG_TEST_NO_SYSTEM_PACKAGES:-}" ] && [ "$ORG_TEST_NO_SYSTEM_PACKAGES" != "0" ]; then
+    echo "warning: $package is not installed and ORG_TEST_NO_SYSTEM_PACKAGES is set; $what will be skipped" >&2
+    return 0
+  fi
   [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
   if command -v apt-get >/dev/null 2>&1 && { [ -z "$sudo" ] || sudo -n true 2>/dev/null; }; then
-    echo "loop-org: installing Debian's postgresql package (once) for the PostgreSQL store's tests" >&2
-    if $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null 2>&1 \
+    echo "loop-org: installing Debian's $package package (once) for $what (ORG_TEST_NO_SYSTEM_PACKAGES=1 skips this)" >&2
+    if $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null 2>&1 \
        || { $sudo apt-get update -qq >/dev/null 2>&1 \
-            && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null 2>&1; }; then
+            && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null 2>&1; }; then
       return 0
     fi
   fi
-  echo "warning: PostgreSQL is not installed and could not be (apt-get install postgresql as root); the PostgreSQL store's tests will be skipped" >&2
+  echo "warning: $package is not installed and could not be (apt-get install $package as root); $what will be skipped" >&2
+}
+
+# The PostgreSQL server the store's tests start under their temporary folder (tests/support/pg.py):
+# Debian's postgresql package when no /usr/lib/postgresql/*/bin/pg_ctl exists.
+ensure_postgresql() {
+  compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null && return 0
+  system_install postgresql "the PostgreSQL store's tests"
 }
 
 # The OpenSSH server tests/test_git_shell.py starts under its temporary folder (histories over
 # ssh:// through 'org git-shell'): Debian's openssh-server package when /usr/sbin/sshd is missing.
-# Without root (or password-less sudo) or apt-get, one warning line: those tests then skip.
 ensure_sshd() {
   [ -x /usr/sbin/sshd ] && return 0
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
-  if command -v apt-get >/dev/null 2>&1 && { [ -z "$sudo" ] || sudo -n true 2>/dev/null; }; then
-    echo "loop-org: installing Debian's openssh-server package (once) for the ssh history tests" >&2
-    if $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null 2>&1 \
-       || { $sudo apt-get update -qq >/dev/null 2>&1 \
-            && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null 2>&1; }; then
-      return 0
-    fi
-  fi
-  echo "warning: the OpenSSH server is not installed and could not be (apt-get install openssh-server as root); the ssh history tests will be skipped" >&2
+  system_install openssh-server "the ssh history tests"
 }

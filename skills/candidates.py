@@ -104,9 +104,9 @@ def propose(tx, d: CandidateDraft, notes_per_pattern: int) -> tuple[str | None, 
     return cid, "created"
 
 
-def decide(tx, ref: str, action: str, who: str) -> dict:
+def decide(tx, ref: str, action: str, who: str, reason: str | None = None) -> dict:
     """A human decision (``approve`` / ``reject`` / ``defer``) on one candidate, in ``tx``
-    (a human transaction). Approving creates or updates the skill row (files are rendered after
+    (a human transaction), with the human's ``reason`` when they gave one. Approving creates or updates the skill row (files are rendered after
     the commit, from state.db). Returns {"id", "name", "status", "changed", "skill"?}.
 
     Raises: CandidateNotFound, CandidateClosed, ValueError (unknown action).
@@ -119,7 +119,7 @@ def decide(tx, ref: str, action: str, who: str) -> dict:
         return {"id": c.id, "name": c.name, "status": status, "changed": False}
     if not c.live:
         raise CandidateClosed(c.id, c.status, str(status))
-    tx.set_status("skill_candidates", c.id, status, decided_by=who, decided_at=tx.now)
+    tx.set_status("skill_candidates", c.id, status, decided_by=who, decided_at=tx.now, decided_reason=reason)
     out = {"id": c.id, "name": c.name, "status": str(status), "changed": True}
     if status == C.APPROVED:
         out["skill"] = registry.install(tx, c, who)

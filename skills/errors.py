@@ -15,7 +15,8 @@ class CandidateNotFound(SkillError):
 
     def __init__(self, ref: str):
         self.ref = ref
-        super().__init__(f"no skill candidate {ref}", hint="list them with 'org candidates list --all'")
+        super().__init__(f"no skill candidate {ref}",
+                         hint="list them with 'org candidates list --all'; a reason goes after --reason")
 
 
 class CandidateClosed(SkillError):

@@ -13,18 +13,20 @@ from pathlib import Path
 from skills import batches, candidates as C, registry
 
 
-def decide(writer, refs: list[str], action: str, skills_dir: Path, *, key: str | None = None) -> dict:
+def decide(writer, refs: list[str], action: str, skills_dir: Path, *, key: str | None = None,
+           reason: str | None = None) -> dict:
     """Approve, reject or defer candidates (ids or names).
 
     Args:
         writer: a StateWriter as actor human.
         action: ``approve`` | ``reject`` | ``defer``.
         key: idempotency key (the same key twice decides once); default a fresh one.
+        reason: why, in the human's words (kept with each decision).
     Returns: {"results": [{"id", "name", "status", "changed", "skill"?}], "closed_batches", "by", "at"}.
     Raises: CandidateNotFound, CandidateClosed (nothing is written then).
     """
     def do(tx):
-        results = [C.decide(tx, ref, action, writer.os_user) for ref in refs]
+        results = [C.decide(tx, ref, action, writer.os_user, reason) for ref in refs]
         return {"results": results, "closed_batches": batches.close_finished(tx), "by": writer.os_user, "at": tx.now}
 
     out, _ = writer.run_once(key or uuid.uuid4().hex, f"candidates.{action}", do)

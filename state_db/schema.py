@@ -452,6 +452,15 @@ CREATE TABLE replay_plans (
 );
 """
 
+# Why a human decided a skill candidate as they did (``org candidates reject ID --reason TEXT``),
+# as ``org decide`` keeps a rejection's reason; and who took an ended run out of "needs you"
+# (``org dismiss ID``) and when: the run and its stop reason stay as they were.
+ROUGH_EDGES = """
+ALTER TABLE skill_candidates ADD COLUMN decided_reason TEXT;
+ALTER TABLE work_items ADD COLUMN dismissed_by TEXT;
+ALTER TABLE work_items ADD COLUMN dismissed_at REAL;
+"""
+
 
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
@@ -467,5 +476,6 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0012_review", REVIEW),
     ("0013_handoff", HANDOFF),
     ("0014_peers", PEERS),
+    ("0017_rough_edges", ROUGH_EDGES),
     ("0022_replays", REPLAYS),
 ]

@@ -52,7 +52,7 @@ class RunPhase(StrEnum):
 NEEDS_HUMAN = (RunPhase.WAITING_FOR_HUMAN, RunPhase.PARKED)
 _OPEN_ATTEMPT = """SELECT * FROM attempts WHERE work_id = ? AND ended_at IS NULL
                     ORDER BY attempt DESC LIMIT 1"""
-_LAST_ITERATION = "SELECT n, committed_at FROM iterations WHERE work_id = ? ORDER BY n DESC LIMIT 1"
+_LAST_ITERATION = "SELECT n, committed_at, verdict_id FROM iterations WHERE work_id = ? ORDER BY n DESC LIMIT 1"
 
 
 def loads(value: Any) -> Any:
@@ -98,11 +98,10 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
     if phase == RunPhase.ACTING and attempt is not None:
         n = attempt["iteration"]
         elapsed += max(0.0, now - attempt["started_at"])
-    elif phase == RunPhase.VERIFYING:
-        n = committed
-        elapsed += max(0.0, now - last["committed_at"])   # the wait for a verdict counts toward the timeout
-    elif phase == RunPhase.ENDED:
-        n = committed
+    else:
+        if phase in (RunPhase.VERIFYING, RunPhase.ENDED):
+            n = committed
+        elapsed += _unrecorded_wait(last, verdict, phase, now)
     current = None
     if attempt is not None and attempt.get("current_tool"):   # absent before migration 0008
         current = {"call": attempt["current_tool"],
@@ -125,6 +124,21 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
                                                       "ended_at": item["ended_at"]},
         "created_at": item["created_at"], "updated_at": item["updated_at"],
     }
+
+
+def _unrecorded_wait(last: dict | None, verdict: dict | None, phase: RunPhase, now: float) -> float:
+    """The wait for the latest iteration's verdict while it is not yet in ``elapsed_s``.
+
+    The wait counts toward the timeout; the loop-agent adds it to ``elapsed_s`` in the transaction
+    that writes its reflection on that verdict (``iterations.verdict_id``). Until then it is counted
+    here — up to now while the verdict is awaited, up to the verdict once it is in — so the figure
+    never goes back when the verdict arrives or ends the run. Without a verdict, only a run that
+    is verifying is waiting (a cancelled or parked one records its wait itself, or not at all)."""
+    if last is None or last["verdict_id"] is not None:
+        return 0.0
+    if verdict is not None and verdict["iteration"] >= last["n"]:
+        return max(0.0, verdict["at"] - last["committed_at"])
+    return max(0.0, now - last["committed_at"]) if phase == RunPhase.VERIFYING else 0.0
 
 
 def _phase(item: dict, attempt: dict | None, committed: int, verified: bool, preflight: bool) -> RunPhase:
@@ -193,8 +207,8 @@ def org_view(conn: sqlite3.Connection, *, now: float | None = None, recent: int 
     Returns ``queries.status`` (session, roles, work, usage, pending_decisions, open_batches,
     transport, last_event_id) with roles carrying ``activity``, decisions their ``action`` as data,
     and ``runs``: ``{running: [run_view], recent_ended: [run_view]}`` plus ``needs_you``:
-    ``{decisions, batches, unrunnable: [run_view], failed_roles: [instance], proposals: [open
-    discovery proposals, the recommended first]}``.
+    ``{decisions, batches, unrunnable: [run_view] (not dismissed: ``org dismiss``), failed_roles:
+    [instance], proposals: [open discovery proposals, the recommended first]}``.
     """
     now = time.time() if now is None else now
     st = queries.status(conn)
@@ -206,7 +220,8 @@ def org_view(conn: sqlite3.Connection, *, now: float | None = None, recent: int 
     st["needs_you"] = {
         "decisions": st["pending_decisions"],
         "batches": st["open_batches"],
-        "unrunnable": [r for r in ended if r["stop"]["reason"] == StopReason.VERIFY_UNRUNNABLE],
+        "unrunnable": [r for r, w in zip(ended, st["work"]["recent_ended"])
+                       if r["stop"]["reason"] == StopReason.VERIFY_UNRUNNABLE and not w.get("dismissed_at")],
         "failed_roles": [r["instance"] for r in st["roles"] if r["status"] == RoleStatus.FAILED],
         "proposals": [p.as_dict() for p in proposal_queries.open_proposals(conn, now=now, limit=50)],
     }

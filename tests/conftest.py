@@ -35,6 +35,42 @@ def pytest_configure(config):
         os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="org-xdg-")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Each test's pytest-timeout bound (its marker, else the ini's) stretched by the host's load
+    as the run starts (tests/support/timing.py), so a busy host slows the suite without failing it."""
+    from tests.support.timing import scale
+
+    factor = scale()
+    default = getattr(config, "_env_timeout", None)
+    if factor <= 1.0:
+        return
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        base = (marker.args[0] if marker is not None and marker.args else
+                marker.kwargs.get("timeout") if marker is not None else default)
+        if isinstance(base, (int, float)) and base > 0:
+            kwargs = {k: v for k, v in (marker.kwargs.items() if marker is not None else ()) if k != "timeout"}
+            item.add_marker(pytest.mark.timeout(base * factor, *(marker.args[1:] if marker else ()), **kwargs),
+                            append=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that failed because a child process ran out of time says what that process had
+    printed by then (``subprocess.TimeoutExpired`` keeps it; pytest shows only the command)."""
+    outcome = yield
+    import subprocess
+
+    excinfo = call.excinfo
+    if excinfo is None or not isinstance(excinfo.value, subprocess.TimeoutExpired):
+        return
+    report = outcome.get_result()
+    exc = excinfo.value
+    for name, data in (("stdout", exc.output), ("stderr", exc.stderr)):
+        text = data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+        report.sections.append((f"what the timed-out process printed ({name})", text[-4000:] or "(nothing)"))
+
+
 def pytest_unconfigure(config):
     if "XDG_STATE_HOME" in _REGISTRY:
         shutil.rmtree(os.environ["XDG_STATE_HOME"], ignore_errors=True)

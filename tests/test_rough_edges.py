@@ -19,6 +19,7 @@ import pytest
 
 from state_db.vocab import Actor
 from tests.support import install_current
+from tests.support.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 CODED = re.compile(r"^error\[(?P<code>[a-z_]+)\]: .+ — .+$")
@@ -195,7 +196,9 @@ class Terminal:
         os.write(self.master, keys.encode())
 
     def expect(self, text: str, timeout: float = 15.0) -> str:
-        """Wait until ``text`` appears in the output after what was read so far; return that output."""
+        """Wait until ``text`` appears in the output after what was read so far (``timeout``: on an
+        idle host; the wait allows for the host's load); return that output."""
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         buf = ""
         while text not in buf:

@@ -132,3 +132,30 @@ def test_skills_list_show_and_retire_with_use_counts(capsys, proposed, writer_fo
     assert [s["name"] for s in json.loads(out)] == ["mock-network"]
     code, _, err = org(capsys, "skills", "show", "nope")
     assert code == 1 and err.startswith("error[skill_not_found]")
+
+
+def test_a_rejection_carries_its_reason_and_a_reason_given_as_an_id_says_where_it_goes(capsys, proposed, writer_for):
+    r = proposed[1]
+    code, _, err = org(capsys, "candidates", "reject", r, "duplicate of the handle- one")
+    assert code == 1 and err.startswith("error[candidate_not_found]") and "--reason" in err
+    assert C.get(writer_for(Actor.CURATOR).conn, r)["status"] == "pending"      # nothing was written
+    code, out, _ = org(capsys, "candidates", "reject", r, "--reason", "duplicate of the handle- one")
+    assert code == 0 and f"{r} (mock-network): rejected" in out
+    got = C.get(writer_for(Actor.CURATOR).conn, r)
+    assert got["status"] == "rejected" and got["decided_reason"] == "duplicate of the handle- one"
+    code, out, _ = org(capsys, "candidates", "show", r)
+    assert code == 0 and out.splitlines()[0].endswith(": duplicate of the handle- one")
+    events = rows(writer_for(Actor.HUMAN), "SELECT data FROM events WHERE kind = 'skill_candidates.rejected'")
+    assert len(events) == 1 and "duplicate of the handle- one" in events[0]["data"]
+
+
+def test_the_chat_tool_and_slash_command_pass_the_reason_on(proposed, org_home, writer_for):
+    from scripts.cli.chat import handle_slash, run_operation
+
+    failed, out = run_operation("candidates", {"action": "reject", "ids": [proposed[0]], "reason": "too narrow"},
+                                str(org_home.root))
+    assert not failed, out
+    said = handle_slash(f'/candidates defer {proposed[1]} --reason "ask again next month"', str(org_home.root))
+    assert "deferred" in said, said
+    conn = writer_for(Actor.CURATOR).conn
+    assert [C.get(conn, x)["decided_reason"] for x in proposed[:2]] == ["too narrow", "ask again next month"]

@@ -9,6 +9,7 @@ import pytest
 from transport.endpoints import Endpoints
 from transport.keys import Keyring
 from transport.ledger import read_counters
+from tests.support.timing import scaled
 from transport.probe import ProbeProcess, prepare_home, wait_until
 from transport.sender import Sender
 
@@ -58,8 +59,8 @@ def test_same_id_sent_by_push_and_by_file_is_handled_once(home, sender, probes):
     envs = [sender.envelope("loop-agent-1", "dispatch", {"work": f"w{i}"}) for i in range(20)]
     for env in envs:
         assert sender.send_envelope(env, via="both") == "push+outbox"
-    probe.wait_for(lambda e: e["event"] == "handled", count=20, timeout=10)
-    wait_until(lambda: outbox_files(home) == [], timeout=10, what="outbox drained")
+    probe.wait_for(lambda e: e["event"] == "handled", count=20, timeout=scaled(10))
+    wait_until(lambda: outbox_files(home) == [], timeout=scaled(10), what="outbox drained")
     assert probe.stop()["handled"] == 20
     assert sorted(handled_ids(probe)) == sorted(e.id for e in envs)
     counters = read_counters(home / "state.db")["loop-agent-1"]
@@ -75,8 +76,8 @@ def test_send_to_a_missing_receiver_falls_back_fast_and_is_delivered_once_after_
     assert len(outbox_files(home)) == 1
 
     probe = probes(home, "loop-agent-1")
-    probe.wait_for(lambda e: e["event"] == "handled", timeout=10)
-    wait_until(lambda: outbox_files(home) == [], timeout=10, what="outbox file deleted")
+    probe.wait_for(lambda e: e["event"] == "handled", timeout=scaled(10))
+    wait_until(lambda: outbox_files(home) == [], timeout=scaled(10), what="outbox file deleted")
     assert probe.stop()["handled"] == 1
 
     again = probes(home, "loop-agent-1")  # a restart must not handle it a second time
@@ -88,7 +89,7 @@ def test_receiver_killed_then_restarted_gets_fallen_back_messages_exactly_once(
     probe = probes(home, "loop-agent-1")
     first = sender.envelope("loop-agent-1", "wake", {"n": 0})
     assert sender.send_envelope(first) == "push"
-    probe.wait_for(lambda e: e["event"] == "handled", timeout=10)
+    probe.wait_for(lambda e: e["event"] == "handled", timeout=scaled(10))
     probe.kill()  # kill -9: the socket file stays behind
 
     # Until the sender notices the dead peer a push may still be queued (and lost: at-most-once).
@@ -98,14 +99,14 @@ def test_receiver_killed_then_restarted_gets_fallen_back_messages_exactly_once(
         paths.append(sender.send("loop-agent-1", "wake", {"n": len(paths) + 1}))
         return paths[-1] == "outbox"
 
-    wait_until(fell_back, timeout=5, what="a send falling back to the outbox")
+    wait_until(fell_back, timeout=scaled(5), what="a send falling back to the outbox")
     filed = len(outbox_files(home))
     assert filed == paths.count("outbox") == 1
 
     restarted = probes(home, "loop-agent-1")
-    restarted.wait_for(lambda e: e["event"] == "handled", timeout=10)
+    restarted.wait_for(lambda e: e["event"] == "handled", timeout=scaled(10))
     after = sender.send("loop-agent-1", "wake", {"n": "after restart"})
-    restarted.wait_for(lambda e: e["event"] == "handled", count=2, timeout=10)
+    restarted.wait_for(lambda e: e["event"] == "handled", count=2, timeout=scaled(10))
     assert restarted.stop()["handled"] == 2
     payloads = [e["payload"]["n"] for e in restarted.handled()]
     assert payloads == [len(paths), "after restart"]
@@ -120,9 +121,9 @@ def test_ping_is_answered_with_pong_by_the_probe(home, probes):
     keyring = Keyring.load(home / "run" / "keys.json")
     with Sender("supervisor", keyring, Endpoints(home / "run"), home / "outbox") as sup:
         assert sup.send("loop-agent-1", "ping", {"reply_to": "coordinator"}) == "push"
-    pong = coordinator.wait_for(lambda e: e.get("kind") == "pong", timeout=10)[0]
+    pong = coordinator.wait_for(lambda e: e.get("kind") == "pong", timeout=scaled(10))[0]
     assert pong["sender"] == "loop-agent-1"
-    ping_id = agent.wait_for(lambda e: e.get("kind") == "ping", timeout=1)[0]["id"]
+    ping_id = agent.wait_for(lambda e: e.get("kind") == "ping", timeout=scaled(1))[0]["id"]
     assert pong["payload"] == {"ping": ping_id}
 
 
@@ -130,7 +131,7 @@ def test_counters_are_stored_per_instance(home, sender, probes):
     probe = probes(home, "loop-agent-1")
     for i in range(3):
         sender.send("loop-agent-1", "wake", {"i": i})
-    probe.wait_for(lambda e: e["event"] == "handled", count=3, timeout=10)
+    probe.wait_for(lambda e: e["event"] == "handled", count=3, timeout=scaled(10))
     probe.stop()
     stored = read_counters(home / "state.db", "loop-agent-1")
     assert stored == {"loop-agent-1": {"delivered": 3}}
@@ -152,5 +153,5 @@ def test_cli_sender_as_human_wakes_the_coordinator(home, probes):
     with open_sender(home, "human", transport={"endpoint": "ipc"}) as human:
         assert human.send("coordinator", "wake", {"why": "submitted"}) == "push"
         assert human.send("coordinator", "cancel", {"work": "w1"}) == "push"
-    got = coordinator.wait_for(lambda e: e["event"] == "handled", count=2, timeout=10)
+    got = coordinator.wait_for(lambda e: e["event"] == "handled", count=2, timeout=scaled(10))
     assert [(e["sender"], e["kind"]) for e in got] == [("human", "wake"), ("human", "cancel")]

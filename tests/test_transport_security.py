@@ -18,6 +18,7 @@ from transport.errors import Code, CurveRequired, IpcPathTooLong
 from transport.keys import Keyring
 from transport.ledger import Ledger, read_counters
 from transport.outbox import write_message
+from tests.support.timing import scaled
 from transport.probe import ProbeProcess, prepare_home, wait_until
 from transport.receiver import Receiver
 from transport.sender import Sender
@@ -85,14 +86,14 @@ def rejections(home) -> list[dict]:
 
 
 def wait_rejections(home, n: int) -> list[dict]:
-    return wait_until(lambda: (r := rejections(home)) and len(r) >= n and r, timeout=10,
+    return wait_until(lambda: (r := rejections(home)) and len(r) >= n and r, timeout=scaled(10),
                       what=f"{n} journaled rejections")
 
 
 def still_delivers(probe, sender: Sender) -> None:
     env = sender.envelope("loop-agent-1", "wake", {"check": "alive"})
     sender.send_envelope(env)
-    probe.wait_for(lambda e: e.get("id") == env.id, timeout=10)
+    probe.wait_for(lambda e: e.get("id") == env.id, timeout=scaled(10))
     assert probe.proc.poll() is None
 
 
@@ -121,7 +122,7 @@ def test_replayed_messages_readdressed_or_resigned_are_rejected(home, keyring, p
         with Sender("coordinator", keyring, Endpoints(home / "run"), home / "outbox") as s:
             captured = s.envelope("loop-agent-1", "dispatch", {"work": "w1"})
             s.send_envelope(captured)
-            probe.wait_for(lambda e: e.get("id") == captured.id, timeout=10)
+            probe.wait_for(lambda e: e.get("id") == captured.id, timeout=scaled(10))
             wire = orjson.loads(captured.encode())
             readdressed = orjson.dumps(wire | {"recipient": "loop-agent-2"})
             # loop-agent-1 holds its own key: it re-signs the dispatch in the coordinator's name.
@@ -155,7 +156,7 @@ def test_kind_sent_by_a_role_without_the_capability_is_not_authorized(home, keyr
     assert sorted((r["code"], r["sender"], r["source"]) for r in found) == [
         (Code.NOT_AUTHORIZED, "human", "file"), (Code.NOT_AUTHORIZED, "loop-agent-2", "socket")]
     copy = home / "outbox" / ".quarantine" / "loop-agent-1" / f"{also.id}.msg.not_authorized"
-    wait_until(copy.exists, timeout=10, what="quarantined copy")  # copied after the commit
+    wait_until(copy.exists, timeout=scaled(10), what="quarantined copy")  # copied after the commit
     with pytest.raises(Exception) as info:  # the sender refuses it before anything is sent
         with Sender("loop-agent-2", keyring, Endpoints(home / "run"), home / "outbox") as s:
             s.send("loop-agent-1", "dispatch", {})
@@ -196,10 +197,10 @@ def test_malformed_truncated_oversized_expired_are_rejected_and_receiver_keeps_d
         "file": sorted([Code.BAD_ENVELOPE, Code.BAD_ENVELOPE, Code.MESSAGE_TOO_LARGE,
                         Code.EXPIRED]),
     }
-    handled = probe.wait_for(lambda e: e["event"] == "handled", count=2, timeout=10)
+    handled = probe.wait_for(lambda e: e["event"] == "handled", count=2, timeout=scaled(10))
     assert sorted(e["payload"]["skew"] for e in handled) == ["ahead", "behind"]
     wait_until(lambda: sorted(p.name for p in folder.iterdir()) == [".in-progress"],
-               timeout=10, what="bad files removed, dot-file left alone")
+               timeout=scaled(10), what="bad files removed, dot-file left alone")
     quarantined = sorted(p.name for p in (home / "outbox" / ".quarantine" / "loop-agent-1")
                          .iterdir())
     assert quarantined == sorted(["big.msg.message_too_large", "garbage.msg.bad_envelope",
@@ -231,7 +232,7 @@ def test_tcp_with_curve_delivers_and_a_client_without_the_key_is_refused(home, k
         resolver = Endpoints(home / "run", overrides={"loop-agent-1": server.endpoint})
         with Sender("coordinator", keyring, resolver, home / "outbox") as s:
             assert s.send("loop-agent-1", "wake", {"via": "curve"}) == "push"
-        got = server.wait_for(lambda e: e["event"] == "handled", timeout=10)
+        got = server.wait_for(lambda e: e["event"] == "handled", timeout=scaled(10))
         assert got[0]["payload"] == {"via": "curve"}
 
         with Sender("supervisor", keyring, resolver, home / "outbox") as s:

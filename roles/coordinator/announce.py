@@ -18,6 +18,7 @@ from state_db.queries.events import Event, after, announced_upto, attention_know
 from state_db.queries.iterations import count
 from state_db.queries.usage import of_work
 from state_db.vocab import StopReason
+from state_db.words import counted
 from state_db.writer import StateWriter
 
 WATCHED = ("work_items.ended", "decisions.created", "role_instances.failed", "candidate_batches.created",
@@ -36,7 +37,7 @@ def text_for(conn, event: Event) -> str | None:
             return None
         used = of_work(conn, subject)
         return (f"run {subject} ended: {item.stop_reason} — {item.stop_detail or ''} "
-                f"({count(conn, subject)} iterations, {used.tokens} tokens, ${used.cost_usd:.4f})").replace(" —  (", " (")
+                f"({counted(count(conn, subject), 'iteration')}, {counted(used.tokens, 'token')}, ${used.cost_usd:.4f})").replace(" —  (", " (")
     if kind == "decisions.created":
         d = decisions.decision(conn, subject)
         return None if d is None else (f"decision {subject} waiting for {d.work_id}: {d.question} — "

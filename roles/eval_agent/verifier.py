@@ -22,6 +22,7 @@ machine has to be fixed first, and ``org show`` says what to change).
 from __future__ import annotations
 
 import re
+import shlex
 import time
 import uuid
 from collections import OrderedDict
@@ -29,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from roles import telemetry
-from roles.eval_agent import evidence, held as held_rules
+from roles.eval_agent import evidence, held as held_rules, nearest
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
@@ -121,11 +122,16 @@ def cannot_start(check: CheckResult, *, baseline: bool = False) -> str | None:
     return None
 
 
-def unrunnable_message(check: CheckResult, why: str, *, where: str) -> str:
+def unrunnable_message(check: CheckResult, why: str, *, where: str, workspace: Path | None = None) -> str:
     said = " / ".join(ln.strip() for ln in check.output_tail.strip().splitlines()[-3:] if ln.strip())[:400]
     hint = ("make the command's program reachable in the sandbox: use a path inside the workspace "
             "(e.g. .venv/bin/python -m pytest), add its folder to sandbox.readonly_binds in org.toml, "
             "or check it with 'org doctor'")
+    program = nearest.program_of(check.command)
+    near = nearest.nearest(program, workspace) if program and workspace is not None else None
+    if near:
+        hint = (f"{program} does not exist; the nearest is {near}: submit again with "
+                f"--verify {shlex.quote(check.command.replace(program, near, 1))}")
     if check.exit_code == 126:
         hint = "make the file executable (chmod +x), or run it through its interpreter (sh FILE, python FILE)"
     if check.timed_out:
@@ -252,7 +258,8 @@ class Verifier:
             c, why = unrunnable[0]
             coded = [replace(x, code=x.code or "verify_unrunnable") if cannot_start(x) else x for x in checks]
             return self.record(work_id, n, coded, protected, held=held, outcome=VerdictOutcome.ERROR,
-                               end_detail=unrunnable_message(c, why, where="in the sandbox during the run"))
+                               end_detail=unrunnable_message(c, why, where="in the sandbox during the run",
+                                                             workspace=Path(work.workspace)))
         if protected:
             checks.append(CheckResult(name=PROTECTED_CHECK, command="(compare with baseline)", passed=False,
                                       exit_code=None, timed_out=False, signature="protected:" + ",".join(protected),
@@ -327,7 +334,8 @@ class Verifier:
             if why:
                 coded = [replace(x, code="verify_unrunnable") if cannot_start(x, baseline=True) else x for x in checks]
                 return self._write_preflight(work_id, PreflightOutcome.UNRUNNABLE, coded,
-                                             unrunnable_message(c, why, where="on the baseline"))
+                                             unrunnable_message(c, why, where="on the baseline",
+                                                                workspace=Path(work.workspace)))
         if all(c.passed for c in checks) and all(evidence.judge(c.counts, None, baseline_known=False).problem is None
                                                  for c in checks):
             return self._write_preflight(work_id, PreflightOutcome.ALREADY_PASSES, checks,

@@ -20,6 +20,7 @@ from roles.loop_agent.stop import (
 )
 from state_db import ending
 from state_db.vocab import StopReason
+from state_db.words import counted
 
 def _positive(name: str, value: float, *, integer: bool = False) -> None:
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
@@ -50,7 +51,7 @@ class _Cap(StopCondition):
     field: ClassVar[str]        # the RunProgress attribute compared
     reason: ClassVar[StopReason]
     integer: ClassVar[bool] = False
-    says: ClassVar[str]         # detail, formatted with ``value`` and ``limit``
+    says: ClassVar[str]         # detail, formatted with ``value``, ``limit`` and ``s`` (plural ending)
     min_reserve: ClassVar[float] = 0.0      # a smaller wrap-up slice is not kept back
 
     def __init__(self, limit: float, reserve: float = 0.0) -> None:
@@ -80,7 +81,7 @@ class _Cap(StopCondition):
     def check(self, p: RunProgress) -> StopDecision | None:
         value = getattr(p, self.field)
         if value >= self.trip:
-            said = self.says.format(value=value, limit=self.limit)
+            said = self.says.format(value=value, limit=self.limit, s="" if value == 1 else "s")
             if self.reserved:
                 said += f" ({self.reserve:.0%} of it kept for the wrap-up)"
             return StopDecision(self.reason, said)
@@ -90,7 +91,7 @@ class _Cap(StopCondition):
 class MaxIterations(_Cap):
     kind = "max_iterations"
     field, reason, integer = "iterations", StopReason.MAX_ITERATIONS, True
-    says = "{value} iterations committed, cap {limit}"
+    says = "{value} iteration{s} committed, cap {limit}"
 
 
 MIN_WRAPUP_TOKENS = 300        # a wrap-up's prompt and note (roles/loop_agent/wrapup.py)
@@ -145,8 +146,8 @@ class NoProgress(StopCondition):
         fp, count = Counter(recent).most_common(1)[0]
         if count >= self.repeat:
             return StopDecision(StopReason.NO_PROGRESS,
-                                f"fingerprint {fp[:12]} seen {count} times in the last "
-                                f"{len(recent)} iterations")
+                                f"fingerprint {fp[:12]} seen {counted(count, 'time')} in the last "
+                                f"{counted(len(recent), 'iteration')}")
         return None
 
 

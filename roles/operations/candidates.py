@@ -118,8 +118,9 @@ def show(home: OrgHome, ref: str) -> CandidateView:
 
 
 def decide(home: OrgHome, cfg: Config, refs: list[str], action: str, *, idempotency_key: str | None = None,
-           via: str | None = None) -> CandidateDecisions:
-    """Approve, reject or defer candidates (ids or names) in one write, then wake the coordinator.
+           via: str | None = None, reason: str | None = None) -> CandidateDecisions:
+    """Approve, reject or defer candidates (ids or names) in one write, then wake the coordinator;
+    ``reason`` (why, in the human's words) is kept with each decision.
 
     Raises: CandidateNotFound, CandidateClosed (nothing is written then), ReviewError (an action
     that is not a decision, or no candidate named)."""
@@ -129,7 +130,8 @@ def decide(home: OrgHome, cfg: Config, refs: list[str], action: str, *, idempote
         raise ReviewError("no candidate named", hint="give one or more candidate ids (see 'org candidates')")
     writer = human_writer(home.require().db_path, via)
     try:
-        out = review.decide(writer, list(refs), action, home.skills_dir, key=idempotency_key)
+        out = review.decide(writer, list(refs), action, home.skills_dir, key=idempotency_key,
+                            reason=(reason or "").strip() or None)
     finally:
         writer.close()
     wake_coordinator(home, cfg)

@@ -5,6 +5,7 @@ from state_db.queries import verdicts, work
 from state_db.queries.events import Event
 from state_db.queries.iterations import count
 from state_db.queries.usage import of_work
+from state_db.words import counted
 
 
 def line_for(conn, ev: Event) -> str | None:
@@ -43,7 +44,7 @@ def line_for(conn, ev: Event) -> str | None:
             return None
         used = of_work(conn, subject)
         return (f"{subject} ended by {ev.actor}: {item.stop_reason} — {item.stop_detail or ''}\n"
-                f"      {count(conn, subject)} iterations, {used.tokens} tokens, ${used.cost_usd:.4f}")
+                f"      {counted(count(conn, subject), 'iteration')}, {counted(used.tokens, 'token')}, ${used.cost_usd:.4f}")
     if kind == "announce" and data.get("source") in ("role_instances.failed", "decisions.created", "reannounce",
                                                      "candidate_batches.created"):
         return f"coordinator: {data.get('text')}"

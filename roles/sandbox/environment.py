@@ -12,6 +12,9 @@ from typing import Mapping
 PASSED = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TERM", "TZ")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 SANDBOX_HOME = "/tmp/home"
+# The package tools whose caches land in the private /tmp (under SANDBOX_HOME, by each tool's own
+# default): what ``org doctor`` and the README name; tests/test_newcomer_truths.py asks each tool.
+CACHES = ("pip", "npm", "uv")
 
 
 def clean_env(extra: Mapping[str, str] | None = None, *, home: str = SANDBOX_HOME,

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from roles.sandbox.environment import CACHES
 from roles.sandbox.toolchains import SYSTEM, Exposure, Toolchain, discover, is_system
 
 DENY = (
@@ -367,4 +368,4 @@ def exposed(cfg, org_home, toolchain: Toolchain | None = None) -> list[tuple[str
     view = build(toolchain, own_home=root, readonly=extra)
     return ([(e.path, e.reason) for e in view.readonly]
             + [(e.path, f"hidden: {e.reason}") for e in view.hidden]
-            + [("/tmp", "private and empty, writable (caches: pip, npm, cargo)")])
+            + [("/tmp", f"private and empty, writable (caches: {', '.join(CACHES)})")])

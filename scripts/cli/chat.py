@@ -81,8 +81,9 @@ TOOLS: dict[str, tuple[str, dict, Callable[[dict], list[str]]]] = {
     "candidates": ("Approve, reject or defer skill candidates the curator proposed (only when the human said so).",
                    {"type": "object", "required": ["action", "ids"], "properties": {
                        "action": {"type": "string", "enum": list(candidate_ops.ACTIONS)},
-                       "ids": {"type": "array", "items": {"type": "string"}}}},
-                   lambda a: ["candidates", a["action"], *a["ids"]]),
+                       "ids": {"type": "array", "items": {"type": "string"}},
+                       "reason": {"type": "string", "description": "why, in the human's words"}}},
+                   lambda a: ["candidates", a["action"], *a["ids"], *(["--reason", a["reason"]] if a.get("reason") else [])]),
     "decisions": ("List actions waiting for a human decision.", {"type": "object", "properties": {}},
                   lambda a: ["decisions"]),
     "decide": ("Record the human's decision on a waiting action (only when the human said so).",
@@ -122,7 +123,8 @@ OPERATIONS: dict[str, Callable[[OrgHome, Any, dict], Result]] = {
         a["id"], max_iterations=a.get("max_iterations"), budget_tokens=a.get("budget_tokens"),
         budget_usd=a.get("budget_usd"), timeout_s=a.get("timeout_s"))),
     "decide": lambda home, cfg, a: decide_op(home, cfg, a["id"], a["verdict"], a.get("text")),
-    "candidates": lambda home, cfg, a: candidate_ops.decide(home, cfg, list(a["ids"]), a["action"]),
+    "candidates": lambda home, cfg, a: candidate_ops.decide(home, cfg, list(a["ids"]), a["action"],
+                                                            reason=a.get("reason")),
 }
 
 

@@ -26,6 +26,7 @@ from mcp.server.lowlevel.helper_types import ReadResourceContents
 from pydantic import AnyUrl
 
 from scripts.cli import mcp_tools
+from scripts.cli.version import version
 from state_db.config import Config
 from state_db.connection import connect
 from state_db.errors import NotFound, OrgError
@@ -58,7 +59,8 @@ class OrgServer:
 
     def __init__(self, home: OrgHome, cfg: Config, *, poll_s: float = 0.5):
         self.home, self.cfg, self.poll_s = home, cfg, poll_s
-        self.server: Server = Server("loop-org", instructions=INSTRUCTIONS)
+        # loop-org's own version: the SDK would report its own in serverInfo otherwise
+        self.server: Server = Server("loop-org", version=version(), instructions=INSTRUCTIONS)
         self.subscribed: set[str] = set()
         self.session = None
         self._changed = anyio.Event()

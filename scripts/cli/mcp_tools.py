@@ -109,7 +109,8 @@ def candidates(caller: Caller, a: dict):
     if "review" not in enabled(caller.cfg):
         raise refuse(caller, "review")
     return candidate_ops.decide(home, caller.cfg, a.get("ids") or [_one(a)], action,
-                                idempotency_key=a.get("idempotency_key"), via=caller.via).as_data()
+                                idempotency_key=a.get("idempotency_key"), via=caller.via,
+                                reason=a.get("reason")).as_data()
 
 
 def _one(a: dict) -> str:
@@ -205,6 +206,7 @@ TOOLS = [
               id={**S, "description": "candidate id or name"}, ids={"type": "array", "items": S},
               all={"type": "boolean"},
               status={"type": "array", "items": {"type": "string", "enum": STATUSES}},
+              reason={**S, "description": "approve / reject / defer: why, kept with the decision"},
               idempotency_key=KEY), candidates),
     Tool("skills", "Approved skills with use counts and last use (list), or one skill with its origin (show).",
          _obj(action={"type": "string", "enum": ["list", "show"]}, name=S, all={"type": "boolean"}), skills),

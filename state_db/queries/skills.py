@@ -36,6 +36,7 @@ class Candidate:
     batch_id: str | None = None
     decided_by: str | None = None
     decided_at: float | None = None
+    decided_reason: str | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row | dict) -> "Candidate":

@@ -187,3 +187,18 @@ def test_claude_code_submits_and_reads_status_through_the_mcp_tools(claude_cli, 
         assert len(items) == 1 and items[0]["created_by"].endswith(" via mcp:claude-code"), items
         steps = [json.loads(line) for line in (tmp_path / "scripted.jsonl").read_text().splitlines()]
         assert [s["event"] for s in steps].count("step") == 3 and "error" not in [s["event"] for s in steps]
+
+
+@pytest.mark.timeout(60)
+def test_the_server_reports_loop_orgs_version_not_the_sdks(org_home):
+    """serverInfo carries what ``org --version`` prints."""
+    from scripts.cli.version import version
+
+    async def initialize():
+        async with stdio_client(server_params(org_home)) as (read, write), ClientSession(read, write) as s:
+            return await s.initialize()
+
+    info = anyio.run(initialize).serverInfo
+    printed = subprocess.run([sys.executable, "-m", "scripts.cli.main", "--version"], capture_output=True, text=True,
+                             cwd=ROOT, timeout=30, env={**os.environ, "ORG_HOME": str(org_home.root)}).stdout
+    assert info.name == "loop-org" and info.version == version() and info.version in printed, (info, printed)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from roles.supervisor import procs
 from state_db.connection import read_rows
+from tests.support.timing import scaled
 from transport.probe import wait_until
 
 
@@ -33,9 +34,10 @@ def query(home, sql, params=()):
 
 
 def wait_for(predicate, timeout=15.0, interval=0.05, what="condition"):
-    """Poll ``predicate`` until it returns a truthy value; fail with the last value seen."""
+    """Poll ``predicate`` until it returns a truthy value; fail with the last value seen. ``timeout``
+    is what it may take on an idle host: the wait allows for the host's load (``timing.scaled``)."""
     try:
-        return wait_until(predicate, timeout=timeout, what=what, interval=interval)
+        return wait_until(predicate, timeout=scaled(timeout), what=what, interval=interval)
     except TimeoutError as exc:
         raise AssertionError(str(exc)) from None
 
@@ -77,7 +79,7 @@ def running_org(config_text: str):
     write_config(home, config_text)
     init_home(home)
     try:
-        control.start_background(home, timeout_s=20)
+        control.start_background(home, timeout_s=scaled(20))
         yield home
     finally:
         cleanup(home)

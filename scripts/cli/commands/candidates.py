@@ -46,6 +46,7 @@ def add_arguments(p) -> None:
                          ("defer", "not now; they are not asked again and never count toward a batch")):
         d = sub.add_parser(action, help=f"{action} candidates: {what}")
         d.add_argument("ids", nargs="+", metavar="ID", help="candidate ids (or names)")
+        d.add_argument("--reason", help="why, in your words: kept with the decision and shown by 'org candidates show'")
         d.add_argument("--idempotency-key", help="the same key twice decides once")
         add_json(d)
     e = sub.add_parser("edit", help="edit a candidate's SKILL.md in $EDITOR, or with --name/--description/--body-file")
@@ -125,6 +126,8 @@ def show_text(result: CandidateView) -> str:
     c = result.candidate
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c["decided_at"])) if c["decided_at"] else ""
     decided = f", {c['status']} by {c['decided_by']} on {when}" if when else ""
+    if when and c.get("decided_reason"):
+        decided += f": {c['decided_reason']}"
     lines = [f"{c['id']}  {_status(c)}  score {c['score']}/5{decided}"]
     signals = c["signals"] or {}
     for name in ("recurrence", "multi_step", "trigger", "criteria", "reusable_output"):
@@ -146,7 +149,8 @@ def show_text(result: CandidateView) -> str:
 
 def _decide(args, action: str) -> int:
     home = home_of(args).require()
-    result = ops.decide(home, load_config(home), args.ids, action, idempotency_key=args.idempotency_key)
+    result = ops.decide(home, load_config(home), args.ids, action, idempotency_key=args.idempotency_key,
+                        reason=args.reason)
     if args.json:
         emit_json(result.as_data())
     else:

@@ -1,6 +1,7 @@
 """``org doctor``: check the org home; exit 0 healthy, 1 warnings, 2 errors."""
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 
@@ -26,7 +27,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    findings = diagnose(home_of(args))
+    home = home_of(args)
+    source = ("--home" if getattr(args, "home", None) else "ORG_HOME" if os.environ.get("ORG_HOME")
+              else "the default: .org/ in the loop-org checkout")
+    findings = [{"level": "ok", "check": "home", "detail": f"{home.root} (from {source})"}] + diagnose(home)
     worst = max((2 if f["level"] == "error" else 1 if f["level"] == "warning" else 0) for f in findings)
     if args.json:
         emit_json({"exit": worst, "findings": findings})

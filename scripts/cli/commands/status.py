@@ -1,18 +1,21 @@
 """``org status``: the org at a glance, read from state.db (works while the org is down)."""
 from __future__ import annotations
 
+import os
 import time
 
 from scripts.cli.output import add_json, emit_json, read_conn, table
 from state_db import views
 
 NAME = "status"
-HELP = "show the session, roles, work items, schedules and triggers, usage, decisions and transport counters"
+HELP = "show the session, roles, work items (with their workspace), schedules and triggers, usage and decisions"
 
 
 def add_arguments(p) -> None:
     p.add_argument("--orders", action="store_true",
                    help="only the schedules and triggers: rule, state, next due, fired and skipped counts")
+    p.add_argument("--transport", action="store_true",
+                   help="also the transport counters per instance (delivered, fell back to the outbox, pushed ...)")
     add_json(p)
 
 
@@ -32,7 +35,7 @@ def run(args) -> int:
     if args.json:
         emit_json(st)
         return 0
-    print(render(st))
+    print(render(st, transport=getattr(args, "transport", False)))
     return 0
 
 
@@ -53,7 +56,8 @@ def unsent_wakes(transport: dict) -> dict[str, int]:
     return {inst: c[NOT_SENT] for inst, c in transport.items() if c.get(NOT_SENT)}
 
 
-def render(st: dict, now: float | None = None) -> str:
+def render(st: dict, now: float | None = None, *, transport: bool = False) -> str:
+    """The status as text; the transport counters only with ``transport`` (``--transport``)."""
     now = now or time.time()
     out = []
     session = st["session"]
@@ -77,8 +81,8 @@ def render(st: dict, now: float | None = None) -> str:
     runs = {r["id"]: r for r in st["runs"]["running"] + st["runs"]["recent_ended"]} if "runs" in st else {}
     if work:
         rows = [[w["id"], _phase(w, runs.get(w["id"])), *progress_cells(w, runs.get(w["id"])),
-                 w["stop_reason"] or _waiting(w), w["goal"][:40]] for w in work]
-        out += ["", table(rows, ["WORK", "PHASE", "ITER", "TOKENS", "COST", "ELAPSED", "REASON", "GOAL"])]
+                 w["stop_reason"] or _waiting(w), place(w["workspace"]), w["goal"][:40]] for w in work]
+        out += ["", table(rows, ["WORK", "PHASE", "ITER", "TOKENS", "COST", "ELAPSED", "REASON", "WORKSPACE", "GOAL"])]
         out += [line for w in work for line in _now_lines(runs.get(w["id"]))]
     else:
         out += ["", "no work items"]
@@ -91,11 +95,21 @@ def render(st: dict, now: float | None = None) -> str:
     if unsent:
         out += ["", "wakes not sent (the coordinator picks such writes up at its next reconcile): "
                 + ", ".join(f"{inst} {n}" for inst, n in sorted(unsent.items()))]
-    if st["transport"]:
+    if transport and st["transport"]:
         names = sorted({n for c in st["transport"].values() for n in c})
         rows = [[inst] + [c.get(n, 0) for n in names] for inst, c in st["transport"].items()]
         out += ["", table(rows, ["INSTANCE"] + [n.upper() for n in names])]
     return "\n".join(out)
+
+
+def place(workspace: str | None) -> str:
+    """A workspace as a person tells it apart: under the home folder as ``~/…``."""
+    if not workspace:
+        return ""
+    home = os.path.expanduser("~")
+    if home not in ("", "/") and (workspace == home or workspace.startswith(home + "/")):
+        return "~" + workspace[len(home):]
+    return workspace
 
 
 def render_orders(orders: list[dict], now: float | None = None) -> str:

@@ -17,7 +17,7 @@ import tty
 import uuid
 from dataclasses import dataclass, field
 
-from scripts.cli.commands.status import of
+from scripts.cli.commands.status import of, place
 from scripts.cli.output import home_of
 from state_db import views
 from state_db.queries import decisions
@@ -29,7 +29,7 @@ from state_db.vocab import DecisionStatus
 
 NAME = "watch"
 HELP = "live view of the org: what needs you, what runs, what ended; open a run, approve or reject a decision"
-KEYS = "↑↓ select · enter open · a approve · r reject · b back · q quit"
+KEYS = "↑↓ select · enter open · a approve · r reject · x dismiss · b back · q quit"
 _UP, _DOWN, _ENTER = {b"\x1b[A", b"k"}, {b"\x1b[B", b"j"}, {b"\r", b"\n", b"o"}
 
 
@@ -49,7 +49,7 @@ class Screen:
     open_run: str | None = None
     confirm: tuple[str, str] | None = None        # (verdict, decision id)
     message: str = ""
-    items: list[tuple[str, str]] = field(default_factory=list)    # selectable: ("decision"|"run", id)
+    items: list[tuple[str, str]] = field(default_factory=list)    # selectable: ("decision"|"run"|"unrunnable", id)
 
 
 def run(args) -> int:
@@ -101,7 +101,9 @@ def handle(key: bytes, screen: Screen, conn, home) -> bool:
         screen.cursor = min(max(0, len(screen.items) - 1), screen.cursor + 1)
     elif key in _ENTER and screen.open_run is None and screen.items:
         kind, ident = screen.items[min(screen.cursor, len(screen.items) - 1)]
-        screen.open_run = ident if kind == "run" else _run_of(conn, ident)
+        screen.open_run = _run_of(conn, ident) if kind == "decision" else ident
+    elif key == b"x":
+        screen.message = _dismiss(home, screen)
     elif key in (b"a", b"r"):
         did = _selected_decision(screen, conn)
         verdict = "approve" if key == b"a" else "reject"
@@ -124,6 +126,20 @@ def decide(home, decision_id: str, verdict: str) -> str:
         return exc.line()
     wake = "" if result.wake in ("push", "outbox") else f" ({result.wake})"
     return f"{decision_id}: {result.status}{wake}"
+
+
+def _dismiss(home, screen: Screen) -> str:
+    """Take the selected verify_unrunnable run out of "needs you", as ``org dismiss`` does."""
+    from roles.operations.dismiss import dismiss
+
+    key = _cursor_key(screen) if screen.open_run is None else None
+    if key is None or key[0] != "unrunnable":
+        return "select a verify_unrunnable run under needs you first"
+    try:
+        done = dismiss(home, key[1], idempotency_key=f"watch-{uuid.uuid4().hex}")
+    except OrgError as exc:          # shown on the screen; the watch goes on
+        return exc.line()
+    return f"{done.id}: dismissed"
 
 
 def _run_of(conn, decision_id: str) -> str | None:
@@ -205,7 +221,7 @@ def overview_lines(st: dict, screen: Screen) -> list[tuple[str, tuple | None]]:
     for b in needs["batches"]:
         lines.append((f"  batch {b['id']}: skill candidates to review — 'org candidates'", None))
     for r in needs["unrunnable"]:
-        pick("run", r["id"], f"{r['id']} verify_unrunnable: {_esc(r['stop']['detail'] or '')}")
+        pick("unrunnable", r["id"], f"{r['id']} verify_unrunnable: {_esc(r['stop']['detail'] or '')}  (x dismiss)")
     for inst in needs["failed_roles"]:
         lines.append((f"  [red]{inst} failed[/]: not restarted — 'org doctor'", None))
     proposals = needs.get("proposals", [])
@@ -225,7 +241,7 @@ def overview_lines(st: dict, screen: Screen) -> list[tuple[str, tuple | None]]:
     lines.append((f"[bold]RECENTLY ENDED[/] ({len(ended)})", None))
     for r in ended:
         pick("run", r["id"], f"{r['id']}  {r['stop']['reason']:<17} {r['iteration']['committed']} it  "
-                             f"${r['cost_usd']['used']:.4f}  {_esc(r['goal'])}")
+                             f"${r['cost_usd']['used']:.4f}  {_esc(place(r['workspace']))}  {_esc(r['goal'])}")
     screen.items = items
     screen.cursor = min(screen.cursor, max(0, len(items) - 1))
     if items:
@@ -238,7 +254,7 @@ def _run_row(r: dict) -> str:
     return (f"{r['id']}  [cyan]{r['phase']:<9}[/] {of(it['n'], it['max']):<5} "
             f"tok {bar(tok['used'], tok['cap'], str(tok['used']))} "
             f"$ {bar(cost['used'], cost['cap'], format(cost['used'], '.4f'))} "
-            f"{_time(el)}")
+            f"{_time(el)}  {_esc(place(r['workspace']))}")
 
 
 def _time(el: dict) -> str:

@@ -27,6 +27,7 @@
   const link = path => path + (path.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(TOKEN);
   const usd = x => "$" + (x || 0).toFixed(4);
   const num = x => (x || 0).toLocaleString("en");
+  const counted = (n, noun) => `${n} ${n === 1 ? noun : noun + "s"}`;
   const clock = t => t ? new Date(t * 1000).toLocaleTimeString("en-GB") : "-";
   const pill = s => h("span", { class: "pill " + (s || ""), text: s || "-" });
   const key = (...parts) => parts.join(":") + ":" + NONCE;
@@ -152,11 +153,12 @@
     const views = {};
     st.runs.running.concat(st.runs.recent_ended).forEach(r => { views[r.id] = r; });
     const work = st.work.active.concat(st.work.recent_ended).map(w => Object.assign({}, w, { view: views[w.id] || null }));
-    section("runs", "Runs", work, ws => ws.length ? table(["run", "status", "phase", "iteration#", "tokens#", "cost#", "reason", "goal"], ws.map(w =>
+    section("runs", "Runs", work, ws => ws.length ? table(["run", "status", "phase", "iteration#", "tokens#", "cost#", "reason", "workspace", "goal"], ws.map(w =>
       h("tr", { "data-run": w.id }, h("td", {}, h("a", { href: link(`/runs/${w.id}`), text: w.id })), h("td", { class: "status" }, pill(w.status)),
         h("td", { class: "phase" }, pill(w.view ? w.view.phase : "")),
         h("td", { class: "num", text: w.view ? `${w.view.iteration.n} of ${w.view.iteration.max}` : w.iterations }), h("td", { class: "num", text: num(w.tokens) }), h("td", { class: "num", text: usd(w.cost_usd) }),
         h("td", { class: "reason", text: w.stop_reason || (w.status === "waiting" ? w.stop_detail || "" : "") }),
+        h("td", { class: "workspace", text: w.workspace }),
         h("td", { text: w.goal.slice(0, 70) })))) : h("div", { class: "muted", text: "no runs yet: org submit" }), "wide");
 
     section("orders", "Schedules and triggers", st.standing_orders || [], os => os.length ? table(["order", "kind", "rule", "state", "next", "fired#", "skipped#", "last item"],
@@ -181,7 +183,7 @@
       figure("org cost over time (cumulative, USD; dashed: the org cap)", Plots.line("org-cost", [{ name: "cost", color: "#1a7f37",
         points: u.map(q => ({ x: q.at, y: q.cost_usd })) }], { xfmt: clock, yfmt: usd, hline: u.length && u[u.length - 1].cost_usd > p.spend.cap_usd / 2 ? p.spend.cap_usd : undefined })),
       figure("iterations per run, recent runs (colour: stop reason)", Plots.bars("runs-iterations", runs.map(r => ({
-        label: r.id.slice(-4), value: r.iterations, color: Plots.colorOf(r.stop_reason), title: `${r.id}: ${r.iterations} iterations, ${r.stop_reason}` }))),
+        label: r.id.slice(-4), value: r.iterations, color: Plots.colorOf(r.stop_reason), title: `${r.id}: ${counted(r.iterations, "iteration")}, ${r.stop_reason}` }))),
         h("div", { class: "legend" }, Object.keys(reasons).map(k => h("span", {}, h("i", { style: { background: Plots.colorOf(k) } }), k)))),
       figure("stop reasons, recent runs", Plots.bars("stop-reasons", Object.entries(reasons).map(([k, n]) => ({ label: k, value: n, color: Plots.colorOf(k) })))),
       figure(`verification time per verdict (s) · pass rate ${v.length ? Math.round(100 * passed / v.length) : 0}% of ${v.length}`,
@@ -195,6 +197,9 @@
 
   // ---- the run page -------------------------------------------------------------------
   function drawRun(item, plots, decisions) {
+    // what an empty part of the page means: still to come while the run goes on, never once it ended
+    const ended = item.status === "ended";
+    const never = what => `${what}: the run ended ${item.stop_reason || ""}`.trim();
     section("summary", item.id, item, w => [
       h("div", { id: "run-status" }, pill(w.status), w.stop_reason ? [" ", h("b", { class: "stop-reason", text: w.stop_reason }),
         h("span", { text: ` — ${w.stop_detail || ""}` })] : ""),
@@ -208,7 +213,7 @@
       bar(w.run.tokens.used, w.run.tokens.cap, `budget tokens ${num(w.run.tokens.used)} of ${num(w.run.tokens.cap)}`),
       bar(w.run.cost_usd.used, w.run.cost_usd.cap, `cost ${usd(w.run.cost_usd.used)} of ${usd(w.run.cost_usd.cap)}`),
       bar(w.run.elapsed_s.used, w.run.elapsed_s.cap, `elapsed ${(w.run.elapsed_s.used || 0).toFixed(1)}s of ${w.run.elapsed_s.cap}s`),
-      w.stop_history.map(s => h("div", { class: "note muted", text: `ending ${s.seq}: ${s.stop_reason} after ${s.iterations} iterations, continued by ${s.continued_by}` }))]);
+      w.stop_history.map(s => h("div", { class: "note muted", text: `ending ${s.seq}: ${s.stop_reason} after ${counted(s.iterations, "iteration")}, continued by ${s.continued_by}` }))]);
 
     const mine = decisions.filter(d => d.work_id === RUN);
     section("run-decisions", "Decisions", mine, ds => ds.length ? ds.map(decisionForm) : h("div", { class: "muted", text: "none asked" }),
@@ -216,11 +221,14 @@
 
     section("run-plots", "Tokens and cost", plots, p => h("div", { class: "plots" },
       figure(`tokens over time (cumulative, ${p.calls} model calls)`, Plots.line("run-tokens", [{ name: "tokens",
-        points: p.usage_over_time.map(q => ({ x: q.at, y: q.tokens, title: `iteration ${q.iteration}: ${num(q.tokens)} tokens` })) }], { xfmt: clock })),
+        points: p.usage_over_time.map(q => ({ x: q.at, y: q.tokens, title: `iteration ${q.iteration}: ${num(q.tokens)} tokens` })) }],
+        { xfmt: clock, empty: ended ? never("no model call was made") : "no model call yet" })),
       figure("cost over time (cumulative, USD)", Plots.line("run-cost", [{ name: "cost", color: "#1a7f37",
-        points: p.usage_over_time.map(q => ({ x: q.at, y: q.cost_usd })) }], { xfmt: clock, yfmt: usd })),
+        points: p.usage_over_time.map(q => ({ x: q.at, y: q.cost_usd })) }],
+        { xfmt: clock, yfmt: usd, empty: ended ? never("nothing was spent") : "no cost yet" })),
       figure("tokens per iteration", Plots.bars("run-iterations", p.per_iteration.map(i => ({ label: `#${i.n}`, value: i.tokens,
-        title: `iteration ${i.n}: ${num(i.tokens)} tokens, ${usd(i.cost_usd)}, ${i.elapsed_s.toFixed(1)}s` }))))), "wide");
+        title: `iteration ${i.n}: ${num(i.tokens)} tokens, ${usd(i.cost_usd)}, ${i.elapsed_s.toFixed(1)}s` })),
+        { empty: ended ? never("no iteration was committed") : "no iteration yet" }))), "wide");
 
     const verdicts = {};
     item.verdicts.forEach(v => { verdicts[v.iteration] = v; });
@@ -231,11 +239,12 @@
         h("td", { class: "num", text: num(it.input_tokens + it.output_tokens + it.cache_write_tokens + it.cache_read_tokens) }),
         h("td", { class: "num", text: usd(it.cost_usd) }), h("td", { class: "num", text: `${it.elapsed_s.toFixed(1)}s` }),
         h("td", {}, h("button", { "data-diff": it.n, onclick: () => showDiff(it.n), text: "diff" })))))
-      : h("div", { class: "muted", text: "no iteration committed yet" }), "wide");
+      : h("div", { class: "muted", text: ended ? never("no iteration was committed") : "no iteration committed yet" }), "wide");
 
     const last = item.verdicts.length ? item.verdicts[item.verdicts.length - 1] : null;
     section("verdict", "Latest verdict", last, v => v ? [h("div", {}, `iteration ${v.iteration}: `, pill(v.outcome), h("span", { class: "muted", text: ` by ${v.written_by}` })),
-      v.feedback ? h("pre", { class: "feedback", text: v.feedback.slice(0, 3000) }) : ""] : h("div", { class: "muted", text: "not verified yet" }));
+      v.feedback ? h("pre", { class: "feedback", text: v.feedback.slice(0, 3000) }) : ""]
+      : h("div", { class: "muted", text: ended ? never("never verified") : "not verified yet" }));
   }
 
   async function showDiff(n) {

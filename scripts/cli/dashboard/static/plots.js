@@ -4,7 +4,8 @@
 "use strict";
 (function () {
   const NS = "http://www.w3.org/2000/svg";
-  const W = 420, H = 180, L = 52, R = 12, T = 12, B = 26;
+  const W = 420, H = 190, L = 52, R = 12, T = 12, B = 34;
+  const CHAR_W = 6.6;    // the width of one character of the plots' 12px text, in viewBox units
   const PALETTE = ["#2557d6", "#1a7f37", "#c62828", "#b26a00", "#7b3fb8", "#0f7c8a", "#8a5a00", "#d63384"];
 
   function node(tag, attrs, parent) {
@@ -17,6 +18,23 @@
     const t = node("text", { x: x, y: y, "text-anchor": anchor || "start" }, parent);
     t.textContent = s;
     return t;
+  }
+  // A bar's label, whole: on one line when it fits the bar's width, else broken after its "_" or "-"
+  // onto two lines; never cut (a cut "repeated_failu" names no stop reason).
+  function label(svg, x, s, room) {
+    const t = text(svg, x, H - B + 14, "", "middle");
+    const parts = s.length * CHAR_W <= room ? [s] : split(s);
+    parts.forEach((p, i) => {
+      const span = node("tspan", { x: x, dy: i ? 12 : 0 }, t);
+      span.textContent = p;
+    });
+    t.setAttribute("data-label", s);
+    return t;
+  }
+  function split(s) {
+    const cut = Math.max(s.lastIndexOf("_", Math.ceil(s.length / 2)), s.lastIndexOf("-", Math.ceil(s.length / 2)));
+    const at = cut > 0 ? cut + 1 : s.indexOf("_") + 1;
+    return at > 0 && at < s.length ? [s.slice(0, at), s.slice(at)] : [s];
   }
   function frame(name) {
     return node("svg", { class: "plot", viewBox: `0 0 ${W} ${H}`, "data-plot": name, role: "img" });
@@ -56,8 +74,8 @@
     const xf = opts.xfmt || (v => String(+v.toPrecision(3)));
     text(svg, L - 4, sy(y1) + 4, yf(y1), "end");
     text(svg, L - 4, sy(y0), yf(y0), "end");
-    text(svg, L, H - 8, xf(x0));
-    text(svg, W - R, H - 8, xf(x1), "end");
+    text(svg, L, H - B + 14, xf(x0));
+    text(svg, W - R, H - B + 14, xf(x1), "end");
     if (opts.hline !== undefined) {
       node("line", { x1: L, x2: W - R, y1: sy(opts.hline), y2: sy(opts.hline), stroke: "#c62828",
                      "stroke-dasharray": "4 3" }, svg);
@@ -96,7 +114,7 @@
                                width: (bw * 0.76).toFixed(1), height: Math.max(h, 0.5).toFixed(1),
                                fill: it.color || PALETTE[0] }, svg);
       node("title", {}, r).textContent = it.title || `${it.label}: ${it.value}`;
-      if (items.length <= 12) text(svg, L + i * bw + bw / 2, H - 8, String(it.label).slice(0, 14), "middle");
+      if (items.length <= 12) label(svg, L + i * bw + bw / 2, String(it.label), bw);
     });
     svg.setAttribute("data-points", String(items.length));
     return svg;
