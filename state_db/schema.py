@@ -422,6 +422,18 @@ CREATE UNIQUE INDEX peers_one_key ON peers(curve_public);
 """
 
 
+# How an attempt closed is a vocabulary (state_db.vocab.AttemptOutcome), its code a column of its
+# own: rows written as "kind:code" before are split.
+CONTRACT = """
+ALTER TABLE attempts ADD COLUMN detail TEXT;
+UPDATE attempts SET detail = outcome, outcome = 'interrupted' WHERE outcome IN ('interrupted', 'cancelled', 'org_limit');
+UPDATE attempts SET detail = substr(outcome, 13), outcome = 'model_error' WHERE outcome LIKE 'model_error:%';
+UPDATE attempts SET outcome = 'wrapped_up' WHERE outcome = 'wrapup:ok';
+UPDATE attempts SET detail = substr(outcome, 8), outcome = 'wrapup_failed' WHERE outcome LIKE 'wrapup:%';
+UPDATE curated_notes SET kind = 'context' WHERE kind NOT IN ('outcome', 'failure', 'fix', 'context');
+"""
+
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
     ("0002_knowledge", KNOWLEDGE),
@@ -436,4 +448,5 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0012_review", REVIEW),
     ("0013_handoff", HANDOFF),
     ("0014_peers", PEERS),
+    ("0018_contract", CONTRACT),
 ]

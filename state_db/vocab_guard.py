@@ -22,6 +22,9 @@ from state_db.vocab import (
     ProposalStatus, RoleStatus, SessionStatus, SkillStatus, StopReason, VerdictOutcome, WorkStatus,
 )
 from state_db.vocab import Origin, ScheduleKind, ScheduleStatus
+from state_db.vocab import (
+    ActStatus, AttemptOutcome, AttentionKind, DecisionKind, HandoffSource, NoteKind, NoteTier, ProposalKind,
+)
 
 PREFIX = "vocab_"
 
@@ -47,6 +50,67 @@ GUARDED: dict[tuple[str, str], Iterable[str]] = {
     ("schedules", "kind"): ScheduleKind,
     ("work_items", "origin"): Origin,
     ("proposals", "status"): ProposalStatus,
+    ("iterations", "act_status"): ActStatus,
+    ("attempts", "outcome"): AttemptOutcome,
+    ("decisions", "kind"): DecisionKind,
+    ("proposals", "kind"): ProposalKind,
+    ("curated_notes", "kind"): NoteKind,
+    ("curated_notes", "tier"): NoteTier,
+    ("attention", "kind"): AttentionKind,
+    ("handoffs", "source"): HandoffSource,
+}
+
+
+# Every other TEXT column, and why it is not a vocabulary: identifiers, names and paths, text
+# people or models wrote, JSON documents, times and codes kept as text. A new TEXT column is
+# either guarded above or listed here (tests/test_vocab_guard.py fails otherwise).
+FREE: dict[str, tuple[str, ...]] = {
+    "_migrations": ("name",),
+    "attempts": ("work_id", "instance", "current_tool", "detail"),
+    "attention": ("key", "subject", "text", "link", "last_error"),
+    "candidate_batches": ("id",),
+    "curated_notes": ("id", "topic", "body", "source_notes", "contradicts", "signals"),
+    "decisions": ("id", "work_id", "action", "question", "answer", "result", "decided_by", "executor", "checkpoint"),
+    "delivery_ledger": ("msg_id", "recipient", "sender"),
+    "events": ("instance", "os_user", "subject", "data"),
+    "handoffs": ("work_id", "done", "remains", "learned", "note", "allowance", "written_by"),
+    "idempotency": ("key", "os_user", "command", "result"),
+    "iterations": ("work_id", "act_summary", "tool_calls", "fingerprint", "checkpoint", "changed_paths",
+                   "verdict_id", "feedback", "lesson", "prompt"),
+    "model_calls": ("request_id", "work_id", "instance"),
+    "org_session": ("supervisor_start", "detail"),
+    "peers": ("instance", "host", "endpoint", "curve_public", "hmac_key", "git_url"),
+    "preflights": ("work_id", "checks", "detail", "written_by"),
+    "proposals": ("id", "fingerprint", "workspace", "title", "goal", "verify", "caps", "evidence", "created_by",
+                  "decided_by", "detail", "work_id"),
+    "raw_notes": ("id", "run_id", "fact", "judgment", "rationale", "applicability", "evidence", "curated_id"),
+    "role_instances": ("instance", "pid_start", "endpoint", "last_exit", "current_work"),
+    "schedules": ("id", "name", "rule", "request", "argv", "created_by", "last_work_id", "last_skip", "watch"),
+    "skill_candidates": ("id", "name", "description", "body", "signals", "source_notes", "merged_into", "batch_id",
+                         "decided_by"),
+    "skills": ("name", "path", "candidate_id"),
+    "stop_history": ("work_id", "stop_detail", "caps", "new_caps", "continued_by"),
+    "transport_counters": ("instance", "name"),
+    "usage_summaries": ("work_id",),
+    "verdicts": ("id", "work_id", "checks", "feedback", "protected_changed", "written_by", "held_back", "evidence",
+                 "review"),
+    "work_items": ("id", "goal", "workspace", "verify", "protect", "caps", "stop_detail", "assigned_to", "branch",
+                   "created_by", "toolchain", "origin_id", "review", "next_step"),
+    "workspace_locks": ("workspace", "work_id"),
+}
+
+# Columns named like a vocabulary that are open on purpose, and why: the test holds every other
+# ``*kind``, ``*status``, ``*outcome``, ``*reason``, ``*source``, ``*role``, ``*actor``, ``*tier``,
+# ``*origin``, ``*backend`` and ``*model`` column to a guard.
+OPEN: dict[tuple[str, str], str] = {
+    ("events", "kind"): "the journal's event kinds name a table and its change (work_items.ended), written by "
+                        "StateWriter itself from the table it wrote",
+    ("delivery_ledger", "kind"): "message kinds are the transport's vocabulary (transport/envelope.py), which "
+                                 "state_db does not know; an envelope of an unknown kind is refused before its ledger row",
+    ("proposals", "source"): "where a discovery scan found it: a scanner's name or an issue tracker's address",
+    ("skills", "origin"): "the runs and notes a skill came from (JSON)",
+    ("work_items", "backend"): "anthropic, command, or scripted:PATH (a path)",
+    ("model_calls", "model"): "the model's name as the price table knows it (org.toml)",
 }
 
 

@@ -124,7 +124,7 @@ def test_a_run_counts_each_attempts_whole_span_slow_checkpoints_and_discarded_at
     run.history.checkpoint = slow_checkpoint
     assert run.run().reason == "model_error"
     attempts = query(org_home, "SELECT started_at, ended_at, outcome FROM attempts ORDER BY attempt")
-    assert [a["outcome"] for a in attempts] == ["committed", "model_error:overloaded"]
+    assert [a["outcome"] for a in attempts] == ["committed", "model_error"]
     spans = sum(a["ended_at"] - a["started_at"] for a in attempts)
     item = work(org_home)
     assert spans >= 0.2 and item["elapsed_s"] >= spans, (item["elapsed_s"], spans)

@@ -97,7 +97,7 @@ def test_a_refusal_from_the_model_service_fires_the_policys_model_error(org_home
     assert decision.reason == StopReason.MODEL_ERROR and decision.detail.startswith("refusal: ")
     row = work(org_home)
     assert (row["status"], row["stop_reason"], row["stop_detail"]) == ("ended", "model_error", decision.detail)
-    assert query(org_home, "SELECT outcome FROM attempts") == [{"outcome": "model_error:refusal"}]
+    assert query(org_home, "SELECT outcome, detail FROM attempts") == [{"outcome": "model_error", "detail": "refusal"}]
     assert query(org_home, "SELECT * FROM iterations") == [] and (ws / "calc.py").read_text() == BUGGY
     assert [e["event"] for e in served(log)].count("step") == 1
     # the decision is the policy's: the same flag through progress.load fires ModelError alone

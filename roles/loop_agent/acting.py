@@ -24,7 +24,7 @@ from state_db.queries.iterations import open_attempts
 from state_db.queries.usage import of_attempt
 from state_db.queries.verdicts import Verdict
 from state_db.queries.work import WorkItem
-from state_db.vocab import StopReason, WorkStatus
+from state_db.vocab import ActStatus, AttemptOutcome, StopReason, WorkStatus
 
 INTERRUPTED = "interrupted"
 DISCARDED = "discarded"         # an attempt thrown away because the run must stop (the policy says why)
@@ -63,7 +63,7 @@ class Acting:
             lost = 0.0
             for cut in open_attempts(tx.conn, self.work_id):
                 lost += max(0.0, (cut.alive_at or cut.started_at) - cut.started_at)
-                tx.update("attempts", (self.work_id, cut.attempt), ended_at=tx.now, outcome="discarded")
+                tx.update("attempts", (self.work_id, cut.attempt), ended_at=tx.now, outcome=AttemptOutcome.DISCARDED)
             if lost:
                 now = work_q.item(tx.conn, self.work_id)
                 tx.update("work_items", self.work_id, elapsed_s=now.elapsed_s + lost,
@@ -133,13 +133,13 @@ class Acting:
         outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
         if outcome.status == "budget_exhausted" and outcome.error_code in (INTERRUPTED, StopReason.CANCELLED,
                                                                              StopReason.ORG_LIMIT):
-            self._close_attempt(attempt, outcome.error_code, t0)
+            self._close_attempt(attempt, AttemptOutcome.INTERRUPTED, t0, outcome.error_code)
             self.history.reset_to(last)
             self._needs_reset = False
             # cancelled / org_limit: the policy's flags (the work item's cancel, the org's spend) end it
             return False if outcome.error_code == INTERRUPTED else DISCARDED
         if outcome.status == "model_error":
-            self._close_attempt(attempt, f"model_error:{outcome.error_code}", t0)
+            self._close_attempt(attempt, AttemptOutcome.MODEL_ERROR, t0, outcome.error_code)
             self.history.reset_to(last)
             self._needs_reset = False
             self._model_error = f"{outcome.error_code}: {outcome.error}"     # the policy's ModelError fires
@@ -178,7 +178,7 @@ class Acting:
                 "changed_paths": changed[:500], "prompt": manifest, "committed_at": tx.now})
             tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
                       updated_at=tx.now)
-            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome="committed")
+            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=AttemptOutcome.COMMITTED)
             gate.record_requests(tx, self.work_id, n, outcome.requests)
             # an error class the policy does not know, met for the first time in this run, asks a human
             unknown = triage.unknown(self.policy, triage.tool_errors(outcome.tool_calls), its, tx.conn, self.work_id)
@@ -210,12 +210,12 @@ class Acting:
             tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + self._waited, updated_at=tx.now)
             self._waited = 0.0
 
-    def _close_attempt(self, attempt: int, outcome: str, t0: float) -> None:
+    def _close_attempt(self, attempt: int, outcome: AttemptOutcome, t0: float, detail: str | None = None) -> None:
         """Close a discarded attempt begun at ``t0``; its time counts toward the run (time is
         counted once, like tokens, whatever happens to the work it bought)."""
         with self.w.transaction() as tx:
             elapsed = self.clock() - t0
-            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=outcome)
+            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=outcome, detail=detail)
             work = work_q.item(tx.conn, self.work_id)
             tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + elapsed,
                       discarded_s=work.discarded_s + elapsed, updated_at=tx.now)
@@ -278,8 +278,10 @@ class Acting:
             self.log.warning("wrapup_failed", error=str(exc), next="a hand-off note from the record")
         with self.w.transaction() as tx:
             elapsed = self.clock() - t0
+            wrapped = outcome is not None and outcome.status == ActStatus.OK
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now,
-                      outcome=f"wrapup:{outcome.status if outcome else 'error'}")
+                      outcome=AttemptOutcome.WRAPPED_UP if wrapped else AttemptOutcome.WRAPUP_FAILED,
+                      detail=None if wrapped else (outcome.status if outcome else "error"))
             tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
                       updated_at=tx.now)
         self.history.reset_to(self._settled(its))   # whatever the act did, the run ends where it stood

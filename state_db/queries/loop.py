@@ -6,10 +6,10 @@ import sqlite3
 from dataclasses import dataclass
 
 from state_db.queries.base import columns, loads
-from state_db.vocab import Actor, DecisionStatus as D
+from state_db.vocab import Actor, DecisionKind, DecisionStatus as D
 
 #: the decision kind of "an error the stop policy does not know: go on, or stop?"
-UNKNOWN_ERROR = "unknown_error"
+UNKNOWN_ERROR = DecisionKind.UNKNOWN_ERROR
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ def test_a_token_budget_ends_with_its_reason_and_a_hand_off_note_within_the_rese
     # the slice: what the acts left of the budget, never more than 5 % of it
     assert 0 < allowance["tokens"] <= BUDGET * 0.05
     wrap = query(org, "SELECT * FROM attempts WHERE work_id=? AND wrapup=1", (wid,))
-    assert [a["attempt"] for a in wrap] == [note["attempt"]] and wrap[0]["outcome"] == "wrapup:ok"
+    assert [a["attempt"] for a in wrap] == [note["attempt"]] and wrap[0]["outcome"] == "wrapped_up"
     calls = query(org, "SELECT input_tokens + cache_write_tokens + output_tokens AS t FROM model_calls "
                        "WHERE work_id=? AND attempt=?", (wid, note["attempt"]))
     assert len(calls) == 2 and sum(c["t"] for c in calls) == note["tokens"] <= allowance["tokens"]
