@@ -431,6 +431,7 @@ UPDATE attempts SET detail = substr(outcome, 13), outcome = 'model_error' WHERE 
 UPDATE attempts SET outcome = 'wrapped_up' WHERE outcome = 'wrapup:ok';
 UPDATE attempts SET detail = substr(outcome, 8), outcome = 'wrapup_failed' WHERE outcome LIKE 'wrapup:%';
 UPDATE curated_notes SET kind = 'context' WHERE kind NOT IN ('outcome', 'failure', 'fix', 'context');
+ALTER TABLE handoffs ADD COLUMN act TEXT;
 """
 
 

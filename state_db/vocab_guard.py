@@ -73,7 +73,7 @@ FREE: dict[str, tuple[str, ...]] = {
     "decisions": ("id", "work_id", "action", "question", "answer", "result", "decided_by", "executor", "checkpoint"),
     "delivery_ledger": ("msg_id", "recipient", "sender"),
     "events": ("instance", "os_user", "subject", "data"),
-    "handoffs": ("work_id", "done", "remains", "learned", "note", "allowance", "written_by"),
+    "handoffs": ("work_id", "done", "remains", "learned", "note", "allowance", "written_by", "act"),
     "idempotency": ("key", "os_user", "command", "result"),
     "iterations": ("work_id", "act_summary", "tool_calls", "fingerprint", "checkpoint", "changed_paths",
                    "verdict_id", "feedback", "lesson", "prompt"),

@@ -30,6 +30,7 @@ class Handoff:
     elapsed_s: float = 0.0
     written_by: str = ""
     at: float = 0.0
+    act: str | None = None          # what became of the wrap-up act: ran, or not made and why
 
     @classmethod
     def of(cls, row: sqlite3.Row | dict) -> Handoff:

@@ -90,8 +90,9 @@ def acts_per_iteration(attempts: list[dict], wrapups: set[int] = frozenset()) ->
 def handoff_lines(handoff: dict) -> list[str]:
     """A hand-off note (the wrap-up after a budget tripped): what was done, remains, was learned."""
     slice_ = ", ".join(f"{k} {v:.4g}" for k, v in (handoff["allowance"] or {}).items() if v is not None) or "none"
-    how = ("written by the wrap-up act" if handoff["source"] == "wrapup" else "from the record (no wrap-up act "
-           "could be made)") + f"; it used {handoff['tokens']} budget tokens, ${handoff['cost_usd']:.4f} of a slice of {slice_}"
+    act = handoff.get("act") or ("the wrap-up act ran" if handoff.get("attempt") else "no wrap-up act")
+    how = ("written by the wrap-up act" if handoff["source"] == "wrapup" else f"from the record; wrap-up act: {act}") \
+        + f"; it used {handoff['tokens']} budget tokens, ${handoff['cost_usd']:.4f} of a slice of {slice_}"
     return [f"hand-off (ending {handoff['ending']}, {how}):", f"  done: {handoff['done']}",
             f"  remains: {handoff['remains']}", f"  learned: {handoff['learned']}"]
 
