@@ -12,8 +12,15 @@ named in the goal:
 - ``hog_tokens`` / ``hog_cost``: every response is a tool call whose usage says ``output_tokens``
   = the request's ``max_tokens`` (the most a real API would bill) plus ``HOG_INPUT`` input
   tokens; the item has a token budget, resp. a cost budget, and nothing else.
+- ``wrapup_tokens`` / ``wrapup_cost``: every response bills ``FIXED_USAGE`` (9,000 tokens, most
+  of it input, whatever ``max_tokens`` says) and asks for a tool; the wrap-up's requests get a
+  hand-off note. The item has a token budget (``WRAPUP_TOKENS``), resp. a cost budget
+  (``WRAPUP_USD``), and nothing else: the iterations stop on it and the wrap-up runs, and the
+  figures count both.
 
-Figures: ``budget_overshoot_ratio_tokens`` / ``_cost`` (counted usage in state.db ÷ budget);
+Figures: ``budget_overshoot_ratio_tokens`` / ``_cost`` (counted usage in state.db ÷ budget, the
+larger of the hog's and the wrap-up case's; each is also given on its own, and
+``wrapup_ran_tokens`` / ``_cost`` say whether the wrap-up act wrote the hand-off note);
 ``timeout_overrun_s`` (the larger, over hang and runaway, of the run's wall time from its first
 attempt's start to its end, minus the timeout: it includes the commit and the eval-agent's
 verification of the cut iteration); ``max_tokens_over_left`` (requests whose ``max_tokens``
@@ -21,8 +28,11 @@ exceeded what the budget had left by the server's own count; must be 0);
 ``usage_served_minus_counted`` (tokens the server reported but state.db does not hold; 0).
 Same-run baselines ``raw_*``: the hog against the backend in-process, once with the run's
 ``Remaining`` withheld — each request asks for the configured ``max_tokens``, as before caps cut
-inside a call — and the hang with the configured request timeout (``--raw-request-timeout``).
-Targets: both ratios ≤ 1.02, overrun ≤ 5 s, max_tokens_over_left == 0.
+inside a call — the hang with the configured request timeout (``--raw-request-timeout``), and
+the wrap-up cases as the budgets used to hold them: calls until the run has used all but the 5 %
+kept for the wrap-up, checked before each call only, then one wrap-up act
+(``raw_budget_overshoot_ratio_*_wrapup``).
+Targets: both ratios ≤ 1.00, overrun ≤ 5 s, max_tokens_over_left == 0.
 """
 from __future__ import annotations
 
@@ -46,8 +56,12 @@ MODEL = "claude-caps"
 PRICE = {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.3}
 MAX_TOKENS = 200_000          # configured per request: one call alone would overshoot the budgets
 HOG_INPUT = 2_000
-CASES = ("hang", "runaway", "hog_tokens", "hog_cost")
-TARGETS = {"budget_overshoot_ratio_tokens": 1.02, "budget_overshoot_ratio_cost": 1.02, "timeout_overrun_s": 5.0,
+FIXED_USAGE = {"input_tokens": 8_000, "output_tokens": 1_000}     # the issue's 9,000 tokens a call
+WRAPUP_TOKENS, WRAPUP_USD = 100_000, 0.5                          # about 11 such calls, about 12 of cost
+WRAPUP_NOTE = ("Done: listed the files again.\nRemains: everything; the check still fails.\n"
+               "Learned: listing files does not help.")
+CASES = ("hang", "runaway", "hog_tokens", "hog_cost", "wrapup_tokens", "wrapup_cost")
+TARGETS = {"budget_overshoot_ratio_tokens": 1.00, "budget_overshoot_ratio_cost": 1.00, "timeout_overrun_s": 5.0,
            "max_tokens_over_left": 0}
 _CASE = re.compile(r"caps-case: (\w+)")
 
@@ -97,6 +111,12 @@ class CapsServer(MessagesServer):
         elif case.startswith("hog"):
             seen.usage = {"input_tokens": HOG_INPUT, "output_tokens": seen.max_tokens}
             self._reply(ex, seen, _tool("list_files", {"path": "."}), "tool_use")
+        elif case.startswith("wrapup"):          # a real API bills no more output than max_tokens
+            seen.usage = {**FIXED_USAGE, "output_tokens": min(FIXED_USAGE["output_tokens"], seen.max_tokens)}
+            if "Wrap-up:" in (first if isinstance(first, str) else json.dumps(first)):
+                self._reply(ex, seen, [{"type": "text", "text": WRAPUP_NOTE}], "end_turn")
+            else:
+                self._reply(ex, seen, _tool("list_files", {"path": "."}), "tool_use")
         elif case in ("runaway", "warm"):
             self._reply(ex, seen, [{"type": "text", "text": "done"}], "end_turn")
         else:
@@ -162,6 +182,7 @@ class CaseRun:
     counted_cost: float
     served: list[Served]
     act_status: list[str]
+    handoff: str | None = None     # who wrote the hand-off note: "wrapup" (the act), "record", or None
 
     @property
     def served_tokens(self) -> int:
@@ -188,15 +209,16 @@ def run_cases(root: Path, *, timeout_s: float = 3.0, budget_tokens: int = 300_00
     try:
         control.start_background(home, timeout_s=30)
         _warm_up(home, cfg, root, len(cases), wait_s)
-        caps = {"hang": {"timeout_s": timeout_s}, "runaway": {"timeout_s": timeout_s},
-                "hog_tokens": {"budget_tokens": budget_tokens}, "hog_cost": {"budget_usd": budget_usd}}
         ids = {}
         for case in cases:
             ws = root / case
             ws.mkdir()
             (ws / "notes.txt").write_text("nothing to see\n")
-            ids[case] = submit(home, cfg, SubmitRequest(goal=f"caps-case: {case}", workspace=str(ws), verify=["false"],
-                                                        backend="anthropic", **caps[case]))["id"]
+            given = case_caps(case, timeout_s=timeout_s, budget_tokens=budget_tokens, budget_usd=budget_usd)
+            ids[case] = submit(home, cfg, SubmitRequest(
+                goal=f"caps-case: {case}", workspace=str(ws), verify=["false"], backend="anthropic", **given,
+                no_caps=tuple(k for k in ("max_iterations", "budget_tokens", "budget_usd", "timeout_s")
+                              if k not in given)))["id"]
 
         def statuses() -> dict[str, str]:
             return {case: _q(home, "SELECT status FROM work_items WHERE id=?", (wid,))[0]["status"]
@@ -213,6 +235,13 @@ def run_cases(root: Path, *, timeout_s: float = 3.0, budget_tokens: int = 300_00
         finally:
             server.stop()
     return runs
+
+
+def case_caps(case: str, *, timeout_s: float, budget_tokens: int, budget_usd: float) -> dict:
+    """The one cap each case's item has (the others are removed: the case is about that one)."""
+    return {"hang": {"timeout_s": timeout_s}, "runaway": {"timeout_s": timeout_s},
+            "hog_tokens": {"budget_tokens": budget_tokens}, "hog_cost": {"budget_usd": budget_usd},
+            "wrapup_tokens": {"budget_tokens": WRAPUP_TOKENS}, "wrapup_cost": {"budget_usd": WRAPUP_USD}}[case]
 
 
 def _warm_up(home, cfg, root: Path, loop_agents: int, wait_s: float) -> None:
@@ -246,8 +275,9 @@ def _case_run(home, case: str, work_id: str, served: list[Served]) -> CaseRun:
     used = _q(home, "SELECT COALESCE(SUM(input_tokens + output_tokens + cache_write_tokens + cache_read_tokens), 0) AS t, "
                     "COALESCE(SUM(cost_usd), 0) AS c FROM model_calls WHERE work_id=?", (work_id,))[0]
     acts = [r["act_status"] for r in _q(home, "SELECT act_status FROM iterations WHERE work_id=? ORDER BY n", (work_id,))]
+    handoff = _q(home, "SELECT source FROM handoffs WHERE work_id=? ORDER BY ending DESC LIMIT 1", (work_id,))
     return CaseRun(case, work_id, item["stop_reason"], round(item["updated_at"] - first, 3), item["elapsed_s"],
-                   int(used["t"]), float(used["c"]), served, acts)
+                   int(used["t"]), float(used["c"]), served, acts, handoff[0]["source"] if handoff else None)
 
 
 def raw_baseline(root: Path, *, budget_tokens: int, budget_usd: float, request_timeout_s: float) -> dict:
@@ -288,16 +318,57 @@ def raw_baseline(root: Path, *, budget_tokens: int, budget_usd: float, request_t
                 out["raw_budget_overshoot_ratio_cost"] = round(spent["cost"] / cap, 4)
             else:
                 out["raw_hang_call_s"] = round(time.monotonic() - t0, 2)
+        out.update(_raw_wrapups(server, root))
     finally:
         server.stop()
     return out
 
 
+def _raw_wrapups(server: CapsServer, root: Path, reserve: float = 0.05) -> dict:
+    """The wrap-up cases as the budgets used to hold them: calls until the run has used all but
+    ``reserve`` of the budget, checked before each call only, then one wrap-up act."""
+    from roles.loop_agent.backends.anthropic_backend import AnthropicBackend, AnthropicConfig
+    from roles.loop_agent.backends.base import ActContext
+    from roles.loop_agent.backends.retry import RetryPolicy
+
+    out = {}
+    for case, field_, cap in (("wrapup_tokens", "tokens", WRAPUP_TOKENS), ("wrapup_cost", "cost", WRAPUP_USD)):
+        ws = root / f"raw-{case}"
+        ws.mkdir(parents=True)
+        backend = AnthropicBackend(AnthropicConfig(model=MODEL, max_tokens=MAX_TOKENS, base_url=server.base_url,
+                                                   retry=RetryPolicy(max_attempts=1)), {MODEL: PRICE}, environ={})
+        spent = {"tokens": 0, "cost": 0.0}
+
+        def on_usage(u, spent=spent) -> None:
+            spent["tokens"] += u.total_tokens
+            spent["cost"] += u.cost_usd
+
+        def budget_left(field_=field_, cap=cap, spent=spent) -> str | None:
+            return "budget" if spent[field_] >= cap * (1 - reserve) else None
+        backend.act(ActContext("raw", 1, 1, ws, "", f"caps-case: {case}", max_turns=1000), on_usage=on_usage,
+                    budget_left=budget_left)
+        backend.act(ActContext("raw", 2, 2, ws, "", f"Wrap-up: caps-case: {case}"), on_usage=on_usage,
+                    budget_left=lambda: None)
+        name = "tokens" if field_ == "tokens" else "cost"
+        out[f"raw_budget_overshoot_ratio_{name}_wrapup"] = round(spent[field_] / cap, 4)
+    return out
+
+
 def figures_of(runs: dict[str, CaseRun], *, timeout_s: float, budget_tokens: int, budget_usd: float) -> dict:
-    tok, cost = runs["hog_tokens"], runs["hog_cost"]
+    tok, cost, wtok, wcost = runs["hog_tokens"], runs["hog_cost"], runs["wrapup_tokens"], runs["wrapup_cost"]
+    ratios = {"hog_tokens": round(tok.counted_tokens / budget_tokens, 4),
+              "hog_cost": round(cost.counted_cost / budget_usd, 4),
+              "wrapup_tokens": round(wtok.counted_tokens / WRAPUP_TOKENS, 4),
+              "wrapup_cost": round(wcost.counted_cost / WRAPUP_USD, 4)}
     return {
-        "budget_overshoot_ratio_tokens": round(tok.counted_tokens / budget_tokens, 4),
-        "budget_overshoot_ratio_cost": round(cost.counted_cost / budget_usd, 4),
+        "budget_overshoot_ratio_tokens": max(ratios["hog_tokens"], ratios["wrapup_tokens"]),
+        "budget_overshoot_ratio_cost": max(ratios["hog_cost"], ratios["wrapup_cost"]),
+        "budget_overshoot_ratio_tokens_hog": ratios["hog_tokens"],
+        "budget_overshoot_ratio_cost_hog": ratios["hog_cost"],
+        "budget_overshoot_ratio_tokens_wrapup": ratios["wrapup_tokens"],
+        "budget_overshoot_ratio_cost_wrapup": ratios["wrapup_cost"],
+        "wrapup_ran_tokens": wtok.handoff == "wrapup",
+        "wrapup_ran_cost": wcost.handoff == "wrapup",
         "timeout_overrun_s": round(max(runs["hang"].wall_s, runs["runaway"].wall_s) - timeout_s, 2),
         "timeout_overrun_s_hang": round(runs["hang"].wall_s - timeout_s, 2),
         "timeout_overrun_s_runaway": round(runs["runaway"].wall_s - timeout_s, 2),
@@ -317,21 +388,28 @@ def main(argv=None) -> int:
     p.add_argument("--budget-usd", type=float, default=5.0, help="the cost hog's budget")
     p.add_argument("--raw-request-timeout", type=float, default=8.0,
                    help="configured request timeout of the raw hang baseline, seconds")
+    p.add_argument("--wait", type=float, default=45.0,
+                   help="seconds each stage (warm-up, the cases) may take before the run gives up (a loaded machine "
+                        "needs more)")
     args = p.parse_args(argv)
     from bench.common import at_most, finish, quiet_logs
     quiet_logs()
     tmp = Path(tempfile.mkdtemp(prefix="lo-"))
     try:
-        runs = run_cases(tmp / "o", timeout_s=args.timeout, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd)
+        runs = run_cases(tmp / "o", timeout_s=args.timeout, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
+                         wait_s=args.wait)
         figures = figures_of(runs, timeout_s=args.timeout, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd)
         figures.update(raw_baseline(tmp / "raw", budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
                                     request_timeout_s=args.raw_request_timeout))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     passes = at_most(figures, TARGETS)
-    passes["stop_reasons"] = figures["stop_reasons"] == {"hang": "timeout", "runaway": "timeout",
-                                                          "hog_tokens": "token_budget", "hog_cost": "cost_budget"}
-    return finish(figures, TARGETS | {"stop_reasons": "each case's own cap"}, passes, as_json=args.json)
+    passes["stop_reasons"] = figures["stop_reasons"] == {
+        "hang": "timeout", "runaway": "timeout", "hog_tokens": "token_budget", "hog_cost": "cost_budget",
+        "wrapup_tokens": "token_budget", "wrapup_cost": "cost_budget"}
+    passes["wrapup_ran"] = figures["wrapup_ran_tokens"] and figures["wrapup_ran_cost"]
+    return finish(figures, TARGETS | {"stop_reasons": "each case's own cap", "wrapup_ran": "the wrap-up act wrote "
+                                      "the hand-off note in both wrap-up cases"}, passes, as_json=args.json)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,15 @@ from knowledge.errors import NoteInvalid, RetroExists, RunNotEnded
 from state_db.errors import Conflict
 from state_db.queries import knowledge as Q
 from state_db.queries import work
-from state_db.queries.knowledge import RawNote, note_id  # noqa: F401 - the note types live with their queries
-from state_db.vocab import NoteStatus, WorkStatus
+from state_db.queries.knowledge import RawNote, note_id, note_kind  # noqa: F401 - the note types live with their queries
+from state_db.vocab import NoteKind, NoteStatus, WorkStatus
 from state_db.text import clean
 
 PARTS = ("fact", "judgment", "rationale", "applicability")
 PART_MAX_CHARS = 2000
 
 #: ``evidence["kind"]`` of the notes a retro writes (see knowledge/retro.py).
-KINDS = ("outcome", "failure", "fix", "context")
+KINDS = tuple(NoteKind)
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class NoteDraft:
 
     @property
     def kind(self) -> str:
-        return str(self.evidence.get("kind", ""))
+        return note_kind(self.evidence)
 
     def encode(self) -> dict[str, Any]:
         return asdict(self)

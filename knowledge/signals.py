@@ -34,10 +34,11 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from knowledge.notes import RawNote
+from state_db.vocab import NoteTier
 
 MIN_STEPS = 3
 MIN_STEP_CHARS = 12
-RECOMMENDED, QUEUED, CURATED = "recommended", "queued", "curated"
+RECOMMENDED, QUEUED, CURATED = NoteTier.RECOMMENDED, NoteTier.QUEUED, NoteTier.CURATED
 NAMES = ("recurrence", "multi_step", "trigger", "criteria", "reusable_output")
 
 _STEP_SPLIT = re.compile(r"(?<=[.!?])\s+|[。;\n]")

@@ -131,7 +131,7 @@ class State(Section):
 
 
 class Caps(Section):
-    """applied to a submit that gives no hard cap of its own"""
+    """each run's caps: a submit flag sets the one it names (--no-* removes one), the others keep these"""
     max_iterations: int = key(10, ge=1)
     budget_tokens: int = key(400000, ge=1)
     budget_usd: float = key(5.0, gt=0)

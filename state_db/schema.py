@@ -430,10 +430,10 @@ REPLAYS = """
 CREATE TABLE replays (
     work_id TEXT PRIMARY KEY REFERENCES work_items(id),
     subject TEXT NOT NULL,
-    subject_kind TEXT NOT NULL CHECK (subject_kind IN ('candidate', 'skill')),
+    subject_kind TEXT NOT NULL,
     source_id TEXT NOT NULL,
-    relation TEXT NOT NULL CHECK (relation IN ('source', 'similar')),
-    arm TEXT NOT NULL CHECK (arm IN ('with', 'without')),
+    relation TEXT NOT NULL,
+    arm TEXT NOT NULL,
     skill_name TEXT NOT NULL,
     skill_text TEXT NOT NULL,
     created_at REAL NOT NULL
@@ -441,7 +441,7 @@ CREATE TABLE replays (
 CREATE INDEX replays_subject ON replays(subject);
 CREATE TABLE replay_plans (
     subject TEXT PRIMARY KEY,
-    subject_kind TEXT NOT NULL CHECK (subject_kind IN ('candidate', 'skill')),
+    subject_kind TEXT NOT NULL,
     status TEXT NOT NULL,
     name TEXT NOT NULL,
     skill_text TEXT NOT NULL,
@@ -462,6 +462,19 @@ ALTER TABLE work_items ADD COLUMN dismissed_at REAL;
 """
 
 
+# How an attempt closed is a vocabulary (state_db.vocab.AttemptOutcome), its code a column of its
+# own: rows written as "kind:code" before are split.
+CONTRACT = """
+ALTER TABLE attempts ADD COLUMN detail TEXT;
+UPDATE attempts SET detail = outcome, outcome = 'interrupted' WHERE outcome IN ('interrupted', 'cancelled', 'org_limit');
+UPDATE attempts SET detail = substr(outcome, 13), outcome = 'model_error' WHERE outcome LIKE 'model_error:%';
+UPDATE attempts SET outcome = 'wrapped_up' WHERE outcome = 'wrapup:ok';
+UPDATE attempts SET detail = substr(outcome, 8), outcome = 'wrapup_failed' WHERE outcome LIKE 'wrapup:%';
+UPDATE curated_notes SET kind = 'context' WHERE kind NOT IN ('outcome', 'failure', 'fix', 'context');
+ALTER TABLE handoffs ADD COLUMN act TEXT;
+"""
+
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
     ("0002_knowledge", KNOWLEDGE),
@@ -477,5 +490,6 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0013_handoff", HANDOFF),
     ("0014_peers", PEERS),
     ("0017_rough_edges", ROUGH_EDGES),
+    ("0018_contract", CONTRACT),
     ("0022_replays", REPLAYS),
 ]

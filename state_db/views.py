@@ -73,7 +73,8 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
     {used, cap, total}, cost_usd: {used, cap}, elapsed_s: {used, cap}, verdict: {iteration,
     outcome, line} | None, baseline: {outcome, line} | None, current_tool: {call, for_s} | None,
     pending_decisions: [ids], stop: {reason, detail, ended_at} | None, created_at, updated_at,
-    review: {calls, tokens, cost_usd}}``. Tokens and cost used are the doer's, against its caps: the
+    review: {calls, tokens, cost_usd}, caps: {name: {value, from}}}`` (``value`` None: removed on
+    purpose; ``from``: flag, org.toml, default, or None when not recorded). Tokens and cost used are the doer's, against its caps: the
     eval-agent's review calls have their own budget (``review``; ``tokens.total`` counts everything).
     Raises NotFound (no such work item).
     """
@@ -115,6 +116,8 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
         "cost_usd": {"used": round(item["cost_usd"] - review["cost_usd"], 6), "cap": caps.budget_usd},
         "review": {"calls": review["calls"], "tokens": review["budget_tokens"], "cost_usd": round(review["cost_usd"], 6)},
         "elapsed_s": {"used": round(elapsed, 1), "cap": caps.timeout_s},
+        "caps": {k: {"value": getattr(caps, k), "from": caps.source(k)} for k in Caps.names()
+                 if getattr(caps, k) is not None or caps.source(k) is not None},
         "verdict": None if verdict is None else {"iteration": verdict["iteration"], "outcome": verdict["outcome"],
                                                  "line": verdict_line(verdict)},
         "baseline": None if preflight is None else {"outcome": preflight["outcome"], "line": preflight["detail"]},

@@ -161,6 +161,27 @@ class ReplayPlanStatus(StrEnum):
     SKIPPED = "skipped"        # no ended item could be replayed: the reason says why
 
 
+class ReplaySubjectKind(StrEnum):
+    """What a replay measures: a pending candidate, or a skill on demand (org skills eval)."""
+
+    CANDIDATE = "candidate"
+    SKILL = "skill"
+
+
+class ReplayArm(StrEnum):
+    """Which half of a replay pair a run is."""
+
+    WITH = "with"              # the subject is the only skill in context
+    WITHOUT = "without"        # no skill in context
+
+
+class ReplayRelation(StrEnum):
+    """How a replayed item relates to the subject."""
+
+    SOURCE = "source"          # one of the runs its notes came from
+    SIMILAR = "similar"        # an ended item like them that it did not come from
+
+
 class ScheduleKind(StrEnum):
     """The rule of a standing order: two kinds of timer (``org schedule``) and four kinds of
     event on a workspace (``org trigger``)."""
@@ -181,3 +202,75 @@ class ScheduleStatus(StrEnum):
     ACTIVE = "active"
     PAUSED = "paused"
     REMOVED = "removed"        # terminal: kept for its history; the name can be used again
+
+
+class ActStatus(StrEnum):
+    """How an act ended (``iterations.act_status``; roles/loop_agent/backends/base.py says what
+    each means)."""
+
+    OK = "ok"                              # the model ended its turn
+    BUDGET_EXHAUSTED = "budget_exhausted"  # a budget fired before a model call
+    MODEL_ERROR = "model_error"            # the model service failed past its retries
+    FAILED = "failed"                      # the act could not go on (a tool's or the backend's own failure)
+
+
+class AttemptOutcome(StrEnum):
+    """How one attempt at an iteration (or the wrap-up act) closed (``attempts.outcome``); its
+    code, when there is one, is in ``attempts.detail``."""
+
+    COMMITTED = "committed"                # its iteration was committed
+    DISCARDED = "discarded"                # cut by a crash: reset to the last checkpoint
+    INTERRUPTED = "interrupted"            # cut by a suspend, a stop, a cancel or the org's limit (detail: which)
+    BUDGET_EXHAUSTED = "budget_exhausted"  # a budget fired inside it (detail: the stop reason)
+    MODEL_ERROR = "model_error"            # the model service failed (detail: the error code)
+    WRAPPED_UP = "wrapped_up"              # the wrap-up act ended its turn
+    WRAPUP_FAILED = "wrapup_failed"        # the wrap-up act did not (detail: its act status or error)
+
+
+class DecisionKind(StrEnum):
+    """What a decision asks a human (``decisions.kind``)."""
+
+    NETWORK = "network"                    # a gated action that needs the network
+    OUTSIDE_WORKSPACE = "outside_workspace"  # a gated action that writes outside the workspace
+    OTHER = "other"                        # any other gated action the doer asked for
+    BASELINE_PASSES = "baseline_passes"    # the verify commands pass before any work: go on or stop
+    UNKNOWN_ERROR = "unknown_error"        # an error the stop policy does not know: go on or stop
+    IMPOSSIBLE = "impossible"              # the goal is judged unreachable: confirm or go on
+
+
+#: The kinds a doer may ask for with request_action (the others are asked by the org itself).
+GATE_KINDS = (DecisionKind.NETWORK, DecisionKind.OUTSIDE_WORKSPACE, DecisionKind.OTHER)
+
+
+class AttentionKind(StrEnum):
+    """What needs a human (``attention.kind``; roles/coordinator/attention.py)."""
+
+    DECISION_WAITING = "decision_waiting"
+    BATCH_OPEN = "batch_open"
+    VERIFY_UNRUNNABLE = "verify_unrunnable"
+    ROLE_FAILED = "role_failed"
+    ORG_LIMIT = "org_limit"
+
+
+class NoteKind(StrEnum):
+    """What a knowledge note is about (``curated_notes.kind``; knowledge/notes.py)."""
+
+    OUTCOME = "outcome"
+    FAILURE = "failure"
+    FIX = "fix"
+    CONTEXT = "context"
+
+
+class NoteTier(StrEnum):
+    """Where a scored pattern stands (``curated_notes.tier``; knowledge/signals.py)."""
+
+    RECOMMENDED = "recommended"            # 3 or more signals: a skill candidate, recommended
+    QUEUED = "queued"                      # 2 signals: a candidate, queued
+    CURATED = "curated"                    # 1 or fewer: stays a curated note
+
+
+class HandoffSource(StrEnum):
+    """Who wrote a run's hand-off note (``handoffs.source``)."""
+
+    WRAPUP = "wrapup"                      # the wrap-up act
+    RECORD = "record"                      # derived from the record alone

@@ -21,7 +21,11 @@ from state_db.vocab import (
     ROLE_ACTORS, Actor, BatchStatus, CandidateStatus, DecisionStatus, NoteStatus, PreflightOutcome,
     ProposalStatus, RoleStatus, SessionStatus, SkillStatus, StopReason, VerdictOutcome, WorkStatus,
 )
-from state_db.vocab import Origin, ReplayPlanStatus, ScheduleKind, ScheduleStatus
+from state_db.vocab import (Origin, ReplayArm, ReplayPlanStatus, ReplayRelation, ReplaySubjectKind, ScheduleKind,
+                            ScheduleStatus)
+from state_db.vocab import (
+    ActStatus, AttemptOutcome, AttentionKind, DecisionKind, HandoffSource, NoteKind, NoteTier, ProposalKind,
+)
 
 PREFIX = "vocab_"
 
@@ -48,6 +52,75 @@ GUARDED: dict[tuple[str, str], Iterable[str]] = {
     ("work_items", "origin"): Origin,
     ("proposals", "status"): ProposalStatus,
     ("replay_plans", "status"): ReplayPlanStatus,
+    ("replay_plans", "subject_kind"): ReplaySubjectKind,
+    ("replays", "subject_kind"): ReplaySubjectKind,
+    ("replays", "arm"): ReplayArm,
+    ("replays", "relation"): ReplayRelation,
+    ("iterations", "act_status"): ActStatus,
+    ("attempts", "outcome"): AttemptOutcome,
+    ("decisions", "kind"): DecisionKind,
+    ("proposals", "kind"): ProposalKind,
+    ("curated_notes", "kind"): NoteKind,
+    ("curated_notes", "tier"): NoteTier,
+    ("attention", "kind"): AttentionKind,
+    ("handoffs", "source"): HandoffSource,
+}
+
+
+# Every other TEXT column, and why it is not a vocabulary: identifiers, names and paths, text
+# people or models wrote, JSON documents, times and codes kept as text. A new TEXT column is
+# either guarded above or listed here (tests/test_vocab_guard.py fails otherwise).
+FREE: dict[str, tuple[str, ...]] = {
+    "_migrations": ("name",),
+    "attempts": ("work_id", "instance", "current_tool", "detail"),
+    "attention": ("key", "subject", "text", "link", "last_error"),
+    "candidate_batches": ("id",),
+    "curated_notes": ("id", "topic", "body", "source_notes", "contradicts", "signals"),
+    "decisions": ("id", "work_id", "action", "question", "answer", "result", "decided_by", "executor", "checkpoint"),
+    "delivery_ledger": ("msg_id", "recipient", "sender"),
+    "events": ("instance", "os_user", "subject", "data"),
+    "handoffs": ("work_id", "done", "remains", "learned", "note", "allowance", "written_by", "act"),
+    "idempotency": ("key", "os_user", "command", "result"),
+    "iterations": ("work_id", "act_summary", "tool_calls", "fingerprint", "checkpoint", "changed_paths",
+                   "verdict_id", "feedback", "lesson", "prompt"),
+    "model_calls": ("request_id", "work_id", "instance"),
+    "org_session": ("supervisor_start", "detail"),
+    "peers": ("instance", "host", "endpoint", "curve_public", "hmac_key", "git_url"),
+    "preflights": ("work_id", "checks", "detail", "written_by"),
+    "proposals": ("id", "fingerprint", "workspace", "title", "goal", "verify", "caps", "evidence", "created_by",
+                  "decided_by", "detail", "work_id"),
+    "raw_notes": ("id", "run_id", "fact", "judgment", "rationale", "applicability", "evidence", "curated_id"),
+    "role_instances": ("instance", "pid_start", "endpoint", "last_exit", "current_work"),
+    "schedules": ("id", "name", "rule", "request", "argv", "created_by", "last_work_id", "last_skip", "watch"),
+    "skill_candidates": ("id", "name", "description", "body", "signals", "source_notes", "merged_into", "batch_id",
+                         "decided_by"),
+    "replays": ("work_id", "subject", "source_id", "skill_name", "skill_text"),
+    "replay_plans": ("subject", "name", "skill_text", "items", "planned_by"),
+    "skills": ("name", "path", "candidate_id"),
+    "stop_history": ("work_id", "stop_detail", "caps", "new_caps", "continued_by"),
+    "transport_counters": ("instance", "name"),
+    "usage_summaries": ("work_id",),
+    "verdicts": ("id", "work_id", "checks", "feedback", "protected_changed", "written_by", "held_back", "evidence",
+                 "review"),
+    "work_items": ("id", "goal", "workspace", "verify", "protect", "caps", "stop_detail", "assigned_to", "branch",
+                   "created_by", "toolchain", "origin_id", "review", "next_step", "dismissed_by"),
+    "workspace_locks": ("workspace", "work_id"),
+}
+
+# Columns named like a vocabulary that are open on purpose, and why: the test holds every other
+# ``*kind``, ``*status``, ``*outcome``, ``*reason``, ``*source``, ``*role``, ``*actor``, ``*tier``,
+# ``*origin``, ``*backend`` and ``*model`` column to a guard.
+OPEN: dict[tuple[str, str], str] = {
+    ("skill_candidates", "decided_reason"): "the human's own words for a decision (org candidates reject --reason)",
+    ("replay_plans", "reason"): "why a subject's replays were skipped or an item left out, in words for a human",
+    ("events", "kind"): "the journal's event kinds name a table and its change (work_items.ended), written by "
+                        "StateWriter itself from the table it wrote",
+    ("delivery_ledger", "kind"): "message kinds are the transport's vocabulary (transport/envelope.py), which "
+                                 "state_db does not know; an envelope of an unknown kind is refused before its ledger row",
+    ("proposals", "source"): "where a discovery scan found it: a scanner's name or an issue tracker's address",
+    ("skills", "origin"): "the runs and notes a skill came from (JSON)",
+    ("work_items", "backend"): "anthropic, command, or scripted:PATH (a path)",
+    ("model_calls", "model"): "the model's name as the price table knows it (org.toml)",
 }
 
 

@@ -40,6 +40,6 @@ def test_cache_writes_count_toward_the_token_budget(org_home, ws):
     backend = ScriptedActs([[{}, {}, {}, GOOD]], tokens=(100, 20), cache=(1000, 5000))
     decision = engine(org_home, "w1", backend).run()
     assert decision.reason == "token_budget"
-    assert len(backend.calls) == 2                      # 1,120 then 2,240 ≥ 1,500: no third call
+    assert len(backend.calls) == 1                      # 1,120; a second would make 2,240 > 1,500: not made
     rows = query(org_home, "SELECT SUM(cache_write_tokens) AS w, SUM(cache_read_tokens) AS r FROM model_calls")
-    assert rows == [{"w": 2000, "r": 10000}]
+    assert rows == [{"w": 1000, "r": 5000}]

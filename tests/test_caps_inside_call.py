@@ -66,16 +66,29 @@ def test_a_sleep_100000_tool_call_in_the_sandbox_ends_the_run_timeout_promptly(r
     assert TIMEOUT_S <= runaway.wall_s <= TIMEOUT_S + FEW_SECONDS, _seen(runaway)
 
 
-def test_a_server_billing_all_it_may_overshoots_no_budget_by_more_than_2_percent(runs):
+def test_a_server_billing_all_it_may_overshoots_no_budget(runs):
     tok, cost = runs["hog_tokens"], runs["hog_cost"]
     assert (tok.stop_reason, cost.stop_reason) == ("token_budget", "cost_budget"), (_seen(tok), _seen(cost))
     budget_overshoot_ratio_tokens = tok.counted_tokens / BUDGET_TOKENS
     budget_overshoot_ratio_cost = cost.counted_cost / BUDGET_USD
-    assert 1.0 <= budget_overshoot_ratio_tokens <= 1.02, _seen(tok)
-    assert 1.0 <= budget_overshoot_ratio_cost <= 1.02, _seen(cost)
+    assert 0.5 <= budget_overshoot_ratio_tokens <= 1.00, _seen(tok)
+    assert 0.5 <= budget_overshoot_ratio_cost <= 1.00, _seen(cost)
     # what was counted is what the server reported, request for request
     assert tok.counted_tokens == tok.served_tokens and cost.counted_tokens == cost.served_tokens, (_seen(tok), _seen(cost))
     assert cost.counted_cost == pytest.approx(sum(s.cost() for s in cost.served))
+
+
+def test_the_wrap_up_is_paid_from_the_budget_and_the_run_says_what_it_used_in_all(runs):
+    """The issue's case: 9,000 tokens a call; the iterations stop early enough that the wrap-up
+    act, which runs and writes the note, ends the run within the budget, and the stop detail
+    counts it."""
+    for case, counted, budget in (("wrapup_tokens", lambda r: r.counted_tokens, bench_caps.WRAPUP_TOKENS),
+                                  ("wrapup_cost", lambda r: r.counted_cost, bench_caps.WRAPUP_USD)):
+        run = runs[case]
+        assert run.stop_reason == ("token_budget" if case == "wrapup_tokens" else "cost_budget"), _seen(run)
+        assert run.handoff == "wrapup", _seen(run)
+        assert counted(run) <= budget, _seen(run)
+        assert run.served_tokens == run.counted_tokens, _seen(run)
 
 
 def test_max_tokens_sent_never_exceeds_what_the_budget_had_left(runs):

@@ -221,4 +221,4 @@ def test_the_cli_continues_once_refuses_with_one_coded_line_and_show_lists_the_e
     assert shown.returncode == 0, shown.stderr
     assert "ending 1: max_iterations after 2 iterations" in shown.stdout
     assert "cache read 0" in shown.stdout and "CACHE-R" in shown.stdout
-    assert work(org_home)["caps"] == '{"max_iterations":5}'
+    assert json.loads(work(org_home)["caps"]) == {"max_iterations": 5, "from": {"max_iterations": "flag"}}

@@ -81,14 +81,15 @@ def test_max_iterations_is_a_hard_cap(org_home, ws):
     assert len(its(org_home)) == 3
 
 
-def test_token_budget_cuts_inside_an_act_after_at_most_one_more_call(org_home, ws):
+def test_token_budget_cuts_inside_an_act_before_a_call_the_size_of_the_last_would_pass_it(org_home, ws):
     submit(org_home, ws, caps={"budget_tokens": 250, "max_iterations": 10})
     backend = ScriptedActs([[{}, {}, {}, {}, {}, BAD]], tokens=(100, 0))
     decision = engine(org_home, "w1", backend).run()
     assert decision.reason == "token_budget"
-    assert len(backend.calls) == 3          # 100, 200, 300 ≥ 250: no fourth call
+    assert len(backend.calls) == 2          # 100, 200; a third of 100 would pass 250: not made
     total = query(org_home, "SELECT SUM(input_tokens) AS t FROM model_calls")[0]["t"]
-    assert total == 300 and total < 250 + 100 + 1
+    assert total == 200 <= 250
+    assert "the next call would need about 100" in decision.detail
 
 
 def test_cost_budget_and_org_spend_cap(org_home, ws, tmp_path):
@@ -124,7 +125,7 @@ def test_a_run_counts_each_attempts_whole_span_slow_checkpoints_and_discarded_at
     run.history.checkpoint = slow_checkpoint
     assert run.run().reason == "model_error"
     attempts = query(org_home, "SELECT started_at, ended_at, outcome FROM attempts ORDER BY attempt")
-    assert [a["outcome"] for a in attempts] == ["committed", "model_error:overloaded"]
+    assert [a["outcome"] for a in attempts] == ["committed", "model_error"]
     spans = sum(a["ended_at"] - a["started_at"] for a in attempts)
     item = work(org_home)
     assert spans >= 0.2 and item["elapsed_s"] >= spans, (item["elapsed_s"], spans)

@@ -97,7 +97,7 @@ def test_a_refusal_from_the_model_service_fires_the_policys_model_error(org_home
     assert decision.reason == StopReason.MODEL_ERROR and decision.detail.startswith("refusal: ")
     row = work(org_home)
     assert (row["status"], row["stop_reason"], row["stop_detail"]) == ("ended", "model_error", decision.detail)
-    assert query(org_home, "SELECT outcome FROM attempts") == [{"outcome": "model_error:refusal"}]
+    assert query(org_home, "SELECT outcome, detail FROM attempts") == [{"outcome": "model_error", "detail": "refusal"}]
     assert query(org_home, "SELECT * FROM iterations") == [] and (ws / "calc.py").read_text() == BUGGY
     assert [e["event"] for e in served(log)].count("step") == 1
     # the decision is the policy's: the same flag through progress.load fires ModelError alone
@@ -305,10 +305,11 @@ def test_the_wrap_up_request_is_bounded_by_the_slice_and_offers_no_tool_that_wri
     fake = FakeMessagesAPI()
     fake.start()
     try:
-        for word in ("alpha", "beta", "gamma", "delta"):
-            fake.enqueue(tool_use_turn("write_file", {"path": "state", "content": word}, usage=_u(2000, 100)))
-            if word != "delta":              # the fourth act trips the budget before its second call
-                fake.enqueue(text_turn(f"wrote {word}", usage=_u(300, 100)))
+        for word in ("alpha", "beta", "gamma"):        # 2,500 tokens an act, the largest call 2,100
+            fake.enqueue(tool_use_turn("write_file", {"path": "state", "content": word}, usage=_u(300, 100)))
+            fake.enqueue(text_turn(f"wrote {word}", usage=_u(2000, 100)))
+        # a fourth act would begin at 7,500 with a call of about 2,100: past where the budget trips
+        # (10,000 less a slice of at least one such call), so it is not begun
         fake.enqueue(text_turn("Done: four tries.\nRemains: the state check.\nLearned: words do not help.",
                                usage=_u(250, 60)))
         settings = LoopSettings(wrapup_reserve=0.05)
@@ -319,14 +320,16 @@ def test_the_wrap_up_request_is_bounded_by_the_slice_and_offers_no_tool_that_wri
     assert decision.reason == StopReason.TOKEN_BUDGET
     note = query(org_home, "SELECT * FROM handoffs")[0]
     allowance = json.loads(note["allowance"])
-    assert 0 < allowance["tokens"] <= 500                            # 5 % of 10,000, less what the acts overshot
+    assert 2_300 <= allowance["tokens"] <= 2_500     # one input the size of the largest and a note, within what is left
     assert wrap["max_tokens"] <= allowance["tokens"]
     assert sorted(t["name"] for t in wrap["tools"]) == ["list_files", "read_file", "search_files"]
     assert len(json.dumps(wrap["messages"][0]["content"])) <= allowance["tokens"] * 3
     assert (note["source"], note["remains"], note["learned"]) == ("wrapup", "the state check.", "words do not help.")
     assert note["tokens"] == 310 <= allowance["tokens"]
     total = query(org_home, "SELECT SUM(input_tokens + output_tokens + cache_write_tokens) AS t FROM model_calls")[0]
-    assert total["t"] <= 10_000
+    assert total["t"] == 7_810 <= 10_000
+    assert query(org_home, "SELECT COUNT(*) AS n FROM iterations")[0]["n"] == 3
+    assert "with the wrap-up's 310 tokens" in query(org_home, "SELECT stop_detail FROM work_items")[0]["stop_detail"]
 
 
 def test_no_wrap_up_without_a_reserve_and_a_record_note_when_no_slice_is_left(org_home, ws):
@@ -335,16 +338,17 @@ def test_no_wrap_up_without_a_reserve_and_a_record_note_when_no_slice_is_left(or
     submit(org_home, ws, caps={"budget_tokens": 250, "max_iterations": 10})
     backend = ScriptedActs([[{}, {}, {}, {}, {}, BAD]], tokens=(100, 0))
     assert engine(org_home, "w1", backend).run().reason == StopReason.TOKEN_BUDGET
-    assert len(backend.calls) == 3 and query(org_home, "SELECT * FROM handoffs") == []
+    assert len(backend.calls) == 2 and query(org_home, "SELECT * FROM handoffs") == []   # a third would pass 250
     ws2 = make_workspace(ws.parent / "two")
     submit(org_home, ws2, work_id="w2", caps={"budget_tokens": 250, "max_iterations": 10})
     backend = ScriptedActs([[{}, {}, {}, {}, {}, BAD]], tokens=(100, 0))
     decision = engine(org_home, "w2", backend, settings=LoopSettings(wrapup_reserve=0.1)).run()
     # 10 % of 250 tokens is too small a slice for a wrap-up: nothing is kept back, the cap fires at 250
     assert decision.reason == StopReason.TOKEN_BUDGET and "kept for the wrap-up" not in decision.detail
-    assert len(backend.calls) == 3
+    assert len(backend.calls) == 2
     note = query(org_home, "SELECT * FROM handoffs WHERE work_id='w2'")[0]
     assert note["source"] == "record" and note["attempt"] is None and note["tokens"] == 0
+    assert note["act"].startswith("not made: ") and "tokens were left" in note["act"]
     assert "Iteration 1" in note["done"] and "No lesson" not in note["remains"]
 
 

@@ -73,7 +73,7 @@ def test_submit_returns_submitted_and_the_cli_prints_its_data(capsys, org_home, 
     again = submit(org_home, cfg_of(org_home), request(ws, "k-submit"))
     assert printed == again.as_dict() and again.replayed and again.id == first.id
     assert set(printed) == {"id", "status", "caps", "defaults_applied", "workspace", "branch", "waiting_for",
-                            "wake", "replayed", "idempotency_key", "org_status", "preflight"}
+                            "wake", "replayed", "idempotency_key", "org_status", "preflight", "caps_from"}
 
 
 def test_cancel_returns_cancelled_and_the_cli_chat_and_mcp_get_the_same_data(capsys, org_home, tmp_path):

@@ -265,7 +265,7 @@ def test_a_cap_that_is_not_positive_names_its_own_flag(org_home, tmp_path, flag)
     ws.mkdir()
     out = org(org_home, tmp_path, "submit", "g", "--workspace", str(ws), "--verify", "true", flag, "0",
               env_extra={"ANTHROPIC_API_KEY": "sk-test-never-used"})
-    assert out.returncode == 1 and coded(out.stderr) == "bad_submit", out.stderr
+    assert out.returncode == 1 and coded(out.stderr) == "bad_caps", out.stderr
     assert re.search(rf"{flag} must be positive", out.stderr) and "--timeout-s" not in out.stderr
 
 

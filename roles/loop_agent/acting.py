@@ -8,23 +8,24 @@ state (writer, backend, history, settings, the reflection it carries to the next
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from roles import telemetry
 from roles.loop_agent import gate, progress as prog, triage, wrapup
 from roles.loop_agent.backends.base import ActContext, ActOutcome, Remaining, Usage
-from roles.loop_agent.conditions import MIN_WRAPUP_SECONDS
+from roles.loop_agent.conditions import MIN_WRAPUP_SECONDS, MIN_WRAPUP_TOKENS
 from roles.loop_agent.context import assemble
 from roles.loop_agent.lessons import derive_lesson
-from roles.loop_agent.stop import StopDecision, fingerprint
+from roles.loop_agent.stop import RunProgress, StopDecision, fingerprint
 from roles.loop_agent.tools import read_only
 from state_db.errors import Conflict
 from state_db.queries import loop as loopq, work as work_q
 from state_db.queries.decisions import Decision
 from state_db.queries.iterations import open_attempts
-from state_db.queries.usage import of_attempt
+from state_db.queries.usage import of_attempt, of_doer
 from state_db.queries.verdicts import Verdict
 from state_db.queries.work import WorkItem
-from state_db.vocab import StopReason, WorkStatus
+from state_db.vocab import ActStatus, AttemptOutcome, StopReason, WorkStatus
 
 INTERRUPTED = "interrupted"
 DISCARDED = "discarded"         # an attempt thrown away because the run must stop (the policy says why)
@@ -63,7 +64,7 @@ class Acting:
             lost = 0.0
             for cut in open_attempts(tx.conn, self.work_id):
                 lost += max(0.0, (cut.alive_at or cut.started_at) - cut.started_at)
-                tx.update("attempts", (self.work_id, cut.attempt), ended_at=tx.now, outcome="discarded")
+                tx.update("attempts", (self.work_id, cut.attempt), ended_at=tx.now, outcome=AttemptOutcome.DISCARDED)
             if lost:
                 now = work_q.item(tx.conn, self.work_id)
                 tx.update("work_items", self.work_id, elapsed_s=now.elapsed_s + lost,
@@ -95,16 +96,26 @@ class Acting:
                 _feedback(self.w.conn, self.work_id, its, verdicts), n,
                 k_recent=self.settings.recent_iterations, summary_cap_chars=self.settings.summary_cap_chars)
             span.set({"loop_org.prompt_bytes": prompt.manifest.get("variable_bytes")})
-        spent = {"tokens": progress.tokens, "cost": progress.cost_usd}
-        # an act may spend up to where each budget trips (its limit less the wrap-up's reserve)
-        trips = {cap.field: cap.trip for cap in policy.budgets()}
+        spent = {"tokens": progress.tokens, "cost": progress.cost_usd,
+                 "largest_input": progress.largest_input, "largest_cost": progress.largest_cost}
+
+        def seen() -> RunProgress:
+            """``progress`` with what this act has spent so far, and its largest call."""
+            return replace(progress, tokens=spent["tokens"], cost_usd=spent["cost"],
+                           elapsed_s=progress.elapsed_s + self.clock() - t0,
+                           largest_input=spent["largest_input"], largest_cost=spent["largest_cost"])
 
         def remaining() -> Remaining:
+            # an act may spend up to where each budget trips (its limit less the wrap-up's slice)
+            now = seen()
+            trips = {cap.field: cap.trip_at(now) for cap in policy.budgets()}
+
             def left(cap, used):
                 return None if cap is None else max(0, cap - used)
-            return Remaining(tokens=left(trips.get("tokens"), spent["tokens"]),
-                             cost_usd=left(trips.get("cost_usd"), spent["cost"]),
-                             seconds=left(trips.get("elapsed_s"), progress.elapsed_s + self.clock() - t0))
+            # the request's output is bounded; its input is taken to be the largest so far
+            return Remaining(tokens=left(trips.get("tokens"), now.tokens + now.largest_input),
+                             cost_usd=left(trips.get("cost_usd"), now.cost_usd),
+                             seconds=left(trips.get("elapsed_s"), now.elapsed_s))
 
         ctx = ActContext(self.work_id, n, attempt, self.history.workspace, prompt.system_prefix, prompt.variable,
                          max_turns=self.settings.max_turns, remaining=remaining)
@@ -113,15 +124,14 @@ class Acting:
             self._commit_usage(u, n, attempt)
             spent["tokens"] += u.budget_tokens
             spent["cost"] += u.cost_usd
+            spent["largest_input"] = max(spent["largest_input"], _input_of(u))
+            spent["largest_cost"] = max(spent["largest_cost"], u.cost_usd)
 
         def budget_left() -> str | None:
             if self.interrupt.is_set():
                 return INTERRUPTED
             now = self.work()
-            live = progress.__class__(**{**progress.__dict__, "tokens": spent["tokens"], "cost_usd": spent["cost"],
-                                         "elapsed_s": progress.elapsed_s + self.clock() - t0,
-                                         "cancelled": now.cancel_requested,
-                                         "org_limit": self._org_spend_over()})
+            live = replace(seen(), cancelled=now.cancel_requested, org_limit=self._org_spend_over())
             reason = policy.budget_check(live)
             if reason is None and live.cancelled:
                 reason = StopReason.CANCELLED
@@ -133,13 +143,13 @@ class Acting:
         outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
         if outcome.status == "budget_exhausted" and outcome.error_code in (INTERRUPTED, StopReason.CANCELLED,
                                                                              StopReason.ORG_LIMIT):
-            self._close_attempt(attempt, outcome.error_code, t0)
+            self._close_attempt(attempt, AttemptOutcome.INTERRUPTED, t0, outcome.error_code)
             self.history.reset_to(last)
             self._needs_reset = False
             # cancelled / org_limit: the policy's flags (the work item's cancel, the org's spend) end it
             return False if outcome.error_code == INTERRUPTED else DISCARDED
         if outcome.status == "model_error":
-            self._close_attempt(attempt, f"model_error:{outcome.error_code}", t0)
+            self._close_attempt(attempt, AttemptOutcome.MODEL_ERROR, t0, outcome.error_code)
             self.history.reset_to(last)
             self._needs_reset = False
             self._model_error = f"{outcome.error_code}: {outcome.error}"     # the policy's ModelError fires
@@ -178,7 +188,7 @@ class Acting:
                 "changed_paths": changed[:500], "prompt": manifest, "committed_at": tx.now})
             tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
                       updated_at=tx.now)
-            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome="committed")
+            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=AttemptOutcome.COMMITTED)
             gate.record_requests(tx, self.work_id, n, outcome.requests)
             # an error class the policy does not know, met for the first time in this run, asks a human
             unknown = triage.unknown(self.policy, triage.tool_errors(outcome.tool_calls), its, tx.conn, self.work_id)
@@ -210,12 +220,12 @@ class Acting:
             tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + self._waited, updated_at=tx.now)
             self._waited = 0.0
 
-    def _close_attempt(self, attempt: int, outcome: str, t0: float) -> None:
+    def _close_attempt(self, attempt: int, outcome: AttemptOutcome, t0: float, detail: str | None = None) -> None:
         """Close a discarded attempt begun at ``t0``; its time counts toward the run (time is
         counted once, like tokens, whatever happens to the work it bought)."""
         with self.w.transaction() as tx:
             elapsed = self.clock() - t0
-            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=outcome)
+            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=outcome, detail=detail)
             work = work_q.item(tx.conn, self.work_id)
             tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + elapsed,
                       discarded_s=work.discarded_s + elapsed, updated_at=tx.now)
@@ -231,16 +241,27 @@ class Acting:
                                     prog.lessons(its, self.settings.lessons_max, self._reflected))
         allowance = self.policy.wrapup_allowance(progress)
         attempt, note, elapsed = loopq.wrapup_attempt(conn, self.work_id, since), "", 0.0
-        if attempt is None and _worth_it(allowance) and self.backend.name not in OWN_TOOLS:
+        why_not = ("a wrap-up act was begun before and cut; it is not bought twice" if attempt is not None
+                   else "the command backend's CLI brings its own tools, which cannot be held to the slice"
+                   if self.backend.name in OWN_TOOLS else _why_not(allowance, progress))
+        if why_not is None:
             attempt, note, elapsed = self._wrapup_act(work, progress, its, decision, parts, allowance)
         said = wrapup.parse(note)
         tokens, cost = loopq.attempt_usage(conn, self.work_id, attempt) if attempt else (0, 0.0)
+        act = (f"not made: {why_not}" if why_not is not None
+               else f"ran (attempt {attempt}) and wrote the note" if said
+               else f"ran (attempt {attempt}) but its answer held no Done/Remains/Learned note")
         handoff = {"work_id": self.work_id, "ending": continued + 1, **parts, **said, "note": note[:4000],
                    "source": "wrapup" if said else "record", "allowance": allowance, "attempt": attempt,
-                   "tokens": tokens, "cost_usd": cost, "elapsed_s": round(elapsed, 4),
+                   "tokens": tokens, "cost_usd": cost, "elapsed_s": round(elapsed, 4), "act": act,
                    "written_by": self.w.instance, "at": time.time()}
-        self.log.info("handed_off", source=handoff["source"], tokens=tokens, allowance=allowance,
+        self.log.info("handed_off", source=handoff["source"], tokens=tokens, allowance=allowance, act=act,
                       next=f"the run ends {decision.reason}")
+        if why_not is None:
+            # the detail says what was really used, the wrap-up included
+            total = of_doer(conn, self.work_id)
+            decision = replace(decision, detail=f"{decision.detail}; with the wrap-up's {tokens} tokens and "
+                                                f"${cost:.4f}: {total.budget_tokens} tokens, ${total.cost_usd:.4f} in all")
         return self._end(decision, handoff)
 
     def _wrapup_act(self, work, progress, its, decision, parts, allowance) -> tuple[int, str, float]:
@@ -252,12 +273,14 @@ class Acting:
             tx.update("work_items", self.work_id, attempt=attempt, updated_at=tx.now)
             tx.insert("attempts", {"work_id": self.work_id, "attempt": attempt, "iteration": n, "wrapup": 1,
                                    "instance": self.w.instance, "started_at": tx.now})
-        spent = {"tokens": 0, "cost": 0.0}
+        # the wrap-up's own largest call; its first call's input is taken to be the run's largest
+        spent = {"tokens": 0, "cost": 0.0, "largest_input": 0, "largest_cost": 0.0}
 
         def remaining() -> Remaining:
             def left(cap, used):
                 return None if cap is None else max(0, cap - used)
-            return Remaining(tokens=left(allowance["tokens"], spent["tokens"]),
+            ahead = spent["largest_input"] or progress.largest_input
+            return Remaining(tokens=left(allowance["tokens"], spent["tokens"] + ahead),
                              cost_usd=left(allowance["cost_usd"], spent["cost"]),
                              seconds=left(allowance["seconds"], self.clock() - t0))
 
@@ -265,6 +288,20 @@ class Acting:
             self._commit_usage(u, n, attempt)
             spent["tokens"] += u.budget_tokens
             spent["cost"] += u.cost_usd
+            spent["largest_input"] = max(spent["largest_input"], _input_of(u))
+            spent["largest_cost"] = max(spent["largest_cost"], u.cost_usd)
+
+        def budget_left() -> str | None:
+            """A second call only if one with an input the size of its largest so far still fits the slice."""
+            if self.interrupt.is_set():
+                return INTERRUPTED
+            if spent["tokens"] and allowance["tokens"] is not None \
+                    and spent["tokens"] + spent["largest_input"] >= allowance["tokens"]:
+                return str(StopReason.TOKEN_BUDGET)
+            if spent["cost"] and allowance["cost_usd"] is not None \
+                    and spent["cost"] + spent["largest_cost"] > allowance["cost_usd"]:
+                return str(StopReason.COST_BUDGET)
+            return None
 
         text = wrapup.prompt(work.goal, n, decision, parts, allowance["tokens"])
         ctx = ActContext(self.work_id, n, attempt, self.history.workspace, wrapup.INSTRUCTIONS, text,
@@ -272,14 +309,15 @@ class Acting:
         outcome = None
         try:
             with read_only(), telemetry.current().step("wrap_up"):
-                outcome = self.backend.act(ctx, on_usage=on_usage,
-                                           budget_left=lambda: INTERRUPTED if self.interrupt.is_set() else None)
+                outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
         except Exception as exc:  # noqa: BLE001 - the note then comes from the record; the run ends all the same
             self.log.warning("wrapup_failed", error=str(exc), next="a hand-off note from the record")
         with self.w.transaction() as tx:
             elapsed = self.clock() - t0
+            wrapped = outcome is not None and outcome.status == ActStatus.OK
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now,
-                      outcome=f"wrapup:{outcome.status if outcome else 'error'}")
+                      outcome=AttemptOutcome.WRAPPED_UP if wrapped else AttemptOutcome.WRAPUP_FAILED,
+                      detail=None if wrapped else (outcome.status if outcome else "error"))
             tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
                       updated_at=tx.now)
         self.history.reset_to(self._settled(its))   # whatever the act did, the run ends where it stood
@@ -287,13 +325,25 @@ class Acting:
         return attempt, (outcome.summary if ok else ""), elapsed
 
 
-def _worth_it(allowance: dict) -> bool:
-    """Whether the wrap-up's slice leaves room for a prompt and a note on every budget."""
-    if allowance["cost_usd"] is not None and allowance["cost_usd"] <= 0:
-        return False
-    if allowance["seconds"] is not None and allowance["seconds"] < MIN_WRAPUP_SECONDS:
-        return False
-    return wrapup.fits(allowance["tokens"])
+def _why_not(allowance: dict, progress: RunProgress) -> str | None:
+    """Why the wrap-up's slice leaves no room for a call the size of the run's largest (or for a
+    prompt and a note) on some budget; None when it does."""
+    tokens, cost, seconds = allowance["tokens"], allowance["cost_usd"], allowance["seconds"]
+    if cost is not None and (cost <= 0 or cost < progress.largest_cost):
+        return f"${max(0.0, cost):.4f} was left, and a call of this run has cost up to ${progress.largest_cost:.4f}"
+    if seconds is not None and seconds < MIN_WRAPUP_SECONDS:
+        return f"{max(0.0, seconds):.1f} s was left, under the {MIN_WRAPUP_SECONDS:g} s a wrap-up needs"
+    if not wrapup.fits(tokens):
+        return f"{tokens:g} tokens were left, under the {MIN_WRAPUP_TOKENS} a prompt and a note need"
+    if tokens is not None and tokens < progress.largest_input + MIN_WRAPUP_TOKENS:
+        return (f"{tokens:g} tokens were left, and a call of this run has taken up to {progress.largest_input} "
+                "of input before its answer")
+    return None
+
+
+def _input_of(u: Usage) -> int:
+    """What of a call's budget tokens is its input (known only once the call is answered)."""
+    return u.input_tokens + u.cache_creation_input_tokens
 
 
 def _feedback(conn, work_id: str, its: list, verdicts: dict) -> str:

@@ -8,7 +8,16 @@ the run's one wrap-up act (``[loop] wrapup_reserve``). It then fires once the ru
 rest (``limit × (1 − reserve)``), and the wrap-up may spend what is left up to the limit, so the
 budget as given still bounds the whole run. A slice too small for a wrap-up (under
 ``min_reserve``: a prompt and a note, or a second of time) is not kept back: the cap fires at its
-limit, as without a reserve."""
+limit, as without a reserve.
+
+A call's input is known only once it is answered (its output is bounded by the ``max_tokens`` the
+request sends), so a token or cost budget also looks one call ahead: the token budget takes the
+next call's input to be the largest input so far (``RunProgress.largest_input``), the cost
+budget the next call to cost as much as the dearest so far (``largest_cost``). The cap fires
+once such a call would reach where it trips, each request's ``max_tokens`` leaves room for that
+input (roles/loop_agent/acting.py), and the wrap-up's slice is never smaller than such a call
+with room for a note — so neither the iterations nor the wrap-up run past the budget on calls
+the size of those already seen."""
 from __future__ import annotations
 
 import math
@@ -53,6 +62,8 @@ class _Cap(StopCondition):
     integer: ClassVar[bool] = False
     says: ClassVar[str]         # detail, formatted with ``value``, ``limit`` and ``s`` (plural ending)
     min_reserve: ClassVar[float] = 0.0      # a smaller wrap-up slice is not kept back
+    ahead: ClassVar[str | None] = None      # the RunProgress attribute of the next call's expected size
+    answer: ClassVar[float] = 0.0           # room a wrap-up needs beside a call's ``ahead`` part
 
     def __init__(self, limit: float, reserve: float = 0.0) -> None:
         _positive(self.kind, limit, integer=self.integer)
@@ -75,17 +86,36 @@ class _Cap(StopCondition):
         """Where the cap fires: the limit, less the wrap-up's reserve."""
         return self.limit - self.reserved
 
+    def next_call(self, p: RunProgress) -> float:
+        """What the next call is taken to need of this cap: the largest one so far (0: unknown)."""
+        return getattr(p, self.ahead) if self.ahead else 0
+
+    def reserved_at(self, p: RunProgress) -> float:
+        """The wrap-up's slice for the run at ``p``: ``reserved``, and at least one call the size
+        of the largest so far with room for its answer (0 when the cap keeps none)."""
+        ahead = self.next_call(p)
+        return max(self.reserved, ahead + self.answer if ahead else 0) if self.reserved else 0
+
+    def trip_at(self, p: RunProgress) -> float:
+        """Where the cap fires for the run at ``p``: the limit, less the wrap-up's slice."""
+        return self.limit - self.reserved_at(p)
+
     def params(self) -> dict[str, Any]:
         return {"limit": self.limit, **({"reserve": self.reserve} if self.reserve else {})}
 
     def check(self, p: RunProgress) -> StopDecision | None:
-        value = getattr(p, self.field)
-        if value >= self.trip:
+        value, ahead, trip = getattr(p, self.field), self.next_call(p), self.trip_at(p)
+        if value >= trip or (ahead and value + ahead >= trip):
             said = self.says.format(value=value, limit=self.limit, s="" if value == 1 else "s")
-            if self.reserved:
-                said += f" ({self.reserve:.0%} of it kept for the wrap-up)"
+            if self.reserved_at(p):
+                said += f" ({self._amount(self.reserved_at(p))} of it kept for the wrap-up)"
+            if value < trip:
+                said += f"; the next call would need about {self._amount(ahead)} before its answer"
             return StopDecision(self.reason, said)
         return None
+
+    def _amount(self, value: float) -> str:
+        return f"{value:g}"
 
 
 class MaxIterations(_Cap):
@@ -103,6 +133,7 @@ class TokenBudget(_Cap):
     min_reserve = MIN_WRAPUP_TOKENS
     kind = "token_budget"
     field, reason, integer = "tokens", StopReason.TOKEN_BUDGET, True
+    ahead, answer = "largest_input", MIN_WRAPUP_TOKENS
     says = "{value} tokens used, budget {limit}"
 
 
@@ -111,6 +142,10 @@ class CostBudget(_Cap):
     kind = "cost_budget"
     field, reason = "cost_usd", StopReason.COST_BUDGET
     says = "${value:.4f} spent, budget ${limit:.4f}"
+    ahead = "largest_cost"
+
+    def _amount(self, value: float) -> str:
+        return f"${value:.4f}"
 
 
 class Timeout(_Cap):
@@ -119,6 +154,9 @@ class Timeout(_Cap):
     kind = "timeout"
     field, reason = "elapsed_s", StopReason.TIMEOUT
     says = "{value:.1f} s elapsed, limit {limit} s"
+
+    def _amount(self, value: float) -> str:
+        return f"{value:.1f} s"
 
 
 class NoProgress(StopCondition):

@@ -31,10 +31,10 @@ from state_db.processes import identity, identity_alive
 from state_db.queries import decisions, work
 from state_db.queries.decisions import Decision
 from state_db.queries.loop import UNKNOWN_ERROR
-from state_db.vocab import DecisionStatus as D, WorkStatus
+from state_db.vocab import DecisionKind, DecisionStatus as D, WorkStatus
 
 # The eval-agent's question when every verify command passes on the baseline (approve: go on).
-BASELINE_PASSES = "baseline_passes"
+BASELINE_PASSES = DecisionKind.BASELINE_PASSES
 
 # Runs an approved action: (command, kind, workspace) -> (exit code or None, output).
 GateRunner = Callable[[str, str, str], tuple]

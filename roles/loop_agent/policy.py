@@ -87,7 +87,8 @@ class StopPolicy:
         for cap in self.budgets():
             name = field_of[cap.field]
             left = cap.limit - used[name]
-            left = max(0, min(left, cap.reserved) if cap.reserved else left)
+            kept = cap.reserved_at(progress)
+            left = max(0, min(left, kept) if kept else left)
             out[name] = left if out[name] is None else min(out[name], left)
         return out
 

@@ -13,7 +13,7 @@ from roles.loop_agent.context import IterationDigest
 from roles.loop_agent.lessons import LessonBook
 from roles.loop_agent.stop import RunProgress, VerdictSummary
 from state_db.queries.iterations import of_work as iterations_of
-from state_db.queries.usage import of_doer
+from state_db.queries.usage import largest_doer_call, of_doer
 from state_db.queries.verdicts import Verdict, latest_eval_verdicts
 from state_db.queries.work import WorkItem, continued_after
 
@@ -80,6 +80,7 @@ def load(conn: sqlite3.Connection, work: WorkItem, *, running_s: float = 0.0,
     # the token budget leaves cache reads out (they count in cost): see Usage.budget_tokens; the
     # eval-agent's review calls have a budget of their own (roles/eval_agent/review.py)
     usage = of_doer(conn, work_id)
+    largest_input, largest_cost = largest_doer_call(conn, work_id)
     # a continued run ('org continue') is judged for no_progress / repeated_failure on the
     # iterations after its latest continuation only: the ones before already ended it once
     since = continued_after(conn, work_id)
@@ -90,6 +91,7 @@ def load(conn: sqlite3.Connection, work: WorkItem, *, running_s: float = 0.0,
         verdicts=(*reflected.summaries, *(summary_of(verdicts.get(r["n"])) for r in its[k:]))[since:],
         cancelled=work.cancel_requested, org_limit=org_limit, model_error=model_error,
         human_rejected=human_rejected, needs_human=needs_human,
+        largest_input=largest_input, largest_cost=largest_cost,
     )
     reflected.keep(its, verdicts)
     return progress, its, verdicts

@@ -85,6 +85,9 @@ class RunProgress:
     model_error: bool | str = False
     org_limit: bool | str = False
     needs_human: bool | str = False
+    largest_input: int = 0         # the largest input (input and cache-write tokens) of a call so far and
+    largest_cost: float = 0.0      # the dearest call: what the budgets take the next call to need
+                                   # (roles/loop_agent/conditions.py)
 
     def __post_init__(self) -> None:
         if len(self.fingerprints) > self.iterations or len(self.verdicts) > self.iterations:

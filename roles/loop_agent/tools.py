@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from roles.loop_agent.commands import CommandRunner, SubprocessRunner
 from state_db.errors import OrgError
+from state_db.vocab import GATE_KINDS
 
 _SKIP_DIRS = frozenset({".git"})
 _BINARY_PROBE = 8192
@@ -96,7 +97,6 @@ TOOL_SCHEMAS: tuple[dict[str, Any], ...] = (
           "End your turn after declaring.",
           {"reason": ("string", "why the goal cannot be met, specifically (what contradicts what)")}, ("reason",)),
 )
-GATE_KINDS = ("network", "outside_workspace", "other")
 _SCHEMA_BY_NAME = {s["name"]: s["input_schema"] for s in TOOL_SCHEMAS}
 _TYPES: dict[str, Callable[[object], bool]] = {
     "string": lambda v: isinstance(v, str),

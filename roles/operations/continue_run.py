@@ -40,7 +40,7 @@ from state_db.home import OrgHome
 from state_db.queries import work as work_q
 from state_db.queries.iterations import count as iterations_count
 from state_db.queries.usage import of_work, summarised
-from state_db.queries.work import Caps, WorkItem
+from state_db.queries.work import FLAG, Caps, WorkItem
 from state_db.vocab import StopReason as R, WorkStatus
 
 CONTINUABLE = frozenset({R.MAX_ITERATIONS, R.TOKEN_BUDGET, R.COST_BUDGET, R.TIMEOUT, R.NO_PROGRESS,
@@ -120,6 +120,12 @@ def raised_caps(old: dict, given: dict, spent: dict) -> dict:
     return caps
 
 
+def _with_sources(caps: dict, before: Caps, given: dict) -> dict:
+    """The stored form of the raised ``caps``: where each came from, the ones given now by a flag."""
+    came = {**dict(before.sources), **{k: FLAG for k in given}}
+    return {**caps, "from": came} if came else caps
+
+
 def _shown(value) -> str:
     return f"{value:.4f}".rstrip("0").rstrip(".") if isinstance(value, float) else str(value)
 
@@ -189,7 +195,7 @@ def continue_run(home: OrgHome, cfg: Config, req: ContinueRequest) -> Continued:
         status = WorkStatus.WAITING if busy else WorkStatus.QUEUED
         tx.set_status("work_items", req.work_id, status, stop_reason=None, ended_at=None, assigned_to=None,
                       stop_detail=f"workspace busy with {busy}" if busy else None, cancel_requested=0,
-                      caps=caps, updated_at=tx.now)
+                      caps=_with_sources(caps, work.caps, given), updated_at=tx.now)
         result = {"id": req.work_id, "status": str(status), "seq": seq, "stopped": work.stop_reason,
                   "caps": caps, "old_caps": old, "used": spent, "waiting_for": busy}
         tx.journal("work_items.continued", req.work_id, result)

@@ -16,7 +16,8 @@ from state_db.home import OrgHome
 from state_db.queries import work
 from state_db.queries.processes import session as org_session
 from state_db.queries.verdicts import preflight as preflight_of
-from state_db.queries.work import Caps
+from roles.operations.caps import CAP_FLAGS, resolve as resolve_caps
+from state_db.queries.work import FLAG, Caps
 from state_db.vocab import WorkStatus
 
 BACKENDS = ("anthropic", "command")
@@ -37,6 +38,7 @@ class SubmitRequest:
     budget_tokens: int | None = None
     budget_usd: float | None = None
     timeout_s: float | None = None
+    no_caps: tuple[str, ...] = ()         # caps removed on purpose (--no-timeout, ...): names as in Caps
     backend: str | None = None
     worktree: bool = False
     review: str | None = None             # review criteria for passes (default: [review] criteria in org.toml)
@@ -49,19 +51,10 @@ def new_work_id() -> str:
     return "w-" + time.strftime("%m%d") + "-" + uuid.uuid4().hex[:6]
 
 
-# each cap (state_db.queries.work.Caps) and the flag that sets it (named in errors)
-CAP_FLAGS = dict(zip(Caps.names(), ("--max-iterations", "--budget-tokens", "--budget-usd", "--timeout")))
-
-
-def _caps(req: SubmitRequest, cfg: Config) -> tuple[dict, bool]:
-    given = Caps().with_(**{k: getattr(req, k) for k in CAP_FLAGS}).encode()
-    for k, v in given.items():
-        if v <= 0:
-            raise SubmitError(f"{CAP_FLAGS[k]} must be positive (got {v})",
-                              hint="give a number above 0, or leave the flag out for the defaults in org.toml")
-    if given:
-        return given, False
-    return cfg.default_caps(), True
+def _caps(req: SubmitRequest, cfg: Config) -> tuple[Caps, bool]:
+    """The run's caps (roles/operations/caps.py) and whether none came from a flag."""
+    caps = resolve_caps(cfg, {k: getattr(req, k) for k in CAP_FLAGS}, req.no_caps)
+    return caps, all(source != FLAG for _, source in caps.sources)
 
 
 def _review(req: SubmitRequest, cfg: Config) -> dict:
@@ -178,7 +171,8 @@ class Preflight(Result):
 @dataclass(frozen=True)
 class Submitted(Result):
     """What ``org submit`` did: the item, its status (``queued``, or ``waiting`` for
-    ``waiting_for``), its caps (``defaults_applied``: from org.toml), the workspace (and the
+    ``waiting_for``), its caps (``caps_from``: where each came from; ``defaults_applied``: none
+    from a flag), the workspace (and the
     branch of ``--worktree``), the wake, ``replayed`` (this idempotency key had submitted it
     already), the key, the org session's status (``never started`` before the first start:
     nothing runs unless it is ``running``) and the ``preflight`` when it was waited for."""
@@ -195,6 +189,7 @@ class Submitted(Result):
     idempotency_key: str
     org_status: str
     preflight: Preflight | None = None
+    caps_from: dict = field(default_factory=dict)
 
 
 def wait_for_preflight(home: OrgHome, work_id: str, *, timeout_s: float, poll_s: float = 0.1) -> Preflight | None:
@@ -224,7 +219,7 @@ class Checked:
     """A request that passed every check of ``submit``, with what the checks resolved."""
 
     workspace: Path
-    caps: dict
+    caps: Caps
     defaults_applied: bool
     toolchain: dict
     backend: str
@@ -299,7 +294,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
             status = WorkStatus.WAITING if busy else WorkStatus.QUEUED
             tx.insert("work_items", {
                 "id": work_id, "goal": req.goal, "workspace": str(workspace), "verify": req.verify,
-                "protect": req.protect, "default_protect": int(req.default_protect), "caps": caps,
+                "protect": req.protect, "default_protect": int(req.default_protect), "caps": caps.stored(),
                 "backend": backend, "status": status,
                 "stop_detail": f"workspace busy with {busy}" if busy else None,
                 "worktree": int(req.worktree), "branch": branch, "created_by": signed(writer),
@@ -309,7 +304,8 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
                 tx.insert("workspace_locks", {"workspace": str(workspace), "work_id": work_id, "acquired_at": tx.now})
             if after is not None:
                 after(tx, work_id)
-            return {"id": work_id, "status": str(status), "caps": caps, "defaults_applied": defaults_applied,
+            return {"id": work_id, "status": str(status), "caps": caps.encode(), "caps_from": dict(caps.sources),
+                    "defaults_applied": defaults_applied,
                     "workspace": str(workspace), "branch": branch, "waiting_for": busy}
 
         result, replayed = writer.run_once(key, "submit", do)

@@ -132,7 +132,7 @@ def submit(caller: Caller, a: dict) -> dict:
         goal=a["goal"], workspace=a["workspace"], verify=a["verify"], protect=a.get("protect") or [],
         default_protect=a.get("default_protect", True), max_iterations=a.get("max_iterations"),
         budget_tokens=a.get("budget_tokens"), budget_usd=a.get("budget_usd"), timeout_s=a.get("timeout_s"),
-        backend=a.get("backend"), worktree=bool(a.get("worktree")), review=a.get("review"),
+        no_caps=tuple(a.get("no_caps") or ()), backend=a.get("backend"), worktree=bool(a.get("worktree")), review=a.get("review"),
         idempotency_key=a.get("idempotency_key"), via=caller.via), wait_s=float(a.get("wait_s", 60))).as_data()
 
 
@@ -182,6 +182,9 @@ TOOLS = [
                                           "(default: [review] criteria in org.toml)"},
               wait_s={"type": "number", "minimum": 0, "maximum": 600,
                       "description": "seconds to wait for the verify preflight on the baseline (default 60; 0: none)"},
+              no_caps={"type": "array", "items": {"type": "string", "enum": list(CAPS)}, "uniqueItems": True,
+                       "description": "caps to remove instead of keeping their defaults; a cap not named here "
+                                      "and not given keeps its default"},
               idempotency_key=KEY, **CAPS), submit),
     Tool("status", "The org at a glance: session, roles, active and recent runs with phase and caps, usage, "
          "pending decisions and candidate batches.", _obj(), status),

@@ -15,7 +15,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from state_db.queries.base import columns, loads, scalar
-from state_db.vocab import NoteStatus, StopReason, WorkStatus
+from state_db.vocab import NoteKind, NoteStatus, StopReason, WorkStatus
+
+
+def note_kind(evidence: dict[str, Any]) -> NoteKind:
+    """The kind ``evidence`` names, or context when it names none of ``NoteKind``."""
+    kind = evidence.get("kind")
+    return NoteKind(kind) if kind in tuple(NoteKind) else NoteKind.CONTEXT
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,8 @@ class RawNote:
 
     @property
     def kind(self) -> str:
-        return str(self.evidence.get("kind", ""))
+        """The evidence's kind; a note of no known kind is context (``curated_notes.kind`` is closed)."""
+        return note_kind(self.evidence)
 
     @property
     def text(self) -> str:

@@ -6,10 +6,10 @@ import sqlite3
 from dataclasses import dataclass
 
 from state_db.queries.base import columns, loads
-from state_db.vocab import Actor, DecisionStatus as D
+from state_db.vocab import Actor, DecisionKind, DecisionStatus as D
 
 #: the decision kind of "an error the stop policy does not know: go on, or stop?"
-UNKNOWN_ERROR = "unknown_error"
+UNKNOWN_ERROR = DecisionKind.UNKNOWN_ERROR
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class Handoff:
     elapsed_s: float = 0.0
     written_by: str = ""
     at: float = 0.0
+    act: str | None = None          # what became of the wrap-up act: ran, or not made and why
 
     @classmethod
     def of(cls, row: sqlite3.Row | dict) -> Handoff:

@@ -94,6 +94,16 @@ def of_doer(conn: sqlite3.Connection, work_id: str) -> Usage:
     return Usage.from_row(conn.execute(_CALLS + f" WHERE work_id = ? AND {DOER_CALLS}", (work_id,)).fetchone())
 
 
+def largest_doer_call(conn: sqlite3.Connection, work_id: str) -> tuple[int, float]:
+    """The largest call of the doer's for ``work_id`` so far: ``(input and cache-write tokens,
+    cost in USD)``, each the largest of any call (0 before the first). What a run's budgets take
+    its next call to need (roles/loop_agent/conditions.py)."""
+    row = conn.execute("SELECT COALESCE(MAX(input_tokens + cache_write_tokens), 0), "
+                       f"COALESCE(MAX(cost_usd), 0) FROM model_calls WHERE work_id = ? AND {DOER_CALLS}",
+                       (work_id,)).fetchone()
+    return int(row[0]), float(row[1])
+
+
 def call_recorded(conn: sqlite3.Connection, request_id: str) -> bool:
     """True once the model call ``request_id`` is counted (each call counts once)."""
     return conn.execute("SELECT 1 FROM model_calls WHERE request_id = ?", (request_id,)).fetchone() is not None

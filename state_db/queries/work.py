@@ -1,8 +1,10 @@
 """Work items as typed data: ``WorkItem`` with its ``Caps``, workspace locks, stop history, and
 the questions the coordinator's reconcile, the operations and the sandbox ask about them.
 
-``Caps`` is the one parser of the caps JSON a work item stores (``{"max_iterations": 5, ...}``):
-everything that reads or writes caps goes through it, so a cap's name is spelled once.
+``Caps`` is the one parser of the caps JSON a work item stores (``{"max_iterations": 5, ...,
+"from": {"max_iterations": "flag", ...}}``): everything that reads or writes caps goes through it,
+so a cap's name is spelled once. ``from`` says where each cap came from (``CAP_SOURCES``); a cap
+with a source and no value was removed on purpose.
 """
 from __future__ import annotations
 
@@ -14,19 +16,27 @@ from state_db.queries.base import columns, loads, scalar
 from state_db.vocab import DecisionStatus, WorkStatus
 
 
+#: Where a cap came from: a flag of the command that set it (``--max-iterations``, ``--no-timeout``,
+#: or ``org continue``'s), ``[caps]`` in org.toml, or the built-in default.
+FLAG, ORG_TOML, DEFAULT = "flag", "org.toml", "default"
+CAP_SOURCES = (FLAG, ORG_TOML, DEFAULT)
+
+
 @dataclass(frozen=True)
 class Caps:
-    """A run's hard caps; ``None`` is no cap of that kind."""
+    """A run's hard caps; ``None`` is no cap of that kind. ``sources``: ``(name, source)`` pairs
+    saying where each cap came from (empty for caps stored before sources were)."""
 
     max_iterations: int | None = None
     budget_tokens: int | None = None
     budget_usd: float | None = None
     timeout_s: float | None = None
+    sources: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
         """The caps' names, as stored and as the operations' parameters are called."""
-        return tuple(f.name for f in fields(cls))
+        return tuple(f.name for f in fields(cls) if f.name != "sources")
 
     @classmethod
     def parse(cls, raw: Any) -> "Caps":
@@ -34,11 +44,25 @@ class Caps:
         if isinstance(raw, Caps):
             return raw
         data = loads(raw, {}) or {}
-        return cls(**{k: data[k] for k in cls.names() if data.get(k) is not None})
+        came = data.get("from") if isinstance(data.get("from"), dict) else {}
+        sources = tuple((k, str(came[k])) for k in cls.names() if came.get(k) in CAP_SOURCES)
+        return cls(**{k: data[k] for k in cls.names() if data.get(k) is not None}, sources=sources)
 
     def encode(self) -> dict[str, Any]:
-        """The stored form: only the caps that are set."""
+        """The caps that are set, by name (what the stop conditions are built from)."""
         return {k: v for k in self.names() if (v := getattr(self, k)) is not None}
+
+    def stored(self) -> dict[str, Any]:
+        """The stored form: ``encode()`` and, when known, where each cap came from (``from``)."""
+        return {**self.encode(), **({"from": dict(self.sources)} if self.sources else {})}
+
+    def source(self, name: str) -> str | None:
+        """Where cap ``name`` came from (``CAP_SOURCES``), None when not recorded."""
+        return dict(self.sources).get(name)
+
+    def removed(self) -> tuple[str, ...]:
+        """The caps removed on purpose: a source and no value."""
+        return tuple(k for k, _ in self.sources if getattr(self, k) is None)
 
     def with_(self, **given: Any) -> "Caps":
         """These caps with ``given`` applied (``None`` values leave a cap as it is)."""

@@ -15,7 +15,7 @@ import pytest
 from tests.support.org import ONE_AGENT, query, running_org, wait_for
 
 CONFIG = ONE_AGENT + '[model]\nbackend = "scripted"\n[loop]\nwrapup_reserve = 0.05\n'
-BUDGET = 10_000                 # 5 % kept for the wrap-up: the acts stop at 9,500, the slice is 500
+BUDGET = 10_000                 # a slice of one input (2,000) and a note (300) kept for the wrap-up: acts stop at 7,700
 SHOW_AND_FAIL = f"{sys.executable} -c 'import sys; print(\"error: state \" + open(\"state\").read()); sys.exit(1)'"
 
 
@@ -24,14 +24,15 @@ def _usage(inp: int, out: int) -> dict:
 
 
 def _script(path: Path) -> Path:
-    """Four acts that each write another word and fail the check (2,400 budget tokens an act:
-    the fourth passes 9,500 after its first call and is cut there), then the wrap-up: it tries to
+    """Three acts that each write another word and fail the check (2,500 budget tokens an act, the
+    largest input 2,000: a fourth would begin at 7,500 and reach 7,700, where the budget trips with
+    a slice of one such input and a note kept, so it is not begun), then the wrap-up: it tries to
     write a file (no such tool in a wrap-up) and writes its note."""
     acts = []
-    for word in ("alpha", "beta", "gamma", "delta"):
+    for word in ("alpha", "beta", "gamma"):
         acts.append([{"text": f"Writing {word}.", "tool_uses": [{"name": "write_file", "input": {
-            "path": "state", "content": word}}], "usage": _usage(2000, 100)},
-            {"text": f"I wrote {word} to state.", "usage": _usage(300, 100)}])
+            "path": "state", "content": word}}], "usage": _usage(300, 100)},
+            {"text": f"I wrote {word} to state.", "usage": _usage(2000, 100)}])
     acts.append([{"text": "Let me leave a trace.", "tool_uses": [{"name": "write_file", "input": {
                      "path": "sneaky.txt", "content": "x"}}], "usage": _usage(150, 20)},
                  {"text": "Done: wrote four words to state.\nRemains: the state check still fails; it wants "
@@ -73,10 +74,10 @@ def test_a_token_budget_ends_with_its_reason_and_a_hand_off_note_within_the_rese
     assert note["source"] == "wrapup" and note["ending"] == 1
     assert note["remains"].startswith("the state check still fails") and "do not satisfy" in note["learned"]
     allowance = json.loads(note["allowance"])
-    # the slice: what the acts left of the budget, never more than 5 % of it
-    assert 0 < allowance["tokens"] <= BUDGET * 0.05
+    # the slice: one input the size of the largest (2,000) and a note, within what the acts left
+    assert 2_300 <= allowance["tokens"] <= BUDGET - 7_500
     wrap = query(org, "SELECT * FROM attempts WHERE work_id=? AND wrapup=1", (wid,))
-    assert [a["attempt"] for a in wrap] == [note["attempt"]] and wrap[0]["outcome"] == "wrapup:ok"
+    assert [a["attempt"] for a in wrap] == [note["attempt"]] and wrap[0]["outcome"] == "wrapped_up"
     calls = query(org, "SELECT input_tokens + cache_write_tokens + output_tokens AS t FROM model_calls "
                        "WHERE work_id=? AND attempt=?", (wid, note["attempt"]))
     assert len(calls) == 2 and sum(c["t"] for c in calls) == note["tokens"] <= allowance["tokens"]
@@ -84,8 +85,9 @@ def test_a_token_budget_ends_with_its_reason_and_a_hand_off_note_within_the_rese
                        "WHERE work_id=?", (wid,))[0]["t"]
     assert total <= BUDGET
     # no iteration for the wrap-up, nothing written by it
-    assert [r["n"] for r in query(org, "SELECT n FROM iterations WHERE work_id=? ORDER BY n", (wid,))] == [1, 2, 3, 4]
-    assert not (ws / "sneaky.txt").exists() and (ws / "state").read_text() == "delta"
+    assert [r["n"] for r in query(org, "SELECT n FROM iterations WHERE work_id=? ORDER BY n", (wid,))] == [1, 2, 3]
+    assert not (ws / "sneaky.txt").exists() and (ws / "state").read_text() == "gamma"
+    assert f"in all" in done["stop_detail"] and str(total) in done["stop_detail"], done["stop_detail"]
 
     shown = cli(org, "show", wid)
     assert shown.returncode == 0, shown.stderr

@@ -28,12 +28,13 @@ Outcome statuses (closed set, ``ACT_STATUSES``):
 from __future__ import annotations
 
 from state_db.errors import StateError
+from state_db.vocab import ActStatus
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-ACT_STATUSES = ("ok", "budget_exhausted", "model_error", "failed")
+ACT_STATUSES = tuple(ActStatus)
 
 
 class BackendError(StateError):

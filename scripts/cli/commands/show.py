@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import orjson
 
+from roles.operations.caps import line as caps_line
 from scripts.cli.output import add_json, emit_json, read_conn, table
 from state_db import queries, views
 from state_db.queries import decisions, verdicts, work
@@ -10,6 +11,7 @@ from state_db.queries.base import plain
 from state_db.queries.iterations import attempts, of_work as iterations_of
 from state_db.queries import loop as loop_queries, review as review_queries
 from state_db.errors import NotFound
+from state_db.queries.work import Caps
 
 NAME = "show"
 HELP = "show one work item: status, stop reason, iterations with verdicts, tokens and cost"
@@ -88,8 +90,9 @@ def acts_per_iteration(attempts: list[dict], wrapups: set[int] = frozenset()) ->
 def handoff_lines(handoff: dict) -> list[str]:
     """A hand-off note (the wrap-up after a budget tripped): what was done, remains, was learned."""
     slice_ = ", ".join(f"{k} {v:.4g}" for k, v in (handoff["allowance"] or {}).items() if v is not None) or "none"
-    how = ("written by the wrap-up act" if handoff["source"] == "wrapup" else "from the record (no wrap-up act "
-           "could be made)") + f"; it used {handoff['tokens']} budget tokens, ${handoff['cost_usd']:.4f} of a slice of {slice_}"
+    act = handoff.get("act") or ("the wrap-up act ran" if handoff.get("attempt") else "no wrap-up act")
+    how = ("written by the wrap-up act" if handoff["source"] == "wrapup" else f"from the record; wrap-up act: {act}") \
+        + f"; it used {handoff['tokens']} budget tokens, ${handoff['cost_usd']:.4f} of a slice of {slice_}"
     return [f"hand-off (ending {handoff['ending']}, {how}):", f"  done: {handoff['done']}",
             f"  remains: {handoff['remains']}", f"  learned: {handoff['learned']}"]
 
@@ -129,7 +132,8 @@ def run(args) -> int:
     for line in now_lines(item["run"]):
         print(line)
     print(f"workspace: {item['workspace']}  backend: {item['backend']}  assigned: {item['assigned_to'] or '-'}")
-    print(f"caps: {item['caps']}  used: {item['run']['tokens']['used']} budget tokens, "
+    print(f"caps: {caps_line(Caps.parse(item['caps']))}")
+    print(f"used: {item['run']['tokens']['used']} budget tokens, "
           f"${item['run']['cost_usd']['used']:.4f}, "
           f"{item['elapsed_s']:.1f}s" + (f" ({item['discarded_s']:.1f}s of it in discarded attempts)"
                                          if item.get("discarded_s") else ""))
@@ -139,7 +143,7 @@ def run(args) -> int:
         print(line)
     for h in item["stop_history"]:
         print(f"ending {h['seq']}: {h['stop_reason']} after {h['iterations']} iterations — {h['stop_detail'] or ''}; "
-              f"continued by {h['continued_by']} with {h['new_caps']}")
+              f"continued by {h['continued_by']} with {caps_line(Caps.parse(h['new_caps']))}")
     for h in item["handoffs"]:
         for line in handoff_lines(h):
             print(line)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import sys
 
+from roles.operations.caps import NO_FLAGS, line as caps_line
 from roles.operations.submit import SubmitRequest, Submitted, submit
+from state_db.queries.work import Caps
 from scripts.cli.output import add_json, emit_json, home_of
 from state_db.config import load_config
 
@@ -21,10 +23,15 @@ def add_arguments(p) -> None:
                         "(globs; ** spans folders)")
     p.add_argument("--no-default-protect", action="store_true",
                    help="protect only the --protect globs, not the usual test files")
-    p.add_argument("--max-iterations", type=int, help="hard cap on iterations")
-    p.add_argument("--budget-tokens", type=int, help="hard cap on tokens")
-    p.add_argument("--budget-usd", type=float, help="hard cap on cost in USD")
-    p.add_argument("--timeout", type=float, help="hard cap on working time in seconds")
+    caps = p.add_argument_group("caps", "a flag sets the cap it names; every other cap keeps its default "
+                                        "([caps] in org.toml, else the built-in one)")
+    caps.add_argument("--max-iterations", type=int, help="hard cap on iterations")
+    caps.add_argument("--budget-tokens", type=int, help="hard cap on tokens")
+    caps.add_argument("--budget-usd", type=float, help="hard cap on cost in USD")
+    caps.add_argument("--timeout", type=float, help="hard cap on working time in seconds")
+    for name, flag in NO_FLAGS.items():
+        caps.add_argument(flag, dest="no_" + name, action="store_true",
+                          help=f"no {name.replace('_', ' ')} cap at all (instead of the default)")
     p.add_argument("--backend", help="anthropic | command | scripted:FILE (default from org.toml)")
     p.add_argument("--worktree", action="store_true", help="work in a new git worktree and branch of the workspace")
     p.add_argument("--review", metavar="CRITERIA",
@@ -57,7 +64,8 @@ def request_of(args) -> SubmitRequest:
         goal=args.goal, workspace=args.workspace, verify=args.verify, protect=args.protect,
         default_protect=not args.no_default_protect,
         max_iterations=args.max_iterations, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
-        timeout_s=args.timeout, backend=args.backend, worktree=args.worktree, review=args.review,
+        timeout_s=args.timeout, no_caps=tuple(k for k in NO_FLAGS if getattr(args, "no_" + k, False)),
+        backend=args.backend, worktree=args.worktree, review=args.review,
         idempotency_key=args.idempotency_key)
 
 
@@ -81,9 +89,9 @@ def run(args) -> int:
 
 def text(result: Submitted) -> str:
     """The lines ``org submit`` prints for ``result`` (the preflight's outcome included)."""
-    caps = ", ".join(f"{k}={v}" for k, v in result.caps.items())
+    caps = Caps.parse({**result.caps, "from": result.caps_from})
     lines = [f"{'already submitted' if result.replayed else 'submitted'} {result.id} ({result.status})",
-             f"  caps: {caps}" + ("  (defaults from org.toml)" if result.defaults_applied else "")]
+             f"  caps: {caps_line(caps)}"]
     if result.org_status != "running":
         start = "'org resume'" if result.org_status in ("suspending", "suspended", "stopped") else "'scripts/start-org'"
         lines.append(f"  the org is {result.org_status}: nothing runs until {start}")
