@@ -278,7 +278,8 @@ class Verifier:
         """Hold runner configuration, start-up hooks, shadowing modules, environment files and
         invoked scripts to the baseline in ``snapshot``; return what was held."""
         base_ids, target_ids = history.file_ids(None), history.file_ids(commit)
-        kinds = held_rules.candidates(set(base_ids) | set(target_ids), commands, base_ids)
+        kinds = held_rules.candidates(set(base_ids) | set(target_ids), commands, base_ids,
+                                      read=lambda p: history.read_path(None, p))
         kinds = {p: k for p, k in kinds.items() if base_ids.get(p) != target_ids.get(p)}
         base = {p: history.read_path(None, p) for p in kinds if p in base_ids}
         target = {p: history.read_path(commit, p) for p in kinds if p in target_ids}
