@@ -288,6 +288,17 @@ class Review(Section):
     retries: int = key(2, "further tries of a review that errs or gives no structured answer", ge=0, le=10)
 
 
+Globs = Annotated[list[Annotated[str, Field(pattern=r"\S")]], Expect("a list of globs")]
+
+
+class Verify(Section):
+    """how the eval-agent verifies (roles/eval_agent/verifier.py)"""
+    # -- the change scope and the verified tree (roles/eval_agent/scope.py) --------------------
+    scope: Globs = key([], "globs that widen every work item's change scope (--scope adds per work item); the "
+                               "default scope is edits to existing code and new code files in existing packages")
+    # -- end of the change scope's keys ---------------------------------------------------------
+
+
 class Discover(Section):
     """org discover: a read-only scan proposes work; nothing starts unless accepted"""
     verify: Commands = key([], "the commands the scan runs (and proposes) when --verify gives none")
@@ -332,6 +343,7 @@ class Config(Section):
     retention: Retention = section(Retention)
     discover: Discover = section(Discover)
     review: Review = section(Review)
+    verify: Verify = section(Verify)
 
     _source: Path | None = PrivateAttr(None)
     _overridden: dict[str, str] = PrivateAttr(default_factory=dict)

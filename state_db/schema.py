@@ -421,6 +421,14 @@ CREATE TABLE peers (
 CREATE UNIQUE INDEX peers_one_key ON peers(curve_public);
 """
 
+# The change scope (roles/eval_agent/scope.py): the globs that widen a work item's scope (--scope
+# at submit, and each widening a human approved during the run), and on each verdict the commit
+# of the tree its checks ran on (at goal_met, the tree the workspace is made to hold).
+SCOPE = """
+ALTER TABLE work_items ADD COLUMN scope TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE verdicts ADD COLUMN verified TEXT;
+"""
+
 
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
@@ -436,4 +444,5 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0012_review", REVIEW),
     ("0013_handoff", HANDOFF),
     ("0014_peers", PEERS),
+    ("0015_scope", SCOPE),
 ]

@@ -190,11 +190,11 @@ def _repo(root: Path) -> Path:
     return ws
 
 
-def _verify(org_home, ws, wid, change, *, protect=(), default_protect=True):
+def _verify(org_home, ws, wid, change, *, protect=(), default_protect=True, scope=()):
     submit(org_home, ws, work_id=wid, verify=(f"{sys.executable} -m pytest -q -p no:cacheprovider",))
     w = StateWriter(org_home.db_path, Actor.COORDINATOR)
     with w.transaction() as tx:
-        tx.update("work_items", wid, protect=list(protect), default_protect=int(default_protect))
+        tx.update("work_items", wid, protect=list(protect), default_protect=int(default_protect), scope=list(scope))
     w.close()
     verifier = Verifier(org_home, StateWriter(org_home.db_path, Actor.EVAL_AGENT, "eval-agent"), timeout_s=60)
     pre = verifier.verify(wid, 0)
@@ -227,7 +227,11 @@ def test_a_new_test_that_exits_at_import_cannot_hide_the_protected_ones(org_home
     def cheat(ws):
         (ws / "tests" / "test_zzz.py").write_text("import os\nprint('2 passed in 0.01s')\nos._exit(0)\n")
     _, v = _verify(org_home, _repo(tmp_path), "w1", cheat)
-    assert v.outcome == "fail" and not v.goal_met
+    assert v.outcome == "fail" and not v.goal_met       # a new test is outside the change scope
+    assert {"path": "tests/test_zzz.py", "kind": "out_of_scope", "treatment": held.REMOVED} in v.held_back
+    # with the scope widened to the tests, the evidence is the second line
+    _, v = _verify(org_home, _repo(tmp_path / "again"), "w2", cheat, scope=["tests/**"])
+    assert v.outcome == "fail" and not v.goal_met and v.held_back == ()
     assert "wrote no test report, where the baseline's run wrote one" in v.feedback
 
 
@@ -262,7 +266,7 @@ def test_a_new_conftest_that_skips_everything_is_left_out_and_named(org_home, tm
     def cheat(ws):
         (ws / "tests" / "conftest.py").write_text("import pytest\n@pytest.fixture(autouse=True)\n"
                                                   "def s():\n    pytest.skip('no')\n")
-    _, v = _verify(org_home, _repo(tmp_path), "w1", cheat)
+    _, v = _verify(org_home, _repo(tmp_path), "w1", cheat, scope=["tests/**"])
     assert v.outcome == "fail" and {"path": "tests/conftest.py", "kind": "runner_config",
                                     "treatment": held.REMOVED} in v.held_back
     assert "Held back from verification: tests/conftest.py" in v.feedback

@@ -295,6 +295,23 @@ def note_for_doer(held: Iterable[Held]) -> str:
     items = list(held)
     if not items:
         return ""
+    outside = [h for h in items if h.kind == "out_of_scope"]
+    items = [h for h in items if h.kind != "out_of_scope"]
+    parts = []
+    if outside:
+        listed = ", ".join(f"{h.path} ({h.treatment})" for h in outside[:12])
+        more = f" and {len(outside) - 12} more" if len(outside) > 12 else ""
+        parts.append(f"Outside the change scope, held back from verification: {listed}{more}. The checks ran with "
+                     "the baseline's versions; these changes are not delivered with the result but kept apart for a "
+                     "human. The scope is edits to existing code files and new code files in existing code "
+                     "packages (not tests, test data, configuration, packaging metadata or dotfiles). Change the "
+                     "code under test instead, or ask a human with request_action (kind scope) to widen it.")
+    if items:
+        parts.append(_note_held(items))
+    return " ".join(parts)
+
+
+def _note_held(items: list[Held]) -> str:
     listed = ", ".join(f"{h.path} ({h.kind.replace('_', ' ')}: {h.treatment})" for h in items[:12])
     more = f" and {len(items) - 12} more" if len(items) > 12 else ""
     return (f"Held back from verification: {listed}{more}. Changes to how the checks run (runner "

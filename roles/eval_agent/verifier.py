@@ -1,9 +1,12 @@
 """The eval-agent's judgement of one committed iteration, and the preflight before the first act.
 
 It verifies checkpoint n in its own snapshot — never the live workspace the doer can still
-change — with protected files (tests) restored from the baseline and everything that changes how
-a check runs held to the baseline (``held``), runs every verify command there, and writes the
-verdict as the eval-agent. A check passes only with an exit code of 0 *and* evidence that its
+change — of a tree it constructs (``scope``): the baseline plus the doer's changes inside the
+run's change scope, with protected files (tests) restored from the baseline and, inside the
+scope, everything that changes how a check runs held to the baseline (``held``). The tree is a
+commit of the history (the verdict's ``verified``): what the checks ran on is what the workspace
+is made to hold at ``goal_met``. It runs every verify command there, and writes the verdict as
+the eval-agent. A check passes only with an exit code of 0 *and* evidence that its
 tests ran as many as on the baseline (``evidence``). A passing verdict on the latest committed
 iteration ends the run with ``goal_met`` in the same transaction: nobody else can.
 
@@ -29,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from roles import telemetry
-from roles.eval_agent import evidence, held as held_rules
+from roles.eval_agent import evidence, held as held_rules, scope as scope_rules
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
@@ -69,6 +72,7 @@ class Verdict:
     goal_met: bool
     held_back: tuple[dict, ...] = ()
     ended: str | None = None            # the stop reason this verdict ended the run with, if any
+    verified: str | None = None         # the commit of the tree the checks ran on (``scope``)
 
 
 @dataclass(frozen=True)
@@ -145,10 +149,11 @@ class Verifier:
             None runs plain processes.
         reviewer: the review (``review.Reviewer``) of passes with criteria and of the doer's
             claims that the goal is impossible; None: no review.
+        scope: globs that widen every work item's change scope (``[verify] scope``).
     """
 
     def __init__(self, home: OrgHome, writer: StateWriter, *, timeout_s: float = 300.0, history_factory=None,
-                 runner_factory=None, reviewer=None):
+                 runner_factory=None, reviewer=None, scope: tuple[str, ...] = ()):
         if history_factory is None:
             from roles.workspace.history import WorkspaceHistory as history_factory
         self.home = home
@@ -157,6 +162,7 @@ class Verifier:
         self.history_factory = history_factory
         self.runner_factory = runner_factory
         self.reviewer = reviewer
+        self.scope = tuple(scope)
         self._histories: OrderedDict[tuple[str, str], object] = OrderedDict()
 
     def _history(self, work_id: str, workspace: str):
@@ -235,10 +241,9 @@ class Verifier:
         history = self._history(work_id, work.workspace)
         history.ensure_held(it.checkpoint)      # a joined host's copy fetches it (and the baseline)
         snapshot = self.home.root / "eval" / work_id
-        patterns = (*(DEFAULT_PROTECTED_PATTERNS if work.default_protect else ()), *work.protect)
-        paths = history.protected_paths(patterns=patterns) if patterns else []
-        protected = self._snapshot(history, it.checkpoint, snapshot, paths)
-        held = self._hold_back(history, it.checkpoint, snapshot, list(work.verify), paths)
+        verified, built = self._construct(history, work, it.checkpoint, n)
+        self._snapshot(history, verified, snapshot, [])
+        protected, held = list(built.protected), list(built.held)
         try:
             checks = self._run(work, snapshot)
         except VerifyUnavailable as exc:
@@ -251,7 +256,7 @@ class Verifier:
         if unrunnable:
             c, why = unrunnable[0]
             coded = [replace(x, code=x.code or "verify_unrunnable") if cannot_start(x) else x for x in checks]
-            return self.record(work_id, n, coded, protected, held=held, outcome=VerdictOutcome.ERROR,
+            return self.record(work_id, n, coded, protected, held=held, outcome=VerdictOutcome.ERROR, verified=verified,
                                end_detail=unrunnable_message(c, why, where="in the sandbox during the run"))
         if protected:
             checks.append(CheckResult(name=PROTECTED_CHECK, command="(compare with baseline)", passed=False,
@@ -261,7 +266,7 @@ class Verifier:
             review = self._review(work, it, history, checks)
         except ReviewFailed as exc:          # tried again already: an error verdict, never the doer's fault
             return self.record_error(work_id, n, exc.code, str(exc))
-        return self.record(work_id, n, checks, protected, held=held, review=review)
+        return self.record(work_id, n, checks, protected, held=held, review=review, verified=verified)
 
     def _review(self, work, it, history, checks: list[CheckResult]) -> Review | None:
         """The review of iteration ``it`` when one is due: on a pass of a work item with review
@@ -274,30 +279,17 @@ class Verifier:
         diff = history.diff(history.baseline_commit(), it.checkpoint)
         return self.reviewer.review(work, it.n, diff=diff, checks=checks, claim=claim)
 
-    def _hold_back(self, history, commit: str, snapshot: Path, commands: list[str], protected: list[str]) -> list:
-        """Hold runner configuration, start-up hooks, shadowing modules, environment files and
-        invoked scripts to the baseline in ``snapshot``; return what was held."""
-        base_ids, target_ids = history.file_ids(None), history.file_ids(commit)
-        kinds = held_rules.candidates(set(base_ids) | set(target_ids), commands, base_ids,
-                                      read=lambda p: history.read_path(None, p))
-        kinds = {p: k for p, k in kinds.items() if base_ids.get(p) != target_ids.get(p)}
-        base = {p: history.read_path(None, p) for p in kinds if p in base_ids}
-        target = {p: history.read_path(commit, p) for p in kinds if p in target_ids}
-        held, edits = held_rules.held_back(kinds, base, target, protected)
-        root = snapshot.resolve()
-        for path, content in edits.items():
-            dest = (snapshot / path)
-            if not dest.resolve().is_relative_to(root):
-                continue                                   # a symlinked folder: never write outside
-            if content is None:
-                if dest.is_symlink() or dest.is_file():
-                    dest.unlink()
-            else:
-                if dest.is_symlink():
-                    dest.unlink()
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(content)
-        return held
+    def _construct(self, history, work: WorkItem, commit: str, n: int) -> tuple[str, scope_rules.Construction]:
+        """The commit of the tree the checks of ``commit`` run on — the baseline plus the doer's
+        changes inside the run's scope, protected files restored, what changes how a check runs
+        held (``scope``) — and how it was built."""
+        patterns = (*(DEFAULT_PROTECTED_PATTERNS if work.default_protect else ()), *work.protect)
+        protected = history.protected_paths(patterns=patterns) if patterns else []
+        built = scope_rules.construct(
+            history.entries(None), history.entries(commit), scope=scope_rules.Scope((*self.scope, *work.scope)),
+            protected=protected, commands=list(work.verify), read_base=lambda p: history.read_path(None, p),
+            read_target=lambda p: history.read_path(commit, p))
+        return history.derive(commit, built.edits, f"loop-org verified tree\n\niteration: {n}"), built
 
     def _baseline_checks(self, work_id: str) -> dict[str, CheckResult] | None:
         """The preflight's run of each verify command on the baseline, by command."""
@@ -383,7 +375,7 @@ class Verifier:
 
     def record(self, work_id: str, n: int, checks: list[CheckResult], protected: list[str],
                outcome: str | None = None, *, held: list | None = None, end_detail: str | None = None,
-               review: Review | None = None) -> Verdict:
+               review: Review | None = None, verified: str | None = None) -> Verdict:
         """Write the verdict. ``review`` can only veto: it is one more check, and ``impossible``
         pauses the run with a decision for the human in the same transaction. An iteration that
         has an eval-agent's verdict already keeps it: that one is returned and nothing is written."""
@@ -405,7 +397,8 @@ class Verifier:
                                    "checks": [c.encode() for c in checks], "feedback": feedback,
                                    "protected_changed": protected, "written_by": self.writer.instance,
                                    "held_back": [h.encode() for h in held], "evidence": evidence_line(checks),
-                                   "review": review.encode() if review is not None else None, "at": time.time()})
+                                   "review": review.encode() if review is not None else None, "verified": verified,
+                                   "at": time.time()})
             work = work_q.item(tx.conn, work_id)
             if review is not None and review.verdict == ReviewVerdict.IMPOSSIBLE and work.status != WorkStatus.ENDED:
                 self._ask_impossible(tx, work, n, review)
@@ -416,7 +409,7 @@ class Verifier:
             elif outcome == VerdictOutcome.ERROR and work.status != WorkStatus.ENDED:
                 ended = end_run(tx, work_id, StopDecision(StopReason.VERIFY_UNRUNNABLE, end_detail or feedback)).reason
         return Verdict(vid, work_id, n, outcome, tuple(checks), feedback, tuple(protected), goal_met,
-                       tuple(h.encode() for h in held), ended or (StopReason.GOAL_MET if goal_met else None))
+                       tuple(h.encode() for h in held), ended or (StopReason.GOAL_MET if goal_met else None), verified)
 
     def _ask_impossible(self, tx, work: WorkItem, n: int, review: Review) -> None:
         """The review judged the goal impossible: a decision for the human (approve: the run ends
@@ -499,7 +492,7 @@ def _from_row(stored: verdicts.Verdict, goal_met: bool) -> Verdict:
     """The verdict message of a verdict already in state.db."""
     return Verdict(stored.id, stored.work_id, stored.iteration, stored.outcome,
                    tuple(CheckResult.decode(c) for c in stored.checks), stored.feedback, stored.protected_changed,
-                   goal_met, stored.held_back)
+                   goal_met, stored.held_back, verified=stored.verified)
 
 
 def _preflight_of(stored: verdicts.Preflight) -> Preflight:

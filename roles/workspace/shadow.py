@@ -444,23 +444,40 @@ class Shadow:
 
 
 def edit_tree(repo: pygit2.Repository, base: pygit2.Oid | None,
-              edits: dict[str, tuple[pygit2.Oid, int]]) -> pygit2.Oid:
-    """Tree ``base`` with each path of ``edits`` set to (object id, mode); whatever is in the way
-    (a file where a folder is needed, a folder where a file goes) is replaced. Writes only the
-    trees on the edited paths."""
+              edits: dict[str, tuple[pygit2.Oid, int] | None]) -> pygit2.Oid:
+    """Tree ``base`` with each path of ``edits`` set to (object id, mode), or removed where the
+    value is None (folders left empty go too: git records no folder); whatever is in the way (a
+    file where a folder is needed, a folder where a file goes) is replaced. Writes only the trees
+    on the edited paths."""
+    found = _edit(repo, base, edits)
+    return found if found is not None else repo.TreeBuilder().write()
+
+
+def _edit(repo: pygit2.Repository, base: pygit2.Oid | None,
+          edits: dict[str, tuple[pygit2.Oid, int] | None]) -> pygit2.Oid | None:
     builder = repo.TreeBuilder(repo[base]) if base is not None else repo.TreeBuilder()
     nested: dict[str, dict] = {}
     for path, entry in edits.items():
         head, sep, rest = path.partition("/")
         if sep:
             nested.setdefault(head, {})[rest] = entry
+        elif entry is None:
+            if builder.get(head) is not None:
+                builder.remove(head)
         else:
             builder.insert(head, entry[0], entry[1])
     for head, sub in nested.items():
         current = builder.get(head)
         inner = current.id if current is not None and current.filemode == FileMode.TREE else None
-        builder.insert(head, edit_tree(repo, inner, sub), FileMode.TREE)
-    return builder.write()
+        if inner is None and all(v is None for v in sub.values()):
+            continue                    # removing below a folder that is not there: nothing to do
+        tree = _edit(repo, inner, sub)
+        if tree is None:
+            if current is not None:
+                builder.remove(head)
+        else:
+            builder.insert(head, tree, FileMode.TREE)
+    return builder.write() if len(builder) else None
 
 
 _FLAT: dict[pygit2.Oid, dict[str, tuple[int, pygit2.Oid]]] = {}

@@ -21,6 +21,9 @@ def add_arguments(p) -> None:
                         "(globs; ** spans folders)")
     p.add_argument("--no-default-protect", action="store_true",
                    help="protect only the --protect globs, not the usual test files")
+    p.add_argument("--scope", action="append", default=[], metavar="GLOB",
+                   help="widen the change scope: changes to matching files reach the checks too (repeatable; by "
+                        "default only edits to existing code and new code files in existing packages do)")
     p.add_argument("--max-iterations", type=int, help="hard cap on iterations")
     p.add_argument("--budget-tokens", type=int, help="hard cap on tokens")
     p.add_argument("--budget-usd", type=float, help="hard cap on cost in USD")
@@ -55,7 +58,7 @@ def check_scripted_backend(spec: str | None) -> None:
 def request_of(args) -> SubmitRequest:
     return SubmitRequest(
         goal=args.goal, workspace=args.workspace, verify=args.verify, protect=args.protect,
-        default_protect=not args.no_default_protect,
+        default_protect=not args.no_default_protect, scope=args.scope,
         max_iterations=args.max_iterations, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
         timeout_s=args.timeout, backend=args.backend, worktree=args.worktree, review=args.review,
         idempotency_key=args.idempotency_key)
