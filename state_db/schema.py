@@ -423,9 +423,12 @@ CREATE UNIQUE INDEX peers_one_key ON peers(curve_public);
 
 # The change scope (roles/eval_agent/scope.py): the globs that widen a work item's scope (--scope
 # at submit, and each widening a human approved during the run), and on each verdict the commit
-# of the tree its checks ran on (at goal_met, the tree the workspace is made to hold).
+# of the tree its checks ran on; at goal_met the workspace is made to hold that tree, and
+# ``delivered`` says how that went (roles/workspace/delivered.py: the commit, the changes kept
+# apart, and whether the content comparison proved it; NULL until then).
 SCOPE = """
 ALTER TABLE work_items ADD COLUMN scope TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE work_items ADD COLUMN delivered TEXT;
 ALTER TABLE verdicts ADD COLUMN verified TEXT;
 """
 

@@ -47,6 +47,7 @@ from state_db.vocab import (DecisionStatus, PreflightOutcome, ReviewVerdict, Sto
 from state_db.writer import StateWriter
 
 PROTECTED_CHECK = "protected files unchanged"
+DELIVERED_CHECK = "workspace is what was recorded"
 # An eval-agent verifies the iterations of every running work item of its share in turn (up to
 # one per busy loop-agent: 16 each for two eval-agents at N = 32), so it keeps that many
 # histories: fewer, and each verification opened its item's repositories again. A history holds
@@ -87,13 +88,16 @@ class Preflight:
 def feedback_of(checks: list[CheckResult], protected: list[str], held: list | None = None) -> str:
     """Specific, actionable feedback for the next gather: which check failed and how."""
     parts = []
+    for c in checks:
+        if c.name == DELIVERED_CHECK and not c.passed:
+            parts.append(f"Not a pass: {c.output_tail}. Remove them, or make them files of the workspace.")
     if protected:
         parts.append(f"Protected files were changed and were restored for verification: {', '.join(protected)}. "
                      "Do not edit tests to make them pass; change the code under test.")
     if held:
         parts.append(held_rules.note_for_doer(held))
     for c in checks:
-        if not c.passed and c.name not in (PROTECTED_CHECK, REVIEW_CHECK):
+        if not c.passed and c.name not in (PROTECTED_CHECK, REVIEW_CHECK, DELIVERED_CHECK):
             if c.code:
                 why = f"could not run: {c.code}"
             elif c.timed_out:
@@ -258,6 +262,12 @@ class Verifier:
             coded = [replace(x, code=x.code or "verify_unrunnable") if cannot_start(x) else x for x in checks]
             return self.record(work_id, n, coded, protected, held=held, outcome=VerdictOutcome.ERROR, verified=verified,
                                end_detail=unrunnable_message(c, why, where="in the sandbox during the run"))
+        if all(c.passed for c in checks) and (unrecorded := self._unrecorded(history, it.checkpoint)):
+            checks.append(CheckResult(
+                name=DELIVERED_CHECK, command="(compare the workspace with the checkpoint, file by file)",
+                passed=False, exit_code=None, timed_out=False, signature="unrecorded:" + ",".join(unrecorded[:20]),
+                output_tail=("the workspace holds what the history did not record, so it was not verified and would "
+                             "reach the user: " + ", ".join(unrecorded[:20]))[:2000], duration_ms=0.0))
         if protected:
             checks.append(CheckResult(name=PROTECTED_CHECK, command="(compare with baseline)", passed=False,
                                       exit_code=None, timed_out=False, signature="protected:" + ",".join(protected),
@@ -278,6 +288,15 @@ class Verifier:
             return None
         diff = history.diff(history.baseline_commit(), it.checkpoint)
         return self.reviewer.review(work, it.n, diff=diff, checks=checks, claim=claim)
+
+    def _unrecorded(self, history, commit: str) -> list[str]:
+        """Paths where the live workspace differs from checkpoint ``commit``, read file by file
+        (build caches aside: delivery removes them). What differs there was never recorded, so
+        never verified, and would still be in the user's workspace at goal_met. A history of
+        another host's workspace (``remote``) is not read from here."""
+        if getattr(history, "remote", None) or not Path(history.workspace).is_dir():
+            return []
+        return history.workspace_differences(commit, skip_caches=True)
 
     def _construct(self, history, work: WorkItem, commit: str, n: int) -> tuple[str, scope_rules.Construction]:
         """The commit of the tree the checks of ``commit`` run on — the baseline plus the doer's
@@ -467,7 +486,7 @@ def evidence_line(checks) -> str:
     """One line: what the verdict's pass (or fail) rests on."""
     parts = []
     for c in checks:
-        if c.name in (PROTECTED_CHECK, REVIEW_CHECK) or c.code:
+        if c.name in (PROTECTED_CHECK, REVIEW_CHECK, DELIVERED_CHECK) or c.code:
             continue
         counts = c.counts
         if counts is not None:

@@ -221,6 +221,13 @@ class HistoryViews:
         sig = shadow.signature()
         return str(repo.create_commit(None, sig, sig, message + "\n", new_tree, [pygit2.Oid(hex=commit)]))
 
+    def workspace_differences(self, commit: str, *, skip_caches: bool = False) -> list[str]:
+        """Paths where the workspace differs from ``commit`` in content, mode or presence, read
+        file by file (``delivered.differences``). Raises: UnknownCommit."""
+        from roles.workspace.delivered import differences
+        return differences(Path(self.workspace), self._repo, self._tree_of(self._commit_of(commit)),
+                           skip_caches=skip_caches)
+
     def entries(self, commit: str | None = None) -> dict[str, tuple[int, str]]:
         """Every non-tree entry of ``commit`` (default: the baseline): path -> (mode, object id)."""
         tree = self._tree_of(self._commit_of(commit or BASELINE_REF))
