@@ -23,10 +23,13 @@ Why no byte the user runs can differ from a byte the checks ran:
    that holds anything else is not delivered: the difference is recorded, and it is what
    ``org show`` reports.
 
-The one part of a workspace this does not read is a nested repository present at the baseline
-(recorded as its ``HEAD``, as git records it): its files are the user's own checkout, and the doer
-changing them is reported by the eval-agent's check of the workspace against the checkpoint
-(``eval_agent.verifier``), which counts them as not recorded.
+Before any of this, a pass needs the live workspace to hold what the checkpoint recorded, read
+the same way (``eval_agent.verifier``): a file the history could not record (a fifo, a file
+changed after the checkpoint was taken) makes the iteration fail instead of reaching goal_met.
+
+The one part of a workspace this does not read is the work tree of a repository nested in it at
+the baseline (recorded as its ``HEAD``, as git records it): the user's own checkout, which the
+checks never see either (a snapshot holds an empty folder there).
 """
 from __future__ import annotations
 
@@ -122,6 +125,13 @@ def differences(workspace: Path, repo: pygit2.Repository, tree: pygit2.Oid | str
     return sorted(found)
 
 
+def _nested_left(paths: list[str], tree: set[str]) -> list[str]:
+    """The folders of repositories the doer nested that are not part of ``tree`` (their ``.git``
+    is what is left of them after a reset)."""
+    folders = {p.split("/.git/", 1)[0] for p in paths if "/.git/" in p}
+    return sorted(f for f in folders if f not in tree and not any(t.startswith(f + "/") for t in tree))
+
+
 def deliver(history, verified: str, n: int) -> Delivery:
     """Make the workspace of ``history`` hold the verified commit ``verified`` of iteration ``n``
     and prove it: the doer's other changes are kept first as ``refs/held/<n>`` (idempotent: a
@@ -131,7 +141,13 @@ def deliver(history, verified: str, n: int) -> Delivery:
     held = history.record_apart(ref, verified, f"loop-org changes held outside the scope\n\niteration: {n}")
     held_paths = tuple(history.changed_paths(verified, held)) if held else ()
     history.reset_to(verified)
-    differs = tuple(history.workspace_differences(verified))
+    differs = history.workspace_differences(verified)
+    leftovers = _nested_left(differs, set(history.entries(verified)))
+    for folder in leftovers:                # a repository the doer nested: libgit2 leaves its .git
+        shadow.remove(os.fsencode(Path(history.workspace) / folder))
+    if leftovers:
+        differs = history.workspace_differences(verified)
+    differs = tuple(differs)
     result = Delivery(verified, held, held_paths, differs)
     log.info("workspace_delivered", workspace=str(history.workspace), verified=verified, held=held,
              held_paths=len(held_paths), proved=result.proved, differs=list(differs[:5]))
