@@ -281,6 +281,9 @@ class Retention(Section):
 class Review(Section):
     """the eval-agent's review of a passing iteration (roles/eval_agent/review.py): it can only veto"""
     criteria: str = key("", "review every work item against this; empty: only those submitted with --review")
+    default_on: bool = key(True, "review every pass wherever a review model can be reached (an API key, a loopback "
+                                 "base_url, or a scripted run whose script answers reviews); 'org submit --no-review' "
+                                 "turns it off for one work item")
     model: str = key("", "empty: a model from [prices] other than the doer's")
     base_url: HttpUrl = key("", "empty: model.base_url / ANTHROPIC_BASE_URL (a loopback server needs no key)")
     max_tokens: int = key(1024, "per review answer", ge=1)

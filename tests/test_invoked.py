@@ -56,3 +56,10 @@ def test_operands_are_never_held_but_an_executed_script_is():
 
 def test_the_shell_splits_commands_at_its_operators():
     assert simple_commands("a x && b 'y && z' | c; (d)") == (("a", "x"), ("b", "y && z"), ("c",), ("d",))
+
+
+def test_files_a_check_names_anywhere_are_named():
+    from roles.eval_agent.invoked import named_files
+    got = named_files(['[ "$(cat answer.txt)" = right ] || echo "FAIL: $(cat ./out/x.json)"', "mypy app.py",
+                       "pytest --rootdir=. -c setup.cfg"], {"answer.txt", "out/x.json", "app.py", "setup.cfg", "b.py"})
+    assert got == ["answer.txt", "app.py", "out/x.json", "setup.cfg"]

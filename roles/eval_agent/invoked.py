@@ -265,6 +265,24 @@ def _reader(read, folder: str):
     return read if not folder else (lambda p: read(folder + p))
 
 
+_WORD = re.compile(r"[\w.+@%,=/-]+")
+
+
+def named_files(commands: Iterable[str], paths: Iterable[str]) -> list[str]:
+    """Every workspace file whose path the verify commands spell out anywhere — an operand, a
+    redirection, inside a command substitution or a quoted script: files the user's own check is
+    about (``test -f done.txt``, ``mypy app.py``, ``[ "$(cat answer.txt)" = right ]``)."""
+    paths = paths if isinstance(paths, (set, frozenset)) else set(paths)
+    found = set()
+    for command in commands:
+        for word in _WORD.findall(command):
+            for candidate in (word, word.split("=", 1)[-1]):
+                rel = _rel(candidate)
+                if rel in paths:
+                    found.add(rel)
+    return sorted(found)
+
+
 def executed_files(commands: Iterable[str], paths: Iterable[str],
                    read: Callable[[str], bytes | None] = lambda p: None) -> list[str]:
     """Every workspace file any of ``commands`` executes, sorted."""

@@ -14,6 +14,10 @@ The default scope (``DEFAULT_SCOPE`` is this table, and the README's):
 |-----------------------------------------------------------------|----------------------|
 | an edit to, or the removal of, a regular file that existed at   | yes                  |
 | the baseline and is code (``CODE_TYPES``)                        |                      |
+| a new regular file a verify command names (``test -f done.txt``,| yes                  |
+| ``python check.py out/report.json``): what the check is about   |                      |
+| (a named file that existed at the baseline may be the check's   | no: ``--scope`` it   |
+| oracle — ``diff out.txt expected.txt`` — and is not)            |                      |
 | a new regular file of a code type in an existing code package:  | yes                  |
 | a folder (not the root) that held, at the baseline, code of the |                      |
 | same language in the scope (for Python: a package, with its     |                      |
@@ -40,11 +44,12 @@ runs is held to the baseline even when a glob widened the scope to it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 from roles.eval_agent import held as held_rules
 from roles.eval_agent.held import REMOVED, RESTORED, Held
+from roles.eval_agent.invoked import named_files
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
 
 OUT_OF_SCOPE = "out_of_scope"
@@ -118,6 +123,7 @@ class Scope:
     """A run's change scope: the default allow-list, widened by ``widen`` globs."""
 
     widen: tuple[str, ...] = ()
+    named: frozenset[str] = frozenset()          # files the verify commands name (``invoked.named_files``)
 
     def decide(self, changed: Iterable[str], base: Mapping[str, tuple[int, str]],
                target: Mapping[str, tuple[int, str]]) -> dict[str, bool]:
@@ -126,6 +132,8 @@ class Scope:
         changed = list(changed)
         envs = _environments(base)
         widened = set(match_paths(changed, self.widen)) if self.widen else set()
+        # a new file the checks name is what they are about; one the baseline had may be their oracle
+        widened |= {p for p in changed if p in self.named and p not in base and target.get(p, (0,))[0] in REGULAR}
         packages = _code_packages(base, envs)
         out = {}
         for p in changed:
@@ -179,6 +187,8 @@ def construct(base: Mapping[str, tuple[int, str]], target: Mapping[str, tuple[in
     files and every change outside ``scope`` back to the baseline, then the ``held`` rules over
     what is left. ``read_base`` / ``read_target``: path -> content (bytes or None)."""
     changed = sorted(p for p in set(base) | set(target) if base.get(p) != target.get(p))
+    if not scope.named:
+        scope = replace(scope, named=frozenset(named_files(commands, set(base) | set(target))))
     protected_set = set(protected)
     edits: dict = {}
     held: list[Held] = []

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from roles import telemetry
 from roles.eval_agent import evidence, held as held_rules, scope as scope_rules
+from roles.eval_agent.codes import LIMIT_CODES
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
@@ -47,6 +48,7 @@ from state_db.vocab import (DecisionStatus, PreflightOutcome, ReviewVerdict, Sto
 from state_db.writer import StateWriter
 
 PROTECTED_CHECK = "protected files unchanged"
+LIMIT = "verify_limit"                  # a bound on the verification path was exceeded (``codes.LIMIT_CODES``)
 DELIVERED_CHECK = "workspace is what was recorded"
 # An eval-agent verifies the iterations of every running work item of its share in turn (up to
 # one per busy loop-agent: 16 each for two eval-agents at N = 32), so it keeps that many
@@ -256,6 +258,11 @@ class Verifier:
             return self.record_error(work_id, n, exc.code, str(exc))
         baseline = self._baseline_checks(work_id)
         checks = [_judged(c, baseline) for c in checks]
+        limited = [c for c in checks if c.code == LIMIT]
+        if limited:
+            return self.record(work_id, n, checks, protected, held=held, outcome=VerdictOutcome.ERROR, verified=verified,
+                               end_detail=f"iteration {n} could not be verified ({LIMIT}): "
+                                          f"{limited[0].output_tail.rsplit('[eval-agent] ', 1)[-1]}")
         unrunnable = [(c, why) for c in checks if (why := cannot_start(c))]
         if unrunnable:
             c, why = unrunnable[0]
@@ -273,12 +280,12 @@ class Verifier:
                                       exit_code=None, timed_out=False, signature="protected:" + ",".join(protected),
                                       output_tail="changed: " + ", ".join(protected), duration_ms=0.0))
         try:
-            review = self._review(work, it, history, checks)
+            review = self._review(work, it, history, checks, tuple(h.path for h in held))
         except ReviewFailed as exc:          # tried again already: an error verdict, never the doer's fault
             return self.record_error(work_id, n, exc.code, str(exc))
         return self.record(work_id, n, checks, protected, held=held, review=review, verified=verified)
 
-    def _review(self, work, it, history, checks: list[CheckResult]) -> Review | None:
+    def _review(self, work, it, history, checks: list[CheckResult], held: tuple[str, ...] = ()) -> Review | None:
         """The review of iteration ``it`` when one is due: on a pass of a work item with review
         criteria, and on every claim of the doer that the goal is impossible. Raises ReviewFailed."""
         if self.reviewer is None:
@@ -287,7 +294,7 @@ class Verifier:
         if not self.reviewer.wanted(work, passed=all(c.passed for c in checks), claim=claim):
             return None
         diff = history.diff(history.baseline_commit(), it.checkpoint)
-        return self.reviewer.review(work, it.n, diff=diff, checks=checks, claim=claim)
+        return self.reviewer.review(work, it.n, diff=diff, checks=checks, claim=claim, held=held)
 
     def _unrecorded(self, history, commit: str) -> list[str]:
         """Paths where the live workspace differs from checkpoint ``commit``, read file by file
@@ -388,9 +395,10 @@ class Verifier:
             return self.record_preflight_error(work_id, code, message)
         check = CheckResult(name="verifier", command="(run the verify commands)", passed=False, exit_code=None,
                             timed_out=False, signature=code, output_tail=message[-2000:], duration_ms=0.0, code=code)
+        todo = ("a human judges the change; the doer is not charged with it" if code in LIMIT_CODES
+                else "fix the machine (see 'org doctor'); the doer is not charged with it")
         return self.record(work_id, n, [check], [], outcome=VerdictOutcome.ERROR,
-                           end_detail=f"iteration {n} could not be verified ({code}): {message[:400]} — "
-                                      "fix the machine (see 'org doctor'); the doer is not charged with it")
+                           end_detail=f"iteration {n} could not be verified ({code}): {message[:400]} — {todo}")
 
     def record(self, work_id: str, n: int, checks: list[CheckResult], protected: list[str],
                outcome: str | None = None, *, held: list | None = None, end_detail: str | None = None,
@@ -461,6 +469,13 @@ def _judged(check: CheckResult, baseline: dict[str, CheckResult] | None) -> Chec
     basis = "tests" if counts is not None or (base is not None and (base.counts or base.junit)) else "exit_code"
     if not check.passed:
         return replace(check, evidence=basis, junit=kept)
+    over = [r for r in (junit, base.junit if base is not None else None) if r is not None and r["truncated"]]
+    if over:        # the per-test comparison cannot be made whole: could not verify, never a skipped comparison
+        note = (f"\n[eval-agent] the runner's report lists more tests than the eval-agent compares "
+                f"({len(over[0]['ids'])}), so whether every baseline test ran cannot be shown — verify a "
+                "subset of the tests per command (several --verify commands), or judge the change yourself")
+        return replace(check, passed=False, code=LIMIT, evidence="tests", signature=LIMIT, junit=kept,
+                       output_tail=(check.output_tail + note)[-2000:])
     ev = evidence.judge(counts, base.counts if base else None, baseline_known=base is not None,
                         junit=junit, baseline_junit=base.junit if base else None)
     if ev.problem is None:

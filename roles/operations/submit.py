@@ -44,6 +44,7 @@ class SubmitRequest:
     via: str | None = None                # the client it came through, e.g. mcp:claude-code
     toolchain: dict | None = None         # the submitter's, taken when a standing order was made (else ours)
     scope: list[str] = field(default_factory=list)   # globs that widen the change scope (roles/eval_agent/scope.py)
+    no_review: bool = False               # --no-review: no model review of passes (it is on by default)
 
 
 def new_work_id() -> str:
@@ -71,6 +72,11 @@ def _review(req: SubmitRequest, cfg: Config) -> dict:
     if req.review is not None and not req.review.strip():
         raise SubmitError("--review is empty", code="bad_review",
                           hint='say what the reviewer must hold the change to, e.g. --review "no special cases"')
+    if req.no_review:
+        if req.review is not None:
+            raise SubmitError("--review and --no-review together", code="bad_review",
+                              hint="give review criteria, or turn the review off, not both")
+        return {"off": True}
     criteria = (req.review if req.review is not None else cfg.review.criteria).strip()
     return {"criteria": criteria[:4000]} if criteria else {}
 

@@ -33,6 +33,9 @@ def add_arguments(p) -> None:
     p.add_argument("--review", metavar="CRITERIA",
                    help="after the verify commands pass, a model reviews the change against the goal and these "
                         "criteria and may veto it (default: [review] criteria in org.toml)")
+    p.add_argument("--no-review", action="store_true",
+                   help="no model review of passing changes (by default one reviews every pass wherever a review "
+                        "model can be reached)")
     p.add_argument("--no-wait", action="store_true",
                    help="return at once instead of waiting for the verify commands' preflight on the baseline")
     p.add_argument("--wait-timeout", type=float, default=120.0, metavar="S",
@@ -60,7 +63,7 @@ def request_of(args) -> SubmitRequest:
         goal=args.goal, workspace=args.workspace, verify=args.verify, protect=args.protect,
         default_protect=not args.no_default_protect, scope=args.scope,
         max_iterations=args.max_iterations, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
-        timeout_s=args.timeout, backend=args.backend, worktree=args.worktree, review=args.review,
+        timeout_s=args.timeout, backend=args.backend, worktree=args.worktree, review=args.review, no_review=args.no_review,
         idempotency_key=args.idempotency_key)
 
 
