@@ -34,7 +34,8 @@ The default scope (``DEFAULT_SCOPE`` is this table, and the README's):
 
 ``--scope GLOB`` at submit (the work item's ``scope``) and ``[verify] scope`` in org.toml widen
 it: a changed path that matches one of their globs is in scope too (a nested repository never
-is: its files are not recorded). A human who approves a doer's ``request_action`` of kind
+is: its files are not recorded), and so is a file an action a human approved changed (the
+action's effect is the human's, not the doer's). A human who approves a doer's ``request_action`` of kind
 ``scope`` widens it for that run only (recorded on the work item). Protected files stay
 protected: a change to one fails the iteration (``protect``).
 
@@ -124,6 +125,7 @@ class Scope:
 
     widen: tuple[str, ...] = ()
     named: frozenset[str] = frozenset()          # files the verify commands name (``invoked.named_files``)
+    approved: frozenset[str] = frozenset()       # files an action a human approved changed
 
     def decide(self, changed: Iterable[str], base: Mapping[str, tuple[int, str]],
                target: Mapping[str, tuple[int, str]]) -> dict[str, bool]:
@@ -134,6 +136,7 @@ class Scope:
         widened = set(match_paths(changed, self.widen)) if self.widen else set()
         # a new file the checks name is what they are about; one the baseline had may be their oracle
         widened |= {p for p in changed if p in self.named and p not in base and target.get(p, (0,))[0] in REGULAR}
+        widened |= {p for p in changed if p in self.approved}
         packages = _code_packages(base, envs)
         out = {}
         for p in changed:

@@ -41,6 +41,7 @@ from state_db.ending import StopDecision, end_run, goal_met as goal_met_rule
 from state_db.errors import NotFound, OrgError, StateError
 from state_db.home import OrgHome
 from state_db.queries import verdicts, work as work_q
+from state_db.queries.decisions import action_checkpoints
 from state_db.queries.iterations import iteration, last_n
 from state_db.queries.review import claim_of, pending_decision
 from state_db.queries.work import WorkItem
@@ -311,8 +312,16 @@ class Verifier:
         held (``scope``) — and how it was built."""
         patterns = (*(DEFAULT_PROTECTED_PATTERNS if work.default_protect else ()), *work.protect)
         protected = history.protected_paths(patterns=patterns) if patterns else []
+        approved = set()
+        for action in action_checkpoints(self.writer.conn, work.id):    # a human approved these changes
+            try:
+                parent = history.parent_of(action)
+                approved.update(history.changed_paths(parent, action) if parent else ())
+            except OrgError:
+                continue                        # not in this host's copy: its paths stay outside the scope
         built = scope_rules.construct(
-            history.entries(None), history.entries(commit), scope=scope_rules.Scope((*self.scope, *work.scope)),
+            history.entries(None), history.entries(commit),
+            scope=scope_rules.Scope((*self.scope, *work.scope), approved=frozenset(approved)),
             protected=protected, commands=list(work.verify), read_base=lambda p: history.read_path(None, p),
             read_target=lambda p: history.read_path(commit, p))
         return history.derive(commit, built.edits, f"loop-org verified tree\n\niteration: {n}"), built

@@ -228,6 +228,11 @@ class HistoryViews:
         return differences(Path(self.workspace), self._repo, self._tree_of(self._commit_of(commit)),
                            skip_caches=skip_caches)
 
+    def parent_of(self, commit: str) -> str | None:
+        """The first parent of ``commit`` (None for a root commit). Raises: UnknownCommit."""
+        parents = self._repo[self._commit_of(commit)].parent_ids
+        return str(parents[0]) if parents else None
+
     def entries(self, commit: str | None = None) -> dict[str, tuple[int, str]]:
         """Every non-tree entry of ``commit`` (default: the baseline): path -> (mode, object id)."""
         tree = self._tree_of(self._commit_of(commit or BASELINE_REF))
