@@ -29,11 +29,11 @@ def make_workspace(root: Path) -> Path:
     return ws
 
 
-def submit(home, ws: Path, work_id="w1", caps=None, verify=(CHECK,), instance="loop-agent-1") -> str:
+def submit(home, ws: Path, work_id="w1", caps=None, verify=(CHECK,), instance="loop-agent-1", scope=()) -> str:
     human = StateWriter(home.db_path, Actor.HUMAN)
     with human.transaction() as tx:
         tx.insert("work_items", {"id": work_id, "goal": "make add() add", "workspace": str(ws),
-                                 "verify": list(verify), "caps": caps or {"max_iterations": 6},
+                                 "verify": list(verify), "caps": caps or {"max_iterations": 6}, "scope": list(scope),
                                  "backend": "anthropic", "status": WorkStatus.QUEUED, "created_by": "human",
                                  "created_at": time.time(), "updated_at": time.time()})
     human.close()
