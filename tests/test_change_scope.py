@@ -15,7 +15,7 @@ from roles.eval_agent.verifier import Verifier
 from roles.workspace.history import WorkspaceHistory
 from state_db.vocab import Actor
 from state_db.writer import StateWriter
-from tests.support.loop import submit
+from tests.support.loop import commit_iteration, submit
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,11 +58,7 @@ def _verify(org_home, root: Path, wid: str, change, scope=()):
     change(ws)
     history = WorkspaceHistory(org_home.history_dir / f"{wid}.git", ws)
     checkpoint = history.checkpoint(1)
-    lw = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
-    with lw.transaction() as tx:
-        tx.insert("iterations", {"work_id": wid, "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
-                                 "checkpoint": checkpoint, "committed_at": tx.now})
-    lw.close()
+    commit_iteration(org_home, wid, checkpoint)
     return verifier.verify(wid, 1), history
 
 

@@ -14,7 +14,7 @@ from roles.eval_agent import evidence, held
 from roles.eval_agent.checks import failure_signature
 from roles.eval_agent.verifier import Verifier
 from state_db.vocab import Actor
-from tests.support.loop import submit
+from tests.support.loop import commit_iteration, submit
 from state_db.writer import StateWriter
 
 CALC = "def mean(xs):\n    return sum(xs) / (len(xs) + 1)\n"
@@ -202,11 +202,7 @@ def _verify(org_home, ws, wid, change, *, protect=(), default_protect=True, scop
     from roles.workspace.history import WorkspaceHistory
     history = WorkspaceHistory(org_home.history_dir / f"{wid}.git", ws)
     checkpoint = history.checkpoint(1)
-    lw = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
-    with lw.transaction() as tx:
-        tx.insert("iterations", {"work_id": wid, "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
-                                 "checkpoint": checkpoint, "committed_at": tx.now})
-    lw.close()
+    commit_iteration(org_home, wid, checkpoint)
     return pre, verifier.verify(wid, 1)
 
 

@@ -20,6 +20,15 @@ FIXED = "def add(a, b):\n    return a + b\n"
 CHECK = f"{sys.executable} -c 'import calc; assert calc.add(2, 3) == 5, calc.add(2, 3)'"
 
 
+def commit_iteration(home, work_id: str, checkpoint: str, n: int = 1) -> None:
+    """Record iteration ``n`` of ``work_id`` with ``checkpoint``, as its loop-agent would."""
+    lw = StateWriter(home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
+    with lw.transaction() as tx:
+        tx.insert("iterations", {"work_id": work_id, "n": n, "attempt": 1, "act_status": "ok", "act_summary": "",
+                                 "checkpoint": checkpoint, "committed_at": tx.now})
+    lw.close()
+
+
 def make_workspace(root: Path) -> Path:
     ws = root / "ws"
     ws.mkdir(parents=True)
