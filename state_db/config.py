@@ -294,11 +294,25 @@ class Retention(Section):
 class Review(Section):
     """the eval-agent's review of a passing iteration (roles/eval_agent/review.py): it can only veto"""
     criteria: str = key("", "review every work item against this; empty: only those submitted with --review")
+    default_on: bool = key(True, "review every pass wherever a review model can be reached (an API key, a loopback "
+                                 "base_url, or a scripted run whose script answers reviews); 'org submit --no-review' "
+                                 "turns it off for one work item")
     model: str = key("", "empty: a model from [prices] other than the doer's")
     base_url: HttpUrl = key("", "empty: model.base_url / ANTHROPIC_BASE_URL (a loopback server needs no key)")
     max_tokens: int = key(1024, "per review answer", ge=1)
     budget: int = key(50000, "review tokens (input + output) per work item; past it a review cannot run", ge=1)
     retries: int = key(2, "further tries of a review that errs or gives no structured answer", ge=0, le=10)
+
+
+Globs = Annotated[list[Annotated[str, Field(pattern=r"\S")]], Expect("a list of globs")]
+
+
+class Verify(Section):
+    """how the eval-agent verifies (roles/eval_agent/verifier.py)"""
+    # -- the change scope and the verified tree (roles/eval_agent/scope.py) --------------------
+    scope: Globs = key([], "globs that widen every work item's change scope (--scope adds per work item); the "
+                               "default scope is edits to existing code and new code files in existing packages")
+    # -- end of the change scope's keys ---------------------------------------------------------
 
 
 class Discover(Section):
@@ -346,6 +360,7 @@ class Config(Section):
     retention: Retention = section(Retention)
     discover: Discover = section(Discover)
     review: Review = section(Review)
+    verify: Verify = section(Verify)
 
     _source: Path | None = PrivateAttr(None)
     _overridden: dict[str, str] = PrivateAttr(default_factory=dict)

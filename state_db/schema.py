@@ -475,6 +475,18 @@ ALTER TABLE handoffs ADD COLUMN act TEXT;
 """
 
 
+# The change scope (roles/eval_agent/scope.py): the globs that widen a work item's scope (--scope
+# at submit, and each widening a human approved during the run), and on each verdict the commit
+# of the tree its checks ran on; at goal_met the workspace is made to hold that tree, and
+# ``delivered`` says how that went (roles/workspace/delivered.py: the commit, the changes kept
+# apart, and whether the content comparison proved it; NULL until then).
+SCOPE = """
+ALTER TABLE work_items ADD COLUMN scope TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE work_items ADD COLUMN delivered TEXT;
+ALTER TABLE verdicts ADD COLUMN verified TEXT;
+"""
+
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
     ("0002_knowledge", KNOWLEDGE),
@@ -489,6 +501,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0012_review", REVIEW),
     ("0013_handoff", HANDOFF),
     ("0014_peers", PEERS),
+    ("0015_scope", SCOPE),
     ("0017_rough_edges", ROUGH_EDGES),
     ("0018_contract", CONTRACT),
     ("0022_replays", REPLAYS),

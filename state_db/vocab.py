@@ -233,13 +233,14 @@ class DecisionKind(StrEnum):
     NETWORK = "network"                    # a gated action that needs the network
     OUTSIDE_WORKSPACE = "outside_workspace"  # a gated action that writes outside the workspace
     OTHER = "other"                        # any other gated action the doer asked for
+    SCOPE = "scope"                        # widen the run's change scope by a glob (nothing runs)
     BASELINE_PASSES = "baseline_passes"    # the verify commands pass before any work: go on or stop
     UNKNOWN_ERROR = "unknown_error"        # an error the stop policy does not know: go on or stop
     IMPOSSIBLE = "impossible"              # the goal is judged unreachable: confirm or go on
 
 
 #: The kinds a doer may ask for with request_action (the others are asked by the org itself).
-GATE_KINDS = (DecisionKind.NETWORK, DecisionKind.OUTSIDE_WORKSPACE, DecisionKind.OTHER)
+GATE_KINDS = (DecisionKind.NETWORK, DecisionKind.OUTSIDE_WORKSPACE, DecisionKind.SCOPE, DecisionKind.OTHER)
 
 
 class AttentionKind(StrEnum):

@@ -56,7 +56,7 @@ def usage(home, wid="w1"):
 
 
 def stopped_at_max_iterations(home, ws, backend, cap=2):
-    submit(home, ws, caps={"max_iterations": cap}, verify=(STATE_DONE,))
+    submit(home, ws, caps={"max_iterations": cap}, verify=(STATE_DONE,), scope=("state",))
     decision = engine(home, "w1", backend).run()
     assert decision.reason == "max_iterations"
 
@@ -91,7 +91,7 @@ def test_a_run_stopped_at_max_iterations_continues_to_goal_met_with_iteration_nu
 
 
 def test_no_progress_after_a_continuation_looks_only_at_the_iterations_after_it(org_home, ws):
-    submit(org_home, ws, verify=(SHOW_AND_FAIL,), caps={"max_iterations": 20})
+    submit(org_home, ws, verify=(SHOW_AND_FAIL,), caps={"max_iterations": 20}, scope=("state",))
     a, b = step("A"), step("B")
     backend = ScriptedActs([a, b, a, b, a, a, b, a, b, a])
     assert engine(org_home, "w1", backend).run().reason == "no_progress"

@@ -63,7 +63,7 @@ SHOW_AND_FAIL = f"{sys.executable} -c 'import sys; print(\"error: state \" + ope
 
 def test_no_progress_fires_on_repeated_results_within_the_window_not_only_adjacent(org_home, ws):
     (ws / "state").write_text("start")
-    submit(org_home, ws, verify=(SHOW_AND_FAIL,), caps={"max_iterations": 20})
+    submit(org_home, ws, verify=(SHOW_AND_FAIL,), caps={"max_iterations": 20}, scope=("state",))
     a, b = {"write": {"state": "A"}}, {"write": {"state": "B"}}
     decision = engine(org_home, "w1", ScriptedActs([[a], [b], [a], [b], [a], [b]]),
                       settings=LoopSettings(no_progress=(3, 5))).run()
@@ -73,7 +73,7 @@ def test_no_progress_fires_on_repeated_results_within_the_window_not_only_adjace
 
 def test_max_iterations_is_a_hard_cap(org_home, ws):
     (ws / "state").write_text("start")
-    submit(org_home, ws, caps={"max_iterations": 3}, verify=(SHOW_AND_FAIL,))
+    submit(org_home, ws, caps={"max_iterations": 3}, verify=(SHOW_AND_FAIL,), scope=("state",))
     # distinct words, not numbers: numbers that change from run to run are noise to the signature
     acts = [[{"write": {"state": f"attempt {'abcdefghi'[i]}"}}] for i in range(9)]
     decision = engine(org_home, "w1", ScriptedActs(acts)).run()

@@ -219,7 +219,8 @@ def _left_to_init(org, tmp_path, spawn: str) -> tuple[list[str], dict]:
         control.wait_ready(org, timeout_s=60)
         wid = submit(org, load_config(org), SubmitRequest(
             goal="make answer.txt say right", workspace=str(ws), max_iterations=2,
-            verify=['test "$(cat answer.txt)" = right'], backend=f"scripted:{script}"))["id"]
+            verify=['test "$(cat answer.txt)" = right'], scope=["answer.txt"],
+            backend=f"scripted:{script}"))["id"]
         wait_for(lambda: query(org, "SELECT status FROM work_items WHERE id = ?", (wid,))[0]["status"] == "ended",
                  timeout=60, what="the item to end")
         assert control.request(org, "stop", timeout_s=30)["status"] == "stopped"

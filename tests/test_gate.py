@@ -174,3 +174,17 @@ def test_identical_requests_are_one_decision(org_home, ws):
         conn.execute("""INSERT INTO decisions (id, work_id, iteration, kind, action, status, created_at)
                         SELECT 'd-dup', work_id, iteration, kind, action, 'pending', created_at FROM decisions""")
     conn.close()
+
+
+def test_an_approved_scope_request_widens_this_run_only_and_runs_nothing(org_home, ws):
+    """request_action kind scope: a human decision; approved, its glob is added to the run's scope
+    (the eval-agent reads it at the next verification) and no command runs."""
+    submit(org_home, ws)
+    calls = []
+    ask = {"request": {"kind": "scope", "command": "docs/**", "reason": "the goal asks for the docs too"}}
+    d, decision, backend = run_until_decided(org_home, "approve", acts=[[ask], [GOOD]],
+                                             runner=lambda c, k, w: calls.append(c) or (0, "ran"))
+    assert calls == [] and d["status"] == "executed" and "docs/**" in d["result"]
+    assert d["question"].startswith("scope: widen this run's change scope to `docs/**`")
+    assert query(org_home, "SELECT scope FROM work_items WHERE id='w1'")[0]["scope"] == '["docs/**"]'
+    assert decision.reason == "goal_met"

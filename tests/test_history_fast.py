@@ -371,17 +371,17 @@ def test_a_nested_repository_is_recorded_as_a_gitlink(hist, ws, tmp_path, spawne
     assert not (ws / "vendor").exists()
 
 
-def test_gitattributes_conversions_stay_gits(hist, ws, tmp_path, spawned):
+def test_gitattributes_never_convert_content(hist, ws, tmp_path, spawned):
+    """A .gitattributes that asks for line-ending conversion changes no byte on the way in or out."""
     hist.baseline()
     (ws / ".gitattributes").write_text("*.txt text eol=crlf\n")
     (ws / "dos.txt").write_bytes(b"one\r\ntwo\r\n")
     c1 = hist.checkpoint(1)
-    assert hist.tree_id(c1) == git_tree_of(ws, tmp_path)
     blob = git("--git-dir", str(hist.git_dir), "cat-file", "-p", f"{c1}:dos.txt")
-    assert blob == "one\ntwo\n"  # git normalised it on the way in
+    assert blob == "one\r\ntwo\r\n"  # recorded as the workspace holds it
     (ws / "dos.txt").write_bytes(b"changed\n")
     spawned.clear()
-    hist.reset_to(c1)  # and converts it back on the way out
+    hist.reset_to(c1)
     assert (ws / "dos.txt").read_bytes() == b"one\r\ntwo\r\n" and spawned == []
 
 

@@ -301,7 +301,8 @@ def test_the_wrap_up_request_is_bounded_by_the_slice_and_offers_no_tool_that_wri
     """What the model is asked for: max_tokens within the reserved slice, only the reading tools,
     a prompt that fits the slice; the stop reason stays the budget's and the note is stored."""
     (ws / "state").write_text("start")
-    submit(org_home, ws, caps={"budget_tokens": 10_000, "max_iterations": 10}, verify=(SHOW_AND_FAIL,))
+    submit(org_home, ws, caps={"budget_tokens": 10_000, "max_iterations": 10}, verify=(SHOW_AND_FAIL,),
+           scope=("state",))
     fake = FakeMessagesAPI()
     fake.start()
     try:

@@ -245,7 +245,8 @@ retries = 1
                 script = folder / f"{tag}.json"
                 script.write_text(json.dumps({"version": 1, "acts": acts}))
                 out = cli(home, "submit", f"make answer.txt say right ({tag})", "--workspace", str(ws),
-                          "--verify", VERIFY, "--backend", f"scripted:{script}", "--max-iterations",
+                          "--verify", VERIFY, "--scope", "answer.txt", "--backend", f"scripted:{script}",
+                          "--max-iterations",
                           "2" if tag == "cannot-pass" else "5", "--no-wait", "--json",
                           *(["--review", criteria] if criteria else []),
                           *(["--budget-tokens", str(budget)] if budget else []))

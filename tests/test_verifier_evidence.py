@@ -14,7 +14,7 @@ from roles.eval_agent import evidence, held
 from roles.eval_agent.checks import failure_signature
 from roles.eval_agent.verifier import Verifier
 from state_db.vocab import Actor
-from tests.support.loop import submit
+from tests.support.loop import commit_iteration, submit
 from state_db.writer import StateWriter
 
 CALC = "def mean(xs):\n    return sum(xs) / (len(xs) + 1)\n"
@@ -190,11 +190,11 @@ def _repo(root: Path) -> Path:
     return ws
 
 
-def _verify(org_home, ws, wid, change, *, protect=(), default_protect=True):
+def _verify(org_home, ws, wid, change, *, protect=(), default_protect=True, scope=()):
     submit(org_home, ws, work_id=wid, verify=(f"{sys.executable} -m pytest -q -p no:cacheprovider",))
     w = StateWriter(org_home.db_path, Actor.COORDINATOR)
     with w.transaction() as tx:
-        tx.update("work_items", wid, protect=list(protect), default_protect=int(default_protect))
+        tx.update("work_items", wid, protect=list(protect), default_protect=int(default_protect), scope=list(scope))
     w.close()
     verifier = Verifier(org_home, StateWriter(org_home.db_path, Actor.EVAL_AGENT, "eval-agent"), timeout_s=60)
     pre = verifier.verify(wid, 0)
@@ -202,11 +202,7 @@ def _verify(org_home, ws, wid, change, *, protect=(), default_protect=True):
     from roles.workspace.history import WorkspaceHistory
     history = WorkspaceHistory(org_home.history_dir / f"{wid}.git", ws)
     checkpoint = history.checkpoint(1)
-    lw = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
-    with lw.transaction() as tx:
-        tx.insert("iterations", {"work_id": wid, "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
-                                 "checkpoint": checkpoint, "committed_at": tx.now})
-    lw.close()
+    commit_iteration(org_home, wid, checkpoint)
     return pre, verifier.verify(wid, 1)
 
 
@@ -227,7 +223,11 @@ def test_a_new_test_that_exits_at_import_cannot_hide_the_protected_ones(org_home
     def cheat(ws):
         (ws / "tests" / "test_zzz.py").write_text("import os\nprint('2 passed in 0.01s')\nos._exit(0)\n")
     _, v = _verify(org_home, _repo(tmp_path), "w1", cheat)
-    assert v.outcome == "fail" and not v.goal_met
+    assert v.outcome == "fail" and not v.goal_met       # a new test is outside the change scope
+    assert {"path": "tests/test_zzz.py", "kind": "out_of_scope", "treatment": held.REMOVED} in v.held_back
+    # with the scope widened to the tests, the evidence is the second line
+    _, v = _verify(org_home, _repo(tmp_path / "again"), "w2", cheat, scope=["tests/**"])
+    assert v.outcome == "fail" and not v.goal_met and v.held_back == ()
     assert "wrote no test report, where the baseline's run wrote one" in v.feedback
 
 
@@ -262,7 +262,7 @@ def test_a_new_conftest_that_skips_everything_is_left_out_and_named(org_home, tm
     def cheat(ws):
         (ws / "tests" / "conftest.py").write_text("import pytest\n@pytest.fixture(autouse=True)\n"
                                                   "def s():\n    pytest.skip('no')\n")
-    _, v = _verify(org_home, _repo(tmp_path), "w1", cheat)
+    _, v = _verify(org_home, _repo(tmp_path), "w1", cheat, scope=["tests/**"])
     assert v.outcome == "fail" and {"path": "tests/conftest.py", "kind": "runner_config",
                                     "treatment": held.REMOVED} in v.held_back
     assert "Held back from verification: tests/conftest.py" in v.feedback

@@ -27,8 +27,11 @@ The kinds, and what happens to each (``HELD`` is the table, ``held_back`` applie
 |                 | that is not a package)                                         |                    |
 | env_file        | .env, .env.*, .envrc, .npmrc, .yarnrc*, .pnpmfile.cjs,          | held to baseline   |
 |                 | .python-version, .node-version, .nvmrc, .tool-versions          |                    |
-| invoked_script  | files a verify command names (``./run.sh``, ``bash ci/t.sh``,  | held to baseline   |
-|                 | ``python tools/check.py``), Makefiles for ``make``              |                    |
+| invoked_script  | files a verify command executes (``./run.sh``, ``bash ci/t.sh``,| held to baseline   |
+|                 | ``python tools/check.py``), Makefiles for ``make`` and what    |                    |
+|                 | their recipes run, what ``npm test``'s script runs — never a   |                    |
+|                 | data operand (``test -f done.txt``, ``mypy app.py``): see      |                    |
+|                 | ``invoked``                                                    |                    |
 | runner_install  | the test runner as installed in an environment inside the      | held to baseline   |
 |                 | workspace (``site-packages/{pytest,_pytest,pluggy}``, pytest's |                    |
 |                 | own dist-info, ``node_modules/{jest,vitest,mocha,…}``), and any|                    |
@@ -43,15 +46,14 @@ checked.
 """
 from __future__ import annotations
 
-import functools
 import io
 import json
 import re
-import shlex
 import sys
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Mapping
 
+from roles.eval_agent.invoked import executed_files
 from roles.workspace.protect import match_paths
 
 RESTORED = "restored from the baseline"      # the file existed at the baseline and was changed
@@ -65,7 +67,6 @@ RUNNER_CONFIG = ("**/conftest.py", "pytest.ini", ".pytest.ini", "**/pytest.ini",
 STARTUP_HOOKS = ("**/sitecustomize.py", "**/usercustomize.py", "**/*.pth")
 ENV_FILES = ("**/.env", "**/.env.*", ".envrc", "**/.npmrc", "**/.yarnrc", "**/.yarnrc.yml", ".pnpmfile.cjs",
              ".python-version", ".node-version", ".nvmrc", ".tool-versions")
-MAKEFILES = ("Makefile", "makefile", "GNUmakefile", "**/*.mk")
 RUNNER_INSTALL = ("**/site-packages/_pytest/**", "**/site-packages/pytest/**", "**/site-packages/pluggy/**",
                   "**/site-packages/py.py", "**/site-packages/pytest-*.dist-info/**",
                   "**/site-packages/*.dist-info/entry_points.txt", "**/site-packages/*.egg-info/entry_points.txt",
@@ -86,7 +87,6 @@ _MODULE_FILE = re.compile(r"^([A-Za-z_]\w*)(?:\.py|\.pyc|(?:\.[\w-]+)?\.so|\.pyd
 _TOML_SECTIONS = re.compile(r"^tool\.(pytest|coverage|tox|hatch\.envs|nox)\b")
 _INI_SECTIONS = re.compile(r"^(tool:pytest|pytest|coverage:.*|tox(:.*)?|testenv(:.*)?)$")
 _JSON_KEYS = ("scripts", "jest", "mocha", "ava", "vitest", "c8", "nyc")
-_INTERPRETERS = frozenset({"sh", "bash", "dash", "zsh", "python", "python3", "node", "ruby", "perl", "bun", "deno"})
 
 
 @dataclass(frozen=True)
@@ -128,32 +128,6 @@ def _module_name(path: str) -> str | None:
 
 def _runner_module(name: str | None) -> bool:
     return bool(name) and (name in _RUNNER_MODULES or name.startswith(_RUNNER_PREFIXES))
-
-
-@functools.lru_cache(maxsize=256)
-def _words(command: str) -> tuple[str, ...]:
-    """A verify command's words, as the shell splits them (parsed once per command: the same
-    few commands are verified every iteration)."""
-    try:
-        return tuple(shlex.split(command, comments=True))
-    except ValueError:
-        return tuple(command.split())
-
-
-def invoked_files(commands: Iterable[str], paths: Iterable[str]) -> list[str]:
-    """Workspace files the verify commands name: scripts run by path or through an interpreter,
-    and the Makefiles ``make`` reads."""
-    paths = set(paths)
-    found = set()
-    for command in commands:
-        words = _words(command)
-        for w in words:
-            rel = w[2:] if w.startswith("./") else w
-            if rel in paths:
-                found.add(rel)
-        if any(w == "make" or w.endswith("/make") for w in words):
-            found.update(match_paths(paths, MAKEFILES))
-    return sorted(found)
 
 
 def _sections_toml(text: str) -> dict[str, object]:
@@ -254,10 +228,13 @@ _MIXED: dict[str, tuple[Callable[[str], dict], Callable[[str, str], str | None]]
 }
 
 
-def candidates(paths: Iterable[str], commands: Iterable[str], base: Iterable[str] = ()) -> dict[str, str]:
+def candidates(paths: Iterable[str], commands: Iterable[str], base: Iterable[str] = (),
+               read: Callable[[str], bytes | None] = lambda p: None) -> dict[str, str]:
     """Every path (of the baseline or the checkpoint) that is of a held kind: path -> kind.
     ``base`` names the baseline's paths (a module named like a standard-library one that the
-    project had from the start is its own design, and may be the code under test)."""
+    project had from the start is its own design, and may be the code under test); ``read``
+    gives a baseline file's content (the Makefiles and ``package.json`` whose scripts a verify
+    command runs)."""
     paths, base = set(paths), set(base)
     kinds: dict[str, str] = {}
     for kind, patterns in (("runner_config", RUNNER_CONFIG), ("startup_hook", STARTUP_HOOKS),
@@ -268,7 +245,7 @@ def candidates(paths: Iterable[str], commands: Iterable[str], base: Iterable[str
     for p in _shadow_candidates(paths):
         if p not in base or _runner_module(_module_name(p)):
             kinds.setdefault(p, "shadow_module")
-    for p in invoked_files(commands, paths):
+    for p in executed_files(commands, paths, read):
         kinds.setdefault(p, "invoked_script")
     for p in paths:
         if p.rsplit("/", 1)[-1] in _MIXED:
@@ -318,6 +295,23 @@ def note_for_doer(held: Iterable[Held]) -> str:
     items = list(held)
     if not items:
         return ""
+    outside = [h for h in items if h.kind == "out_of_scope"]
+    items = [h for h in items if h.kind != "out_of_scope"]
+    parts = []
+    if outside:
+        listed = ", ".join(f"{h.path} ({h.treatment})" for h in outside[:12])
+        more = f" and {len(outside) - 12} more" if len(outside) > 12 else ""
+        parts.append(f"Outside the change scope, held back from verification: {listed}{more}. The checks ran with "
+                     "the baseline's versions; these changes are not delivered with the result but kept apart for a "
+                     "human. The scope is edits to existing code files and new code files in existing code "
+                     "packages (not tests, test data, configuration, packaging metadata or dotfiles). Change the "
+                     "code under test instead, or ask a human with request_action (kind scope) to widen it.")
+    if items:
+        parts.append(_note_held(items))
+    return " ".join(parts)
+
+
+def _note_held(items: list[Held]) -> str:
     listed = ", ".join(f"{h.path} ({h.kind.replace('_', ' ')}: {h.treatment})" for h in items[:12])
     more = f" and {len(items) - 12} more" if len(items) > 12 else ""
     return (f"Held back from verification: {listed}{more}. Changes to how the checks run (runner "

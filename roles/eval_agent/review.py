@@ -157,6 +157,7 @@ class ReviewSettings:
     timeout_s: float = 120.0
     prices: Mapping[str, Any] = field(default_factory=dict)
     doer_model_name: str = ""             # model.name, the doer's model for non-scripted backends
+    default_on: bool = True               # review every pass wherever a review model can be reached
 
     @classmethod
     def from_config(cls, cfg) -> "ReviewSettings":
@@ -164,7 +165,7 @@ class ReviewSettings:
                    base_url=cfg.review.base_url or cfg.model.base_url, max_tokens=cfg.review.max_tokens,
                    budget=cfg.review.budget, retries=cfg.review.retries,
                    timeout_s=float(cfg.model.request_timeout_s), prices=dict(cfg.prices),
-                   doer_model_name=cfg.model.name)
+                   doer_model_name=cfg.model.name, default_on=cfg.review.default_on)
 
     def model_for(self, backend: str) -> str:
         doer = "scripted" if backend.startswith("scripted:") else self.doer_model_name
@@ -197,11 +198,32 @@ class Reviewer:
         return str(work.review.get("criteria") or "")
 
     def wanted(self, work: WorkItem, *, passed: bool, claim: str | None) -> bool:
-        """A review runs on a pass of a work item with criteria, and on every claim of the doer."""
-        return claim is not None or (passed and bool(self.criteria_of(work)))
+        """A review runs on every claim of the doer, on a pass of a work item with criteria, and —
+        on by default — on every pass wherever a review model can be reached (``reachable``),
+        unless the work item was submitted with ``--no-review``."""
+        if claim is not None:
+            return True
+        if not passed or work.review.get("off"):
+            return False
+        return bool(self.criteria_of(work)) or (self.settings.default_on and self.reachable(work))
+
+    def reachable(self, work: WorkItem) -> bool:
+        """Whether a review model can be reached without asking anyone: an API key, a loopback
+        server named in the settings or the environment, or — for a scripted run — its own
+        scripted server, when its script answers reviews."""
+        if work.backend.startswith("scripted:"):
+            try:
+                data = json.loads(open(work.backend.split(":", 1)[1], "rb").read(1_000_000))
+            except (OSError, ValueError):
+                return False
+            return isinstance(data, dict) and bool(data.get("reviews"))
+        if self.environ.get("ANTHROPIC_API_KEY"):
+            return True
+        url = self.settings.base_url or self.environ.get("ANTHROPIC_BASE_URL") or ""
+        return (urlparse(url).hostname or "") in _LOOPBACK
 
     def review(self, work: WorkItem, n: int, *, diff: str, checks: list[CheckResult],
-               claim: str | None = None) -> Review:
+               claim: str | None = None, held: tuple[str, ...] = ()) -> Review:
         """Review iteration ``n`` of ``work``. Raises ReviewFailed (after every try)."""
         model = self.settings.model_for(work.backend)
         try:
@@ -210,7 +232,12 @@ class Reviewer:
             raise ReviewFailed(f"the review model cannot be priced: {exc.message}", code="review_config",
                                hint="set [review] model to a model in [prices], or add its prices") from None
         criteria = self.criteria_of(work)
-        prompt = review_prompt(work.goal, n, criteria, claim, checks, diff)
+        if len(diff) > DIFF_CHARS:      # a cut diff would be approved for what the review saw: it cannot approve
+            raise ReviewFailed(f"the change is {len(diff)} characters of diff, more than the review reads "
+                               f"({DIFF_CHARS}); it cannot approve what it cannot see", code="review_too_large",
+                               hint=f"read it yourself ('org diff {work.id}'), then 'org continue' or submit a "
+                                    "smaller goal")
+        prompt = review_prompt(work.goal, n, criteria, claim, checks, diff, held)
         tries, last = self.settings.retries + 1, "no try was made"
         for attempt in range(1, tries + 1):
             max_tokens = self._answer_room(work.id, prompt)
@@ -327,7 +354,8 @@ def _answer(value: Any) -> tuple[str, tuple[str, ...]] | None:
     return str(value["verdict"]), tuple(str(r)[:1000] for r in reasons[:20] if str(r).strip())
 
 
-def review_prompt(goal: str, n: int, criteria: str, claim: str | None, checks: list[CheckResult], diff: str) -> str:
+def review_prompt(goal: str, n: int, criteria: str, claim: str | None, checks: list[CheckResult], diff: str,
+                  held: tuple[str, ...] = ()) -> str:
     """The review's user message (its first line names the iteration for the scripted server)."""
     lines = [REVIEW_LINE.format(n=n), "", "Goal:", goal.strip(), "",
              "Review criteria:", criteria.strip() or "(none beyond the goal)", ""]
@@ -339,7 +367,9 @@ def review_prompt(goal: str, n: int, criteria: str, claim: str | None, checks: l
     for c in checks:
         state = "passed" if c.passed else ("timed out" if c.timed_out else f"failed (exit {c.exit_code})")
         lines.append(f"- `{c.command}`: {state}")
-    cut = len(diff) > DIFF_CHARS
-    lines += ["", f"The change, as a diff from the baseline{' (cut at %d characters)' % DIFF_CHARS if cut else ''}:",
-              "```diff", diff[:DIFF_CHARS] if diff.strip() else "(no change)", "```"]
+    if held:
+        lines += ["", "Held back from verification (the checks ran with the baseline's version; outside the change "
+                  "scope these are not delivered): " + ", ".join(held)]
+    lines += ["", "The whole change the doer made, as a diff from the baseline:",
+              "```diff", diff if diff.strip() else "(no change)", "```"]
     return "\n".join(lines)

@@ -1,9 +1,12 @@
 """The eval-agent's judgement of one committed iteration, and the preflight before the first act.
 
 It verifies checkpoint n in its own snapshot — never the live workspace the doer can still
-change — with protected files (tests) restored from the baseline and everything that changes how
-a check runs held to the baseline (``held``), runs every verify command there, and writes the
-verdict as the eval-agent. A check passes only with an exit code of 0 *and* evidence that its
+change — of a tree it constructs (``scope``): the baseline plus the doer's changes inside the
+run's change scope, with protected files (tests) restored from the baseline and, inside the
+scope, everything that changes how a check runs held to the baseline (``held``). The tree is a
+commit of the history (the verdict's ``verified``): what the checks ran on is what the workspace
+is made to hold at ``goal_met``. It runs every verify command there, and writes the verdict as
+the eval-agent. A check passes only with an exit code of 0 *and* evidence that its
 tests ran as many as on the baseline (``evidence``). A passing verdict on the latest committed
 iteration ends the run with ``goal_met`` in the same transaction: nobody else can.
 
@@ -30,7 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from roles import telemetry
-from roles.eval_agent import evidence, held as held_rules, nearest
+from roles.eval_agent import evidence, held as held_rules, nearest, scope as scope_rules
+from roles.eval_agent.codes import LIMIT_CODES
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
@@ -38,6 +42,7 @@ from state_db.ending import StopDecision, end_run, goal_met as goal_met_rule
 from state_db.errors import NotFound, OrgError, StateError
 from state_db.home import OrgHome
 from state_db.queries import verdicts, work as work_q
+from state_db.queries.decisions import action_checkpoints
 from state_db.queries.iterations import iteration, last_n
 from state_db.queries.review import claim_of, pending_decision
 from state_db.queries.work import WorkItem
@@ -45,6 +50,8 @@ from state_db.vocab import (DecisionStatus, PreflightOutcome, ReviewVerdict, Sto
 from state_db.writer import StateWriter
 
 PROTECTED_CHECK = "protected files unchanged"
+LIMIT = "verify_limit"                  # a bound on the verification path was exceeded (``codes.LIMIT_CODES``)
+DELIVERED_CHECK = "workspace is what was recorded"
 # An eval-agent verifies the iterations of every running work item of its share in turn (up to
 # one per busy loop-agent: 16 each for two eval-agents at N = 32), so it keeps that many
 # histories: fewer, and each verification opened its item's repositories again. A history holds
@@ -70,6 +77,7 @@ class Verdict:
     goal_met: bool
     held_back: tuple[dict, ...] = ()
     ended: str | None = None            # the stop reason this verdict ended the run with, if any
+    verified: str | None = None         # the commit of the tree the checks ran on (``scope``)
 
 
 @dataclass(frozen=True)
@@ -84,13 +92,16 @@ class Preflight:
 def feedback_of(checks: list[CheckResult], protected: list[str], held: list | None = None) -> str:
     """Specific, actionable feedback for the next gather: which check failed and how."""
     parts = []
+    for c in checks:
+        if c.name == DELIVERED_CHECK and not c.passed:
+            parts.append(f"Not a pass: {c.output_tail}. Remove them, or make them files of the workspace.")
     if protected:
         parts.append(f"Protected files were changed and were restored for verification: {', '.join(protected)}. "
                      "Do not edit tests to make them pass; change the code under test.")
     if held:
         parts.append(held_rules.note_for_doer(held))
     for c in checks:
-        if not c.passed and c.name not in (PROTECTED_CHECK, REVIEW_CHECK):
+        if not c.passed and c.name not in (PROTECTED_CHECK, REVIEW_CHECK, DELIVERED_CHECK):
             if c.code:
                 why = f"could not run: {c.code}"
             elif c.timed_out:
@@ -151,10 +162,11 @@ class Verifier:
             None runs plain processes.
         reviewer: the review (``review.Reviewer``) of passes with criteria and of the doer's
             claims that the goal is impossible; None: no review.
+        scope: globs that widen every work item's change scope (``[verify] scope``).
     """
 
     def __init__(self, home: OrgHome, writer: StateWriter, *, timeout_s: float = 300.0, history_factory=None,
-                 runner_factory=None, reviewer=None):
+                 runner_factory=None, reviewer=None, scope: tuple[str, ...] = ()):
         if history_factory is None:
             from roles.workspace.history import WorkspaceHistory as history_factory
         self.home = home
@@ -163,6 +175,7 @@ class Verifier:
         self.history_factory = history_factory
         self.runner_factory = runner_factory
         self.reviewer = reviewer
+        self.scope = tuple(scope)
         self._histories: OrderedDict[tuple[str, str], object] = OrderedDict()
 
     def _history(self, work_id: str, workspace: str):
@@ -241,10 +254,9 @@ class Verifier:
         history = self._history(work_id, work.workspace)
         history.ensure_held(it.checkpoint)      # a joined host's copy fetches it (and the baseline)
         snapshot = self.home.root / "eval" / work_id
-        patterns = (*(DEFAULT_PROTECTED_PATTERNS if work.default_protect else ()), *work.protect)
-        paths = history.protected_paths(patterns=patterns) if patterns else []
-        protected = self._snapshot(history, it.checkpoint, snapshot, paths)
-        held = self._hold_back(history, it.checkpoint, snapshot, list(work.verify), paths)
+        verified, built = self._construct(history, work, it.checkpoint, n)
+        self._snapshot(history, verified, snapshot, [])
+        protected, held = list(built.protected), list(built.held)
         try:
             checks = self._run(work, snapshot)
         except VerifyUnavailable as exc:
@@ -253,24 +265,35 @@ class Verifier:
             return self.record_error(work_id, n, exc.code, str(exc))
         baseline = self._baseline_checks(work_id)
         checks = [_judged(c, baseline) for c in checks]
+        limited = [c for c in checks if c.code == LIMIT]
+        if limited:
+            return self.record(work_id, n, checks, protected, held=held, outcome=VerdictOutcome.ERROR, verified=verified,
+                               end_detail=f"iteration {n} could not be verified ({LIMIT}): "
+                                          f"{limited[0].output_tail.rsplit('[eval-agent] ', 1)[-1]}")
         unrunnable = [(c, why) for c in checks if (why := cannot_start(c))]
         if unrunnable:
             c, why = unrunnable[0]
             coded = [replace(x, code=x.code or "verify_unrunnable") if cannot_start(x) else x for x in checks]
-            return self.record(work_id, n, coded, protected, held=held, outcome=VerdictOutcome.ERROR,
+            return self.record(work_id, n, coded, protected, held=held, outcome=VerdictOutcome.ERROR, verified=verified,
                                end_detail=unrunnable_message(c, why, where="in the sandbox during the run",
                                                              workspace=Path(work.workspace)))
+        if all(c.passed for c in checks) and (unrecorded := self._unrecorded(history, it.checkpoint)):
+            checks.append(CheckResult(
+                name=DELIVERED_CHECK, command="(compare the workspace with the checkpoint, file by file)",
+                passed=False, exit_code=None, timed_out=False, signature="unrecorded:" + ",".join(unrecorded[:20]),
+                output_tail=("the workspace holds what the history did not record, so it was not verified and would "
+                             "reach the user: " + ", ".join(unrecorded[:20]))[:2000], duration_ms=0.0))
         if protected:
             checks.append(CheckResult(name=PROTECTED_CHECK, command="(compare with baseline)", passed=False,
                                       exit_code=None, timed_out=False, signature="protected:" + ",".join(protected),
                                       output_tail="changed: " + ", ".join(protected), duration_ms=0.0))
         try:
-            review = self._review(work, it, history, checks)
+            review = self._review(work, it, history, checks, tuple(h.path for h in held))
         except ReviewFailed as exc:          # tried again already: an error verdict, never the doer's fault
             return self.record_error(work_id, n, exc.code, str(exc))
-        return self.record(work_id, n, checks, protected, held=held, review=review)
+        return self.record(work_id, n, checks, protected, held=held, review=review, verified=verified)
 
-    def _review(self, work, it, history, checks: list[CheckResult]) -> Review | None:
+    def _review(self, work, it, history, checks: list[CheckResult], held: tuple[str, ...] = ()) -> Review | None:
         """The review of iteration ``it`` when one is due: on a pass of a work item with review
         criteria, and on every claim of the doer that the goal is impossible. Raises ReviewFailed."""
         if self.reviewer is None:
@@ -279,31 +302,36 @@ class Verifier:
         if not self.reviewer.wanted(work, passed=all(c.passed for c in checks), claim=claim):
             return None
         diff = history.diff(history.baseline_commit(), it.checkpoint)
-        return self.reviewer.review(work, it.n, diff=diff, checks=checks, claim=claim)
+        return self.reviewer.review(work, it.n, diff=diff, checks=checks, claim=claim, held=held)
 
-    def _hold_back(self, history, commit: str, snapshot: Path, commands: list[str], protected: list[str]) -> list:
-        """Hold runner configuration, start-up hooks, shadowing modules, environment files and
-        invoked scripts to the baseline in ``snapshot``; return what was held."""
-        base_ids, target_ids = history.file_ids(None), history.file_ids(commit)
-        kinds = held_rules.candidates(set(base_ids) | set(target_ids), commands, base_ids)
-        kinds = {p: k for p, k in kinds.items() if base_ids.get(p) != target_ids.get(p)}
-        base = {p: history.read_path(None, p) for p in kinds if p in base_ids}
-        target = {p: history.read_path(commit, p) for p in kinds if p in target_ids}
-        held, edits = held_rules.held_back(kinds, base, target, protected)
-        root = snapshot.resolve()
-        for path, content in edits.items():
-            dest = (snapshot / path)
-            if not dest.resolve().is_relative_to(root):
-                continue                                   # a symlinked folder: never write outside
-            if content is None:
-                if dest.is_symlink() or dest.is_file():
-                    dest.unlink()
-            else:
-                if dest.is_symlink():
-                    dest.unlink()
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(content)
-        return held
+    def _unrecorded(self, history, commit: str) -> list[str]:
+        """Paths where the live workspace differs from checkpoint ``commit``, read file by file
+        (build caches aside: delivery removes them). What differs there was never recorded, so
+        never verified, and would still be in the user's workspace at goal_met. A history of
+        another host's workspace (``remote``) is not read from here."""
+        if getattr(history, "remote", None) or not Path(history.workspace).is_dir():
+            return []
+        return history.workspace_differences(commit, skip_caches=True)
+
+    def _construct(self, history, work: WorkItem, commit: str, n: int) -> tuple[str, scope_rules.Construction]:
+        """The commit of the tree the checks of ``commit`` run on — the baseline plus the doer's
+        changes inside the run's scope, protected files restored, what changes how a check runs
+        held (``scope``) — and how it was built."""
+        patterns = (*(DEFAULT_PROTECTED_PATTERNS if work.default_protect else ()), *work.protect)
+        protected = history.protected_paths(patterns=patterns) if patterns else []
+        approved = set()
+        for action in action_checkpoints(self.writer.conn, work.id):    # a human approved these changes
+            try:
+                parent = history.parent_of(action)
+                approved.update(history.changed_paths(parent, action) if parent else ())
+            except OrgError:
+                continue                        # not in this host's copy: its paths stay outside the scope
+        built = scope_rules.construct(
+            history.entries(None), history.entries(commit),
+            scope=scope_rules.Scope((*self.scope, *work.scope), approved=frozenset(approved)),
+            protected=protected, commands=list(work.verify), read_base=lambda p: history.read_path(None, p),
+            read_target=lambda p: history.read_path(commit, p))
+        return history.derive(commit, built.edits, f"loop-org verified tree\n\niteration: {n}"), built
 
     def _baseline_checks(self, work_id: str) -> dict[str, CheckResult] | None:
         """The preflight's run of each verify command on the baseline, by command."""
@@ -384,13 +412,14 @@ class Verifier:
             return self.record_preflight_error(work_id, code, message)
         check = CheckResult(name="verifier", command="(run the verify commands)", passed=False, exit_code=None,
                             timed_out=False, signature=code, output_tail=message[-2000:], duration_ms=0.0, code=code)
+        todo = ("a human judges the change; the doer is not charged with it" if code in LIMIT_CODES
+                else "fix the machine (see 'org doctor'); the doer is not charged with it")
         return self.record(work_id, n, [check], [], outcome=VerdictOutcome.ERROR,
-                           end_detail=f"iteration {n} could not be verified ({code}): {message[:400]} — "
-                                      "fix the machine (see 'org doctor'); the doer is not charged with it")
+                           end_detail=f"iteration {n} could not be verified ({code}): {message[:400]} — {todo}")
 
     def record(self, work_id: str, n: int, checks: list[CheckResult], protected: list[str],
                outcome: str | None = None, *, held: list | None = None, end_detail: str | None = None,
-               review: Review | None = None) -> Verdict:
+               review: Review | None = None, verified: str | None = None) -> Verdict:
         """Write the verdict. ``review`` can only veto: it is one more check, and ``impossible``
         pauses the run with a decision for the human in the same transaction. An iteration that
         has an eval-agent's verdict already keeps it: that one is returned and nothing is written."""
@@ -412,7 +441,8 @@ class Verifier:
                                    "checks": [c.encode() for c in checks], "feedback": feedback,
                                    "protected_changed": protected, "written_by": self.writer.instance,
                                    "held_back": [h.encode() for h in held], "evidence": evidence_line(checks),
-                                   "review": review.encode() if review is not None else None, "at": time.time()})
+                                   "review": review.encode() if review is not None else None, "verified": verified,
+                                   "at": time.time()})
             work = work_q.item(tx.conn, work_id)
             if review is not None and review.verdict == ReviewVerdict.IMPOSSIBLE and work.status != WorkStatus.ENDED:
                 self._ask_impossible(tx, work, n, review)
@@ -423,7 +453,7 @@ class Verifier:
             elif outcome == VerdictOutcome.ERROR and work.status != WorkStatus.ENDED:
                 ended = end_run(tx, work_id, StopDecision(StopReason.VERIFY_UNRUNNABLE, end_detail or feedback)).reason
         return Verdict(vid, work_id, n, outcome, tuple(checks), feedback, tuple(protected), goal_met,
-                       tuple(h.encode() for h in held), ended or (StopReason.GOAL_MET if goal_met else None))
+                       tuple(h.encode() for h in held), ended or (StopReason.GOAL_MET if goal_met else None), verified)
 
     def _ask_impossible(self, tx, work: WorkItem, n: int, review: Review) -> None:
         """The review judged the goal impossible: a decision for the human (approve: the run ends
@@ -456,6 +486,13 @@ def _judged(check: CheckResult, baseline: dict[str, CheckResult] | None) -> Chec
     basis = "tests" if counts is not None or (base is not None and (base.counts or base.junit)) else "exit_code"
     if not check.passed:
         return replace(check, evidence=basis, junit=kept)
+    over = [r for r in (junit, base.junit if base is not None else None) if r is not None and r["truncated"]]
+    if over:        # the per-test comparison cannot be made whole: could not verify, never a skipped comparison
+        note = (f"\n[eval-agent] the runner's report lists more tests than the eval-agent compares "
+                f"({len(over[0]['ids'])}), so whether every baseline test ran cannot be shown — verify a "
+                "subset of the tests per command (several --verify commands), or judge the change yourself")
+        return replace(check, passed=False, code=LIMIT, evidence="tests", signature=LIMIT, junit=kept,
+                       output_tail=(check.output_tail + note)[-2000:])
     ev = evidence.judge(counts, base.counts if base else None, baseline_known=base is not None,
                         junit=junit, baseline_junit=base.junit if base else None)
     if ev.problem is None:
@@ -481,7 +518,7 @@ def evidence_line(checks) -> str:
     """One line: what the verdict's pass (or fail) rests on."""
     parts = []
     for c in checks:
-        if c.name in (PROTECTED_CHECK, REVIEW_CHECK) or c.code:
+        if c.name in (PROTECTED_CHECK, REVIEW_CHECK, DELIVERED_CHECK) or c.code:
             continue
         counts = c.counts
         if counts is not None:
@@ -506,7 +543,7 @@ def _from_row(stored: verdicts.Verdict, goal_met: bool) -> Verdict:
     """The verdict message of a verdict already in state.db."""
     return Verdict(stored.id, stored.work_id, stored.iteration, stored.outcome,
                    tuple(CheckResult.decode(c) for c in stored.checks), stored.feedback, stored.protected_changed,
-                   goal_met, stored.held_back)
+                   goal_met, stored.held_back, verified=stored.verified)
 
 
 def _preflight_of(stored: verdicts.Preflight) -> Preflight:

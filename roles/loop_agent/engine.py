@@ -46,6 +46,7 @@ from roles.loop_agent.policy import StopPolicy, policy_from_caps
 from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, Parked, Paused, Preflight, Reflect,
                                     Step, WrapUp)
 from roles.loop_agent.stop import StopDecision
+from roles.workspace import delivered
 from state_db import ending
 from state_db.errors import Conflict, OrgError
 from state_db.queries import loop as loopq, work as work_q
@@ -194,6 +195,7 @@ class LoopEngine(Acting):
         state.db says comes next."""
         work = self.work()
         if (done := ending.recorded(work)) is not None:
+            self._deliver(done)
             return Ended(done)
         self._policy = policy_for(work, self.settings)
         self._start(work)
@@ -379,7 +381,29 @@ class LoopEngine(Acting):
             recorded = ending.end_run(tx, self.work_id, decision)
         self.log.info("run_ended", reason=str(recorded.reason), detail=recorded.detail, policy=str(decision.reason),
                       recorded="now" if recorded == decision else "earlier")
+        self._deliver(recorded)
         return recorded
+
+    def _deliver(self, ending_: StopDecision) -> None:
+        """At goal_met, make the workspace hold the tree the eval-agent verified, byte for byte, the
+        doer's changes outside the scope kept apart (``roles.workspace.delivered``); once, recorded
+        on the work item (a run resumed after a crash here delivers then)."""
+        if ending_.reason != StopReason.GOAL_MET or getattr(self.history, "record_apart", None) is None:
+            return
+        work = self.work()
+        verdict = latest_eval_verdict(self.w.conn, self.work_id)
+        if work.delivered or verdict is None or not verdict.verified:
+            return
+        try:
+            record = delivered.deliver(self.history, verdict.verified, verdict.iteration).encode()
+        except OrgError as exc:
+            record = {"verified": verdict.verified, "held": None, "held_paths": [], "differs": [], "proved": False,
+                      "error": exc.code, "detail": str(exc)[:400]}
+        if not record["proved"]:
+            self.log.warning("workspace_not_delivered", verified=verdict.verified, differs=record["differs"][:5],
+                             error=record.get("error"), next="org show names the difference; the human decides")
+        with self.w.transaction() as tx:
+            tx.update("work_items", self.work_id, delivered=record)
 
 
 def _confirmed(conn, work_id: str) -> str | bool:

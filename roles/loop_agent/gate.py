@@ -35,6 +35,9 @@ from state_db.vocab import DecisionKind, DecisionStatus as D, WorkStatus
 
 # The eval-agent's question when every verify command passes on the baseline (approve: go on).
 BASELINE_PASSES = DecisionKind.BASELINE_PASSES
+# The doer's request to widen the run's change scope (roles/eval_agent/scope.py): its command is a
+# glob; approved (or edited), it is added to the work item's scope for this run, and nothing runs.
+SCOPE = DecisionKind.SCOPE
 
 # Runs an approved action: (command, kind, workspace) -> (exit code or None, output).
 GateRunner = Callable[[str, str, str], tuple]
@@ -52,7 +55,8 @@ def record_requests(tx, work_id: str, n: int, requests) -> list[str]:
         if decisions.has_pending(tx.conn, work_id, kind=req["kind"], command=req["command"]):
             continue
         did = f"d-{uuid.uuid4().hex[:8]}"
-        question = f"{req['kind']}: run `{req['command']}` — {req['reason']}"
+        question = (f"scope: widen this run's change scope to `{req['command']}` — {req['reason']}"
+                    if req["kind"] == SCOPE else f"{req['kind']}: run `{req['command']}` — {req['reason']}")
         tx.insert("decisions", {"id": did, "work_id": work_id, "iteration": n, "kind": req["kind"],
                                 "action": req, "question": question[:1000], "status": D.PENDING,
                                 "created_at": tx.now})
@@ -123,6 +127,17 @@ def _execute(writer, d: Decision, workspace: str, runner: GateRunner, after_acti
         with writer.transaction() as tx:
             tx.set_status("decisions", d.id, D.EXECUTING, executor=identity())
             tx.set_status("decisions", d.id, D.EXECUTED, result="the human chose to go on")
+        return
+    if d.kind == SCOPE:                          # a widening, recorded on the run: nothing to run
+        with writer.transaction() as tx:
+            tx.set_status("decisions", d.id, D.EXECUTING, executor=identity())
+            scope = list(work.item(tx.conn, d.work_id).scope)
+            glob = command.strip()
+            if glob and glob not in scope:
+                tx.update("work_items", d.work_id, scope=[*scope, glob], updated_at=tx.now)
+            tx.set_status("decisions", d.id, D.EXECUTED,
+                          result=f"the change scope of this run now includes `{glob}`: changes to matching files "
+                                 "reach the checks")
         return
     with writer.transaction() as tx:             # the marker, committed before running
         tx.set_status("decisions", d.id, D.EXECUTING, executor=identity())

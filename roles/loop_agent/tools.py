@@ -86,10 +86,11 @@ TOOL_SCHEMAS: tuple[dict[str, Any], ...] = (
            "timeout_s": ("number", "seconds before the command is killed (capped by the org)")}, ("command",)),
     _tool("request_action", "Ask a human to lift a block for one command: commands run in a sandbox with "
           "no network and no access outside the workspace. The request is recorded as a decision; a human "
-          "approves, edits, rejects or answers it, and you see the outcome in the next iteration. End your "
-          "turn after asking.",
-          {"kind": ("string", "network | outside_workspace | other"),
-           "command": ("string", "the exact shell command to run once approved"),
+          "approves, edits, rejects or answers it, and you see the outcome in the next iteration. With kind "
+          "scope it asks to widen the change scope instead (command: a glob such as 'docs/**'): changes "
+          "outside it are held back from verification and not delivered. End your turn after asking.",
+          {"kind": ("string", "network | outside_workspace | scope | other"),
+           "command": ("string", "the exact shell command to run once approved (kind scope: the glob)"),
            "reason": ("string", "why the goal needs it")}, ("kind", "command", "reason")),
     _tool("declare_impossible", "Declare that the goal cannot be met as stated (it contradicts itself or its "
           "verify commands, or needs what the workspace cannot have). The eval-agent reviews the claim itself; "

@@ -45,6 +45,8 @@ class SubmitRequest:
     idempotency_key: str | None = None
     via: str | None = None                # the client it came through, e.g. mcp:claude-code
     toolchain: dict | None = None         # the submitter's, taken when a standing order was made (else ours)
+    scope: list[str] = field(default_factory=list)   # globs that widen the change scope (roles/eval_agent/scope.py)
+    no_review: bool = False               # --no-review: no model review of passes (it is on by default)
 
 
 def new_work_id() -> str:
@@ -63,6 +65,11 @@ def _review(req: SubmitRequest, cfg: Config) -> dict:
     if req.review is not None and not req.review.strip():
         raise SubmitError("--review is empty", code="bad_review",
                           hint='say what the reviewer must hold the change to, e.g. --review "no special cases"')
+    if req.no_review:
+        if req.review is not None:
+            raise SubmitError("--review and --no-review together", code="bad_review",
+                              hint="give review criteria, or turn the review off, not both")
+        return {"off": True}
     criteria = (req.review if req.review is not None else cfg.review.criteria).strip()
     return {"criteria": criteria[:4000]} if criteria else {}
 
@@ -239,6 +246,9 @@ def check(home: OrgHome, cfg: Config, req: SubmitRequest) -> Checked:
     if any(not p.strip() for p in req.protect):
         raise SubmitError("a --protect pattern is empty", code="bad_protect",
                           hint="give a glob such as 'src/**/test_*.py', or drop the flag")
+    if any(not p.strip() for p in req.scope):
+        raise SubmitError("a --scope glob is empty", code="bad_scope",
+                          hint="give a glob such as 'docs/**' or 'pyproject.toml', or drop the flag")
     ws = Path(req.workspace).expanduser().resolve()
     if not ws.is_dir():
         raise SubmitError(f"workspace {ws} is not a directory", code="workspace_missing",
@@ -298,7 +308,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
                 "backend": backend, "status": status,
                 "stop_detail": f"workspace busy with {busy}" if busy else None,
                 "worktree": int(req.worktree), "branch": branch, "created_by": signed(writer),
-                "toolchain": toolchain, "review": _review(req, cfg),
+                "toolchain": toolchain, "review": _review(req, cfg), "scope": list(req.scope),
                 "created_at": tx.now, "updated_at": tx.now, **(origin or {})})
             if not busy:
                 tx.insert("workspace_locks", {"workspace": str(workspace), "work_id": work_id, "acquired_at": tx.now})

@@ -313,6 +313,24 @@ class WorkspaceHistory(HistoryViews):
         log.info("action_checkpoint", workspace=str(self.workspace), action=name, commit=commit)
         return commit
 
+    def record_apart(self, ref: str, parent: str, message: str) -> str | None:
+        """Record the workspace as it is now as a commit on top of ``parent``, named by ``ref``
+        (which must be new), without moving HEAD: changes kept apart from the run's result
+        (``delivered``). Idempotent: an existing ``ref`` is returned unchanged. Returns None when
+        the workspace holds ``parent``'s tree exactly.
+        Raises: UnknownCommit, WorkspaceMissing, RefLocked, RefConflict."""
+        existing = self._resolve(ref)
+        if existing:
+            return existing
+        base = self._commit_of(parent)
+        tree = self._record()
+        self._settle()
+        if tree == str(self._tree_of(base)):
+            return None
+        commit = self._write_commit(tree, [base], message)
+        self._set_ref(ref, commit, message.splitlines()[0], expect=None)
+        return commit
+
     def fingerprint_of_workspace(self) -> str:
         """Tree id of the workspace as it is now (same content -> same id). Cheap."""
         self._ws()

@@ -1,9 +1,13 @@
 """The shadow repository on libgit2 (pygit2): created, recorded into, checked out, its refs moved.
 
 libgit2 is configured by ``safegit``: no user or system configuration is read, and it runs
-nothing a repository names (no hook, no filter or diff driver, no fsmonitor); the workspace's
-``.gitattributes`` still applies git's built-in conversions (``text``, ``eol``, ``ident``), as
-git's own ``add`` and checkout would.
+nothing a repository names (no hook, no filter or diff driver, no fsmonitor). No content
+conversion happens either way, whatever the workspace's ``.gitattributes`` ask for: every
+repository made here has ``info/attributes`` (``ATTRIBUTES``), which git and libgit2 read after
+every ``.gitattributes`` and which unsets ``text``, ``eol``, ``ident``, ``filter`` and
+``working-tree-encoding`` for every path. A file is recorded as the bytes the workspace holds and
+written out as the bytes recorded, so the workspace, the history and every snapshot hold the same
+bytes (what the checks run on is what the user gets); ``core.autocrlf`` is off in ``REPO_CONFIG``.
 
 Crash safety (kill -9 at any point): libgit2 writes an object to a temp file renamed into place,
 a ref under git's lock protocol (``<ref>.lock`` renamed over the ref, then its reflog line
@@ -67,6 +71,10 @@ REPO_CONFIG = (
     ("user.email", EMAIL),
 )
 
+# Read after every .gitattributes (info/attributes comes last): no path of a shadow repository is
+# ever converted on its way in or out (line endings, keyword expansion, filters, encodings).
+ATTRIBUTES = b"* -text -eol -crlf -ident -filter -working-tree-encoding\n"
+
 _D = DiffOption
 # Recording: every file not recorded as it is now, new folders reported whole (walked here, so a
 # build cache is never descended into), nested repositories left to their HEAD.
@@ -119,12 +127,31 @@ def init_bare(path: Path, head_ref: str, *, alternates: Path | None = None) -> N
     os.makedirs(path / "objects" / "info")
     os.mkdir(path / "objects" / "pack")    # libgit2 reads packs only from a folder there at open
     os.mkdir(path / "refs")
+    os.mkdir(path / "info")
+    (path / "info" / "attributes").write_bytes(ATTRIBUTES)
     config = "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = true\n" + "".join(
         f"[{key.split('.')[0]}]\n\t{key.split('.')[1]} = {value}\n" for key, value in REPO_CONFIG)
     (path / "config").write_text(config, encoding="utf-8")
     if alternates is not None:
         (path / "objects" / "info" / "alternates").write_text(f"{alternates}\n", encoding="utf-8")
     (path / "HEAD").write_text(f"ref: {head_ref}\n", encoding="utf-8")
+
+
+def no_conversion(git_dir: Path) -> None:
+    """Give a repository made before ``ATTRIBUTES`` existed (or whose file was changed) its
+    ``info/attributes``: the bytes recorded are the bytes in the work tree."""
+    path = os.path.join(git_dir, "info", "attributes")
+    try:
+        with open(path, "rb") as f:
+            if f.read() == ATTRIBUTES:
+                return
+    except FileNotFoundError:
+        pass
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(ATTRIBUTES)
+    os.replace(tmp, path)
 
 
 def open_repository(git_dir: Path) -> pygit2.Repository:
@@ -241,6 +268,7 @@ class Shadow:
     def __init__(self, git_dir: Path, workdir: Path) -> None:
         self.git_dir = git_dir
         self.workdir = workdir
+        no_conversion(git_dir)
         self.repo = open_repository(git_dir)
         self._top = os.fsencode(workdir).rstrip(b"/") + b"/"
         self._workdir_set = False
@@ -416,23 +444,40 @@ class Shadow:
 
 
 def edit_tree(repo: pygit2.Repository, base: pygit2.Oid | None,
-              edits: dict[str, tuple[pygit2.Oid, int]]) -> pygit2.Oid:
-    """Tree ``base`` with each path of ``edits`` set to (object id, mode); whatever is in the way
-    (a file where a folder is needed, a folder where a file goes) is replaced. Writes only the
-    trees on the edited paths."""
+              edits: dict[str, tuple[pygit2.Oid, int] | None]) -> pygit2.Oid:
+    """Tree ``base`` with each path of ``edits`` set to (object id, mode), or removed where the
+    value is None (folders left empty go too: git records no folder); whatever is in the way (a
+    file where a folder is needed, a folder where a file goes) is replaced. Writes only the trees
+    on the edited paths."""
+    found = _edit(repo, base, edits)
+    return found if found is not None else repo.TreeBuilder().write()
+
+
+def _edit(repo: pygit2.Repository, base: pygit2.Oid | None,
+          edits: dict[str, tuple[pygit2.Oid, int] | None]) -> pygit2.Oid | None:
     builder = repo.TreeBuilder(repo[base]) if base is not None else repo.TreeBuilder()
     nested: dict[str, dict] = {}
     for path, entry in edits.items():
         head, sep, rest = path.partition("/")
         if sep:
             nested.setdefault(head, {})[rest] = entry
+        elif entry is None:
+            if builder.get(head) is not None:
+                builder.remove(head)
         else:
             builder.insert(head, entry[0], entry[1])
     for head, sub in nested.items():
         current = builder.get(head)
         inner = current.id if current is not None and current.filemode == FileMode.TREE else None
-        builder.insert(head, edit_tree(repo, inner, sub), FileMode.TREE)
-    return builder.write()
+        if inner is None and all(v is None for v in sub.values()):
+            continue                    # removing below a folder that is not there: nothing to do
+        tree = _edit(repo, inner, sub)
+        if tree is None:
+            if current is not None:
+                builder.remove(head)
+        else:
+            builder.insert(head, tree, FileMode.TREE)
+    return builder.write() if len(builder) else None
 
 
 _FLAT: dict[pygit2.Oid, dict[str, tuple[int, pygit2.Oid]]] = {}

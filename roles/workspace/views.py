@@ -194,6 +194,50 @@ class HistoryViews:
             snapshot.write(self.git_dir, snap_dir, dest, str(tree))
         return differing
 
+    def derive(self, commit: str, edits: dict[str, bytes | tuple[int, str] | None], message: str) -> str:
+        """A commit whose tree is ``commit``'s with ``edits`` applied: path -> new content
+        (bytes, written as a regular file: executable if it was), (mode, object id) of an entry
+        to put there, or None to leave the path out. Its parent is ``commit``; no ref names it
+        (the caller keeps its id). The same edits of the same commit give the same tree.
+        Raises: UnknownCommit."""
+        commit = self._commit_of(commit)
+        repo = self._repo
+        tree = self._tree_of(commit)
+        if not edits:
+            return commit
+        names = shadow.files(repo, tree)
+        entries: dict[str, tuple[pygit2.Oid, int] | None] = {}
+        for path, value in edits.items():
+            if value is None:
+                entries[path] = None
+            elif isinstance(value, bytes):
+                mode = names[path][0] if path in names and names[path][0] == 0o100755 else 0o100644
+                entries[path] = (repo.create_blob(value), mode)
+            else:
+                entries[path] = (pygit2.Oid(hex=value[1]), value[0])
+        new_tree = shadow.edit_tree(repo, tree, entries)
+        if new_tree == tree:
+            return commit
+        sig = shadow.signature()
+        return str(repo.create_commit(None, sig, sig, message + "\n", new_tree, [pygit2.Oid(hex=commit)]))
+
+    def workspace_differences(self, commit: str, *, skip_caches: bool = False) -> list[str]:
+        """Paths where the workspace differs from ``commit`` in content, mode or presence, read
+        file by file (``delivered.differences``). Raises: UnknownCommit."""
+        from roles.workspace.delivered import differences
+        return differences(Path(self.workspace), self._repo, self._tree_of(self._commit_of(commit)),
+                           skip_caches=skip_caches)
+
+    def parent_of(self, commit: str) -> str | None:
+        """The first parent of ``commit`` (None for a root commit). Raises: UnknownCommit."""
+        parents = self._repo[self._commit_of(commit)].parent_ids
+        return str(parents[0]) if parents else None
+
+    def entries(self, commit: str | None = None) -> dict[str, tuple[int, str]]:
+        """Every non-tree entry of ``commit`` (default: the baseline): path -> (mode, object id)."""
+        tree = self._tree_of(self._commit_of(commit or BASELINE_REF))
+        return {p: (mode, str(oid)) for p, (mode, oid) in shadow.files(self._repo, tree).items()}
+
     def discard_snapshot(self, dest_dir: Path) -> None:
         """Remove a snapshot directory written by ``materialize`` and its private repository."""
         dest = Path(dest_dir).absolute()

@@ -99,6 +99,13 @@ def settled_checkpoint(conn: sqlite3.Connection, work_id: str, after_iteration: 
                   (work_id, DecisionStatus.EXECUTED, after_iteration))
 
 
+def action_checkpoints(conn: sqlite3.Connection, work_id: str) -> list[str]:
+    """The checkpoints of every executed action of ``work_id`` a human approved, oldest first."""
+    return [r[0] for r in conn.execute("""SELECT checkpoint FROM decisions WHERE work_id = ? AND status = ?
+                                          AND checkpoint IS NOT NULL ORDER BY decided_at, created_at""",
+                                       (work_id, DecisionStatus.EXECUTED))]
+
+
 def rejected_to_stop(conn: sqlite3.Connection, work_id: str, *stopping_kinds: str) -> bool:
     """True if a rejection of ``work_id`` ends the run: one rejected with ``stop_run``, or a
     rejected decision of one of ``stopping_kinds``."""

@@ -36,6 +36,7 @@ class Verdict:
     held_back: tuple = ()
     evidence: str = ""
     review: dict | None = None           # the model review that judged this pass, if one did
+    verified: str | None = None          # the commit of the tree the checks ran on (roles/eval_agent/scope.py)
 
     @classmethod
     def from_row(cls, row) -> "Verdict":

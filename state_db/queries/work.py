@@ -101,6 +101,8 @@ class WorkItem:
     discarded_s: float = 0.0
     review: dict = field(default_factory=dict)        # the review criteria it was submitted with
     next_step: str | None = None     # a paused or parked run's next step, as stored (roles/loop_agent/steps.py)
+    scope: tuple[str, ...] = ()      # globs that widen its change scope (roles/eval_agent/scope.py)
+    delivered: dict | None = None    # at goal_met: the verified tree delivered (roles/workspace/delivered.py)
 
     @classmethod
     def from_row(cls, row: sqlite3.Row | dict) -> "WorkItem":
@@ -108,6 +110,8 @@ class WorkItem:
         v = columns(cls, row)
         v["verify"] = tuple(loads(v.get("verify"), []))
         v["protect"] = tuple(loads(v.get("protect"), []))
+        v["scope"] = tuple(loads(v.get("scope"), []))
+        v["delivered"] = loads(v.get("delivered"))
         v["caps"] = Caps.parse(v.get("caps"))
         v["toolchain"] = loads(v.get("toolchain"), {}) or {}
         v["review"] = loads(v.get("review"), {}) or {}

@@ -128,6 +128,7 @@ def cli(home, *argv) -> str:
 
 def settings_item(ws: Path, service: str, script: Path) -> list[str]:
     return ["submit", goal(service), "--workspace", str(ws), "--verify", CHECK, "--protect", "validate_config.py",
+            "--scope", "settings.json",
             "--backend", f"scripted:{script}", "--max-iterations", "5", "--json"]
 
 

@@ -78,7 +78,7 @@ def submit(home, tag: str, script: Path) -> tuple[str, Path]:
     ws.mkdir(parents=True)
     (ws / "answer.txt").write_text("wrong\n")
     out = cli(home, "submit", f"make answer.txt say right ({tag})", "--workspace", str(ws), "--verify", VERIFY,
-              "--backend", f"scripted:{script}", "--max-iterations", "4", "--no-wait", "--json")
+              "--scope", "answer.txt", "--backend", f"scripted:{script}", "--max-iterations", "4", "--no-wait", "--json")
     return json.loads(out.stdout)["id"], ws
 
 

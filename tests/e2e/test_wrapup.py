@@ -60,7 +60,7 @@ def test_a_token_budget_ends_with_its_reason_and_a_hand_off_note_within_the_rese
     (ws / "state").write_text("start")
     script = _script(org.root.parent / "wrapup.json")
     got = cli(org, "submit", "make the state check pass", "--workspace", str(ws), "--verify", SHOW_AND_FAIL,
-              "--backend", f"scripted:{script}", "--budget-tokens", str(BUDGET), "--max-iterations", "10",
+              "--scope", "state", "--backend", f"scripted:{script}", "--budget-tokens", str(BUDGET), "--max-iterations", "10",
               "--json", "--no-wait")
     assert got.returncode == 0, got.stderr
     wid = json.loads(got.stdout)["id"]

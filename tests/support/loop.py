@@ -20,6 +20,15 @@ FIXED = "def add(a, b):\n    return a + b\n"
 CHECK = f"{sys.executable} -c 'import calc; assert calc.add(2, 3) == 5, calc.add(2, 3)'"
 
 
+def commit_iteration(home, work_id: str, checkpoint: str, n: int = 1) -> None:
+    """Record iteration ``n`` of ``work_id`` with ``checkpoint``, as its loop-agent would."""
+    lw = StateWriter(home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
+    with lw.transaction() as tx:
+        tx.insert("iterations", {"work_id": work_id, "n": n, "attempt": 1, "act_status": "ok", "act_summary": "",
+                                 "checkpoint": checkpoint, "committed_at": tx.now})
+    lw.close()
+
+
 def make_workspace(root: Path) -> Path:
     ws = root / "ws"
     ws.mkdir(parents=True)
@@ -29,11 +38,11 @@ def make_workspace(root: Path) -> Path:
     return ws
 
 
-def submit(home, ws: Path, work_id="w1", caps=None, verify=(CHECK,), instance="loop-agent-1") -> str:
+def submit(home, ws: Path, work_id="w1", caps=None, verify=(CHECK,), instance="loop-agent-1", scope=()) -> str:
     human = StateWriter(home.db_path, Actor.HUMAN)
     with human.transaction() as tx:
         tx.insert("work_items", {"id": work_id, "goal": "make add() add", "workspace": str(ws),
-                                 "verify": list(verify), "caps": caps or {"max_iterations": 6},
+                                 "verify": list(verify), "caps": caps or {"max_iterations": 6}, "scope": list(scope),
                                  "backend": "anthropic", "status": WorkStatus.QUEUED, "created_by": "human",
                                  "created_at": time.time(), "updated_at": time.time()})
     human.close()

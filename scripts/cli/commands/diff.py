@@ -38,7 +38,8 @@ def patch_of(args) -> bytes:
         return history.diff_bytes(its.get(n - 1) or history.baseline_commit(), its[n])
     if not its:
         return b""
-    return history.diff_bytes(history.baseline_commit(), its[max(its)])
+    delivered = (item.delivered or {}).get("verified")     # at goal_met: what the workspace was made to hold
+    return history.diff_bytes(history.baseline_commit(), delivered or its[max(its)])
 
 
 def run(args) -> int:

@@ -176,6 +176,8 @@ def run(args) -> int:
                                                               for h in last["held_back"]))
         if last["outcome"] != "pass":
             print("\nlatest feedback:\n" + last["feedback"][:1500])
+    for line in delivered_lines(item):
+        print(line)
     if args.sandbox:
         print("\nsandbox view (what its commands see, read-only unless said, and why):")
         for entry in item["sandbox_view"]:
@@ -183,6 +185,25 @@ def run(args) -> int:
     else:
         print(f"\n(what this run's sandbox shows and hides: 'org show {item['id']} --sandbox')")
     return 0
+
+
+def delivered_lines(item: dict) -> list[str]:
+    """What the workspace was made to hold at goal_met, and what was kept apart."""
+    raw = item.get("delivered")
+    done = orjson.loads(raw) if isinstance(raw, (str, bytes)) else raw
+    if not done:
+        return []
+    if done.get("error"):
+        return [f"delivered: not done ({done['error']}: {done.get('detail', '')})"]
+    line = (f"delivered: the workspace holds the verified tree {str(done['verified'])[:12]}"
+            + (", proved file by file" if done.get("proved") else
+               f" — delivery_differs: it still differs at {', '.join(done.get('differs', [])[:5])}"))
+    out = [line]
+    if done.get("held"):
+        out.append(f"held apart (outside the change scope): {', '.join(done['held_paths'][:12])}"
+                   f"{' …' if len(done['held_paths']) > 12 else ''} — see 'org export {item['id']} --held', "
+                   f"apply with 'org apply {item['id']} --held'")
+    return out
 
 
 def sandbox_view(args, item: dict) -> list[dict]:

@@ -23,6 +23,9 @@ def add_arguments(p) -> None:
                         "(globs; ** spans folders)")
     p.add_argument("--no-default-protect", action="store_true",
                    help="protect only the --protect globs, not the usual test files")
+    p.add_argument("--scope", action="append", default=[], metavar="GLOB",
+                   help="widen the change scope: changes to matching files reach the checks too (repeatable; by "
+                        "default only edits to existing code and new code files in existing packages do)")
     caps = p.add_argument_group("caps", "a flag sets the cap it names; every other cap keeps its default "
                                         "([caps] in org.toml, else the built-in one)")
     caps.add_argument("--max-iterations", type=int, help="hard cap on iterations")
@@ -37,6 +40,9 @@ def add_arguments(p) -> None:
     p.add_argument("--review", metavar="CRITERIA",
                    help="after the verify commands pass, a model reviews the change against the goal and these "
                         "criteria and may veto it (default: [review] criteria in org.toml)")
+    p.add_argument("--no-review", action="store_true",
+                   help="no model review of passing changes (by default one reviews every pass wherever a review "
+                        "model can be reached)")
     p.add_argument("--no-wait", action="store_true",
                    help="return at once instead of waiting for the verify commands' preflight on the baseline")
     p.add_argument("--wait-timeout", type=float, default=120.0, metavar="S",
@@ -62,10 +68,10 @@ def check_scripted_backend(spec: str | None) -> None:
 def request_of(args) -> SubmitRequest:
     return SubmitRequest(
         goal=args.goal, workspace=args.workspace, verify=args.verify, protect=args.protect,
-        default_protect=not args.no_default_protect,
+        default_protect=not args.no_default_protect, scope=args.scope,
         max_iterations=args.max_iterations, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
         timeout_s=args.timeout, no_caps=tuple(k for k in NO_FLAGS if getattr(args, "no_" + k, False)),
-        backend=args.backend, worktree=args.worktree, review=args.review,
+        backend=args.backend, worktree=args.worktree, review=args.review, no_review=args.no_review,
         idempotency_key=args.idempotency_key)
 
 

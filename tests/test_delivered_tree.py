@@ -1,0 +1,70 @@
+"""At goal_met the workspace holds the verified tree byte for byte: the doer's changes outside the
+scope are kept apart (refs/held/<n>), caches and nested repositories the doer made are gone, and a
+content comparison — not a stat — proves it."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from roles.workspace.delivered import deliver, differences
+from roles.workspace.history import WorkspaceHistory
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def ws(tmp_path) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "__init__.py").write_text("")
+    (ws / "pkg" / "mod.py").write_text("def f():\n    return 1\n")
+    (ws / "data.json").write_text("[1]\n")
+    return ws
+
+
+def _hist(tmp_path, ws) -> WorkspaceHistory:
+    return WorkspaceHistory(tmp_path / "org" / "history" / "w.git", ws)
+
+
+def test_delivery_keeps_the_out_of_scope_changes_apart_and_proves_the_tree(tmp_path, ws):
+    hist = _hist(tmp_path, ws)
+    base = hist.baseline()
+    (ws / "pkg" / "mod.py").write_text("def f():\n    return 2\n")          # in scope
+    (ws / "data.json").write_text("[2]\n")                                  # out of scope
+    (ws / "notes.txt").write_text("mine\n")                                 # out of scope
+    nested = ws / "pkg" / "vendored"
+    subprocess.run(["git", "init", "-q", str(nested)], check=True)
+    (nested / "evil.py").write_text("x = 1\n")
+    c1 = hist.checkpoint(1)
+    verified = hist.derive(c1, {"data.json": hist.entries(base)["data.json"], "notes.txt": None,
+                                "pkg/vendored": None}, "verified")
+    # compiled code planted after the checkpoint, in a cache the history never records
+    (ws / "pkg" / "__pycache__").mkdir()
+    (ws / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\x00planted")
+    got = deliver(hist, verified, 1)
+    assert got.proved and got.differs == ()
+    assert set(got.held_paths) == {"data.json", "notes.txt", "pkg/vendored/evil.py"}
+    assert (ws / "pkg" / "mod.py").read_text().endswith("return 2\n") and (ws / "data.json").read_text() == "[1]\n"
+    assert not (ws / "notes.txt").exists() and not (ws / "pkg" / "__pycache__").exists() and not nested.exists()
+    patch = hist.diff(verified, got.held)
+    assert "notes.txt" in patch and "+[2]" in patch
+    assert deliver(hist, verified, 1) == got                                # once: the same result again
+
+
+def test_the_comparison_reads_content_not_stat(tmp_path, ws):
+    hist = _hist(tmp_path, ws)
+    base = hist.baseline()
+    target = ws / "pkg" / "mod.py"
+    st = os.stat(target)
+    target.write_text("def f():\n    return 9\n")                           # same size
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert differences(ws, hist._repo, hist.tree_id(base)) == ["pkg/mod.py"]
+    os.chmod(target, 0o755)
+    (ws / "extra.py").write_text("")
+    os.mkfifo(ws / "pipe")
+    assert differences(ws, hist._repo, hist.tree_id(base)) == ["extra.py", "pipe", "pkg/mod.py"]
+    (ws / "data.json").unlink()
+    assert "data.json" in differences(ws, hist._repo, hist.tree_id(base))
