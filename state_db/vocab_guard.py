@@ -101,9 +101,9 @@ FREE: dict[str, tuple[str, ...]] = {
     "transport_counters": ("instance", "name"),
     "usage_summaries": ("work_id",),
     "verdicts": ("id", "work_id", "checks", "feedback", "protected_changed", "written_by", "held_back", "evidence",
-                 "review"),
+                 "review", "verified"),
     "work_items": ("id", "goal", "workspace", "verify", "protect", "caps", "stop_detail", "assigned_to", "branch",
-                   "created_by", "toolchain", "origin_id", "review", "next_step", "dismissed_by"),
+                   "created_by", "toolchain", "origin_id", "review", "next_step", "dismissed_by", "scope", "delivered"),
     "workspace_locks": ("workspace", "work_id"),
 }
 
