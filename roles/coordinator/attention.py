@@ -28,7 +28,7 @@ import structlog
 from state_db.queries.events import Attention, attention_undelivered
 from state_db.writer import StateWriter
 
-KINDS = ("decision_waiting", "batch_open", "verify_unrunnable", "role_failed", "org_limit")
+KINDS = ("decision_waiting", "batch_open", "verify_unrunnable", "role_failed", "org_limit", "evidence_forged")
 FAILED, GAVE_UP = "webhook_failed", "webhook_gave_up"     # transport_counters names, per instance
 BACKOFF_S, BACKOFF_MAX_S = 1.0, 30.0
 STALE_S = 3600.0            # an event older than this is not posted (a webhook configured later)

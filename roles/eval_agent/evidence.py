@@ -70,6 +70,7 @@ class TestCounts:
 
 # pytest: "==== 1 failed, 2 passed, 1 skipped in 0.12s ====", "2 passed in 0.01s", "no tests ran in 0.01s"
 _PYTEST = re.compile(r"^=*\s*((?:\d+ \w+(?:, )?)+|no tests ran)\s+in\s+[\d.]+\s*s(?:econds)?\b.*$")
+PYTEST_SUMMARY = _PYTEST        # the line pytest ends a session with
 _PYTEST_PART = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed|warnings?|rerun)")
 # unittest: "Ran 3 tests in 0.001s" then "OK", "OK (skipped=1)", "FAILED (failures=1, errors=1, skipped=2)"
 _UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in [\d.]+s$")

@@ -86,7 +86,8 @@ class EvalAgentProcess(RoleProcess):
                             history_factory=remote_histories(self.home, writer.conn) if self.joined else None,
                             runner_factory=lambda snapshot, workspace: runner_from_config(self.cfg, self.home, snapshot,
                                                                                present_at=workspace),
-                            reviewer=Reviewer(ReviewSettings.from_config(self.cfg), writer))
+                            reviewer=Reviewer(ReviewSettings.from_config(self.cfg), writer),
+                            canaries=self.cfg.verify.canaries)
         failures: dict[tuple[str, int], tuple[int, float]] = {}   # (work, n) -> (failed tries, next try at)
         try:
             while not self.stopping:

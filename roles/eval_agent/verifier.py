@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from roles import telemetry
-from roles.eval_agent import evidence, held as held_rules
+from roles.eval_agent import canaries, evidence, held as held_rules
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
@@ -145,10 +145,11 @@ class Verifier:
             None runs plain processes.
         reviewer: the review (``review.Reviewer``) of passes with criteria and of the doer's
             claims that the goal is impossible; None: no review.
+        canaries: plant canary tests at every verification (``canaries``; ``[verify] canaries``).
     """
 
     def __init__(self, home: OrgHome, writer: StateWriter, *, timeout_s: float = 300.0, history_factory=None,
-                 runner_factory=None, reviewer=None):
+                 runner_factory=None, reviewer=None, canaries: bool = True):
         if history_factory is None:
             from roles.workspace.history import WorkspaceHistory as history_factory
         self.home = home
@@ -157,6 +158,7 @@ class Verifier:
         self.history_factory = history_factory
         self.runner_factory = runner_factory
         self.reviewer = reviewer
+        self.canaries = canaries
         self._histories: OrderedDict[tuple[str, str], object] = OrderedDict()
 
     def _history(self, work_id: str, workspace: str):
@@ -189,7 +191,7 @@ class Verifier:
             history.discard_snapshot(snapshot)     # left half-written by a killed eval-agent
             return history.materialize(commit, snapshot, paths=paths)
 
-    def _run(self, work: WorkItem, snapshot: Path) -> list[CheckResult]:
+    def _run(self, work: WorkItem, snapshot: Path, planted: canaries.Planted | None = None) -> list[CheckResult]:
         """Run every verify command in ``snapshot``. Raises VerifyUnavailable (the sandbox)."""
         runner = self.runner_factory(snapshot, Path(work.workspace)) if self.runner_factory else None
         commands = list(work.verify)
@@ -205,7 +207,7 @@ class Verifier:
             # a fresh name each time: nothing the doer left in the snapshot can stand in for it
             name = f".loop-org-junit-{uuid.uuid4().hex}.xml"
             checks.append(run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner, should_stop=run_over,
-                                    report=(snapshot / name, inside / name)))
+                                    report=(snapshot / name, inside / name), planted=planted))
         return checks
 
     def verify(self, work_id: str, n: int) -> Verdict | Preflight:
@@ -239,14 +241,16 @@ class Verifier:
         paths = history.protected_paths(patterns=patterns) if patterns else []
         protected = self._snapshot(history, it.checkpoint, snapshot, paths)
         held = self._hold_back(history, it.checkpoint, snapshot, list(work.verify), paths)
+        baseline = self._baseline_checks(work_id)
+        planted, hosts = (canaries.for_iteration(history, snapshot, baseline) if self.canaries
+                          else (canaries.Planted(), {}))
         try:
-            checks = self._run(work, snapshot)
+            checks = self._run(work, snapshot, planted)
         except VerifyUnavailable as exc:
             if exc.code != "sandbox_unavailable":
                 raise                       # transient (the sandbox failed to start): retried, then an error
             return self.record_error(work_id, n, exc.code, str(exc))
-        baseline = self._baseline_checks(work_id)
-        checks = [_judged(c, baseline) for c in checks]
+        checks = [canaries.judged(_judged(c, baseline), planted, hosts.get(c.command, ())) for c in checks]
         unrunnable = [(c, why) for c in checks if (why := cannot_start(c))]
         if unrunnable:
             c, why = unrunnable[0]
@@ -315,9 +319,16 @@ class Verifier:
         work = self._work(work_id)
         history = self._history(work_id, work.workspace)
         snapshot = self.home.root / "eval" / work_id
-        self._snapshot(history, history.baseline_commit() or history.baseline(), snapshot, [])
+        base = history.baseline_commit() or history.baseline()
+        self._snapshot(history, base, snapshot, [])
+        planted = canaries.for_preflight(history, snapshot) if self.canaries else None
         try:
-            checks = self._run(work, snapshot)
+            checks = self._run(work, snapshot, planted)
+            if planted is not None:
+                checks, again = canaries.calibrated(checks, planted)
+                if again:               # a runner ran them where their outcome cannot be read: without them
+                    self._snapshot(history, base, snapshot, [])
+                    checks = [replace(c, canary=None) for c in self._run(work, snapshot)]
         except VerifyUnavailable as exc:
             if exc.code != "sandbox_unavailable":
                 raise
@@ -414,6 +425,8 @@ class Verifier:
                 goal_met = end_run(tx, work_id, met).reason == StopReason.GOAL_MET
             elif outcome == VerdictOutcome.ERROR and work.status != WorkStatus.ENDED:
                 ended = end_run(tx, work_id, StopDecision(StopReason.VERIFY_UNRUNNABLE, end_detail or feedback)).reason
+            elif (forged := canaries.forged_checks(checks)) and work.status != WorkStatus.ENDED:
+                ended = end_run(tx, work_id, StopDecision(StopReason.EVIDENCE_FORGED, _forged_detail(n, forged))).reason
         return Verdict(vid, work_id, n, outcome, tuple(checks), feedback, tuple(protected), goal_met,
                        tuple(h.encode() for h in held), ended or (StopReason.GOAL_MET if goal_met else None))
 
@@ -455,6 +468,13 @@ def _judged(check: CheckResult, baseline: dict[str, CheckResult] | None) -> Chec
     note = f"\n[eval-agent] not a pass: the check {ev.problem}"
     return replace(check, passed=False, evidence=ev.basis, signature="evidence:" + ev.problem.split(" (")[0],
                    output_tail=(check.output_tail + note)[-2000:], junit=kept)
+
+
+def _forged_detail(n: int, forged: list[CheckResult]) -> str:
+    c = forged[0]
+    return (f"iteration {n}: the test report of `{c.command}` was not written by an honest run ({c.canary['forged']}); "
+            "the eval-agent's own tests in the snapshot contradict it — review the change with 'org diff' "
+            "(its checkpoints are kept); the doer's code rewrites the runner's evidence")
 
 
 def _counts_line(checks) -> str:
