@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from roles import telemetry
-from roles.eval_agent import canaries, evidence, held as held_rules
+from roles.eval_agent import canaries, evidence, held as held_rules, runnable
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
@@ -257,6 +257,17 @@ class Verifier:
             coded = [replace(x, code=x.code or "verify_unrunnable") if cannot_start(x) else x for x in checks]
             return self.record(work_id, n, coded, protected, held=held, outcome=VerdictOutcome.ERROR,
                                end_detail=unrunnable_message(c, why, where="in the sandbox during the run"))
+        modules = runnable.modules_of(history.file_ids(it.checkpoint))
+        machine = [(c, why) for c in checks if (why := runnable.environment_failed(
+            c, (baseline or {}).get(c.command), workspace_modules=modules))]
+        if machine:                 # the environment's failure, never the doer's: no lesson, no repeated_failure
+            c, why = machine[0]
+            coded = [replace(x, code=runnable.ENVIRONMENT_FAILED) if any(x is m for m, _ in machine) else x
+                     for x in checks]
+            return self.record(work_id, n, coded, protected, held=held, outcome=VerdictOutcome.ERROR,
+                               end_detail=f"iteration {n} could not be verified: `{c.command}` did not reach its "
+                                          f"tests ({why}) where the baseline's run did — the machine's failure, "
+                                          "not the doer's; fix the environment (see 'org doctor')")
         if protected:
             checks.append(CheckResult(name=PROTECTED_CHECK, command="(compare with baseline)", passed=False,
                                       exit_code=None, timed_out=False, signature="protected:" + ",".join(protected),
@@ -339,6 +350,17 @@ class Verifier:
                 coded = [replace(x, code="verify_unrunnable") if cannot_start(x, baseline=True) else x for x in checks]
                 return self._write_preflight(work_id, PreflightOutcome.UNRUNNABLE, coded,
                                              unrunnable_message(c, why, where="on the baseline"))
+        files = history.file_ids(None)
+        deps = runnable.declared(lambda p: history.read_path(None, p), files)
+        modules = runnable.modules_of(files)
+        for c in checks:
+            found = runnable.why_not_ran(c, dependencies=deps, workspace_modules=modules)
+            if found:
+                what, hint = found
+                coded = [replace(x, code="verify_unrunnable") if x is c else x for x in checks]
+                return self._write_preflight(work_id, PreflightOutcome.UNRUNNABLE, coded,
+                                             f"verify command `{c.command}` never reached its tests on the baseline: "
+                                             f"{what} — {hint}")
         if all(c.passed for c in checks) and all(evidence.judge(c.counts, None, baseline_known=False).problem is None
                                                  for c in checks):
             return self._write_preflight(work_id, PreflightOutcome.ALREADY_PASSES, checks,
