@@ -149,3 +149,28 @@ def test_a_module_the_doers_change_stops_importing_is_the_doers_failure():
     now = _check("tests/test_calc.py:3: in <module>\n    import requests\nE   ModuleNotFoundError: No module named "
                  "'requests'\n1 error in 0.1s", exit_code=2, command=PYTEST, tests={"runner": "pytest", "errors": 1})
     assert runnable.environment_failed(now, base, workspace_modules={"calc"}) is None
+
+
+# -- forced colour: no terminal control sequence is stored or sent to a model -----------------------
+
+def test_forced_colour_reaches_no_verdict_feedback_or_prompt(org_home, tmp_path):
+    """The project's pytest configuration forces colour: the words of the failure reach the
+    feedback, its escape sequences do not; nor do they reach a prompt built from it."""
+    from roles.loop_agent.context import assemble
+    ws = _ws(tmp_path, {"pytest.ini": "[pytest]\naddopts = --color=yes\n"})
+    submit(org_home, ws, work_id="w1", verify=(PYTEST,))
+    verifier = _verifier(org_home)
+    pre = verifier.verify("w1", 0)
+    assert pre.outcome == "ready" and "\x1b" not in pre.checks[0].output_tail
+    (ws / "calc.py").write_text(CALC + "\n# still wrong\n")
+    checkpoint = WorkspaceHistory(org_home.history_dir / "w1.git", ws).checkpoint(1)
+    lw = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
+    with lw.transaction() as tx:
+        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
+                                 "checkpoint": checkpoint, "committed_at": tx.now})
+    lw.close()
+    v = verifier.verify("w1", 1)
+    assert v.outcome == "fail" and "assert" in v.feedback and "\x1b" not in v.feedback
+    prompt = assemble("fix \x1b[31mmean\x1b[0m", "instructions", [], [("k1", "note \x1b]52;c;eA==\x07")], [], [],
+                      "\x1b[1mFAILED\x1b[0m test_mean", 2)
+    assert "\x1b" not in prompt.variable and "\x07" not in prompt.variable and "FAILED test_mean" in prompt.variable
