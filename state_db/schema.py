@@ -421,6 +421,12 @@ CREATE TABLE peers (
 CREATE UNIQUE INDEX peers_one_key ON peers(curve_public);
 """
 
+# Held-out checks (roles/eval_agent/hidden.py): the folder a work item's verifications copy into
+# each snapshot (``--verify-hidden``, ``[verify] hidden``); '' for none.
+EVIDENCE = """
+ALTER TABLE work_items ADD COLUMN verify_hidden TEXT NOT NULL DEFAULT '';
+"""
+
 
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
@@ -436,4 +442,5 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0012_review", REVIEW),
     ("0013_handoff", HANDOFF),
     ("0014_peers", PEERS),
+    ("0021_evidence", EVIDENCE),
 ]

@@ -274,14 +274,13 @@ _BLOCK_START = re.compile(r"^_{3,} (\S+) _{3,}\s*$")
 _SECTION = re.compile(r"^(?:={3,}|_{3,}|-{3,}) ")
 
 
-def scrub(text: str, planted: Planted, seen: Mapping[str, str] | None = None) -> str:
-    """``text`` (a check's output) as the doer may see it: no line naming a canary, no failure
-    block of one, and pytest's summary line counting the project's tests only (``seen``: what
-    the report said of each canary; None: there was no report, and the counts stay as printed)."""
-    names = planted.names
+def without(text: str, names: Iterable[str]) -> str:
+    """``text`` (a runner's output) without the lines that mention any of ``names`` and without
+    the failure blocks (``____ name ____`` up to the next section) of the tests they name."""
+    names = sorted(n for n in names if n)
     if not names or not text:
         return text
-    pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, sorted(names))) + r")\b")
+    pattern = re.compile(r"(?<![\w])(?:" + "|".join(map(re.escape, names)) + r")(?![\w])")
     out, skipping = [], False
     for line in text.splitlines(keepends=True):
         m = _BLOCK_START.match(line.strip())
@@ -294,6 +293,16 @@ def scrub(text: str, planted: Planted, seen: Mapping[str, str] | None = None) ->
         if skipping or pattern.search(line):
             continue
         out.append(line)
+    return "".join(out)
+
+
+def scrub(text: str, planted: Planted, seen: Mapping[str, str] | None = None) -> str:
+    """``text`` (a check's output) as the doer may see it: no line naming a canary, no failure
+    block of one, and pytest's summary line counting the project's tests only (``seen``: what
+    the report said of each canary; None: there was no report, and the counts stay as printed)."""
+    if not planted.names or not text:
+        return text
+    out = without(text, planted.names).splitlines(keepends=True)
     if seen is None:
         return "".join(out)         # no report: nobody can say what the printed counts hold
     less = {"passed": sum(o == "passed" for o in seen.values()), "failed": sum(o == "failed" for o in seen.values())}

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from roles import telemetry
-from roles.eval_agent import canaries, evidence, held as held_rules, runnable
+from roles.eval_agent import canaries, evidence, held as held_rules, hidden as held_out, runnable
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
@@ -202,13 +202,20 @@ class Verifier:
             now = work_q.item(self.writer.conn, work.id)
             return now is None or now.status == WorkStatus.ENDED or now.cancel_requested
         inside = Path(getattr(runner, "present_at", None) or snapshot)
+        unseen = held_out.names(work.verify_hidden) if work.verify_hidden else frozenset()
         checks = []
         for cmd in commands:
             # a fresh name each time: nothing the doer left in the snapshot can stand in for it
             name = f".loop-org-junit-{uuid.uuid4().hex}.xml"
             checks.append(run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner, should_stop=run_over,
                                     report=(snapshot / name, inside / name), planted=planted))
-        return checks
+        # the doer sees no held-out check's name or code in the output (they still count)
+        return [replace(c, output_tail=canaries.without(c.output_tail, unseen)) for c in checks] if unseen else checks
+
+    def _held_out(self, work: WorkItem, snapshot: Path) -> None:
+        """Write the work item's held-out checks into ``snapshot``. Raises HiddenError."""
+        if work.verify_hidden:
+            held_out.copy_into(snapshot, work.verify_hidden)
 
     def verify(self, work_id: str, n: int) -> Verdict | Preflight:
         """Verify committed iteration ``n`` of ``work_id`` (idempotent: an existing verdict is
@@ -241,6 +248,10 @@ class Verifier:
         paths = history.protected_paths(patterns=patterns) if patterns else []
         protected = self._snapshot(history, it.checkpoint, snapshot, paths)
         held = self._hold_back(history, it.checkpoint, snapshot, list(work.verify), paths)
+        try:
+            self._held_out(work, snapshot)
+        except held_out.HiddenError as exc:          # could not verify: never a verification without them
+            return self.record_error(work_id, n, exc.code, str(exc))
         baseline = self._baseline_checks(work_id)
         planted, hosts = (canaries.for_iteration(history, snapshot, baseline) if self.canaries
                           else (canaries.Planted(), {}))
@@ -332,14 +343,18 @@ class Verifier:
         snapshot = self.home.root / "eval" / work_id
         base = history.baseline_commit() or history.baseline()
         self._snapshot(history, base, snapshot, [])
-        planted = canaries.for_preflight(history, snapshot) if self.canaries else None
         try:
+            self._held_out(work, snapshot)
+            planted = canaries.for_preflight(history, snapshot) if self.canaries else None
             checks = self._run(work, snapshot, planted)
             if planted is not None:
                 checks, again = canaries.calibrated(checks, planted)
                 if again:               # a runner ran them where their outcome cannot be read: without them
                     self._snapshot(history, base, snapshot, [])
+                    self._held_out(work, snapshot)
                     checks = [replace(c, canary=None) for c in self._run(work, snapshot)]
+        except held_out.HiddenError as exc:
+            return self.record_preflight_error(work_id, exc.code, str(exc))
         except VerifyUnavailable as exc:
             if exc.code != "sandbox_unavailable":
                 raise

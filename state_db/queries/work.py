@@ -77,6 +77,7 @@ class WorkItem:
     discarded_s: float = 0.0
     review: dict = field(default_factory=dict)        # the review criteria it was submitted with
     next_step: str | None = None     # a paused or parked run's next step, as stored (roles/loop_agent/steps.py)
+    verify_hidden: str = ""          # the held-out checks folder copied into each snapshot ('' none)
 
     @classmethod
     def from_row(cls, row: sqlite3.Row | dict) -> "WorkItem":

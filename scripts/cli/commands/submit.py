@@ -30,6 +30,10 @@ def add_arguments(p) -> None:
     p.add_argument("--review", metavar="CRITERIA",
                    help="after the verify commands pass, a model reviews the change against the goal and these "
                         "criteria and may veto it (default: [review] criteria in org.toml)")
+    p.add_argument("--verify-hidden", metavar="DIR",
+                   help="held-out checks: a folder outside the workspace whose files (laid out as in the "
+                        "workspace) are copied into each verification's snapshot only, never shown to the doer "
+                        "(default: [verify] hidden in org.toml)")
     p.add_argument("--no-wait", action="store_true",
                    help="return at once instead of waiting for the verify commands' preflight on the baseline")
     p.add_argument("--wait-timeout", type=float, default=120.0, metavar="S",
@@ -58,7 +62,7 @@ def request_of(args) -> SubmitRequest:
         default_protect=not args.no_default_protect,
         max_iterations=args.max_iterations, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
         timeout_s=args.timeout, backend=args.backend, worktree=args.worktree, review=args.review,
-        idempotency_key=args.idempotency_key)
+        idempotency_key=args.idempotency_key, verify_hidden=args.verify_hidden)
 
 
 def run(args) -> int:
