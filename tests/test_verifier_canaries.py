@@ -93,7 +93,7 @@ def _fix(ws):
 
 def test_an_honest_fix_passes_with_canaries_that_no_output_or_count_shows(org_home, tmp_path):
     pre, v, work = _verify(org_home, _repo(tmp_path), _fix)
-    assert pre.checks[0].canary["hosts"] == ["tests/test_calc.py", "tests/test_other.py"]
+    assert pre.checks[0].canary == {"hosts": ["tests/test_calc.py", "tests/test_other.py"], "failing": True}
     assert "1 of 3 tests fail" in pre.detail                     # the project's tests only
     assert set(pre.checks[0].junit["ids"]) == {"tests.test_calc::test_mean", "tests.test_calc::test_single",
                                                "tests.test_other::test_other"}
@@ -154,7 +154,7 @@ def test_a_k_selection_that_leaves_the_canaries_out_on_the_baseline_calibrates_n
     """What the baseline's run did not collect is never expected later: an honest pass."""
     verify = (f"{PYTEST} -k 'mean or single'",)
     pre, v, work = _verify(org_home, _repo(tmp_path), _fix, verify=verify)
-    assert pre.checks[0].canary == {"hosts": []}
+    assert pre.checks[0].canary == {"hosts": [], "failing": False}
     assert v.goal_met and v.checks[0].canary is None
 
 
@@ -201,3 +201,22 @@ def test_plant_is_appended_to_unchanged_hosts_and_compiles(tmp_path):
     assert canaries.candidates({"t/test_x.py": "100644 a", ".venv/lib/test_z.py": "100644 b",
                                 "node_modules/p/test_q.py": "100644 c", "t/link_test.py": "120000 d",
                                 "t/helper.py": "100644 e"}) == ["t/test_x.py"]
+
+
+def test_under_xdist_must_fail_canaries_skip_and_the_command_is_held_to_the_must_pass_ones():
+    """A pytest-xdist worker's failure count is not the exit status's: there the must-fail canary
+    skips; the baseline learns so, and a skip is then what an honest run reports."""
+    planted = canaries.Planted((canaries.Canary("t/test_a.py", "test_keeps_order", canaries.MUST_PASS),
+                                canaries.Canary("t/test_a.py", "test_rejects_zero", canaries.MUST_FAIL),
+                                canaries.Canary("t/test_b.py", "test_reads_ascii", canaries.MUST_PASS)))
+    junit = {"counts": {}, "ids": {}, "truncated": False}
+    xdist = {"test_keeps_order": "passed", "test_rejects_zero": "skipped", "test_reads_ascii": "passed"}
+    cal = canaries.calibrate(planted, xdist, junit)
+    assert cal == {"hosts": ["t/test_a.py", "t/test_b.py"], "failing": False}
+    assert canaries.forged(planted, cal["hosts"], xdist, would_pass=True, failing=False) is None
+    flipped = {**xdist, "test_rejects_zero": "passed"}
+    assert canaries.forged(planted, cal["hosts"], flipped, would_pass=True, failing=False) is not None
+    plain = {**xdist, "test_rejects_zero": "failed"}
+    assert canaries.calibrate(planted, plain, junit)["failing"] is True
+    assert canaries.forged(planted, cal["hosts"], xdist, would_pass=True, failing=True) is not None
+    assert canaries.calibrate(planted, plain, None) == {"hosts": [], "failing": False}

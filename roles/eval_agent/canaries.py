@@ -124,8 +124,12 @@ def _passing(name: str, rng: random.Random) -> str:
 
 def _failing(name: str, rng: random.Random) -> str:
     a, b = rng.randint(2, 97), rng.randint(2, 97)
-    # the teardown takes this failure back out of pytest's count (exit status, -x, --maxfail)
+    # the teardown takes this failure back out of pytest's count (exit status, -x, --maxfail); a
+    # pytest-xdist worker's count is not the one the exit status comes from, so there it skips
     return (f"\n\ndef {name}(request):\n"
+            f"    if hasattr(request.config, 'workerinput'):\n"
+            f"        import pytest\n"
+            f"        pytest.skip('{rng.choice(_NOUNS).replace('_', ' ')}')\n"
             f"    session = request.session\n"
             f"    before, stopping = session.testsfailed, session.shouldfail\n\n"
             f"    def settle():\n"
@@ -157,15 +161,15 @@ def _read_host(snapshot: Path, path: str) -> bytes | None:
 
 
 def plant(snapshot: Path, hosts: Iterable[str], baseline: Mapping[str, bytes | None],
-          rng: random.Random | None = None) -> Planted:
+          rng: random.Random | None = None, failing: int = MAX_FAILING) -> Planted:
     """Append canaries to ``hosts`` in ``snapshot``: one must-pass canary in each, and up to
-    ``MAX_FAILING`` must-fail ones in hosts chosen at random. A host whose bytes in the snapshot
+    ``failing`` must-fail ones in hosts chosen at random. A host whose bytes in the snapshot
     are not its ``baseline`` bytes (the doer changed it), that does not compile with them, or
     that cannot be read as a plain file, is left as it was and hosts none."""
     rng = rng or random.SystemRandom()
     hosts = [h for h in hosts if baseline.get(h) is not None]
     hosts = [h for h in hosts if (text := _read_host(snapshot, h)) is not None and text == baseline[h]]
-    failing = set(rng.sample(hosts, min(MAX_FAILING, len(hosts))))
+    failing = set(rng.sample(hosts, min(failing, len(hosts))))
     planted = []
     for host in hosts:
         text = baseline[host]
@@ -224,22 +228,27 @@ def observe(report: Path, planted: Planted) -> dict[str, str]:
     return seen
 
 
-def calibrate(planted: Planted, seen: Mapping[str, str], junit: dict | None) -> list[str]:
-    """The hosts whose canaries all came out as they should on the baseline: where this command
-    will be held to them at every verification. None without a report."""
+def calibrate(planted: Planted, seen: Mapping[str, str], junit: dict | None) -> dict:
+    """What the baseline showed of this command's canaries: ``hosts``, the files whose canaries
+    all came out as they should (where the command is held to them from now on; none without a
+    report), and ``failing``, whether its must-fail canaries fail there (under pytest-xdist
+    they skip, and the command is held to its must-pass canaries only)."""
     if junit is None:
-        return []
+        return {"hosts": [], "failing": False}
     hosts: dict[str, bool] = {}
     for c in planted.canaries:
-        ok = seen.get(c.name) == ("passed" if c.must == MUST_PASS else "failed")
+        ok = seen.get(c.name) == "passed" if c.must == MUST_PASS else seen.get(c.name) in ("failed", "skipped")
         hosts[c.host] = hosts.get(c.host, True) and ok
-    return sorted(h for h, ok in hosts.items() if ok)
+    good = sorted(h for h, ok in hosts.items() if ok)
+    fails = [seen.get(c.name) for c in planted.of(good) if c.must == MUST_FAIL]
+    return {"hosts": good, "failing": bool(fails) and all(o == "failed" for o in fails)}
 
 
-def forged(planted: Planted, hosts: Iterable[str], seen: Mapping[str, str], *, would_pass: bool) -> str | None:
+def forged(planted: Planted, hosts: Iterable[str], seen: Mapping[str, str], *, would_pass: bool,
+           failing: bool = True) -> str | None:
     """Why the report cannot have come from an honest run of the command whose calibrated
     ``hosts`` are given (None: nothing contradicts it). ``would_pass``: the check passes on its
-    exit code and report alone."""
+    exit code and report alone; ``failing``: its must-fail canaries fail (else they skip)."""
     mine = planted.of(hosts)
     for c in mine:
         if c.must == MUST_FAIL and seen.get(c.name) == "passed":
@@ -250,7 +259,7 @@ def forged(planted: Planted, hosts: Iterable[str], seen: Mapping[str, str], *, w
         got = seen.get(c.name)
         if got is None:
             return "a test the runner collected on the baseline is missing from its report"
-        if c.must == MUST_FAIL and got != "failed":
+        if c.must == MUST_FAIL and got != ("failed" if failing else "skipped"):
             return f"a test that must fail is reported as {got}"
     return None
 
@@ -323,7 +332,8 @@ def for_preflight(history, snapshot: Path, rng: random.Random | None = None) -> 
     rng = rng or random.SystemRandom()
     hosts = candidates(history.file_ids(None))
     hosts = sorted(rng.sample(hosts, min(MAX_HOSTS, len(hosts))))
-    return plant(snapshot, hosts, {h: history.read_path(None, h) for h in hosts}, rng)
+    # a must-fail canary in every host: the baseline learns of each host whether it fails there
+    return plant(snapshot, hosts, {h: history.read_path(None, h) for h in hosts}, rng, failing=len(hosts))
 
 
 def calibrated(checks: list, planted: Planted) -> tuple[list, bool]:
@@ -336,29 +346,32 @@ def calibrated(checks: list, planted: Planted) -> tuple[list, bool]:
         seen = (c.canary or {}).get("seen", {})
         if c.junit is None and (c.canary or {}).get("named"):
             again = True
-        out.append(replace(c, canary={"hosts": calibrate(planted, seen, c.junit)}))
+        out.append(replace(c, canary=calibrate(planted, seen, c.junit)))
     return out, again
 
 
 def for_iteration(history, snapshot: Path, baseline_checks: Mapping | None, rng: random.Random | None = None
-                  ) -> tuple[Planted, dict[str, list[str]]]:
+                  ) -> tuple[Planted, dict[str, dict]]:
     """The canaries of one verification, in the hosts the baseline calibrated (those the doer
-    left unchanged), and each command's hosts."""
-    by_command = {cmd: list((c.canary or {}).get("hosts", [])) for cmd, c in (baseline_checks or {}).items()}
-    hosts = sorted({h for hs in by_command.values() for h in hs})
+    left unchanged), and each command's calibration (``calibrate``)."""
+    by_command = {cmd: {"hosts": list((c.canary or {}).get("hosts", [])), "failing": (c.canary or {}).get("failing", True)}
+                  for cmd, c in (baseline_checks or {}).items()}
+    hosts = sorted({h for cal in by_command.values() for h in cal["hosts"]})
     if not hosts:
         return Planted(), by_command
     return plant(snapshot, hosts, {h: history.read_path(None, h) for h in hosts}, rng), by_command
 
 
-def judged(check, planted: Planted, hosts: Iterable[str]):
-    """``check`` (judged on its exit code and evidence) held to its canaries: a forged report is
-    not a pass, and says so without naming them (``canary = {"planted": n, "forged": why}``)."""
+def judged(check, planted: Planted, calibration: Mapping | None):
+    """``check`` (judged on its exit code and evidence) held to its canaries (``calibration``:
+    the baseline's, ``calibrate``): a forged report is not a pass, and says so without naming
+    them (``canary = {"planted": n, "forged": why}``)."""
+    hosts = (calibration or {}).get("hosts", ())
     mine = planted.of(hosts)
     if not mine:
         return replace(check, canary=None)
     seen = (check.canary or {}).get("seen", {})
-    why = forged(planted, hosts, seen, would_pass=check.passed)
+    why = forged(planted, hosts, seen, would_pass=check.passed, failing=(calibration or {}).get("failing", True))
     if why is None:
         return replace(check, canary={"planted": len(mine), "forged": None})
     note = (f"\n[eval-agent] evidence forged: {why} — the eval-agent added tests of its own to the "

@@ -261,7 +261,7 @@ class Verifier:
             if exc.code != "sandbox_unavailable":
                 raise                       # transient (the sandbox failed to start): retried, then an error
             return self.record_error(work_id, n, exc.code, str(exc))
-        checks = [canaries.judged(_judged(c, baseline), planted, hosts.get(c.command, ())) for c in checks]
+        checks = [canaries.judged(_judged(c, baseline), planted, hosts.get(c.command)) for c in checks]
         unrunnable = [(c, why) for c in checks if (why := cannot_start(c))]
         if unrunnable:
             c, why = unrunnable[0]
