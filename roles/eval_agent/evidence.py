@@ -13,9 +13,11 @@ pytest finishes its session writes no report, and every test id the baseline ran
 not skipped. For the other runners the last summary printed wins: a runner prints its summary at
 the very end, so a line printed earlier by the code under test cannot stand in for it.
 
-What this cannot stop, and says so: code that runs inside the test runner's own process can do
-anything the runner can, including writing a forged report where the runner would — that takes
-code written against this verifier in particular, and it is in the diff (``org diff``). What
+Code that runs inside the test runner's own process can do anything the runner can, including
+rewriting the report where the runner writes it: the canaries (``canaries``) are what the report
+is held to against that — tests the eval-agent adds, which an honest report shows as they are.
+What no reader of the runner's results can stop is code written against this verifier in
+particular (finding the canaries and forging around them); it is in the diff (``org diff``). What
 ``judge`` guarantees: zero tests, fewer tests than the baseline ran, more skipped or deselected
 than the baseline, no summary or report where the baseline had one, or a baseline test that did
 not run, is never a pass.
