@@ -220,3 +220,16 @@ def test_under_xdist_must_fail_canaries_skip_and_the_command_is_held_to_the_must
     assert canaries.calibrate(planted, plain, junit)["failing"] is True
     assert canaries.forged(planted, cal["hosts"], xdist, would_pass=True, failing=True) is not None
     assert canaries.calibrate(planted, plain, None) == {"hosts": [], "failing": False}
+
+
+def test_canary_names_avoid_the_words_of_a_k_expression_so_selection_depends_on_the_file_only(tmp_path):
+    """``-k "parse or format"`` would select a canary named test_parses_… at one verification and
+    leave out test_keeps_… at the next: names never contain a -k word."""
+    avoid = canaries.keyword_words([f"{PYTEST} -k 'parse or format and not slow'", "make test"])
+    assert avoid == {"parse", "format", "slow"}
+    (tmp_path / "test_x.py").write_bytes(b"def test_a():\n    pass\n")
+    for seed in range(30):
+        (tmp_path / "test_x.py").write_bytes(b"def test_a():\n    pass\n")
+        planted = canaries.plant(tmp_path, ["test_x.py"], {"test_x.py": b"def test_a():\n    pass\n"},
+                                 random.Random(seed), avoid=avoid)
+        assert planted.canaries and not any(w in c.name for c in planted.canaries for w in avoid)

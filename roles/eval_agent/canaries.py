@@ -103,14 +103,35 @@ def candidates(base_ids: Mapping[str, str], now_ids: Mapping[str, str] | None = 
     return sorted(out)
 
 
-def _name(rng: random.Random, taken: set[str]) -> str:
-    while True:
+def _name(rng: random.Random, taken: set[str], avoid: frozenset[str] = frozenset()) -> str:
+    """A fresh test name that contains none of ``avoid`` (the words of the verify commands'
+    ``-k`` expressions): whether ``-k`` selects a canary then depends on its file alone, as on
+    the baseline, never on the name it happens to get (``keyword_words``)."""
+    for _ in range(1000):
         name = f"test_{rng.choice(_VERBS)}_{rng.choice(_NOUNS)}"
         if rng.random() < 0.3:
             name += f"_{rng.randint(2, 9)}"
-        if name not in taken:
+        if name not in taken and not any(w in name for w in avoid):
             taken.add(name)
             return name
+    raise ValueError("no canary name avoids the -k words")
+
+
+def keyword_words(commands: Iterable[str]) -> frozenset[str]:
+    """The words of every ``-k`` expression in ``commands`` (lower case; ``and``/``or``/``not``
+    and words every test name contains, such as ``test``, left out)."""
+    import shlex
+    words: set[str] = set()
+    for command in commands:
+        try:
+            argv = shlex.split(command)
+        except ValueError:
+            argv = command.split()
+        for i, arg in enumerate(argv):
+            expr = argv[i + 1] if arg == "-k" and i + 1 < len(argv) else arg[2:] if arg.startswith("-k") else None
+            if expr:
+                words.update(w.lower() for w in re.findall(r"\w+", expr))
+    return frozenset(w for w in words if w not in ("and", "or", "not") and w not in "test_")
 
 
 def _passing(name: str, rng: random.Random) -> str:
@@ -161,7 +182,8 @@ def _read_host(snapshot: Path, path: str) -> bytes | None:
 
 
 def plant(snapshot: Path, hosts: Iterable[str], baseline: Mapping[str, bytes | None],
-          rng: random.Random | None = None, failing: int = MAX_FAILING) -> Planted:
+          rng: random.Random | None = None, failing: int = MAX_FAILING, avoid: frozenset[str] = frozenset()
+          ) -> Planted:
     """Append canaries to ``hosts`` in ``snapshot``: one must-pass canary in each, and up to
     ``failing`` must-fail ones in hosts chosen at random. A host whose bytes in the snapshot
     are not its ``baseline`` bytes (the doer changed it), that does not compile with them, or
@@ -176,9 +198,13 @@ def plant(snapshot: Path, hosts: Iterable[str], baseline: Mapping[str, bytes | N
         if b"\0" in text:
             continue
         taken = {t.decode("ascii", "replace") for t in re.findall(rb"\b(test_\w+)", text)}
-        mine = [Canary(host, _name(rng, taken), MUST_PASS)]
-        if host in failing:
-            mine.append(Canary(host, _name(rng, taken), MUST_FAIL))
+        try:
+            mine = [Canary(host, _name(rng, taken, avoid), MUST_PASS)]
+            if host in failing:
+                mine.append(Canary(host, _name(rng, taken, avoid), MUST_FAIL))
+        except ValueError:
+            return Planted()                # -k words that every name would contain: no canaries
+
         rng.shuffle(mine)
         code = "".join(_passing(c.name, rng) if c.must == MUST_PASS else _failing(c.name, rng) for c in mine)
         new = text + (b"" if text.endswith(b"\n") or not text else b"\n") + code.encode("ascii")
@@ -326,14 +352,16 @@ def scrub(text: str, planted: Planted, seen: Mapping[str, str] | None = None) ->
 FORGED_SIGNATURE = "evidence:forged"
 
 
-def for_preflight(history, snapshot: Path, rng: random.Random | None = None) -> Planted:
+def for_preflight(history, snapshot: Path, commands: Iterable[str] = (), rng: random.Random | None = None
+                  ) -> Planted:
     """Canaries in up to ``MAX_HOSTS`` of the baseline's test files (chosen at random), written
     into ``snapshot`` (the baseline's)."""
     rng = rng or random.SystemRandom()
     hosts = candidates(history.file_ids(None))
     hosts = sorted(rng.sample(hosts, min(MAX_HOSTS, len(hosts))))
     # a must-fail canary in every host: the baseline learns of each host whether it fails there
-    return plant(snapshot, hosts, {h: history.read_path(None, h) for h in hosts}, rng, failing=len(hosts))
+    return plant(snapshot, hosts, {h: history.read_path(None, h) for h in hosts}, rng, failing=len(hosts),
+                 avoid=keyword_words(commands))
 
 
 def calibrated(checks: list, planted: Planted) -> tuple[list, bool]:
@@ -350,8 +378,8 @@ def calibrated(checks: list, planted: Planted) -> tuple[list, bool]:
     return out, again
 
 
-def for_iteration(history, snapshot: Path, baseline_checks: Mapping | None, rng: random.Random | None = None
-                  ) -> tuple[Planted, dict[str, dict]]:
+def for_iteration(history, snapshot: Path, baseline_checks: Mapping | None, commands: Iterable[str] = (),
+                  rng: random.Random | None = None) -> tuple[Planted, dict[str, dict]]:
     """The canaries of one verification, in the hosts the baseline calibrated (those the doer
     left unchanged), and each command's calibration (``calibrate``)."""
     by_command = {cmd: {"hosts": list((c.canary or {}).get("hosts", [])), "failing": (c.canary or {}).get("failing", True)}
@@ -359,7 +387,8 @@ def for_iteration(history, snapshot: Path, baseline_checks: Mapping | None, rng:
     hosts = sorted({h for cal in by_command.values() for h in cal["hosts"]})
     if not hosts:
         return Planted(), by_command
-    return plant(snapshot, hosts, {h: history.read_path(None, h) for h in hosts}, rng), by_command
+    return plant(snapshot, hosts, {h: history.read_path(None, h) for h in hosts}, rng,
+                 avoid=keyword_words(commands)), by_command
 
 
 def judged(check, planted: Planted, calibration: Mapping | None):

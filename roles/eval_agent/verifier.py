@@ -253,7 +253,7 @@ class Verifier:
         except held_out.HiddenError as exc:          # could not verify: never a verification without them
             return self.record_error(work_id, n, exc.code, str(exc))
         baseline = self._baseline_checks(work_id)
-        planted, hosts = (canaries.for_iteration(history, snapshot, baseline) if self.canaries
+        planted, hosts = (canaries.for_iteration(history, snapshot, baseline, work.verify) if self.canaries
                           else (canaries.Planted(), {}))
         try:
             checks = self._run(work, snapshot, planted)
@@ -345,7 +345,7 @@ class Verifier:
         self._snapshot(history, base, snapshot, [])
         try:
             self._held_out(work, snapshot)
-            planted = canaries.for_preflight(history, snapshot) if self.canaries else None
+            planted = canaries.for_preflight(history, snapshot, work.verify) if self.canaries else None
             checks = self._run(work, snapshot, planted)
             if planted is not None:
                 checks, again = canaries.calibrated(checks, planted)

@@ -86,3 +86,31 @@ def test_uv_run_that_must_resolve_over_the_network_is_unrunnable_before_any_mode
     assert "--frozen --no-sync" in row["stop_detail"]
     assert query(org, "SELECT COUNT(*) AS n FROM iterations WHERE work_id=?", (wid,))[0]["n"] == 0
     assert query(org, "SELECT COUNT(*) AS n FROM model_calls WHERE work_id=?", (wid,))[0]["n"] == 0
+
+
+@pytest.fixture(scope="module")
+def tox_tool(tmp_path_factory, wheels):  # noqa: F811
+    """tox installed the way pipx installs it: its own virtual environment, and a link to its
+    script in a folder on the user's PATH (wheels fetched once from the package index)."""
+    root = tmp_path_factory.mktemp("pipx")
+    got = subprocess.run([PY, "-m", "pip", "download", "-q", "-d", str(wheels), "tox"], capture_output=True,
+                         text=True, timeout=180)
+    if got.returncode != 0:
+        pytest.skip(f"cannot fetch tox's wheels: {got.stderr.strip()[-300:]}")
+    venv = root / "venvs" / "tox"
+    subprocess.run([str(BASE / "bin" / "python3"), "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--find-links",
+                    str(wheels), "tox"], check=True, capture_output=True, timeout=180)
+    (root / "bin").mkdir()
+    (root / "bin" / "tox").symlink_to(venv / "bin" / "tox")
+    return root / "bin"
+
+
+def test_tox_with_an_environment_created_before_the_run(org, wheels, tox_tool, tmp_path):  # noqa: F811
+    ws = python_project(tmp_path, "tox-project", {
+        ".gitignore": ".tox/\n",
+        "tox.ini": "[tox]\nenv_list = py\n\n[testenv]\nskip_install = true\ndeps = pytest\ncommands = pytest -q\n"})
+    env = submitter([tox_tool, "/usr/bin", "/bin"])
+    subprocess.run(["tox", "-e", "py", "--notest"], cwd=ws, check=True, capture_output=True, timeout=300,
+                   env={**env, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)})
+    run_to_goal(org, ws, "tox -e py", fix_script(tmp_path, "calc.py", "a - b", "a + b"), env)
