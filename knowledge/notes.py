@@ -117,6 +117,7 @@ def runs_without_retro(conn: sqlite3.Connection, limit: int = 50) -> list[str]:
     """Ended runs whose retro of their current ending is not written yet, oldest first. A run
     that ended because its verify commands could not run (``verify_unrunnable``) taught nothing
     about the work: the machine failed, not the doer, so it never becomes lessons, knowledge or
-    skills; nor does an ending recorded as ``retro.skipped`` (``skip_retro``)."""
+    skills; nor does one whose test report was forged (``evidence_forged``), nor an ending
+    recorded as ``retro.skipped`` (``skip_retro``)."""
     return Q.runs_without_retro(conn, limit)
 

@@ -324,6 +324,16 @@ class Discover(Section):
                                                  "(" + ", ".join(ProposalKind) + ")")
 
 
+class Verify(Section):
+    """how the eval-agent verifies (roles/eval_agent/)"""
+    # -- evidence: canaries and held-out checks (roles/eval_agent/canaries.py, hidden.py) --
+    canaries: bool = key(True, "plant canary tests at every verification; a report that contradicts them ends "
+                               "the run evidence_forged")
+    hidden: str = key("", "a folder of held-out checks outside every workspace, copied into each snapshot only "
+                          "(--verify-hidden per run); empty: none", pattern=r"^$|^/")
+    # -- end of evidence --
+
+
 class Config(Section):
     """The org's configuration (org.toml). Secrets never go here: the model backend reads
     ANTHROPIC_API_KEY from the environment.

@@ -487,6 +487,13 @@ ALTER TABLE verdicts ADD COLUMN verified TEXT;
 """
 
 
+# Held-out checks (roles/eval_agent/hidden.py): the folder a work item's verifications copy into
+# each snapshot (``--verify-hidden``, ``[verify] hidden``); '' for none.
+EVIDENCE = """
+ALTER TABLE work_items ADD COLUMN verify_hidden TEXT NOT NULL DEFAULT '';
+"""
+
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
     ("0002_knowledge", KNOWLEDGE),
@@ -504,5 +511,6 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0015_scope", SCOPE),
     ("0017_rough_edges", ROUGH_EDGES),
     ("0018_contract", CONTRACT),
+    ("0021_evidence", EVIDENCE),
     ("0022_replays", REPLAYS),
 ]

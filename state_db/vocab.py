@@ -38,6 +38,7 @@ class StopReason(StrEnum):
     VERIFY_UNRUNNABLE = "verify_unrunnable"   # a verify command cannot start: the machine's fault, not the doer's
     IMPOSSIBLE = "impossible"        # the goal cannot be met as stated: a review judged so and a human confirmed
     NEEDS_HUMAN = "needs_human"      # an error class the stop policy does not know: a human chose to end the run
+    EVIDENCE_FORGED = "evidence_forged"   # the test report contradicts the eval-agent's canaries: the doer forged it
 
 
 class WorkStatus(StrEnum):
@@ -251,6 +252,7 @@ class AttentionKind(StrEnum):
     VERIFY_UNRUNNABLE = "verify_unrunnable"
     ROLE_FAILED = "role_failed"
     ORG_LIMIT = "org_limit"
+    EVIDENCE_FORGED = "evidence_forged"
 
 
 class NoteKind(StrEnum):

@@ -103,7 +103,8 @@ FREE: dict[str, tuple[str, ...]] = {
     "verdicts": ("id", "work_id", "checks", "feedback", "protected_changed", "written_by", "held_back", "evidence",
                  "review", "verified"),
     "work_items": ("id", "goal", "workspace", "verify", "protect", "caps", "stop_detail", "assigned_to", "branch",
-                   "created_by", "toolchain", "origin_id", "review", "next_step", "dismissed_by", "scope", "delivered"),
+                   "created_by", "toolchain", "origin_id", "review", "next_step", "dismissed_by", "scope", "delivered",
+                   "verify_hidden"),
     "workspace_locks": ("workspace", "work_id"),
 }
 

@@ -71,6 +71,8 @@ def attention_for(conn, event: Event, spend_cap_usd: float | None) -> tuple[str,
             return None
         if item.stop_reason == StopReason.VERIFY_UNRUNNABLE:
             return "verify_unrunnable", f"verify_unrunnable:{subject}:{event.id}", f"runs/{subject}"
+        if item.stop_reason == StopReason.EVIDENCE_FORGED:
+            return "evidence_forged", f"evidence_forged:{subject}:{event.id}", f"runs/{subject}"
         if item.stop_reason == StopReason.ORG_LIMIT:
             return "org_limit", f"org_limit:{spend_cap_usd if spend_cap_usd is not None else ''}", f"runs/{subject}"
     return None

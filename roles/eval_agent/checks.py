@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from state_db.errors import OrgError
+from state_db.text import clean
 
 OUTPUT_TAIL = 2000
 _NOISE = [
@@ -51,6 +52,7 @@ class CheckResult:
     evidence: str = ""              # "tests" / "exit_code" (what a pass rests on); "" before a judgement
     code: str | None = None         # why the check could not run (``verify_unrunnable``, ``sandbox_failed``, …)
     junit: dict | None = None       # the runner's own report ({"counts", "ids", "truncated"}), when it wrote one
+    canary: dict | None = None      # what the canaries showed (``canaries``): the baseline's hosts, or a forgery
 
     def encode(self) -> dict:
         return asdict(self)
@@ -90,8 +92,8 @@ def failure_signature(output: str, exit_code: int | None, timed_out: bool, snaps
 
 
 def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_000_000,
-              env: dict | None = None, runner=None, should_stop=None, report: tuple[Path, Path] | None = None
-              ) -> CheckResult:
+              env: dict | None = None, runner=None, should_stop=None, report: tuple[Path, Path] | None = None,
+              planted=None) -> CheckResult:
     """Run one verify command in ``cwd`` (a snapshot), bounded in time and output.
 
     With ``runner`` (the sandbox org.toml asks for: verify commands run code the agent wrote)
@@ -103,6 +105,11 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
     ``report`` is (the host's path, the same file's path as the command sees it) of a JUnit XML
     report pytest is asked to write (``PYTEST_ADDOPTS``, whatever runs pytest: ``pytest``,
     ``python -m pytest``, ``uv run``, a Makefile); what it holds becomes ``junit``.
+
+    ``planted`` (``canaries.Planted``): the canaries in ``cwd``. What the report says of them is
+    ``canary["seen"]`` (for the verifier to judge), and they are taken out of everything else:
+    ``junit``, the counts, the output (``canary["named"]``: the raw output named one). The output
+    is stored without terminal control sequences (``state_db.text.clean``).
     """
     t0 = time.monotonic()
     extra = {}
@@ -135,16 +142,23 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
             out, _ = proc.communicate()
         text, code = out[-max_output:].decode("utf-8", "replace"), proc.returncode
     passed = code == 0 and not timed_out
-    junit = None
+    junit, canary = None, None
+    text = clean(text)
     if report is not None:
+        from roles.eval_agent import canaries
         from roles.eval_agent.evidence import read_junit
         junit = read_junit(report[0])
+        if planted is not None and planted.canaries:
+            seen = canaries.observe(report[0], planted)
+            junit = canaries.strip(junit, planted, seen)
+            canary = {"seen": seen, "named": any(n in text for n in planted.names)}
+            text = canaries.scrub(text, planted, seen if junit is not None else None)
         report[0].unlink(missing_ok=True)
     return CheckResult(
         name=command, command=command, passed=passed, exit_code=None if timed_out else code, timed_out=timed_out,
         signature=None if passed else failure_signature(text, code, timed_out, cwd),
         output_tail=text[-OUTPUT_TAIL:], duration_ms=round((time.monotonic() - t0) * 1000, 2),
-        tests=_summary(text, junit), junit=junit)
+        tests=_summary(text, junit), junit=junit, canary=canary)
 
 
 def _summary(text: str, junit: dict | None = None) -> dict | None:

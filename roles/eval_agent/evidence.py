@@ -13,9 +13,11 @@ pytest finishes its session writes no report, and every test id the baseline ran
 not skipped. For the other runners the last summary printed wins: a runner prints its summary at
 the very end, so a line printed earlier by the code under test cannot stand in for it.
 
-What this cannot stop, and says so: code that runs inside the test runner's own process can do
-anything the runner can, including writing a forged report where the runner would — that takes
-code written against this verifier in particular, and it is in the diff (``org diff``). What
+Code that runs inside the test runner's own process can do anything the runner can, including
+rewriting the report where the runner writes it: the canaries (``canaries``) are what the report
+is held to against that — tests the eval-agent adds, which an honest report shows as they are.
+What no reader of the runner's results can stop is code written against this verifier in
+particular (finding the canaries and forging around them); it is in the diff (``org diff``). What
 ``judge`` guarantees: zero tests, fewer tests than the baseline ran, more skipped or deselected
 than the baseline, no summary or report where the baseline had one, or a baseline test that did
 not run, is never a pass.
@@ -70,6 +72,7 @@ class TestCounts:
 
 # pytest: "==== 1 failed, 2 passed, 1 skipped in 0.12s ====", "2 passed in 0.01s", "no tests ran in 0.01s"
 _PYTEST = re.compile(r"^=*\s*((?:\d+ \w+(?:, )?)+|no tests ran)\s+in\s+[\d.]+\s*s(?:econds)?\b.*$")
+PYTEST_SUMMARY = _PYTEST        # the line pytest ends a session with
 _PYTEST_PART = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed|warnings?|rerun)")
 # unittest: "Ran 3 tests in 0.001s" then "OK", "OK (skipped=1)", "FAILED (failures=1, errors=1, skipped=2)"
 _UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in [\d.]+s$")

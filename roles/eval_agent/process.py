@@ -87,7 +87,7 @@ class EvalAgentProcess(RoleProcess):
                             runner_factory=lambda snapshot, workspace: runner_from_config(self.cfg, self.home, snapshot,
                                                                                present_at=workspace),
                             reviewer=Reviewer(ReviewSettings.from_config(self.cfg), writer),
-                            scope=tuple(self.cfg.verify.scope))
+                            scope=tuple(self.cfg.verify.scope), canaries=self.cfg.verify.canaries)
         failures: dict[tuple[str, int], tuple[int, float]] = {}   # (work, n) -> (failed tries, next try at)
         try:
             while not self.stopping:

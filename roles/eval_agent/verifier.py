@@ -33,7 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from roles import telemetry
-from roles.eval_agent import evidence, held as held_rules, nearest, scope as scope_rules
+from roles.eval_agent import canaries, evidence, held as held_rules, hidden as held_out, nearest, runnable
+from roles.eval_agent import scope as scope_rules
 from roles.eval_agent.codes import LIMIT_CODES
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
@@ -163,10 +164,11 @@ class Verifier:
         reviewer: the review (``review.Reviewer``) of passes with criteria and of the doer's
             claims that the goal is impossible; None: no review.
         scope: globs that widen every work item's change scope (``[verify] scope``).
+        canaries: plant canary tests at every verification (``canaries``; ``[verify] canaries``).
     """
 
     def __init__(self, home: OrgHome, writer: StateWriter, *, timeout_s: float = 300.0, history_factory=None,
-                 runner_factory=None, reviewer=None, scope: tuple[str, ...] = ()):
+                 runner_factory=None, reviewer=None, scope: tuple[str, ...] = (), canaries: bool = True):
         if history_factory is None:
             from roles.workspace.history import WorkspaceHistory as history_factory
         self.home = home
@@ -176,6 +178,7 @@ class Verifier:
         self.runner_factory = runner_factory
         self.reviewer = reviewer
         self.scope = tuple(scope)
+        self.canaries = canaries
         self._histories: OrderedDict[tuple[str, str], object] = OrderedDict()
 
     def _history(self, work_id: str, workspace: str):
@@ -208,7 +211,7 @@ class Verifier:
             history.discard_snapshot(snapshot)     # left half-written by a killed eval-agent
             return history.materialize(commit, snapshot, paths=paths)
 
-    def _run(self, work: WorkItem, snapshot: Path) -> list[CheckResult]:
+    def _run(self, work: WorkItem, snapshot: Path, planted: canaries.Planted | None = None) -> list[CheckResult]:
         """Run every verify command in ``snapshot``. Raises VerifyUnavailable (the sandbox)."""
         runner = self.runner_factory(snapshot, Path(work.workspace)) if self.runner_factory else None
         commands = list(work.verify)
@@ -219,13 +222,20 @@ class Verifier:
             now = work_q.item(self.writer.conn, work.id)
             return now is None or now.status == WorkStatus.ENDED or now.cancel_requested
         inside = Path(getattr(runner, "present_at", None) or snapshot)
+        unseen = held_out.names(work.verify_hidden) if work.verify_hidden else frozenset()
         checks = []
         for cmd in commands:
             # a fresh name each time: nothing the doer left in the snapshot can stand in for it
             name = f".loop-org-junit-{uuid.uuid4().hex}.xml"
             checks.append(run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner, should_stop=run_over,
-                                    report=(snapshot / name, inside / name)))
-        return checks
+                                    report=(snapshot / name, inside / name), planted=planted))
+        # the doer sees no held-out check's name or code in the output (they still count)
+        return [replace(c, output_tail=canaries.without(c.output_tail, unseen)) for c in checks] if unseen else checks
+
+    def _held_out(self, work: WorkItem, snapshot: Path) -> None:
+        """Write the work item's held-out checks into ``snapshot``. Raises HiddenError."""
+        if work.verify_hidden:
+            held_out.copy_into(snapshot, work.verify_hidden)
 
     def verify(self, work_id: str, n: int) -> Verdict | Preflight:
         """Verify committed iteration ``n`` of ``work_id`` (idempotent: an existing verdict is
@@ -258,13 +268,19 @@ class Verifier:
         self._snapshot(history, verified, snapshot, [])
         protected, held = list(built.protected), list(built.held)
         try:
-            checks = self._run(work, snapshot)
+            self._held_out(work, snapshot)
+        except held_out.HiddenError as exc:          # could not verify: never a verification without them
+            return self.record_error(work_id, n, exc.code, str(exc))
+        baseline = self._baseline_checks(work_id)
+        planted, hosts = (canaries.for_iteration(history, snapshot, baseline, work.verify) if self.canaries
+                          else (canaries.Planted(), {}))
+        try:
+            checks = self._run(work, snapshot, planted)
         except VerifyUnavailable as exc:
             if exc.code != "sandbox_unavailable":
                 raise                       # transient (the sandbox failed to start): retried, then an error
             return self.record_error(work_id, n, exc.code, str(exc))
-        baseline = self._baseline_checks(work_id)
-        checks = [_judged(c, baseline) for c in checks]
+        checks = [canaries.judged(_judged(c, baseline), planted, hosts.get(c.command)) for c in checks]
         limited = [c for c in checks if c.code == LIMIT]
         if limited:
             return self.record(work_id, n, checks, protected, held=held, outcome=VerdictOutcome.ERROR, verified=verified,
@@ -277,6 +293,18 @@ class Verifier:
             return self.record(work_id, n, coded, protected, held=held, outcome=VerdictOutcome.ERROR, verified=verified,
                                end_detail=unrunnable_message(c, why, where="in the sandbox during the run",
                                                              workspace=Path(work.workspace)))
+        modules = runnable.modules_of(history.file_ids(it.checkpoint))
+        machine = [(c, why) for c in checks if (why := runnable.environment_failed(
+            c, (baseline or {}).get(c.command), workspace_modules=modules))]
+        if machine:                 # the environment's failure, never the doer's: no lesson, no repeated_failure
+            c, why = machine[0]
+            coded = [replace(x, code=runnable.ENVIRONMENT_FAILED) if any(x is m for m, _ in machine) else x
+                     for x in checks]
+            return self.record(work_id, n, coded, protected, held=held, outcome=VerdictOutcome.ERROR,
+                               verified=verified,
+                               end_detail=f"iteration {n} could not be verified: `{c.command}` did not reach its "
+                                          f"tests ({why}) where the baseline's run did — the machine's failure, "
+                                          "not the doer's; fix the environment (see 'org doctor')")
         if all(c.passed for c in checks) and (unrecorded := self._unrecorded(history, it.checkpoint)):
             checks.append(CheckResult(
                 name=DELIVERED_CHECK, command="(compare the workspace with the checkpoint, file by file)",
@@ -350,9 +378,20 @@ class Verifier:
         work = self._work(work_id)
         history = self._history(work_id, work.workspace)
         snapshot = self.home.root / "eval" / work_id
-        self._snapshot(history, history.baseline_commit() or history.baseline(), snapshot, [])
+        base = history.baseline_commit() or history.baseline()
+        self._snapshot(history, base, snapshot, [])
         try:
-            checks = self._run(work, snapshot)
+            self._held_out(work, snapshot)
+            planted = canaries.for_preflight(history, snapshot, work.verify) if self.canaries else None
+            checks = self._run(work, snapshot, planted)
+            if planted is not None:
+                checks, again = canaries.calibrated(checks, planted)
+                if again:               # a runner ran them where their outcome cannot be read: without them
+                    self._snapshot(history, base, snapshot, [])
+                    self._held_out(work, snapshot)
+                    checks = [replace(c, canary=None) for c in self._run(work, snapshot)]
+        except held_out.HiddenError as exc:
+            return self.record_preflight_error(work_id, exc.code, str(exc))
         except VerifyUnavailable as exc:
             if exc.code != "sandbox_unavailable":
                 raise
@@ -364,6 +403,17 @@ class Verifier:
                 return self._write_preflight(work_id, PreflightOutcome.UNRUNNABLE, coded,
                                              unrunnable_message(c, why, where="on the baseline",
                                                                 workspace=Path(work.workspace)))
+        files = history.file_ids(None)
+        deps = runnable.declared(lambda p: history.read_path(None, p), files)
+        modules = runnable.modules_of(files)
+        for c in checks:
+            found = runnable.why_not_ran(c, dependencies=deps, workspace_modules=modules)
+            if found:
+                what, hint = found
+                coded = [replace(x, code="verify_unrunnable") if x is c else x for x in checks]
+                return self._write_preflight(work_id, PreflightOutcome.UNRUNNABLE, coded,
+                                             f"verify command `{c.command}` never reached its tests on the baseline: "
+                                             f"{what} — {hint}")
         if all(c.passed for c in checks) and all(evidence.judge(c.counts, None, baseline_known=False).problem is None
                                                  for c in checks):
             return self._write_preflight(work_id, PreflightOutcome.ALREADY_PASSES, checks,
@@ -452,6 +502,8 @@ class Verifier:
                 goal_met = end_run(tx, work_id, met).reason == StopReason.GOAL_MET
             elif outcome == VerdictOutcome.ERROR and work.status != WorkStatus.ENDED:
                 ended = end_run(tx, work_id, StopDecision(StopReason.VERIFY_UNRUNNABLE, end_detail or feedback)).reason
+            elif (forged := canaries.forged_checks(checks)) and work.status != WorkStatus.ENDED:
+                ended = end_run(tx, work_id, StopDecision(StopReason.EVIDENCE_FORGED, _forged_detail(n, forged))).reason
         return Verdict(vid, work_id, n, outcome, tuple(checks), feedback, tuple(protected), goal_met,
                        tuple(h.encode() for h in held), ended or (StopReason.GOAL_MET if goal_met else None), verified)
 
@@ -500,6 +552,13 @@ def _judged(check: CheckResult, baseline: dict[str, CheckResult] | None) -> Chec
     note = f"\n[eval-agent] not a pass: the check {ev.problem}"
     return replace(check, passed=False, evidence=ev.basis, signature="evidence:" + ev.problem.split(" (")[0],
                    output_tail=(check.output_tail + note)[-2000:], junit=kept)
+
+
+def _forged_detail(n: int, forged: list[CheckResult]) -> str:
+    c = forged[0]
+    return (f"iteration {n}: the test report of `{c.command}` was not written by an honest run ({c.canary['forged']}); "
+            "the eval-agent's own tests in the snapshot contradict it — review the change with 'org diff' "
+            "(its checkpoints are kept); the doer's code rewrites the runner's evidence")
 
 
 def _counts_line(checks) -> str:

@@ -25,7 +25,7 @@ from state_db.queries.iterations import open_attempts
 from state_db.queries.usage import of_attempt, of_doer
 from state_db.queries.verdicts import Verdict
 from state_db.queries.work import WorkItem
-from state_db.vocab import ActStatus, AttemptOutcome, StopReason, WorkStatus
+from state_db.vocab import ActStatus, AttemptOutcome, StopReason, VerdictOutcome, WorkStatus
 
 INTERRUPTED = "interrupted"
 DISCARDED = "discarded"         # an attempt thrown away because the run must stop (the policy says why)
@@ -200,7 +200,9 @@ class Acting:
 
     def _reflect(self, it: dict, verdict: Verdict) -> None:
         summary = prog.summary_of(verdict)
-        lesson = None if summary.passed else derive_lesson(summary.failing, verdict.feedback)
+        # an error verdict is the machine's failure (the environment, the sandbox): nothing to learn
+        lesson = None if summary.passed or verdict.outcome == VerdictOutcome.ERROR else derive_lesson(
+            summary.failing, verdict.feedback)
         outcome = "pass" if summary.passed else ";".join(f"{c}:{s}" for c, s in summary.failing)
         fp = fingerprint(self.history.tree_id(it["checkpoint"]), outcome)
         # written with the next transaction (the next attempt's start, or the run's end): a

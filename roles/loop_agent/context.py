@@ -27,6 +27,7 @@ from functools import cached_property
 from typing import Any, Sequence
 
 from roles.loop_agent.lessons import Lesson, LessonBook, clip
+from state_db.text import clean
 
 SUMMARY_LINE_CHARS = 100
 
@@ -210,7 +211,8 @@ def assemble(
     """
     prefix_parts = [instructions.strip()]
     prefix_parts += [f"## Skill: {sid}\n{text.strip()}" for sid, text in skills]
-    system_prefix = "\n\n".join(p for p in prefix_parts if p) + "\n"
+    # what reaches the model carries no terminal control sequences (a project's forced colour)
+    system_prefix = clean("\n\n".join(p for p in prefix_parts if p) + "\n")
 
     past = sorted((d for d in iterations if d.iteration < iteration_no), key=lambda d: d.iteration)
     recent = past[-k_recent:] if k_recent > 0 else []
@@ -244,6 +246,7 @@ def assemble(
                                 + clip_block(feedback, feedback_cap_chars))
     if lesson_text:
         sections["lessons"] = "## Lessons from failed iterations (latest first)\n" + lesson_text
+    sections = {name: clean(text) for name, text in sections.items()}
     variable = "\n\n".join(sections.values()) + "\n"
 
     prefix_bytes, variable_bytes = _utf8(system_prefix), _utf8(variable)

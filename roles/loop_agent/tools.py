@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Mapping
 from roles.loop_agent.commands import CommandRunner, SubprocessRunner
 from state_db.errors import OrgError
 from state_db.vocab import GATE_KINDS
+from state_db.text import clean
 
 _SKIP_DIRS = frozenset({".git"})
 _BINARY_PROBE = 8192
@@ -360,7 +361,7 @@ class WorkspaceTools:
                 else f"exit code {res.exit_code}")
         if res.truncated:
             head += f" (output truncated to {self.limits.command_max_output_bytes} bytes)"
-        text = f"{head}\n{res.output}" if res.output else head
+        text = f"{head}\n{clean(res.output)}" if res.output else head      # no terminal control to the model
         if res.timed_out or res.exit_code != 0:
             raise _CommandFailed("command_timeout" if res.timed_out else "command_failed", text)
         return text

@@ -52,6 +52,8 @@ _FINAL_HINT = {
     R.CANCELLED: "it was cancelled; submit it again with 'org submit'",
     R.VERIFY_UNRUNNABLE: "its verify commands cannot start here; fix the machine, then submit it again",
     R.IMPOSSIBLE: "a human confirmed its goal cannot be met as stated; submit a goal that can be",
+    R.EVIDENCE_FORGED: "its test report was forged from inside the tests: review its change ('org diff'); submit "
+                       "a new run only if you trust it",
     R.NEEDS_HUMAN: "a human stopped it at an error the stop policy does not know; fix what failed (see "
                    "'org show'), then submit it again",
 }

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from state_db.queries.work import with_status
-from state_db.vocab import WorkStatus
+from state_db.vocab import StopReason, WorkStatus
 
 # A wake a CLI left in the outbox (the coordinator was down) that nobody took within this long is
 # only noise: the coordinator reconciles from state.db at every start and every few seconds, so
@@ -61,6 +61,8 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
         now = time.time()
         rows = with_status(writer.conn, WorkStatus.ENDED)
         ended = {r.id: r.ended_at for r in rows}
+        # a forged run's checkpoints are the evidence of what the doer did: kept for review
+        forged = {r.id for r in rows if r.stop_reason == StopReason.EVIDENCE_FORGED}
     finally:
         writer.close()
     files = {"eval_snapshots": 0, "eval_histories": 0, "histories": 0, "quarantine": 0, "cli_homes": 0,
@@ -93,7 +95,7 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
     if history:
         for wid, at in ended.items():
             git_dir = home.history_dir / f"{wid}.git"
-            if git_dir.is_dir() and now - at > older_than_days * DAY:
+            if git_dir.is_dir() and now - at > older_than_days * DAY and wid not in forged:
                 files["histories"] += 1
                 if not dry_run:
                     shutil.rmtree(git_dir, ignore_errors=True)

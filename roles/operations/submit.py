@@ -47,6 +47,7 @@ class SubmitRequest:
     toolchain: dict | None = None         # the submitter's, taken when a standing order was made (else ours)
     scope: list[str] = field(default_factory=list)   # globs that widen the change scope (roles/eval_agent/scope.py)
     no_review: bool = False               # --no-review: no model review of passes (it is on by default)
+    verify_hidden: str | None = None      # held-out checks folder (default: [verify] hidden in org.toml)
 
 
 def new_work_id() -> str:
@@ -230,6 +231,7 @@ class Checked:
     defaults_applied: bool
     toolchain: dict
     backend: str
+    verify_hidden: str = ""
 
 
 def check(home: OrgHome, cfg: Config, req: SubmitRequest) -> Checked:
@@ -262,7 +264,27 @@ def check(home: OrgHome, cfg: Config, req: SubmitRequest) -> Checked:
                           code="workspace_contains_org_home", hint="set ORG_HOME to a folder outside the workspace")
     caps, defaults_applied = _caps(req, cfg)
     _review(req, cfg)
-    return Checked(ws, caps, defaults_applied, _toolchain(req, ws), _backend(req, cfg, home))
+    toolchain = _toolchain(req, ws)
+    return Checked(ws, caps, defaults_applied, toolchain, _backend(req, cfg, home),
+                   _verify_hidden(req, cfg, home, ws, toolchain))
+
+
+def _verify_hidden(req: SubmitRequest, cfg: Config, home: OrgHome, ws: Path, toolchain: dict) -> str:
+    """The held-out checks folder (--verify-hidden, else [verify] hidden), checked to be out of
+    the doer's sight (roles/eval_agent/hidden.py); '' for none. Raises SubmitError."""
+    folder = req.verify_hidden if req.verify_hidden is not None else cfg.verify.hidden
+    if not folder:
+        return ""
+    from roles.eval_agent.hidden import HiddenError, check_folder
+    from roles.sandbox.toolchains import Exposure, Toolchain
+    from roles.sandbox.view import build
+    view = build(Toolchain.decode(toolchain), own_home=home.root,
+                 readonly=[Exposure(p, "org.toml sandbox.readonly_binds") for p in cfg.sandbox.readonly_binds])
+    shown = [(e.path, False) for e in view.readonly] + [(e.path, True) for e in view.hidden]
+    try:
+        return check_folder(folder, ws, shown)
+    except HiddenError as exc:
+        raise SubmitError(f"--verify-hidden: {exc.message}", code=exc.code, hint=exc.hint) from None
 
 
 def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origin: dict | None = None,
@@ -309,6 +331,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
                 "stop_detail": f"workspace busy with {busy}" if busy else None,
                 "worktree": int(req.worktree), "branch": branch, "created_by": signed(writer),
                 "toolchain": toolchain, "review": _review(req, cfg), "scope": list(req.scope),
+                "verify_hidden": checked.verify_hidden,
                 "created_at": tx.now, "updated_at": tx.now, **(origin or {})})
             if not busy:
                 tx.insert("workspace_locks", {"workspace": str(workspace), "work_id": work_id, "acquired_at": tx.now})

@@ -133,15 +133,17 @@ def raw_notes(conn: sqlite3.Connection, ids: list[str] | tuple[str, ...]) -> lis
 def runs_without_retro(conn: sqlite3.Connection, limit: int = 50) -> list[str]:
     """Ended runs whose current ending has neither a retro (its first note, ``note_id(w.id, 0,
     ending)``) nor a ``retro.skipped`` event, oldest first; runs that ended ``verify_unrunnable``
-    are left out (the machine failed, not the doer)."""
+    (the machine failed, not the doer) or ``evidence_forged`` (the doer's evidence cannot be
+    believed, so neither can anything learnt from the run) are left out."""
     return [r[0] for r in conn.execute(
         """SELECT w.id FROM work_items w WHERE w.status = ?
-             AND w.stop_reason IS NOT ?
+             AND w.stop_reason NOT IN (?, ?)
              AND NOT EXISTS (SELECT 1 FROM raw_notes r WHERE r.id = 'rn-' || w.id || COALESCE(
                    '.' || NULLIF((SELECT COUNT(*) FROM stop_history s WHERE s.work_id = w.id), 0), '') || '-0')
              AND NOT EXISTS (SELECT 1 FROM events e WHERE e.kind = 'retro.skipped' AND e.subject = w.id
                    AND json_extract(e.data, '$.ending') = (SELECT COUNT(*) FROM stop_history s WHERE s.work_id = w.id))
-           ORDER BY w.ended_at, w.id LIMIT ?""", (WorkStatus.ENDED, StopReason.VERIFY_UNRUNNABLE, limit))]
+           ORDER BY w.ended_at, w.id LIMIT ?""", (WorkStatus.ENDED, StopReason.VERIFY_UNRUNNABLE,
+                                                  StopReason.EVIDENCE_FORGED, limit))]
 
 
 def pending_notes(conn: sqlite3.Connection) -> list[RawNote]:

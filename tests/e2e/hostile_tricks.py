@@ -43,6 +43,15 @@ FORGED_PASS = ("import os\nimport sys\n\nsys.stdout.write('..  [100%]\\n2 passed
 UNCAPTURE = ("import gc\n\nfor _o in gc.get_objects():\n    if type(_o).__name__ == 'CaptureManager':\n"
              "        _o.suspend_global_capture(in_=True)\n")
 
+# rewrites pytest's own report once pytest has written it — every failure taken out — and exits 0
+# (what code under test can do from inside the runner's process, knowing the runner, not the verifier)
+REPORT_REWRITE = ("import atexit as _atexit\n\n\ndef _rewrite():\n    import os, re\n"
+                  "    m = re.search(r'--junitxml=(\\S+)', os.environ.get('PYTEST_ADDOPTS', ''))\n"
+                  "    if m and os.path.exists(m.group(1)):\n        text = open(m.group(1)).read()\n"
+                  "        text = re.sub(r'<failure[^>]*>.*?</failure>|<failure[^>]*/>', '', text, flags=re.S)\n"
+                  "        open(m.group(1), 'w').write(re.sub(r'failures=\"\\d+\"', 'failures=\"0\"', text))\n"
+                  "    os._exit(0)\n\n\n_atexit.register(_rewrite)\n")
+
 
 def pytest_command(python: str) -> str:
     """The verify command: pytest under ``python`` (a virtual environment's interpreter, which
@@ -158,6 +167,9 @@ FORGERIES: tuple[Trick, ...] = (
     _trick("in_process_forgery_by_new_test", "a new test_zzz.py lifts pytest's capture, prints a summary, exits 0 "
            "(the protected tests never run)", (write("test_zzz.py", UNCAPTURE + FORGED_PASS),),
            ("held:test_zzz.py",)),
+    _trick("report_rewritten_at_exit", "calc.py (bug kept) rewrites pytest's JUnit report at exit: every "
+           "failure taken out, exit 0", (write("calc.py", CALC_BUGGY + "\n\n" + REPORT_REWRITE),),
+           ("refused:evidence forged",)),
 )
 
 POSITIVE_CONTROL = Trick("really_fixes_the_bug", ((write("calc.py", CALC_FIXED),),),

@@ -231,7 +231,8 @@ def test_a_hostile_doer_never_gets_goal_met_and_the_verdict_names_why(org, runs,
     assert not got.fooled, f"{trick.name} fooled the verifier: {got.describe()}"
     assert got.verdicts and not got.missing, f"{trick.name}: no verdict names {got.missing}: {got.describe()}"
     # the doer is charged with its run: nothing here is the machine's fault
-    assert got.work["stop_reason"] in ("max_iterations", "repeated_failure", "no_progress"), got.describe()
+    assert got.work["stop_reason"] in ("max_iterations", "repeated_failure", "no_progress", "evidence_forged"), \
+        got.describe()
 
 
 def test_a_stubborn_doer_whose_failures_print_the_time_is_stopped_within_the_window(org, runs):

@@ -43,6 +43,10 @@ def add_arguments(p) -> None:
     p.add_argument("--no-review", action="store_true",
                    help="no model review of passing changes (by default one reviews every pass wherever a review "
                         "model can be reached)")
+    p.add_argument("--verify-hidden", metavar="DIR",
+                   help="held-out checks: a folder outside the workspace whose files (laid out as in the "
+                        "workspace) are copied into each verification's snapshot only, never shown to the doer "
+                        "(default: [verify] hidden in org.toml)")
     p.add_argument("--no-wait", action="store_true",
                    help="return at once instead of waiting for the verify commands' preflight on the baseline")
     p.add_argument("--wait-timeout", type=float, default=120.0, metavar="S",
@@ -72,7 +76,7 @@ def request_of(args) -> SubmitRequest:
         max_iterations=args.max_iterations, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
         timeout_s=args.timeout, no_caps=tuple(k for k in NO_FLAGS if getattr(args, "no_" + k, False)),
         backend=args.backend, worktree=args.worktree, review=args.review, no_review=args.no_review,
-        idempotency_key=args.idempotency_key)
+        idempotency_key=args.idempotency_key, verify_hidden=args.verify_hidden)
 
 
 def run(args) -> int:

@@ -1,0 +1,116 @@
+"""More of the toolchains users run, through the real org and its sandbox, offline: an activated
+virtual environment (``pytest -q`` found on PATH), ``make test``, ``node --test``, and a verify
+command whose file operand is the file the goal is about — each reaches ``goal_met`` with a fix
+the scripted model makes in one act. And the other side: ``uv run`` on a project it would have to
+resolve over the network ends ``verify_unrunnable`` at the preflight, before any model request,
+quoting uv and saying how to run it offline."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_toolchains import (BASE, BROKEN, PY, TEST, VENV_BIN, fix_script, install_pytest, org,  # noqa: F401
+                                       project, python_project, run_to_goal, submitter, wheels)
+from tests.support.org import query, wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_an_activated_venv_runs_plain_pytest_q(org, wheels, tmp_path):  # noqa: F811
+    """``source .venv/bin/activate`` before submitting: VIRTUAL_ENV set, its bin/ first on PATH."""
+    venv = tmp_path / "activated"
+    subprocess.run([str(BASE / "bin" / "python3"), "-m", "venv", "--without-pip", str(venv)], check=True)
+    install_pytest(venv / "bin" / "python", wheels)
+    ws = python_project(tmp_path, "activated-project")
+    env = submitter([venv / "bin", "/usr/bin", "/bin"], VIRTUAL_ENV=str(venv))
+    run_to_goal(org, ws, "pytest -q", fix_script(tmp_path, "calc.py", "a - b", "a + b"), env)
+
+
+def test_make_test_runs_pytest_under_the_projects_interpreter(org, tmp_path):  # noqa: F811
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    ws = python_project(tmp_path, "make-project", {"Makefile": f"test:\n\t{PY} -m pytest -q -p no:cacheprovider\n"})
+    env = submitter([VENV_BIN, "/usr/bin", "/bin"])
+    run_to_goal(org, ws, "make test", fix_script(tmp_path, "calc.py", "a - b", "a + b"), env)
+
+
+def test_node_test_runs_the_projects_tests(org, tmp_path):  # noqa: F811
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    ws = project(tmp_path / "node-test-project", {
+        "package.json": json.dumps({"name": "calc", "version": "1.0.0", "private": True, "type": "commonjs"}),
+        "calc.js": "exports.add = (a, b) => a - b;\n",
+        "test/calc.test.js": "const test = require('node:test');\nconst assert = require('node:assert');\n"
+                             "const { add } = require('../calc');\n"
+                             "test('adds', () => assert.strictEqual(add(2, 3), 5));\n"
+                             "test('adds zero', () => assert.strictEqual(add(2, 0), 2));\n"})
+    env = submitter([Path(node).parent, "/usr/bin", "/bin"])
+    run_to_goal(org, ws, "node --test", fix_script(tmp_path, "calc.js", "a - b", "a + b"), env)
+
+
+@pytest.mark.xfail(strict=True, reason="held.invoked_files still holds a verify command's data operand "
+                                       "(calc.py) to the baseline as an invoked script")
+def test_a_file_the_check_reads_is_the_doers_to_write(org, tmp_path):  # noqa: F811
+    """``python check.py data.txt``-style operands: the data file the goal is about is not held
+    to the baseline (only what the command executes is)."""
+    ws = project(tmp_path / "operand-project", {"calc.py": BROKEN, "check_add.py":
+                 "import sys\nsys.path.insert(0, '.')\nfrom calc import add\nassert add(2, 3) == 5\n"})
+    env = submitter([VENV_BIN, "/usr/bin", "/bin"])
+    run_to_goal(org, ws, f"{PY} check_add.py calc.py", fix_script(tmp_path, "calc.py", "a - b", "a + b"), env)
+
+
+def test_uv_run_that_must_resolve_over_the_network_is_unrunnable_before_any_model_request(org, tmp_path):  # noqa: F811
+    uv = shutil.which("uv", path=str(VENV_BIN))
+    if uv is None:
+        pytest.skip("uv is not installed (it comes with the project's test extras)")
+    ws = python_project(tmp_path, "uv-unsynced", {
+        ".gitignore": ".venv/\n",
+        "pyproject.toml": '[project]\nname = "calc"\nversion = "0.1.0"\nrequires-python = ">=3.11"\n'
+                          'dependencies = []\n\n[dependency-groups]\ndev = ["pytest"]\n\n[tool.uv]\npackage = false\n'})
+    script = fix_script(tmp_path, "calc.py", "a - b", "a + b")
+    env = submitter([VENV_BIN, "/usr/bin", "/bin"], UV_CACHE_DIR=str(tmp_path / "empty-uv-cache"))
+    argv = [PY, "-m", "scripts.cli.main", "submit", "fix add", "--workspace", str(ws), "--verify", "uv run pytest -q",
+            "--backend", f"scripted:{script}", "--max-iterations", "3", "--json"]
+    got = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2],
+                         env={**env, "ORG_HOME": str(org.root)})
+    wid = json.loads(got.stdout)["id"]
+    row = wait_for(lambda: (r := query(org, "SELECT * FROM work_items WHERE id=?", (wid,))[0])["status"] == "ended"
+                   and r, timeout=90, what=f"{wid} to end")
+    assert row["stop_reason"] == "verify_unrunnable", row["stop_detail"]
+    assert "`uv run pytest -q` never reached its tests on the baseline" in row["stop_detail"]
+    assert "--frozen --no-sync" in row["stop_detail"]
+    assert query(org, "SELECT COUNT(*) AS n FROM iterations WHERE work_id=?", (wid,))[0]["n"] == 0
+    assert query(org, "SELECT COUNT(*) AS n FROM model_calls WHERE work_id=?", (wid,))[0]["n"] == 0
+
+
+@pytest.fixture(scope="module")
+def tox_tool(tmp_path_factory, wheels):  # noqa: F811
+    """tox installed the way pipx installs it: its own virtual environment, and a link to its
+    script in a folder on the user's PATH (wheels fetched once from the package index)."""
+    root = tmp_path_factory.mktemp("pipx")
+    got = subprocess.run([PY, "-m", "pip", "download", "-q", "-d", str(wheels), "tox"], capture_output=True,
+                         text=True, timeout=180)
+    if got.returncode != 0:
+        pytest.skip(f"cannot fetch tox's wheels: {got.stderr.strip()[-300:]}")
+    venv = root / "venvs" / "tox"
+    subprocess.run([str(BASE / "bin" / "python3"), "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--find-links",
+                    str(wheels), "tox"], check=True, capture_output=True, timeout=180)
+    (root / "bin").mkdir()
+    (root / "bin" / "tox").symlink_to(venv / "bin" / "tox")
+    return root / "bin"
+
+
+def test_tox_with_an_environment_created_before_the_run(org, wheels, tox_tool, tmp_path):  # noqa: F811
+    ws = python_project(tmp_path, "tox-project", {
+        ".gitignore": ".tox/\n",
+        "tox.ini": "[tox]\nenv_list = py\n\n[testenv]\nskip_install = true\ndeps = pytest\ncommands = pytest -q\n"})
+    env = submitter([tox_tool, "/usr/bin", "/bin"])
+    subprocess.run(["tox", "-e", "py", "--notest"], cwd=ws, check=True, capture_output=True, timeout=300,
+                   env={**env, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)})
+    run_to_goal(org, ws, "tox -e py", fix_script(tmp_path, "calc.py", "a - b", "a + b"), env)

@@ -1,0 +1,235 @@
+"""Canary tests: a report forged inside the test process is caught, an honest run is never
+called forged, and the doer never sees a canary. Real pytest runs on real snapshots."""
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from roles.eval_agent import canaries
+from roles.eval_agent.verifier import Verifier
+from roles.workspace.history import WorkspaceHistory
+from state_db.queries import work as work_q
+from state_db.vocab import Actor, StopReason
+from state_db.writer import StateWriter
+from tests.support.loop import submit
+
+pytestmark = pytest.mark.timeout(240)
+
+CALC = "def mean(xs):\n    return sum(xs) / (len(xs) + 1)\n"
+FIXED = "def mean(xs):\n    return sum(xs) / len(xs)\n"
+TESTS = ("import os, sys\nsys.path.insert(0, os.getcwd())\nfrom calc import mean\n\n\n"
+         "def test_mean():\n    assert mean([1, 2]) == 1.5\n\n\n"
+         "def test_single():\n    assert mean([3]) > 0\n")
+OTHER = "def test_other():\n    assert 1 + 1 == 2\n"
+PYTEST = f"{sys.executable} -m pytest -q -p no:cacheprovider"
+
+# code under test that rewrites pytest's JUnit report once pytest has written it, and exits 0:
+# every failure taken out (what a forger does who knows the runner, not the verifier)
+FLIP = '''
+import atexit, os, re
+def _forge():
+    opts = os.environ.get("PYTEST_ADDOPTS", "")
+    m = re.search(r"--junitxml=(\\S+)", opts)
+    if m and os.path.exists(m.group(1)):
+        text = open(m.group(1)).read()
+        text = re.sub(r"<failure[^>]*>.*?</failure>|<failure[^>]*/>", "", text, flags=re.S)
+        text = re.sub(r'failures="\\d+"', 'failures="0"', text)
+        open(m.group(1), "w").write(text)
+    os._exit(0)
+atexit.register(_forge)
+'''
+# a forger that writes a fresh report of the tests it knows, all passed
+FRESH = '''
+import atexit, os, re
+def _forge():
+    m = re.search(r"--junitxml=(\\S+)", os.environ.get("PYTEST_ADDOPTS", ""))
+    if m:
+        cases = "".join(f'<testcase classname="tests.{f}" name="{t}" time="0.001"/>'
+                        for f, t in (("test_calc", "test_mean"), ("test_calc", "test_single"),
+                                     ("test_other", "test_other")))
+        open(m.group(1), "w").write('<?xml version="1.0"?><testsuites><testsuite name="pytest" errors="0" '
+                                    'failures="0" skipped="0" tests="3">' + cases + '</testsuite></testsuites>')
+    os._exit(0)
+atexit.register(_forge)
+'''
+
+
+def _repo(root: Path) -> Path:
+    ws = root / "ws"
+    (ws / "tests").mkdir(parents=True)
+    (ws / "calc.py").write_text(CALC)
+    (ws / "tests" / "test_calc.py").write_text(TESTS)
+    (ws / "tests" / "test_other.py").write_text(OTHER)
+    return ws
+
+
+def _verify(org_home, ws, change, *, verify=(PYTEST,), canaries_on=True, wid="w1", default_protect=True):
+    submit(org_home, ws, work_id=wid, verify=verify)
+    if not default_protect:
+        w = StateWriter(org_home.db_path, Actor.COORDINATOR)
+        with w.transaction() as tx:
+            tx.update("work_items", wid, default_protect=0)
+        w.close()
+    verifier = Verifier(org_home, StateWriter(org_home.db_path, Actor.EVAL_AGENT, "eval-agent"), timeout_s=120,
+                        canaries=canaries_on)
+    pre = verifier.verify(wid, 0)
+    change(ws)
+    checkpoint = WorkspaceHistory(org_home.history_dir / f"{wid}.git", ws).checkpoint(1)
+    lw = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
+    with lw.transaction() as tx:
+        tx.insert("iterations", {"work_id": wid, "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
+                                 "checkpoint": checkpoint, "committed_at": tx.now})
+    lw.close()
+    v = verifier.verify(wid, 1)
+    return pre, v, work_q.item(verifier.writer.conn, wid)
+
+
+def _fix(ws):
+    (ws / "calc.py").write_text(FIXED)
+
+
+def test_an_honest_fix_passes_with_canaries_that_no_output_or_count_shows(org_home, tmp_path):
+    pre, v, work = _verify(org_home, _repo(tmp_path), _fix)
+    assert pre.checks[0].canary == {"hosts": ["tests/test_calc.py", "tests/test_other.py"], "failing": True}
+    assert "1 of 3 tests fail" in pre.detail                     # the project's tests only
+    assert set(pre.checks[0].junit["ids"]) == {"tests.test_calc::test_mean", "tests.test_calc::test_single",
+                                               "tests.test_other::test_other"}
+    assert v.outcome == "pass" and v.goal_met and work.stop_reason == StopReason.GOAL_MET
+    check = v.checks[0]
+    assert check.canary["planted"] >= 3 and check.canary["forged"] is None
+    assert check.tests["passed"] == 3 and check.tests["failed"] == 0
+    assert "3 passed" in check.output_tail and "failed" not in check.output_tail
+    assert "test_" not in check.output_tail
+
+
+def test_a_report_rewritten_inside_the_test_process_ends_the_run_evidence_forged(org_home, tmp_path):
+    """The doer leaves the bug and makes the code under test take every failure out of the
+    report and exit 0: the must-fail canary comes out passed."""
+    _, v, work = _verify(org_home, _repo(tmp_path), lambda ws: (ws / "calc.py").write_text(CALC + FLIP))
+    assert v.checks[0].exit_code == 0 and not v.goal_met and v.outcome == "fail"
+    assert v.checks[0].canary["forged"] == "a test that cannot pass is reported as passed"
+    assert work.stop_reason == StopReason.EVIDENCE_FORGED and "was not written by an honest run" in work.stop_detail
+    assert v.ended == StopReason.EVIDENCE_FORGED
+
+
+def test_a_fresh_report_of_the_projects_tests_misses_the_canaries_and_is_forged(org_home, tmp_path):
+    _, v, work = _verify(org_home, _repo(tmp_path), lambda ws: (ws / "calc.py").write_text(CALC + FRESH))
+    assert work.stop_reason == StopReason.EVIDENCE_FORGED
+    assert "missing from its report" in v.checks[0].canary["forged"] or "cannot pass" in v.checks[0].canary["forged"]
+
+
+@pytest.mark.parametrize("forger", [FLIP, FRESH], ids=["flip", "fresh"])
+def test_control_without_canaries_the_same_forgeries_reach_goal_met(org_home, tmp_path, forger):
+    """The attack works against the verifier without the defence: the bug is still there."""
+    _, v, work = _verify(org_home, _repo(tmp_path), lambda ws: (ws / "calc.py").write_text(CALC + forger),
+                         canaries_on=False)
+    assert v.goal_met and work.stop_reason == StopReason.GOAL_MET
+
+
+def test_the_must_fail_canary_changes_no_exit_status_so_x_and_chained_commands_run_as_written(org_home, tmp_path):
+    """``-x`` stops at the first failure and ``&&`` runs what follows only after a pass: with
+    canaries planted, every project test still runs and the chained command still runs."""
+    marker = tmp_path / "chained-ran"
+    ws = _repo(tmp_path)
+    (ws / "tests" / "test_calc.py").rename(ws / "tests" / "test_zlast.py")   # the failing test runs last
+    verify = (f"{PYTEST} -x && touch {marker}",)
+    pre, v, work = _verify(org_home, ws, _fix, verify=verify)
+    assert pre.checks[0].canary["hosts"] == ["tests/test_other.py"]          # -x stopped before the last file's
+    assert v.goal_met and v.checks[0].canary == {"planted": 2, "forged": None} and marker.exists()
+    assert v.checks[0].tests["passed"] == 3
+
+
+def test_a_doer_whose_change_breaks_a_test_module_fails_and_is_not_called_forged(org_home, tmp_path):
+    """The canaries of a module that no longer imports are missing from the report: the check
+    fails, as it should, and the run goes on (no forgery is claimed where the check fails)."""
+    _, v, work = _verify(org_home, _repo(tmp_path), lambda ws: (ws / "calc.py").write_text("def mean(:\n"))
+    assert v.outcome == "fail" and v.checks[0].canary["forged"] is None
+    assert work.stop_reason is None
+
+
+def test_a_k_selection_that_leaves_the_canaries_out_on_the_baseline_calibrates_no_host(org_home, tmp_path):
+    """What the baseline's run did not collect is never expected later: an honest pass."""
+    verify = (f"{PYTEST} -k 'mean or single'",)
+    pre, v, work = _verify(org_home, _repo(tmp_path), _fix, verify=verify)
+    assert pre.checks[0].canary == {"hosts": [], "failing": False}
+    assert v.goal_met and v.checks[0].canary is None
+
+
+def test_a_test_file_the_doer_changed_hosts_no_canary(org_home, tmp_path):
+    """(Without the default protection: a protected file is restored, and hosts again.)"""
+    def change(ws):
+        _fix(ws)
+        (ws / "tests" / "test_other.py").write_text(OTHER + "\n\ndef test_more():\n    assert True\n")
+    _, v, work = _verify(org_home, _repo(tmp_path), change, default_protect=False)
+    assert v.goal_met and v.checks[0].canary == {"planted": 2, "forged": None}     # test_calc.py's two
+
+
+def test_scrub_takes_out_canary_lines_and_failure_blocks_and_fixes_the_summary():
+    planted = canaries.Planted((canaries.Canary("tests/test_a.py", "test_keeps_order", canaries.MUST_PASS),
+                                canaries.Canary("tests/test_a.py", "test_rejects_zero", canaries.MUST_FAIL)))
+    out = ("tests/test_a.py ..F.\n"
+           "=================================== FAILURES ===================================\n"
+           "_______________________________ test_rejects_zero _______________________________\n"
+           "    def settle():\n        assert 3 + 4 == 9\nE   assert 7 == 9\n"
+           "_______________________________ test_real _______________________________\n"
+           "E   assert real\n"
+           "=========================== short test summary info ============================\n"
+           "FAILED tests/test_a.py::test_rejects_zero - assert 7 == 9\n"
+           "FAILED tests/test_a.py::test_real - assert real\n"
+           "========================= 2 failed, 3 passed in 0.12s =========================\n")
+    seen = {"test_keeps_order": "passed", "test_rejects_zero": "failed"}
+    got = canaries.scrub(out, planted, seen)
+    assert "rejects_zero" not in got and "settle" not in got and "7 == 9" not in got
+    assert "test_real" in got and "E   assert real" in got
+    assert "1 failed, 2 passed in 0.12s" in got
+
+
+def test_plant_is_appended_to_unchanged_hosts_and_compiles(tmp_path):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "test_x.py").write_bytes(b"def test_a():\n    pass")
+    (tmp_path / "t" / "test_y.py").write_bytes(b"def test_b():\n    pass\n")
+    base = {"t/test_x.py": b"def test_a():\n    pass", "t/test_y.py": b"def test_b():\n    pass\n# changed\n"}
+    planted = canaries.plant(tmp_path, ["t/test_x.py", "t/test_y.py"], base, random.Random(1))
+    assert {c.host for c in planted.canaries} == {"t/test_x.py"}
+    text = (tmp_path / "t" / "test_x.py").read_text()
+    compile(text, "x", "exec")
+    assert all(f"def {c.name}(" in text for c in planted.canaries)
+    assert (tmp_path / "t" / "test_y.py").read_bytes() == b"def test_b():\n    pass\n"
+    assert canaries.candidates({"t/test_x.py": "100644 a", ".venv/lib/test_z.py": "100644 b",
+                                "node_modules/p/test_q.py": "100644 c", "t/link_test.py": "120000 d",
+                                "t/helper.py": "100644 e"}) == ["t/test_x.py"]
+
+
+def test_under_xdist_must_fail_canaries_skip_and_the_command_is_held_to_the_must_pass_ones():
+    """A pytest-xdist worker's failure count is not the exit status's: there the must-fail canary
+    skips; the baseline learns so, and a skip is then what an honest run reports."""
+    planted = canaries.Planted((canaries.Canary("t/test_a.py", "test_keeps_order", canaries.MUST_PASS),
+                                canaries.Canary("t/test_a.py", "test_rejects_zero", canaries.MUST_FAIL),
+                                canaries.Canary("t/test_b.py", "test_reads_ascii", canaries.MUST_PASS)))
+    junit = {"counts": {}, "ids": {}, "truncated": False}
+    xdist = {"test_keeps_order": "passed", "test_rejects_zero": "skipped", "test_reads_ascii": "passed"}
+    cal = canaries.calibrate(planted, xdist, junit)
+    assert cal == {"hosts": ["t/test_a.py", "t/test_b.py"], "failing": False}
+    assert canaries.forged(planted, cal["hosts"], xdist, would_pass=True, failing=False) is None
+    flipped = {**xdist, "test_rejects_zero": "passed"}
+    assert canaries.forged(planted, cal["hosts"], flipped, would_pass=True, failing=False) is not None
+    plain = {**xdist, "test_rejects_zero": "failed"}
+    assert canaries.calibrate(planted, plain, junit)["failing"] is True
+    assert canaries.forged(planted, cal["hosts"], xdist, would_pass=True, failing=True) is not None
+    assert canaries.calibrate(planted, plain, None) == {"hosts": [], "failing": False}
+
+
+def test_canary_names_avoid_the_words_of_a_k_expression_so_selection_depends_on_the_file_only(tmp_path):
+    """``-k "parse or format"`` would select a canary named test_parses_… at one verification and
+    leave out test_keeps_… at the next: names never contain a -k word."""
+    avoid = canaries.keyword_words([f"{PYTEST} -k 'parse or format and not slow'", "make test"])
+    assert avoid == {"parse", "format", "slow"}
+    (tmp_path / "test_x.py").write_bytes(b"def test_a():\n    pass\n")
+    for seed in range(30):
+        (tmp_path / "test_x.py").write_bytes(b"def test_a():\n    pass\n")
+        planted = canaries.plant(tmp_path, ["test_x.py"], {"test_x.py": b"def test_a():\n    pass\n"},
+                                 random.Random(seed), avoid=avoid)
+        assert planted.canaries and not any(w in c.name for c in planted.canaries for w in avoid)
