@@ -66,12 +66,13 @@ def _repo(root: Path) -> Path:
     return ws
 
 
-def _verify(org_home, ws, change, *, verify=(PYTEST,), canaries_on=True, wid="w1", default_protect=True):
+def _verify(org_home, ws, change, *, verify=(PYTEST,), canaries_on=True, wid="w1", default_protect=True,
+            scope=()):
     submit(org_home, ws, work_id=wid, verify=verify)
-    if not default_protect:
+    if not default_protect or scope:
         w = StateWriter(org_home.db_path, Actor.COORDINATOR)
         with w.transaction() as tx:
-            tx.update("work_items", wid, default_protect=0)
+            tx.update("work_items", wid, default_protect=int(default_protect), scope=list(scope))
         w.close()
     verifier = Verifier(org_home, StateWriter(org_home.db_path, Actor.EVAL_AGENT, "eval-agent"), timeout_s=120,
                         canaries=canaries_on)
@@ -159,11 +160,12 @@ def test_a_k_selection_that_leaves_the_canaries_out_on_the_baseline_calibrates_n
 
 
 def test_a_test_file_the_doer_changed_hosts_no_canary(org_home, tmp_path):
-    """(Without the default protection: a protected file is restored, and hosts again.)"""
+    """(Without the default protection: a protected file is restored, and hosts again; with the
+    tests in the change scope: a test file outside it is held back, so the baseline's hosts.)"""
     def change(ws):
         _fix(ws)
         (ws / "tests" / "test_other.py").write_text(OTHER + "\n\ndef test_more():\n    assert True\n")
-    _, v, work = _verify(org_home, _repo(tmp_path), change, default_protect=False)
+    _, v, work = _verify(org_home, _repo(tmp_path), change, default_protect=False, scope=("tests/**",))
     assert v.goal_met and v.checks[0].canary == {"planted": 2, "forged": None}     # test_calc.py's two
 
 
