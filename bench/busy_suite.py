@@ -7,12 +7,14 @@ Starts ``--busy`` processes that each spin one core at normal priority (a stand-
 runs, other orgs or a build on the same host), runs ``scripts/test`` with the given pytest
 arguments beside them (default: the whole suite), then stops them. With ``--quiet-first`` the same
 selection runs once before, with nothing beside it: the baseline of the same run. Prints one JSON
-object (also written to ``--out``): per run the pytest counts (``passed``, ``failed``, ``errors``,
-``skipped``), the failed test ids (pytest's own output goes to stderr as it runs), the wall time, the host's load average at the end, and
-``ok`` (the busy run passed). Exit status: the busy run's ``scripts/test`` status.
+object (also written to ``--out``): per run the pytest counts (``passed``, ``failed``,
+``errors``, ``skipped``), the failed test ids, the wall time and the host's load average at the
+end, and ``ok`` (the busy run passed); pytest's own output goes to stderr as it runs. Exit
+status: the busy run's ``scripts/test`` status.
 
 It is a check, not a benchmark figure: bench/report.py does not run it (the whole suite takes
-longer than a report's budget); ``.ci/run`` runs it on the tests that wait on real processes after the suite, and on the whole suite with ``ORG_CI_BUSY=1``.
+longer than a report's budget). ``.ci/run`` runs it after the suite on the tests that wait on
+real processes and terminals, and on the whole suite with ``ORG_CI_BUSY=1``.
 """
 from __future__ import annotations
 
