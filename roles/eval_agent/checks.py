@@ -90,8 +90,7 @@ def failure_signature(output: str, exit_code: int | None, timed_out: bool, snaps
 
 
 def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_000_000,
-              env: dict | None = None, runner=None, should_stop=None, report: tuple[Path, Path] | None = None
-              ) -> CheckResult:
+              env: dict | None = None, runner=None, should_stop=None, report=None) -> CheckResult:
     """Run one verify command in ``cwd`` (a snapshot), bounded in time and output.
 
     With ``runner`` (the sandbox org.toml asks for: verify commands run code the agent wrote)
@@ -100,20 +99,20 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
     (VerifyUnavailable with code ``run_ended``). Without one it runs as a plain process in its
     own group, killed as a whole on timeout.
 
-    ``report`` is (the host's path, the same file's path as the command sees it) of a JUnit XML
-    report pytest is asked to write (``PYTEST_ADDOPTS``, whatever runs pytest: ``pytest``,
-    ``python -m pytest``, ``uv run``, a Makefile); what it holds becomes ``junit``.
+    ``report`` is the ``reports.ReportFile`` of a JUnit XML report pytest is asked to write
+    (``PYTEST_ADDOPTS``, whatever runs pytest: ``pytest``, ``python -m pytest``, ``uv run``, a
+    Makefile); what it holds becomes ``junit``. A report the host refuses to read (too large:
+    ``hostile.read_regular``) fails the check, whatever its exit code: a bound never passes.
     """
     t0 = time.monotonic()
     extra = {}
     if report is not None:
-        report[0].unlink(missing_ok=True)
-        extra["PYTEST_ADDOPTS"] = f"--junitxml={report[1]}"
+        extra["PYTEST_ADDOPTS"] = f"--junitxml={report.inside}"
     if runner is not None:
         try:
             if hasattr(runner, "execute"):
                 res = runner.execute(command, cwd=cwd, timeout_s=timeout_s, max_output=max_output, env=extra,
-                                     should_stop=should_stop, poll_s=0.5)
+                                     should_stop=should_stop, poll_s=0.5, binds=report.binds if report else ())
             else:
                 res = runner.run(command, cwd, timeout_s, max_output)
             code, text, timed_out = res.exit_code, res.output, res.timed_out
@@ -137,9 +136,10 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
     passed = code == 0 and not timed_out
     junit = None
     if report is not None:
-        from roles.eval_agent.evidence import read_junit
-        junit = read_junit(report[0])
-        report[0].unlink(missing_ok=True)
+        junit, refused = report.read()
+        if refused is not None:
+            passed = False
+            text += f"\n[eval-agent] not a pass: the test report was refused ({refused.code}): {refused}\n"
     return CheckResult(
         name=command, command=command, passed=passed, exit_code=None if timed_out else code, timed_out=timed_out,
         signature=None if passed else failure_signature(text, code, timed_out, cwd),

@@ -32,6 +32,7 @@ from roles import telemetry
 from roles.eval_agent import evidence, held as held_rules
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
+from roles.sandbox.reports import ReportFile
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
 from state_db.ending import StopDecision, end_run, goal_met as goal_met_rule
 from state_db.errors import NotFound, OrgError, StateError
@@ -199,13 +200,15 @@ class Verifier:
         def run_over() -> bool:       # a cancelled or ended run's checks are stopped, not waited for
             now = work_q.item(self.writer.conn, work.id)
             return now is None or now.status == WorkStatus.ENDED or now.cancel_requested
-        inside = Path(getattr(runner, "present_at", None) or snapshot)
         checks = []
         for cmd in commands:
-            # a fresh name each time: nothing the doer left in the snapshot can stand in for it
-            name = f".loop-org-junit-{uuid.uuid4().hex}.xml"
-            checks.append(run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner, should_stop=run_over,
-                                    report=(snapshot / name, inside / name)))
+            # a fresh file each time, made by the host where no sandbox reaches (``ReportFile``)
+            report = ReportFile.create(self.home.root / "eval-reports", runner)
+            try:
+                checks.append(run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner,
+                                        should_stop=run_over, report=report))
+            finally:
+                report.discard()
         return checks
 
     def verify(self, work_id: str, n: int) -> Verdict | Preflight:

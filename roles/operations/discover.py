@@ -28,13 +28,12 @@ import re
 import shutil
 import tempfile
 import time
-import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from roles.sandbox import runner_from_config
-from roles.sandbox.reports import read_junit
+from roles.sandbox.reports import ReportFile
 from roles.workspace import safegit
 from roles.workspace.errors import RepositoryError
 from roles.workspace.history import WorkspaceHistory
@@ -183,18 +182,17 @@ def verify_failures(ws: Path, commands: list[str], cfg: Config, home,
         snapshot = scratch / "tree"
         history.materialize(history.baseline(), snapshot, paths=[])
         runner = runner_factory(snapshot, ws)
-        inside = Path(getattr(runner, "present_at", None) or snapshot)
         out, notes = [], []
         for cmd in commands:
-            name = f".loop-org-junit-{uuid.uuid4().hex}.xml"
+            report = ReportFile.create(scratch / "reports", runner)
             try:
                 res = runner.execute(cmd, cwd=snapshot, timeout_s=float(cfg.sandbox.cpu_seconds),
                                      max_output=int(cfg.sandbox.output_bytes),
-                                     env={"PYTEST_ADDOPTS": f"--junitxml={inside / name}"})
+                                     env={"PYTEST_ADDOPTS": f"--junitxml={report.inside}"}, binds=report.binds)
             except OrgError as exc:
                 notes.append(f"`{cmd}` could not run in the sandbox ({exc.code}): {exc}")
                 continue
-            junit = read_junit(snapshot / name)
+            junit, _refused = report.read()
             if res.exit_code == 0 and not res.timed_out:
                 continue
             if res.exit_code in _CANNOT_START and junit is None:
