@@ -34,7 +34,7 @@ from roles.sandbox.limits import (Limits, PidsCgroup, inner_prefix, outer_prefix
                                   process_limit_kind)
 from roles.sandbox.seccomp import memfd, program
 from roles.sandbox.toolchains import SYSTEM, Exposure, Toolchain
-from roles.sandbox.view import SOCKET, View, build
+from roles.sandbox.view import View, build
 
 log = structlog.get_logger("sandbox")
 
@@ -81,16 +81,19 @@ def mount_args(view: View, workspace: Path, *, inside: Path | None = None, writa
     # a hidden place matters where something shown would reveal it, or around a writable bind
     # (a workspace inside the org home): there it is an empty, read-only folder
     around = [os.path.normpath(dest) for _, dest in binds]
-    # a host socket inside a writable bind is covered too, where that bind is the folder itself
-    # at its own path (elsewhere, as a snapshot presented at the workspace's path, it is not there)
+    # what the view hides inside a writable bind (a host socket, an org home) is covered too,
+    # where that bind is the folder itself at its own path (elsewhere, as a snapshot presented
+    # at the workspace's path, it is not there)
     own_place = [os.path.realpath(src) for src, dest in binds if os.path.realpath(src) == os.path.normpath(dest)]
-    sockets = {e.path for e in view.hidden if e.reason == SOCKET}
+    in_view = {e.path for e in view.hidden}
     for p in [*(Path(e.path) for e in view.hidden), *hide]:
         real = os.path.realpath(p)
         if real in _UNHIDEABLE:
             raise SandboxConfigError(f"{real} cannot be hidden; hide a folder below it")
+        if real in own_place:
+            continue                      # the writable folder itself is shown, not hidden
         if os.path.lexists(real) and (_inside_any(real, shown) or any(_inside_any(d, [real]) for d in around)
-                                      or (real in sockets and _inside_any(real, own_place))):
+                                      or (real in in_view and _inside_any(real, own_place))):
             entries.setdefault(real, (0, real))
     for path in shown:
         if path not in entries:
