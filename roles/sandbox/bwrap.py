@@ -307,8 +307,9 @@ def _quota_checked(got: Captured, workspace: Path, limits: Limits) -> Captured:
     used = over_quota(workspace, limits)
     if used is None:
         return got
-    line = (f"\nerror[disk_quota]: the workspace holds {used / 2**20:.0f} MB, over the sandbox's "
-            f"{limits.disk_mb} MB quota — delete files you do not need (org.toml sandbox.disk_mb sets the quota)\n")
+    line = (f"\nerror[disk_quota]: the workspace holds {used / 2**20:.0f} MB (apparent sizes: sparse files count "
+            f"in full), over the sandbox's {limits.disk_mb} MB quota — delete files you do not need (org.toml "
+            "sandbox.disk_mb sets the quota)\n")
     log.warning("workspace over its disk quota", workspace=str(workspace), used_mb=round(used / 2**20),
                 quota_mb=limits.disk_mb)
     return Captured(got.exit_code or 1, got.output + line, got.stderr, got.timed_out, got.truncated, got.duration_s,
