@@ -97,6 +97,7 @@ TOOL_SCHEMAS: tuple[dict[str, Any], ...] = (
           {"reason": ("string", "why the goal cannot be met, specifically (what contradicts what)")}, ("reason",)),
 )
 GATE_KINDS = ("network", "outside_workspace", "other")
+MAX_ACTION_COMMAND = 4000           # characters of a gated command: longer ones are refused, never cut
 _SCHEMA_BY_NAME = {s["name"]: s["input_schema"] for s in TOOL_SCHEMAS}
 _TYPES: dict[str, Callable[[object], bool]] = {
     "string": lambda v: isinstance(v, str),
@@ -223,7 +224,12 @@ class WorkspaceTools:
             raise ToolError("bad_tool_input", f"kind must be one of {', '.join(GATE_KINDS)}")
         if not command.strip():
             raise ToolError("bad_tool_input", "command is empty")
-        self.requests.append({"kind": kind, "command": command[:2000], "reason": reason[:1000]})
+        if len(command) > MAX_ACTION_COMMAND:
+            # refused, never cut: a human approves the command they are shown, whole, and it is what runs
+            raise ToolError("command_too_long", f"the command has {len(command)} characters; a command a human "
+                            f"approves holds at most {MAX_ACTION_COMMAND}: put the steps in a script in the "
+                            "workspace and ask to run that")
+        self.requests.append({"kind": kind, "command": command, "reason": reason[:1000]})
         return ("Recorded for a human decision. Nothing ran. End your turn now; the decision (and the "
                 "command's output if approved) comes back in the next iteration.")
 
