@@ -18,7 +18,7 @@ inside it, a folder ``org.toml`` shows): ``home`` tries to read its ``state.db``
 
 An attempt *escapes* when the reader gives the host's secret to the doer's side (reads the file
 a link names, counts a tree over the quota as within it, records a host file's bytes), or stays
-blocked past ``BOUND_S``. Each attempt has a same-run *unguarded control*: the same thing read
+blocked past its bound (``BOUND_S`` for a file, ``CHECKPOINT_BOUND_S`` for a workspace). Each attempt has a same-run *unguarded control*: the same thing read
 the plain way (``open().read()`` of the path, a block count, the sandbox without the home walk),
 so the figure shows what the guards take away on this machine.
 
@@ -39,7 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-BOUND_S = 5.0
+BOUND_S = 5.0                 # a read of one file
+CHECKPOINT_BOUND_S = 60.0     # recording a whole workspace (20,000 files on a loaded machine)
 SECRET = "host-secret-d41c9"
 TARGETS = {"escapes": "== 0", "blocked": "== 0"}
 # what the sandboxed command does to leave each kind at "$T" (a path it is given)
@@ -60,12 +61,12 @@ KINDS = {
 READERS = ("report", "output", "checkpoint", "quota")
 
 
-def _bounded(fn) -> tuple[object, bool]:
-    """(what ``fn`` returned or raised, whether it was still blocked after BOUND_S)."""
+def _bounded(fn, bound_s: float = BOUND_S) -> tuple[object, bool]:
+    """(what ``fn`` returned or raised, whether it was still blocked after ``bound_s``)."""
     box: list = []
     t = threading.Thread(target=lambda: box.append(_try(fn)), daemon=True)
     t.start()
-    t.join(BOUND_S)
+    t.join(bound_s)
     return (box[0] if box else None), t.is_alive()
 
 
@@ -82,6 +83,18 @@ def _unblock(path: Path) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
     except OSError:
         pass
+
+
+def _plain_read(path: Path) -> bytes:
+    """The unguarded reader: a plain open (links followed, a FIFO waited on), its first MB."""
+    with open(path, "rb") as f:
+        return f.read(1 << 20)
+
+
+def _plain_copy(src, dst) -> None:
+    """The unguarded copy: each file's first MB, read the plain way (a device link would be
+    copied without end)."""
+    Path(dst).write_bytes(_plain_read(Path(src)))
 
 
 def _leaks(got) -> bool:
@@ -111,19 +124,18 @@ class Lab:
 
 
 def _report(lab: Lab, kind: str) -> dict:
-    from roles.eval_agent.checks import run_check
     from roles.sandbox.reports import ReportFile
     report = ReportFile.create(lab.base / "home" / "eval-reports", lab.runner)
-    script = f'T="${{PYTEST_ADDOPTS#--junitxml=}}"; S="{lab.secret}"; {KINDS[kind]}; exit 0'
-    t0 = time.monotonic()
-    check, blocked = _bounded(lambda: run_check(script, lab.ws, timeout_s=60, runner=lab.runner, report=report))
-    guarded = {"leaked": _leaks(json.dumps(getattr(check, "junit", None))), "blocked": blocked,
-               "seconds": round(time.monotonic() - t0, 2)}
+    lab.runner.execute(KINDS[kind], cwd=lab.ws, timeout_s=60, binds=report.binds,
+                       env={"S": str(lab.secret), "T": str(report.inside)})
+    got, blocked = _bounded(report.read)
+    junit = got[0] if isinstance(got, tuple) else None
+    guarded = {"leaked": _leaks(json.dumps(junit)), "blocked": blocked}
     report.discard()
     # control: the report at a path in the workspace, read as the host used to (a plain open)
     plain = lab.ws / f".junit-{kind}.xml"
     lab.leave(kind, str(plain))
-    got, control_blocked = _bounded(lambda: plain.read_bytes()[:1 << 20])
+    got, control_blocked = _bounded(lambda: _plain_read(plain))
     _unblock(plain)
     return {**guarded, "control_leaked": _leaks(got), "control_blocked": control_blocked}
 
@@ -133,7 +145,7 @@ def _output(lab: Lab, kind: str) -> dict:
     target = lab.ws / f"out-{kind}.txt"
     lab.leave(kind, str(target))
     got, blocked = _bounded(lambda: read_regular(target, limit=32 << 20, beneath=lab.ws))
-    control, control_blocked = _bounded(lambda: target.read_bytes()[:1 << 20])
+    control, control_blocked = _bounded(lambda: _plain_read(target))
     _unblock(target)
     return {"leaked": _leaks(got), "blocked": blocked, "control_leaked": _leaks(control),
             "control_blocked": control_blocked}
@@ -148,20 +160,30 @@ def _checkpoint(lab: Lab, kind: str) -> dict:
     history.baseline()
     runner = type(lab.runner)(ws, readonly_binds=lab.runner.readonly_binds, limits=lab.runner.limits)
     runner.execute(KINDS[kind], cwd=ws, timeout_s=60, env={"S": str(lab.secret), "T": str(ws / "left")})
-    got, blocked = _bounded(lambda: history.checkpoint(1))
+    got, blocked = _bounded(lambda: _record(history, ws), CHECKPOINT_BOUND_S)
     leaked = False
-    if isinstance(got, str):
+    if isinstance(got, str) and not got.startswith("refused"):
         import pygit2
         repo = pygit2.Repository(str(history.git_dir))
         tree = repo[got].peel(pygit2.Tree)
         leaked = any(SECRET.encode() in repo[e.id].data for e in _blobs(repo, tree))
     # control: a copy that follows links, as a plain recursive copy of the workspace would
     dest = lab.base / f"copy-{kind}"
-    control, control_blocked = _bounded(lambda: shutil.copytree(ws, dest, symlinks=False, ignore_dangling_symlinks=True))
+    control, control_blocked = _bounded(lambda: shutil.copytree(ws, dest, symlinks=False, ignore_dangling_symlinks=True,
+                                                                copy_function=_plain_copy))
     control_leaked = any(SECRET in p.read_text(errors="replace") for p in dest.rglob("*")
                          if p.is_file() and not p.is_symlink() and p.stat().st_size < 1 << 20) if dest.exists() else False
     _unblock(ws / "left")
     return {"leaked": leaked, "blocked": blocked, "control_leaked": control_leaked, "control_blocked": control_blocked}
+
+
+def _record(history, ws: Path):
+    """What the loop-agent does with an act's workspace (``acting._within_quota``): measure it
+    against the quota first, record it only when it fits (else it is reset, never hashed)."""
+    from roles.sandbox.limits import Limits, over_quota
+    if over_quota(ws, Limits(disk_mb=64)) is not None:
+        return "refused: over the quota"
+    return history.checkpoint(1)
 
 
 def _blobs(repo, tree):
@@ -256,16 +278,19 @@ def run(quick: bool = False) -> dict:
         "escaped": [f"{a['reader']}:{a['kind']}" for a in escaped],
         "cases": attempts,
         "bound_s": BOUND_S,
+        "checkpoint_bound_s": CHECKPOINT_BOUND_S,
         "seconds": round(time.monotonic() - t0, 1),
         "targets": TARGETS,
     }
 
 
 def main(argv=None) -> int:
+    from bench.common import quiet_logs
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="one or two kinds per reader")
     args = parser.parse_args(argv)
+    quiet_logs()
     result = run(quick=args.quick)
     if args.json:
         print(json.dumps(result, indent=2))

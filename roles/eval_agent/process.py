@@ -144,15 +144,20 @@ class EvalAgentProcess(RoleProcess):
                 self.log.error("error_verdict_failed", work_id=work_id, error=str(exc))
             self.transport.send("coordinator", Kind.WAKE, {"work_id": work_id, "ended": "verify_unrunnable"})
 
-    def _show_busy(self) -> None:
+    def _show_busy(self, writer=None) -> None:
         """``current_work``: the work items being verified now (a stuck one included, until its
-        worker lets go), so ``org status`` shows the eval-agent busy, and with what."""
+        worker lets go), so ``org status`` shows the eval-agent busy, and with what. ``writer``:
+        the calling worker's own connection (default: the role's, the main thread's)."""
         with self.flight_lock:
             shown = ",".join(sorted(self.in_flight)) or None
-        if shown != self._shown_busy:
-            with self.writer.transaction(render=False) as tx:
+        if shown == self._shown_busy:
+            return
+        try:
+            with (writer or self.writer).transaction(render=False) as tx:
                 tx.update("role_instances", self.instance, current_work=shown, updated_at=tx.now)
             self._shown_busy = shown
+        except Exception as exc:  # noqa: BLE001 - a display only: the next tick writes it again
+            self.log.warning("busy_not_shown", error=str(exc))
 
     def _claim(self, row: Due) -> bool:
         with self.flight_lock:
@@ -205,12 +210,12 @@ class EvalAgentProcess(RoleProcess):
                     if time.monotonic() < next_at or not self._claim(row):
                         continue
                     self.more.set()                 # the other workers look for work of their own
-                    self._show_busy_from(writer)
+                    self._show_busy(writer)
                     try:
                         result = self._verify_once(verifier, row, tries, failures)
                     finally:
                         kept = self._let_go(row)
-                        self._show_busy_from(writer)
+                        self._show_busy(writer)
                     if result is not None and kept:
                         self._announce(sender, row, result)
                     self.more.set()                 # what is due has changed: read it again
@@ -218,17 +223,6 @@ class EvalAgentProcess(RoleProcess):
         finally:
             sender.close()
             writer.close()
-
-    def _show_busy_from(self, writer) -> None:
-        """``_show_busy`` from a worker's own connection (the role's is the main thread's)."""
-        with self.flight_lock:
-            shown = ",".join(sorted(self.in_flight)) or None
-        try:
-            with writer.transaction(render=False) as tx:
-                tx.update("role_instances", self.instance, current_work=shown, updated_at=tx.now)
-            self._shown_busy = shown
-        except Exception as exc:  # noqa: BLE001 - a display only: the next tick writes it again
-            self.log.warning("busy_not_shown", error=str(exc))
 
     def _verify_once(self, verifier, row: Due, tries: int, failures: dict):
         """Verify ``row`` once: its verdict (or preflight); None when it is to be tried again or
