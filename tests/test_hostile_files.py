@@ -149,3 +149,20 @@ def test_a_report_past_its_bound_fails_the_check_whatever_the_exit_code(tmp_path
                     runner=runner, report=report)
     assert got.exit_code == 0 and not got.passed and "file_too_large" in got.output_tail, got
     report.discard()
+
+
+@pytest.mark.timeout(30)
+def test_the_file_tools_read_through_the_hostile_reader(tmp_path):
+    """read_file never waits on a FIFO nor follows a link out; a hard-linked file of the
+    workspace's own (uv links its cache into .venv) is still read."""
+    from roles.loop_agent.tools import WorkspaceTools
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("x = 1\n")
+    os.link(ws / "a.py", ws / "b.py")
+    os.mkfifo(ws / "pipe")
+    tools = WorkspaceTools(ws)
+    assert "x = 1" in tools.call("read_file", {"path": "b.py"}).content
+    t0 = time.monotonic()
+    got = tools.call("read_file", {"path": "pipe"})
+    assert got.is_error and time.monotonic() - t0 < 2.0

@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator, Mapping
 
 from roles.loop_agent.commands import CommandRunner, SubprocessRunner
+from roles.sandbox.hostile import HostileFile, read_regular
 from state_db.errors import OrgError
 
 _SKIP_DIRS = frozenset({".git"})
@@ -98,6 +99,7 @@ TOOL_SCHEMAS: tuple[dict[str, Any], ...] = (
 )
 GATE_KINDS = ("network", "outside_workspace", "other")
 MAX_ACTION_COMMAND = 4000           # characters of a gated command: longer ones are refused, never cut
+TEXT_MAX_BYTES = 128 * 2**20        # a file the tools read (the sandbox's own file-size limit by default)
 _SCHEMA_BY_NAME = {s["name"]: s["input_schema"] for s in TOOL_SCHEMAS}
 _TYPES: dict[str, Callable[[object], bool]] = {
     "string": lambda v: isinstance(v, str),
@@ -207,9 +209,15 @@ class WorkspaceTools:
         return path.relative_to(self.root).as_posix() if path != self.root else "."
 
     def _text(self, path: Path) -> str:
+        """The UTF-8 text of ``path`` (resolved inside the workspace), read as what a sandboxed
+        command may have left: no link followed on the way, a regular file only, never a FIFO's
+        wait, at most ``TEXT_MAX_BYTES`` (``hostile.read_regular``)."""
         if not path.is_file():
             raise ToolError("not_found", f"{self._rel(path)} is not a file")
-        data = path.read_bytes()
+        try:
+            data = read_regular(path, limit=TEXT_MAX_BYTES, beneath=self.root, single_link=False)
+        except HostileFile as exc:
+            raise ToolError(exc.code, f"{self._rel(path)} was not read: {exc}") from None
         if b"\x00" in data[:_BINARY_PROBE]:
             raise ToolError("binary_file", f"{self._rel(path)} looks binary; the file tools handle text only")
         try:

@@ -43,17 +43,20 @@ class HostileFile(SandboxError):
     code = "file_refused"
 
 
-def read_regular(path: str | os.PathLike, *, limit: int, beneath: str | os.PathLike | None = None) -> bytes:
+def read_regular(path: str | os.PathLike, *, limit: int, beneath: str | os.PathLike | None = None,
+                 single_link: bool = True) -> bytes:
     """The bytes of the regular file at ``path``, at most ``limit`` of them.
 
     Params: ``beneath`` the folder the walk starts from, which the caller trusts (its own
     scratch folder, a snapshot it made); ``path`` is then relative to it, or absolute inside it.
     Without ``beneath`` only the last component is checked (the caller made every folder above).
+    ``single_link=False`` accepts a file with several hard links (a workspace's own files: uv
+    and pnpm link their caches' files into a project; a sandbox can only link what it can see).
     Errors: ``HostileFile`` with ``file_link`` (a link on the way or at the end),
     ``file_not_regular`` (a FIFO, socket, device or folder), ``file_linked`` (more than one hard
     link), ``file_too_large`` (over ``limit``), ``file_missing`` (nothing there).
     """
-    fd = open_regular(path, beneath=beneath)
+    fd = open_regular(path, beneath=beneath, single_link=single_link)
     try:
         chunks, size = [], 0
         while size <= limit:
@@ -70,7 +73,8 @@ def read_regular(path: str | os.PathLike, *, limit: int, beneath: str | os.PathL
     return b"".join(chunks)
 
 
-def open_regular(path: str | os.PathLike, *, beneath: str | os.PathLike | None = None) -> int:
+def open_regular(path: str | os.PathLike, *, beneath: str | os.PathLike | None = None,
+                 single_link: bool = True) -> int:
     """A descriptor of the regular, singly linked file at ``path`` (see ``read_regular``); the
     caller closes it. The descriptor is blocking again: a regular file never blocks a read."""
     parent_fd, name = _walk(Path(path), beneath)
@@ -86,7 +90,7 @@ def open_regular(path: str | os.PathLike, *, beneath: str | os.PathLike | None =
         if not stat.S_ISREG(st.st_mode):
             raise HostileFile(f"{os.fspath(path)} is not a regular file ({_kind(st.st_mode)}); it was not read",
                               code="file_not_regular")
-        if st.st_nlink != 1:
+        if single_link and st.st_nlink != 1:
             raise HostileFile(f"{os.fspath(path)} has {st.st_nlink} hard links; it was not read",
                               code="file_linked")
         os.set_blocking(fd, True)
