@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from roles.sandbox import runner_from_config
+from roles.sandbox.hostile import HostileFile, read_regular
 from roles.sandbox.reports import ReportFile
 from roles.workspace import safegit
 from roles.workspace.errors import RepositoryError
@@ -256,14 +257,11 @@ def marker_candidates(ws: Path, commands: list[str], cfg: Config) -> tuple[list[
         return [], f"markers not read: {exc}"
     out, seen = [], {}
     for path in paths:
-        full = ws / path
         try:
-            # a folder replaced by a symlink must not lead the scan out of the workspace
-            if full.is_symlink() or not full.resolve().is_relative_to(ws) or not full.is_file() \
-                    or full.stat().st_size > MAX_FILE_BYTES:
-                continue
-            data = full.read_bytes()
-        except OSError:
+            # what a doer left in the workspace is hostile input: no link followed on the way,
+            # no FIFO waited on, nothing past the bound read (``hostile.read_regular``)
+            data = read_regular(ws / path, limit=MAX_FILE_BYTES, beneath=ws, single_link=False)
+        except HostileFile:
             continue
         if b"\0" in data[:8192]:                             # a binary file
             continue
