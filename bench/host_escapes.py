@@ -46,15 +46,15 @@ TARGETS = {"escapes": "== 0", "blocked": "== 0"}
 # what the sandboxed command does to leave each kind at "$T" (a path it is given)
 KINDS = {
     "symlink": 'ln -sfn "$S" "$T"',
-    "symlink_parent": 'mkdir -p "$(dirname "$T")/.." && rm -rf "$(dirname "$T")" && ln -sfn "$(dirname "$S")" '
-                      '"$(dirname "$T")"',
+    "symlink_parent": 'rm -rf "$(dirname "$T")" && ln -sfn "$(dirname "$S")" "$(dirname "$T")"',
     "device_link": 'ln -sfn /dev/zero "$T"',
     "hardlink": 'echo inside > "$T.h" && ln -f "$T.h" "$T"',
     "fifo": 'rm -f "$T"; mkfifo "$T"',
     "socket": 'rm -f "$T"; python3 -c "import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])" "$T"',
     "sparse": 'truncate -s 120M "$T"',
     "large": 'head -c 40M /dev/zero > "$T"',
-    "deep": 'd=deep; for i in $(seq 300); do d="$d/d"; done; mkdir -p "$d" && echo deep > "$d/f" && ln -sfn "$S" "$d/l"',
+    "deep": 'd=$PWD/deep; for i in $(seq 300); do d="$d/d"; done; mkdir -p "$d" && ln -sfn "$S" "$d/l" && '
+            'ln -sfn "$d/l" "$T"',
     "many": 'mkdir -p many && cd many && seq 20000 | xargs touch',
     "odd_names": "printf x > \"$(printf 'a\\nb')\" && printf x > \"$(printf '\\377\\376')\" && printf x > ./-rf",
 }
@@ -133,7 +133,8 @@ def _report(lab: Lab, kind: str) -> dict:
     guarded = {"leaked": _leaks(json.dumps(junit)), "blocked": blocked}
     report.discard()
     # control: the report at a path in the workspace, read as the host used to (a plain open)
-    plain = lab.ws / f".junit-{kind}.xml"
+    plain = lab.ws / f"report-{kind}" / lab.secret.name
+    plain.parent.mkdir()
     lab.leave(kind, str(plain))
     got, control_blocked = _bounded(lambda: _plain_read(plain))
     _unblock(plain)
@@ -142,7 +143,8 @@ def _report(lab: Lab, kind: str) -> dict:
 
 def _output(lab: Lab, kind: str) -> dict:
     from roles.sandbox.hostile import read_regular
-    target = lab.ws / f"out-{kind}.txt"
+    target = lab.ws / f"out-{kind}" / lab.secret.name
+    target.parent.mkdir()
     lab.leave(kind, str(target))
     got, blocked = _bounded(lambda: read_regular(target, limit=32 << 20, beneath=lab.ws))
     control, control_blocked = _bounded(lambda: _plain_read(target))
@@ -159,7 +161,8 @@ def _checkpoint(lab: Lab, kind: str) -> dict:
     history = WorkspaceHistory(lab.base / "home" / "history" / f"{kind}.git", ws)
     history.baseline()
     runner = type(lab.runner)(ws, readonly_binds=lab.runner.readonly_binds, limits=lab.runner.limits)
-    runner.execute(KINDS[kind], cwd=ws, timeout_s=60, env={"S": str(lab.secret), "T": str(ws / "left")})
+    (ws / "left").mkdir()
+    runner.execute(KINDS[kind], cwd=ws, timeout_s=60, env={"S": str(lab.secret), "T": str(ws / "left" / "f")})
     got, blocked = _bounded(lambda: _record(history, ws), CHECKPOINT_BOUND_S)
     leaked = False
     if isinstance(got, str) and not got.startswith("refused"):
@@ -173,7 +176,7 @@ def _checkpoint(lab: Lab, kind: str) -> dict:
                                                                 copy_function=_plain_copy))
     control_leaked = any(SECRET in p.read_text(errors="replace") for p in dest.rglob("*")
                          if p.is_file() and not p.is_symlink() and p.stat().st_size < 1 << 20) if dest.exists() else False
-    _unblock(ws / "left")
+    _unblock(ws / "left" / "f")
     return {"leaked": leaked, "blocked": blocked, "control_leaked": control_leaked, "control_blocked": control_blocked}
 
 
