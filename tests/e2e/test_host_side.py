@@ -6,6 +6,7 @@ the verification neither follows the link nor blocks, the run never reaches ``go
 honest run submitted to the same org beside it reaches ``goal_met`` meanwhile."""
 from __future__ import annotations
 
+import stat
 import sys
 from pathlib import Path
 
@@ -66,3 +67,6 @@ def test_a_doer_leaving_links_fifos_and_sparse_files_fools_no_reader_and_blocks_
         verdicts = query(org, "SELECT outcome, checks FROM verdicts WHERE work_id=?", (bad["id"],))
         assert verdicts and all(v["outcome"] != "pass" for v in verdicts), verdicts
         assert not any('"junit": {"counts": {"runner": "pytest", "passed": 2' in v["checks"] for v in verdicts)
+        left = org.root / "eval" / bad["id"]     # the doer's code ran: what it left is still there
+        assert stat.S_ISFIFO((left / "left.fifo").lstat().st_mode), sorted(p.name for p in left.iterdir())
+        assert (left / "sparse0.bin").lstat().st_size == 100 << 20
