@@ -173,7 +173,7 @@ def _checkpoint(lab: Lab, kind: str) -> dict:
     # control: a copy that follows links, as a plain recursive copy of the workspace would
     dest = lab.base / f"copy-{kind}"
     control, control_blocked = _bounded(lambda: shutil.copytree(ws, dest, symlinks=False, ignore_dangling_symlinks=True,
-                                                                copy_function=_plain_copy))
+                                                                copy_function=_plain_copy), CHECKPOINT_BOUND_S)
     control_leaked = any(SECRET in p.read_text(errors="replace") for p in dest.rglob("*")
                          if p.is_file() and not p.is_symlink() and p.stat().st_size < 1 << 20) if dest.exists() else False
     _unblock(ws / "left" / "f")

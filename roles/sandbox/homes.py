@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 from state_db.home import HOME_MARKER
 
-MAX_ENTRIES = 200_000
-FRESH_S = 5.0
+MAX_ENTRIES = 200_000          # for submit's walk
+SHOWN_MAX_ENTRIES = 50_000     # for each sandbox's view: a repository with its virtual environment is ~20,000
+FRESH_S = 60.0                 # a walk of such a folder costs ~0.25 s: once a minute per process
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def homes_in(folder: str | os.PathLike) -> tuple[str, ...]:
         got = _CACHE.get(key)
     if got is not None and now < got[0]:
         return got[1].homes
-    found = homes_within(key)
+    found = homes_within(key, max_entries=SHOWN_MAX_ENTRIES)
     with _LOCK:
         _CACHE[key] = (now + FRESH_S, found)
         if len(_CACHE) > 256:
