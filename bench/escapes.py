@@ -20,7 +20,7 @@ the sandbox takes away on this very machine.
 
 The host side (``bench/host_escapes.py``, also alone with ``--host-only``): every kind of file a
 sandbox can leave against every host-side reader, and a second org's home in each place a
-workspace reaches, each beside its unguarded control (``host_control_escapes``).
+workspace reaches, each beside its unguarded control (``raw_host_unguarded_escapes``).
 
 Targets: ``escape_attempts`` ≥ 30, ``escapes`` == 0, ``probe_escapes`` == 0, ``host_escapes`` == 0,
 ``host_blocked`` == 0.
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
         from bench.host_escapes import run as host_side
         host = host_side()
         figures.update({"host_attempts": host["attempts"], "host_escapes": host["escapes"],
-                        "host_blocked": host["blocked"], "host_control_escapes": host["control_escapes"],
+                        "host_blocked": host["blocked"], "raw_host_unguarded_escapes": host["raw_unguarded_escapes"],
                         "host_escaped": host["escaped"]})
         passes.update({"host_escapes": host["escapes"] == 0, "host_blocked": host["blocked"] == 0})
     if not (args.probes_only or args.host_only):

@@ -18,7 +18,8 @@ inside it, a folder ``org.toml`` shows): ``home`` tries to read its ``state.db``
 
 An attempt *escapes* when the reader gives the host's secret to the doer's side (reads the file
 a link names, counts a tree over the quota as within it, records a host file's bytes), or stays
-blocked past its bound (``BOUND_S`` for a file, ``CHECKPOINT_BOUND_S`` for a workspace). Each attempt has a same-run *unguarded control*: the same thing read
+blocked past its bound (``BOUND_S`` for a file, ``CHECKPOINT_BOUND_S`` for a workspace). Each
+attempt has a same-run *unguarded control*: the same thing read
 the plain way (``open().read()`` of the path, a block count, the sandbox without the home walk),
 so the figure shows what the guards take away on this machine.
 
@@ -174,8 +175,8 @@ def _checkpoint(lab: Lab, kind: str) -> dict:
     dest = lab.base / f"copy-{kind}"
     control, control_blocked = _bounded(lambda: shutil.copytree(ws, dest, symlinks=False, ignore_dangling_symlinks=True,
                                                                 copy_function=_plain_copy), CHECKPOINT_BOUND_S)
-    control_leaked = any(SECRET in p.read_text(errors="replace") for p in dest.rglob("*")
-                         if p.is_file() and not p.is_symlink() and p.stat().st_size < 1 << 20) if dest.exists() else False
+    copied = [p for p in dest.rglob("*") if p.is_file() and not p.is_symlink()] if dest.exists() else []
+    control_leaked = any(SECRET in p.read_text(errors="replace") for p in copied)
     _unblock(ws / "left" / "f")
     return {"leaked": leaked, "blocked": blocked, "control_leaked": control_leaked, "control_blocked": control_blocked}
 
@@ -277,13 +278,14 @@ def run(quick: bool = False) -> dict:
         "attempts": len(attempts),
         "escapes": sum(1 for a in attempts if a["leaked"]),
         "blocked": sum(1 for a in attempts if a["blocked"]),
-        "control_escapes": sum(1 for a in attempts if a["control_leaked"] or a["control_blocked"]),
+        "raw_unguarded_escapes": sum(1 for a in attempts if a["control_leaked"] or a["control_blocked"]),
         "escaped": [f"{a['reader']}:{a['kind']}" for a in escaped],
         "cases": attempts,
         "bound_s": BOUND_S,
         "checkpoint_bound_s": CHECKPOINT_BOUND_S,
         "seconds": round(time.monotonic() - t0, 1),
         "targets": TARGETS,
+        "pass": {"escapes": not any(a["leaked"] for a in attempts), "blocked": not any(a["blocked"] for a in attempts)},
     }
 
 
@@ -299,7 +301,7 @@ def main(argv=None) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(f"host-side attempts: {result['attempts']}, escapes: {result['escapes']}, "
-              f"blocked: {result['blocked']} (unguarded controls: {result['control_escapes']})")
+              f"blocked: {result['blocked']} (unguarded controls: {result['raw_unguarded_escapes']})")
         for name in result["escaped"]:
             print(f"  escaped: {name}")
     return 0 if result["escapes"] == 0 and result["blocked"] == 0 else 1

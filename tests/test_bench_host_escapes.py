@@ -14,6 +14,6 @@ def test_the_quick_set_has_no_escape_and_every_control_escapes():
     got = run(quick=True)
     assert got["attempts"] == len(got["cases"]) >= 6
     assert got["escapes"] == 0 and got["blocked"] == 0, got["escaped"]
-    assert got["control_escapes"] == got["attempts"], [c for c in got["cases"]
+    assert got["raw_unguarded_escapes"] == got["attempts"], [c for c in got["cases"]
                                                        if not (c["control_leaked"] or c["control_blocked"])]
     assert {c["reader"] for c in got["cases"]} == {"report", "output", "checkpoint", "quota", "home"}

@@ -69,7 +69,8 @@ def mount_args(view: View, workspace: Path, *, inside: Path | None = None, writa
 
     ``workspace`` is bound writable at ``inside`` (default: its own path); ``writable`` more
     writable paths; ``binds`` more (host path, path inside) writable binds (a runner's report
-    file, presented in the private ``/tmp``); ``hide`` more paths covered (only where something shown would reveal them);
+    file, presented in the private ``/tmp``); ``hide`` more paths covered (only where something
+    shown would reveal them);
     ``tmp_mb`` caps the private ``/tmp``. Parents are mounted before children (sorted by depth),
     so a workspace inside a hidden org home, or an org home inside a shown folder, both come out
     right; the root itself is an empty read-only tmpfs.

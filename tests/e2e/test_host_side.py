@@ -37,7 +37,8 @@ def _leaving(forged: Path) -> str:
     return (CALC_BUGGY + "\n\nimport atexit\nimport os\nimport socket\n\n\ndef _leave():\n"
             "    report = os.environ.get('PYTEST_ADDOPTS', '').partition('--junitxml=')[2]\n"
             "    for step in (lambda: os.unlink(report), lambda: os.symlink(" + repr(str(forged)) + ", report),\n"
-            "                 lambda: os.mkfifo('left.fifo'), lambda: socket.socket(socket.AF_UNIX).bind('left.sock')):\n"
+            "                 lambda: os.mkfifo('left.fifo'),\n"
+            "                 lambda: socket.socket(socket.AF_UNIX).bind('left.sock')):\n"
             "        try:\n            step()\n        except OSError:\n            pass\n"
             "    for i in range(6):\n        with open(f'sparse{i}.bin', 'wb') as f:\n"
             "            f.truncate(100 << 20)\n\n\natexit.register(_leave)\n")
