@@ -71,6 +71,7 @@ def test_a_link_on_the_way_below_the_trusted_folder_is_refused(tmp_path):
     assert (top / "a" / "b" / "r.xml").read_text() == SECRET  # the control: a plain open follows it
     _refused(top / "a" / "b" / "r.xml", "file_link", beneath=top)
     _refused(Path("a/../../outside/r.xml"), "file_link", beneath=top)
+    _refused(outside / "r.xml", "file_link", beneath=top)          # absolute, but not below it
     (top / "a" / "r.xml").write_text("inside")
     assert read_regular(top / "a" / "r.xml", limit=100, beneath=top) == b"inside"
     assert read_regular(Path("a/r.xml"), limit=100, beneath=top) == b"inside"

@@ -107,7 +107,10 @@ def _walk(path: Path, beneath: str | os.PathLike | None) -> tuple[int, str]:
         top, parts = path.parent, []
     else:
         top = Path(beneath)
-        rel = path.relative_to(top) if path.is_absolute() else path
+        try:
+            rel = path.relative_to(top) if path.is_absolute() else path
+        except ValueError:
+            raise HostileFile(f"{os.fspath(path)} is not below {os.fspath(top)}", code="file_link") from None
         parts = list(rel.parent.parts)
     name = path.name
     if not name or name in (".", "..") or any(p in ("..", ".", "/") or "/" in p for p in parts):
