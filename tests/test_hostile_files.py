@@ -167,3 +167,13 @@ def test_the_file_tools_read_through_the_hostile_reader(tmp_path):
     t0 = time.monotonic()
     got = tools.call("read_file", {"path": "pipe"})
     assert got.is_error and time.monotonic() - t0 < 2.0
+
+
+@pytest.mark.timeout(30)
+def test_report_files_a_killed_process_left_are_swept_and_fresh_ones_kept(tmp_path):
+    folder = tmp_path / "eval-reports"
+    old = ReportFile.create(folder)
+    os.utime(old.host, (time.time() - 7200, time.time() - 7200))
+    fresh = ReportFile.create(folder)
+    assert ReportFile.sweep(folder) == 1
+    assert not old.host.exists() and fresh.host.exists()

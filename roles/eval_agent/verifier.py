@@ -159,6 +159,7 @@ class Verifier:
         self.runner_factory = runner_factory
         self.reviewer = reviewer
         self._histories: OrderedDict[tuple[str, str], object] = OrderedDict()
+        ReportFile.sweep(home.root / "eval-reports")      # what a killed eval-agent left
 
     def _history(self, work_id: str, workspace: str):
         """The work item's shadow history, kept for the next iteration (its object caches make

@@ -62,6 +62,25 @@ class ReportFile:
     def discard(self) -> None:
         self.host.unlink(missing_ok=True)
 
+    @staticmethod
+    def sweep(folder: Path, older_than_s: float = 3600.0) -> int:
+        """Remove the report files a killed process left in ``folder`` (none is in use that
+        long: a check is bounded by its timeout). Returns how many were removed."""
+        import time
+        removed, cutoff = 0, time.time() - older_than_s
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            return 0
+        for entry in entries:
+            try:
+                if entry.name.startswith("junit-") and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
+            except OSError:
+                continue
+        return removed
+
 
 def read_junit(path, *, beneath=None) -> dict | None:
     """The JUnit report at ``path`` (see ``parse_junit``), read as hostile input
