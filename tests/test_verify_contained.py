@@ -8,9 +8,10 @@ import threading
 
 import pytest
 
-from roles.eval_agent.process import EvalAgentProcess
+from roles.eval_agent.process import STUCK_MARGIN_S, EvalAgentProcess
 from roles.eval_agent.verifier import Verifier
 from state_db.connection import read_rows
+from state_db.queries.verdicts import Due
 from state_db.vocab import Actor
 from state_db.writer import StateWriter
 from tests.support.loop import submit
@@ -52,10 +53,14 @@ def test_a_hung_verification_is_cut_and_shown_while_another_run_is_verified(org_
     sup.close()
     stub = StubTransport("eval-agent")
     proc = EvalAgentProcess(org_home, "eval-agent", transport=stub, make_verifier=make)
-    proc.bound_s = lambda row: 4.0
     proc.start()
     try:
         submit(org_home, _workspace(tmp_path, "ws1"), "w1", verify=(CHECK,))
+        # the bound by default: the command's timeout, every review try and a margin
+        cfg = proc.cfg
+        assert proc.bound_s(Due("w1", 0, None)) == (cfg.sandbox.cpu_seconds + (cfg.review.retries + 1)
+                                                    * cfg.model.request_timeout_s + STUCK_MARGIN_S)
+        proc.bound_s = lambda row: 4.0
         proc.reconcile()
         assert entered.wait(30)
         submit(org_home, _workspace(tmp_path, "ws2"), "w2", verify=(CHECK,))

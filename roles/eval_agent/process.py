@@ -108,12 +108,14 @@ class EvalAgentProcess(RoleProcess):
 
     def bound_s(self, row: Due) -> float:
         """How long one verification may take before it is cut: each verify command's own
-        timeout, plus ``STUCK_MARGIN_S`` for everything the host does around them (snapshot,
-        reading reports, the review)."""
+        timeout, the review's every try (``[review] retries`` + 1 model requests, each bounded by
+        ``[model] request_timeout_s``), plus ``STUCK_MARGIN_S`` for what the host does around them
+        (snapshot, reading reports)."""
         from state_db.queries import work as work_q
         item = work_q.item(self.writer.conn, row.work_id)
         commands = len(item.verify) if item is not None else 1
-        return float(self.cfg.sandbox.cpu_seconds) * max(1, commands) + STUCK_MARGIN_S
+        review = (int(self.cfg.review.retries) + 1) * float(self.cfg.model.request_timeout_s)
+        return float(self.cfg.sandbox.cpu_seconds) * max(1, commands) + review + STUCK_MARGIN_S
 
     def _cut_stuck(self) -> None:
         """Fail every verification past its bound with a ``verify_stuck`` error verdict (the
