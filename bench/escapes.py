@@ -18,7 +18,12 @@ bigger than the limit, seeing the host's paths in ``/proc/1/cmdline``, talking t
 process's Unix socket in the workspace — so the figure shows what
 the sandbox takes away on this very machine.
 
-Targets: ``escape_attempts`` ≥ 30, ``escapes`` == 0, ``probe_escapes`` == 0.
+The host side (``bench/host_escapes.py``, also alone with ``--host-only``): every kind of file a
+sandbox can leave against every host-side reader, and a second org's home in each place a
+workspace reaches, each beside its unguarded control (``raw_host_unguarded_escapes``).
+
+Targets: ``escape_attempts`` ≥ 30, ``escapes`` == 0, ``probe_escapes`` == 0, ``host_escapes`` == 0,
+``host_blocked`` == 0.
 """
 from __future__ import annotations
 
@@ -37,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 SUITES = ("tests/test_escapes.py", "tests/test_escapes_git.py", "tests/test_sandbox_view.py",
           "tests/test_relay_metering.py", "tests/test_caps_inside_call.py")
-TARGETS = {"escape_attempts": ">= 30", "escapes": "== 0", "probe_escapes": "== 0"}
+TARGETS = {"escape_attempts": ">= 30", "escapes": "== 0", "probe_escapes": "== 0", "host_escapes": "== 0",
+           "host_blocked": "== 0"}
 
 
 def run_suites() -> dict:
@@ -124,16 +130,28 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--probes-only", action="store_true", help="skip the test suites")
+    parser.add_argument("--host-only", action="store_true",
+                        help="only the host side: what a sandbox leaves, against every host reader (host_escapes.py)")
     args = parser.parse_args(argv)
     from bench.common import quiet_logs
     quiet_logs()
-    figures = {} if args.probes_only else run_suites()
-    plain, boxed = run_probes()
-    figures.update({"probe_attempts": len(PROBES), "probe_escapes": sum(boxed.values()),
-                    "raw_unsandboxed_escapes": sum(plain.values()),
-                    "probe_detail": {k: ("escaped" if boxed[k] else "refused") for k in PROBES}})
-    passes = {"probe_escapes": figures["probe_escapes"] == 0}
+    passes: dict[str, bool] = {}
+    figures: dict = {}
+    if not args.host_only:
+        figures = {} if args.probes_only else run_suites()
+        plain, boxed = run_probes()
+        figures.update({"probe_attempts": len(PROBES), "probe_escapes": sum(boxed.values()),
+                        "raw_unsandboxed_escapes": sum(plain.values()),
+                        "probe_detail": {k: ("escaped" if boxed[k] else "refused") for k in PROBES}})
+        passes["probe_escapes"] = figures["probe_escapes"] == 0
     if not args.probes_only:
+        from bench.host_escapes import run as host_side
+        host = host_side()
+        figures.update({"host_attempts": host["attempts"], "host_escapes": host["escapes"],
+                        "host_blocked": host["blocked"], "raw_host_unguarded_escapes": host["raw_unguarded_escapes"],
+                        "host_escaped": host["escaped"]})
+        passes.update({"host_escapes": host["escapes"] == 0, "host_blocked": host["blocked"] == 0})
+    if not (args.probes_only or args.host_only):
         passes.update({"escape_attempts": figures["escape_attempts"] >= 30, "escapes": figures["escapes"] == 0})
     figures["targets"] = {k: v for k, v in TARGETS.items() if k in passes}
     figures["pass"] = passes

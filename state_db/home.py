@@ -18,6 +18,9 @@ from pathlib import Path
 from state_db.errors import ConfigError, HomeNotFound, StateError, UnsupportedPlatform
 
 ENV_HOME = "ORG_HOME"
+# Every org home holds this file: a sandbox's view builder and ``org submit`` find a home by it
+# wherever it lies, registered or not (``roles/sandbox/homes.py``).
+HOME_MARKER = ".loop-org-home"
 
 
 def require_linux() -> None:
@@ -131,8 +134,8 @@ class OrgHome:
     def ensure(self) -> "OrgHome":
         """Create the home and its folders. The home and ``run/`` are owner-only (state.db, sockets,
         keys, pid files): when the org does not run as root, another org's sandbox — running as
-        its own user — cannot read them. The home is registered (``register_home``) so every
-        org's sandbox on this machine hides it.
+        its own user — cannot read them. The home is registered (``register_home``) and marked
+        (``HOME_MARKER``) so every org's sandbox on this machine hides it, wherever it lies.
 
         Raises: StateError ``bad_home`` when the path is a file or cannot be created or written."""
         if self.root.exists() and not self.root.is_dir():
@@ -146,6 +149,9 @@ class OrgHome:
                 d.mkdir(exist_ok=True)
             self.run_dir.mkdir(mode=0o700, exist_ok=True)
             os.chmod(self.run_dir, 0o700)
+            marker = self.root / HOME_MARKER
+            if not marker.is_file():
+                marker.write_text("a loop-org home: every sandbox hides this folder\n")
         except OSError as exc:
             raise StateError(f"cannot make the org home {self.root}: {exc.strerror or exc}", code="bad_home",
                              hint="give --home (or ORG_HOME) a folder you may create and write") from None

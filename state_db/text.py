@@ -66,3 +66,27 @@ def one_line(text: str | None) -> str:
     """``visible(text)`` on one line: newlines and tabs shown as ``⏎`` and ``⇥`` — for a column
     of a table or a notification title, where a newline from agent text would forge a new row."""
     return visible(text).replace("\n", "\u23ce").replace("\t", "\u21e5")
+
+
+_WHITESPACE_RUN = re.compile(r"[ \t]{4,}")
+LONG_COMMAND = 200
+
+
+def command_shown(command: str | None) -> str:
+    """A command as a person approving it must see it: whole (never cut), every control character
+    visible (``visible``), each run of four or more spaces or tabs written as ``⟨N spaces⟩`` (1,200
+    spaces cannot push a ``; curl … | sh`` out of sight), each newline shown as ``⏎`` and kept,
+    and a warning first when it is long. ``None`` gives ``""``."""
+    if not command:
+        return ""
+
+    def run(m: re.Match) -> str:
+        text = m.group(0)
+        tabs = text.count("\t")
+        parts = [f"{len(text) - tabs} spaces"] if len(text) > tabs else []
+        return "\u27e8" + " and ".join([*parts, *([f"{tabs} tabs"] if tabs else [])]) + "\u27e9"
+
+    shown = _WHITESPACE_RUN.sub(run, visible(command)).replace("\t", "\u21e5").replace("\n", "\u23ce\n")
+    if len(command) > LONG_COMMAND:
+        shown = f"[a long command: {len(command)} characters, shown whole — read all of it]\n{shown}"
+    return shown

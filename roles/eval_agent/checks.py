@@ -92,8 +92,7 @@ def failure_signature(output: str, exit_code: int | None, timed_out: bool, snaps
 
 
 def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_000_000,
-              env: dict | None = None, runner=None, should_stop=None, report: tuple[Path, Path] | None = None,
-              planted=None) -> CheckResult:
+              env: dict | None = None, runner=None, should_stop=None, report=None, planted=None) -> CheckResult:
     """Run one verify command in ``cwd`` (a snapshot), bounded in time and output.
 
     With ``runner`` (the sandbox org.toml asks for: verify commands run code the agent wrote)
@@ -102,9 +101,10 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
     (VerifyUnavailable with code ``run_ended``). Without one it runs as a plain process in its
     own group, killed as a whole on timeout.
 
-    ``report`` is (the host's path, the same file's path as the command sees it) of a JUnit XML
-    report pytest is asked to write (``PYTEST_ADDOPTS``, whatever runs pytest: ``pytest``,
-    ``python -m pytest``, ``uv run``, a Makefile); what it holds becomes ``junit``.
+    ``report`` is the ``reports.ReportFile`` of a JUnit XML report pytest is asked to write
+    (``PYTEST_ADDOPTS``, whatever runs pytest: ``pytest``, ``python -m pytest``, ``uv run``, a
+    Makefile); what it holds becomes ``junit``. A report the host refuses to read (too large:
+    ``hostile.read_regular``) fails the check, whatever its exit code: a bound never passes.
 
     ``planted`` (``canaries.Planted``): the canaries in ``cwd``. What the report says of them is
     ``canary["seen"]`` (for the verifier to judge), and they are taken out of everything else:
@@ -114,13 +114,12 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
     t0 = time.monotonic()
     extra = {}
     if report is not None:
-        report[0].unlink(missing_ok=True)
-        extra["PYTEST_ADDOPTS"] = f"--junitxml={report[1]}"
+        extra["PYTEST_ADDOPTS"] = f"--junitxml={report.inside}"
     if runner is not None:
         try:
             if hasattr(runner, "execute"):
                 res = runner.execute(command, cwd=cwd, timeout_s=timeout_s, max_output=max_output, env=extra,
-                                     should_stop=should_stop, poll_s=0.5)
+                                     should_stop=should_stop, poll_s=0.5, binds=report.binds if report else ())
             else:
                 res = runner.run(command, cwd, timeout_s, max_output)
             code, text, timed_out = res.exit_code, res.output, res.timed_out
@@ -145,15 +144,16 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
     junit, canary = None, None
     text = clean(text)
     if report is not None:
-        from roles.eval_agent import canaries
-        from roles.eval_agent.evidence import read_junit
-        junit = read_junit(report[0])
+        junit, refused = report.read()
+        if refused is not None:
+            passed = False
+            text += f"\n[eval-agent] not a pass: the test report was refused ({refused.code}): {refused}\n"
         if planted is not None and planted.canaries:
-            seen = canaries.observe(report[0], planted)
+            from roles.eval_agent import canaries
+            seen = canaries.observe(report.host, planted)
             junit = canaries.strip(junit, planted, seen)
             canary = {"seen": seen, "named": any(n in text for n in planted.names)}
             text = canaries.scrub(text, planted, seen if junit is not None else None)
-        report[0].unlink(missing_ok=True)
     return CheckResult(
         name=command, command=command, passed=passed, exit_code=None if timed_out else code, timed_out=timed_out,
         signature=None if passed else failure_signature(text, code, timed_out, cwd),

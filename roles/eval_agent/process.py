@@ -23,6 +23,7 @@ import fcntl
 import os
 import threading
 import time
+import uuid
 import zlib
 from pathlib import Path
 
@@ -35,19 +36,36 @@ from transport.kinds import Kind
 
 RETRIES = 3
 BACKOFF_S = 0.5
+# Verifications run side by side, one work item each: one that hangs on the host (a read, a
+# snapshot, a review) holds one worker, is cut at its bound, and the others go on meanwhile.
+WORKERS = 2
+STUCK_MARGIN_S = 120.0
 GIT_TIMEOUT_S = 60.0     # one git exchange with the coordinator host (a joined eval-agent)
 
 
 class EvalAgentProcess(RoleProcess):
     tick_s = 0.5
 
-    def __init__(self, home, instance, **seams):
+    def __init__(self, home, instance, *, make_verifier=None, **seams):
         super().__init__(home, instance, **seams)
-        self.worker: threading.Thread | None = None
+        self.workers: list[threading.Thread] = []
         self.more = threading.Event()
         # on a joined host (org join --role eval-agent) the work items' histories are the
         # coordinator host's, fetched through git; preflights stay on the coordinator host
         self.joined = bool(self.cfg.hosts.coordinator)
+        self.make_verifier = make_verifier or self._verifier
+        # what each worker verifies now: work id -> (iteration, started at, worker's name)
+        self.in_flight: dict[str, tuple[int, float, str]] = {}
+        self.stuck: dict[str, str] = {}          # work id -> the worker left with it (cut at its bound)
+        self.flight_lock = threading.Lock()
+        self.locks = WorkLocks(self.home.run_dir / "verify.lock")
+        self._shown_busy: str | None = None
+        self._cutter = None
+
+    @property
+    def worker(self) -> threading.Thread | None:
+        """The first verification worker (None before the first reconcile)."""
+        return self.workers[0] if self.workers else None
 
     def _owns(self, agents: OrgEvalAgents, row: Due) -> bool:
         """Whether ``row`` is this eval-agent's to verify: of several, its share (the same list
@@ -62,35 +80,128 @@ class EvalAgentProcess(RoleProcess):
     def reconcile(self) -> None:
         if self.stopping:
             return
-        if self.worker is None or not self.worker.is_alive():
-            self.worker = threading.Thread(target=self._work, name="verify", daemon=True)
-            self.worker.start()
+        self._cut_stuck()
+        with self.flight_lock:
+            stuck = set(self.stuck.values())
+        self.workers = [w for w in self.workers if w.is_alive()]
+        working = [w for w in self.workers if w.name not in stuck]
+        for _ in range(WORKERS - len(working)):
+            worker = threading.Thread(target=self._work, name=f"verify-{uuid.uuid4().hex[:6]}", daemon=True)
+            self.workers.append(worker)
+            worker.start()
+        self._show_busy()
         self.more.set()
 
     def handle(self, env) -> None:
         if env.kind in (Kind.VERIFY_REQUEST, Kind.WAKE):
             self.more.set()
 
+    def _verifier(self, writer):
+        from roles.eval_agent.review import Reviewer, ReviewSettings
+        from roles.eval_agent.verifier import Verifier
+        from roles.sandbox import runner_from_config
+        return Verifier(self.home, writer, timeout_s=float(self.cfg.sandbox.cpu_seconds),
+                        history_factory=remote_histories(self.home, writer.conn) if self.joined else None,
+                        runner_factory=lambda snapshot, workspace: runner_from_config(self.cfg, self.home, snapshot,
+                                                                                       present_at=workspace),
+                        reviewer=Reviewer(ReviewSettings.from_config(self.cfg), writer),
+                        scope=tuple(self.cfg.verify.scope), canaries=self.cfg.verify.canaries)
+
+    def bound_s(self, row: Due) -> float:
+        """How long one verification may take before it is cut: each verify command's own
+        timeout, the review's every try (``[review] retries`` + 1 model requests, each bounded by
+        ``[model] request_timeout_s``), plus ``STUCK_MARGIN_S`` for what the host does around them
+        (snapshot, reading reports)."""
+        from state_db.queries import work as work_q
+        item = work_q.item(self.writer.conn, row.work_id)
+        commands = len(item.verify) if item is not None else 1
+        review = (int(self.cfg.review.retries) + 1) * float(self.cfg.model.request_timeout_s)
+        return float(self.cfg.sandbox.cpu_seconds) * max(1, commands) + review + STUCK_MARGIN_S
+
+    def _cut_stuck(self) -> None:
+        """Fail every verification past its bound with a ``verify_stuck`` error verdict (the
+        machine's, never the doer's: the run ends ``verify_unrunnable``). Its worker is left to
+        finish or hang on its own — a thread cannot be killed — and a new one takes its place,
+        so the other work items go on being verified."""
+        now = time.monotonic()
+        with self.flight_lock:
+            late = [(w, n, started, name) for w, (n, started, name) in self.in_flight.items()
+                    if w not in self.stuck]
+        for work_id, n, started, name in late:
+            bound = self.bound_s(Due(work_id, n, None))
+            if now - started < bound:
+                continue
+            with self.flight_lock:
+                if self.in_flight.get(work_id, (None,))[0] != n:
+                    continue                        # it finished meanwhile
+                self.stuck[work_id] = name
+            self.log.error("verify_stuck", work_id=work_id, iteration=n, seconds=round(now - started),
+                           bound_s=bound, next="error verdict verify_stuck; other work items go on")
+            try:
+                if self._cutter is None:
+                    self._cutter = self.make_verifier(self.writer)
+                self._cutter.record_error(work_id, n, "verify_stuck",
+                                          f"verifying iteration {n} took more than {bound:.0f} s on this host "
+                                          "(a host-side step hung: reading, snapshot or review) and was cut")
+            except Exception as exc:  # noqa: BLE001 - e.g. the run ended meanwhile
+                self.log.error("error_verdict_failed", work_id=work_id, error=str(exc))
+            self.transport.send("coordinator", Kind.WAKE, {"work_id": work_id, "ended": "verify_unrunnable"})
+
+    def _show_busy(self, writer=None) -> None:
+        """``current_work``: the work items being verified now (a stuck one included, until its
+        worker lets go), so ``org status`` shows the eval-agent busy, and with what. ``writer``:
+        the calling worker's own connection (default: the role's, the main thread's)."""
+        with self.flight_lock:
+            shown = ",".join(sorted(self.in_flight)) or None
+        if shown == self._shown_busy:
+            return
+        try:
+            with (writer or self.writer).transaction(render=False) as tx:
+                tx.update("role_instances", self.instance, current_work=shown, updated_at=tx.now)
+            self._shown_busy = shown
+        except Exception as exc:  # noqa: BLE001 - a display only: the next tick writes it again
+            self.log.warning("busy_not_shown", error=str(exc))
+
+    def _claim(self, row: Due) -> bool:
+        with self.flight_lock:
+            if row.work_id in self.in_flight:
+                return False                        # another worker of this process has it
+            if not self.locks.take(row.work_id):
+                # another eval-agent of this home verifies it (a share changing hands): its
+                # verdict counts, and this one must not rewrite the snapshot under its checks
+                self.log.info("verify_busy", work_id=row.work_id, iteration=row.n,
+                              next="another eval-agent of this host verifies it")
+                return False
+            self.in_flight[row.work_id] = (row.n, time.monotonic(), threading.current_thread().name)
+            return True
+
+    def _let_go(self, row: Due) -> bool:
+        """Release ``row``'s work item; False when it was cut as stuck meanwhile (its verdict is
+        written already, and this worker's end is its own)."""
+        with self.flight_lock:
+            self.in_flight.pop(row.work_id, None)
+            was_cut = self.stuck.pop(row.work_id, None) is not None
+            try:
+                self.locks.release(row.work_id)
+            except OSError:
+                pass                                # a worker cut as stuck may outlive the role's stop
+        return not was_cut
+
     def _work(self) -> None:
         # the verifier's code is imported by the worker, after the role is ready (the role template
         # has it imported for any eval-agent forked once it is warm)
-        from roles.eval_agent.review import Reviewer, ReviewSettings
-        from roles.eval_agent.verifier import Verifier
         from state_db.writer import StateWriter
         writer = StateWriter(self.home.db_path, self.role, self.instance)
         sender = self.transport.thread_sender()
-        from roles.sandbox import runner_from_config
         agents = OrgEvalAgents(self.cfg, writer.conn)
-        locks = WorkLocks(self.home.run_dir / "verify.lock")
-        verifier = Verifier(self.home, writer, timeout_s=float(self.cfg.sandbox.cpu_seconds),
-                            history_factory=remote_histories(self.home, writer.conn) if self.joined else None,
-                            runner_factory=lambda snapshot, workspace: runner_from_config(self.cfg, self.home, snapshot,
-                                                                               present_at=workspace),
-                            reviewer=Reviewer(ReviewSettings.from_config(self.cfg), writer),
-                            scope=tuple(self.cfg.verify.scope), canaries=self.cfg.verify.canaries)
+        verifier = self.make_verifier(writer)
         failures: dict[tuple[str, int], tuple[int, float]] = {}   # (work, n) -> (failed tries, next try at)
+        me = threading.current_thread().name
         try:
             while not self.stopping:
+                with self.flight_lock:
+                    if me in self.stuck.values():
+                        break                       # cut while it hung: a new worker took its place
                 soonest = min((at for _, at in failures.values()), default=None)
                 self.more.wait(1.0 if soonest is None else min(1.0, max(0.05, soonest - time.monotonic())))
                 self.more.clear()
@@ -99,48 +210,55 @@ class EvalAgentProcess(RoleProcess):
                         break
                     key = (row.work_id, row.n)
                     tries, next_at = failures.get(key, (0, 0.0))
-                    if time.monotonic() < next_at:
+                    if time.monotonic() < next_at or not self._claim(row):
                         continue
-                    if not locks.take(row.work_id):
-                        # another eval-agent of this home verifies it (a share changing hands): its
-                        # verdict counts, and this one must not rewrite the snapshot under its checks
-                        self.log.info("verify_busy", work_id=row.work_id, iteration=row.n,
-                                      next="another eval-agent of this host verifies it")
-                        continue
+                    self.more.set()                 # the other workers look for work of their own
+                    self._show_busy(writer)
                     try:
-                        result = verifier.verify(row.work_id, row.n)
-                    except Exception as exc:  # noqa: BLE001 - one bad item must not stop the others
-                        code = exc.code if isinstance(exc, OrgError) else None
-                        if code == "run_ended":      # cancelled or ended while its check ran
-                            self.log.info("verify_abandoned", work_id=row.work_id, iteration=row.n,
-                                          next="nothing: the run is over")
-                            failures.pop(key, None)
-                            continue
-                        tries += 1
-                        if tries < RETRIES:
-                            delay = BACKOFF_S * 2 ** (tries - 1)
-                            failures[key] = (tries, time.monotonic() + delay)
-                            self.log.error("verify_failed", work_id=row.work_id, iteration=row.n, error=str(exc),
-                                           code=code, attempt=tries, of=RETRIES, next=f"retry in {delay:.1f} s")
-                            continue
-                        failures.pop(key, None)
-                        # an error verdict keeps the machine's codes (never the doer's); any other is verifier_error
-                        code = code if code in MACHINE_CODES else "verifier_error"
-                        self.log.error("verify_gave_up", work_id=row.work_id, iteration=row.n, error=str(exc),
-                                       code=code, attempts=tries, next="error verdict; the run ends verify_unrunnable")
-                        try:
-                            result = verifier.record_error(row.work_id, row.n, code, str(exc))
-                        except Exception as again:  # noqa: BLE001 - e.g. the run ended meanwhile
-                            self.log.error("error_verdict_failed", work_id=row.work_id, error=str(again))
-                            continue
+                        result = self._verify_once(verifier, row, tries, failures)
                     finally:
-                        locks.release(row.work_id)
-                    failures.pop(key, None)
-                    self._announce(sender, row, result)
+                        kept = self._let_go(row)
+                        self._show_busy(writer)
+                    if result is not None and kept:
+                        self._announce(sender, row, result)
+                    self.more.set()                 # what is due has changed: read it again
+                    break
         finally:
-            locks.close()
             sender.close()
             writer.close()
+
+    def _verify_once(self, verifier, row: Due, tries: int, failures: dict):
+        """Verify ``row`` once: its verdict (or preflight); None when it is to be tried again or
+        there is nothing to tell."""
+        key = (row.work_id, row.n)
+        try:
+            result = verifier.verify(row.work_id, row.n)
+        except Exception as exc:  # noqa: BLE001 - one bad item must not stop the others
+            code = exc.code if isinstance(exc, OrgError) else None
+            if code == "run_ended":      # cancelled or ended while its check ran
+                self.log.info("verify_abandoned", work_id=row.work_id, iteration=row.n,
+                              next="nothing: the run is over")
+                failures.pop(key, None)
+                return None
+            tries += 1
+            if tries < RETRIES:
+                delay = BACKOFF_S * 2 ** (tries - 1)
+                failures[key] = (tries, time.monotonic() + delay)
+                self.log.error("verify_failed", work_id=row.work_id, iteration=row.n, error=str(exc),
+                               code=code, attempt=tries, of=RETRIES, next=f"retry in {delay:.1f} s")
+                return None
+            failures.pop(key, None)
+            # an error verdict keeps the machine's codes (never the doer's); any other is verifier_error
+            code = code if code in MACHINE_CODES else "verifier_error"
+            self.log.error("verify_gave_up", work_id=row.work_id, iteration=row.n, error=str(exc),
+                           code=code, attempts=tries, next="error verdict; the run ends verify_unrunnable")
+            try:
+                result = verifier.record_error(row.work_id, row.n, code, str(exc))
+            except Exception as again:  # noqa: BLE001 - e.g. the run ended meanwhile
+                self.log.error("error_verdict_failed", work_id=row.work_id, error=str(again))
+                return None
+        failures.pop(key, None)
+        return result
 
     def _announce(self, sender, row: Due, result) -> None:
         """Log the verdict (or preflight) and wake whoever waits for it."""
@@ -158,8 +276,13 @@ class EvalAgentProcess(RoleProcess):
 
     def on_stop(self) -> None:
         self.more.set()
-        if self.worker is not None:
-            self.worker.join(max(0.5, self.cfg.supervisor.stop_timeout_s - 2.0))
+        with self.flight_lock:
+            stuck = set(self.stuck.values())
+        deadline = time.monotonic() + max(0.5, self.cfg.supervisor.stop_timeout_s - 2.0)
+        for worker in self.workers:
+            if worker.name not in stuck:
+                worker.join(max(0.0, deadline - time.monotonic()))
+        self.locks.close()
 
 
 def remote_histories(home, conn):

@@ -38,6 +38,7 @@ from roles.eval_agent import scope as scope_rules
 from roles.eval_agent.codes import LIMIT_CODES
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
+from roles.sandbox.reports import ReportFile
 from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
 from state_db.ending import StopDecision, end_run, goal_met as goal_met_rule
 from state_db.errors import NotFound, OrgError, StateError
@@ -180,6 +181,7 @@ class Verifier:
         self.scope = tuple(scope)
         self.canaries = canaries
         self._histories: OrderedDict[tuple[str, str], object] = OrderedDict()
+        ReportFile.sweep(home.root / "eval-reports")      # what a killed eval-agent left
 
     def _history(self, work_id: str, workspace: str):
         """The work item's shadow history, kept for the next iteration (its object caches make
@@ -221,14 +223,16 @@ class Verifier:
         def run_over() -> bool:       # a cancelled or ended run's checks are stopped, not waited for
             now = work_q.item(self.writer.conn, work.id)
             return now is None or now.status == WorkStatus.ENDED or now.cancel_requested
-        inside = Path(getattr(runner, "present_at", None) or snapshot)
         unseen = held_out.names(work.verify_hidden) if work.verify_hidden else frozenset()
         checks = []
         for cmd in commands:
-            # a fresh name each time: nothing the doer left in the snapshot can stand in for it
-            name = f".loop-org-junit-{uuid.uuid4().hex}.xml"
-            checks.append(run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner, should_stop=run_over,
-                                    report=(snapshot / name, inside / name), planted=planted))
+            # a fresh file each time, made by the host where no sandbox reaches (``ReportFile``)
+            report = ReportFile.create(self.home.root / "eval-reports", runner)
+            try:
+                checks.append(run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner,
+                                        should_stop=run_over, report=report, planted=planted))
+            finally:
+                report.discard()
         # the doer sees no held-out check's name or code in the output (they still count)
         return [replace(c, output_tail=canaries.without(c.output_tail, unseen)) for c in checks] if unseen else checks
 

@@ -7,6 +7,7 @@ state (writer, backend, history, settings, the reflection it carries to the next
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import replace
 
@@ -170,7 +171,27 @@ class Acting:
         except Conflict:
             self.log.warning("usage_already_counted", request_id=u.request_id)
 
+    def _within_quota(self, n: int, outcome: ActOutcome, last_commit: str) -> ActOutcome:
+        """The act's outcome, once the workspace is known to fit its disk quota: a tree over it
+        (apparent sizes: ``limits.over_quota``) is never recorded — its history blobs and every
+        snapshot would write it in full on the host. The doer made it, so the act counts: its
+        changes are discarded (the workspace reset to ``last_commit``) and the summary says why."""
+        if self.settings.disk_mb is None:
+            return outcome
+        from roles.sandbox.limits import Limits, over_quota
+        used = over_quota(self.history.workspace, Limits(disk_mb=self.settings.disk_mb))
+        if used is None:
+            return outcome
+        self.history.reset_to(last_commit)
+        note = (f"[loop-org] error[disk_quota]: the workspace held {used / 2**20:.0f} MB (apparent sizes), over its "
+                f"{self.settings.disk_mb} MB quota; this act's changes were discarded and not verified. Keep the "
+                "workspace small: no large or sparse files.\n")
+        self.log.warning("checkpoint_over_quota", iteration=n, used_mb=round(used / 2**20),
+                         quota_mb=self.settings.disk_mb, next="the act's changes are discarded; the act counts")
+        return dataclasses.replace(outcome, summary=note + outcome.summary)
+
     def _commit(self, work, n, attempt, outcome: ActOutcome, manifest, t0: float, last_commit, its) -> None:
+        outcome = self._within_quota(n, outcome, last_commit)
         with telemetry.current().step("checkpoint") as span:
             checkpoint = self.history.checkpoint(n)
             changed = self.history.changed_paths(last_commit, checkpoint)

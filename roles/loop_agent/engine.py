@@ -80,13 +80,15 @@ class LoopSettings:
     skills: list = field(default_factory=list)
     knowledge: list = field(default_factory=list)
     gate_runner: Callable = gate.refuse_runner
+    disk_mb: int | None = None        # the workspace's quota (sandbox.disk_mb): no larger tree is recorded
 
     @classmethod
     def from_config(cls, cfg) -> "LoopSettings":
         return cls(recent_iterations=cfg.loop.recent_iterations, summary_cap_chars=cfg.loop.summary_cap_chars,
                    lessons_max=cfg.loop.lessons_max,
                    no_progress=(cfg.loop.no_progress_repeat, cfg.loop.no_progress_window),
-                   org_spend_cap_usd=cfg.limits.total_spend_usd, wrapup_reserve=cfg.loop.wrapup_reserve)
+                   org_spend_cap_usd=cfg.limits.total_spend_usd, wrapup_reserve=cfg.loop.wrapup_reserve,
+                   disk_mb=cfg.sandbox.disk_mb)
 
 
 def policy_for(work: WorkItem, settings: LoopSettings) -> StopPolicy:

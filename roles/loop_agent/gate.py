@@ -31,6 +31,7 @@ from state_db.processes import identity, identity_alive
 from state_db.queries import decisions, work
 from state_db.queries.decisions import Decision
 from state_db.queries.loop import UNKNOWN_ERROR
+from state_db.text import clean, command_shown
 from state_db.vocab import DecisionKind, DecisionStatus as D, WorkStatus
 
 # The eval-agent's question when every verify command passes on the baseline (approve: go on).
@@ -47,6 +48,19 @@ def refuse_runner(command: str, kind: str, workspace: str) -> tuple:
     return None, "not run: this loop-agent has no runner that can lift the block"
 
 
+def question_of(req: dict) -> str:
+    """The question a gated request asks: its kind and reason (the reason cut to 1,000
+    characters: it runs nothing), then the command that approving runs — whole, exactly the
+    stored one, shown by ``text.command_shown`` (controls and whitespace runs visible, a warning
+    when long). Nothing of the command is ever cut, so the question never stands in for it."""
+    reason = clean(req.get("reason") or "")[:1000]
+    if req["kind"] == SCOPE:        # approving runs nothing: it widens the run's change scope by a glob
+        return (f"scope: {reason} — approving widens this run's change scope to files matching this glob "
+                f"({len(req['command'])} characters), exactly as shown:\n{command_shown(req['command'])}")
+    return (f"{req['kind']}: {reason} — approving runs this command ({len(req['command'])} characters), "
+            f"exactly as shown:\n{command_shown(req['command'])}")
+
+
 def record_requests(tx, work_id: str, n: int, requests) -> list[str]:
     """Record the act's gated requests as pending decisions (a request identical to one still
     pending — same kind and command — is the same decision) and pause the run if any waits."""
@@ -55,10 +69,8 @@ def record_requests(tx, work_id: str, n: int, requests) -> list[str]:
         if decisions.has_pending(tx.conn, work_id, kind=req["kind"], command=req["command"]):
             continue
         did = f"d-{uuid.uuid4().hex[:8]}"
-        question = (f"scope: widen this run's change scope to `{req['command']}` — {req['reason']}"
-                    if req["kind"] == SCOPE else f"{req['kind']}: run `{req['command']}` — {req['reason']}")
         tx.insert("decisions", {"id": did, "work_id": work_id, "iteration": n, "kind": req["kind"],
-                                "action": req, "question": question[:1000], "status": D.PENDING,
+                                "action": req, "question": question_of(req), "status": D.PENDING,
                                 "created_at": tx.now})
         ids.append(did)
     if decisions.has_pending(tx.conn, work_id):

@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator, Mapping
 
 from roles.loop_agent.commands import CommandRunner, SubprocessRunner
+from roles.sandbox.hostile import HostileFile, read_regular
 from state_db.errors import OrgError
 from state_db.vocab import GATE_KINDS
 from state_db.text import clean
@@ -99,6 +100,8 @@ TOOL_SCHEMAS: tuple[dict[str, Any], ...] = (
           "End your turn after declaring.",
           {"reason": ("string", "why the goal cannot be met, specifically (what contradicts what)")}, ("reason",)),
 )
+MAX_ACTION_COMMAND = 4000           # characters of a gated command: longer ones are refused, never cut
+TEXT_MAX_BYTES = 128 * 2**20        # a file the tools read (the sandbox's own file-size limit by default)
 _SCHEMA_BY_NAME = {s["name"]: s["input_schema"] for s in TOOL_SCHEMAS}
 _TYPES: dict[str, Callable[[object], bool]] = {
     "string": lambda v: isinstance(v, str),
@@ -208,9 +211,15 @@ class WorkspaceTools:
         return path.relative_to(self.root).as_posix() if path != self.root else "."
 
     def _text(self, path: Path) -> str:
+        """The UTF-8 text of ``path`` (resolved inside the workspace), read as what a sandboxed
+        command may have left: no link followed on the way, a regular file only, never a FIFO's
+        wait, at most ``TEXT_MAX_BYTES`` (``hostile.read_regular``)."""
         if not path.is_file():
             raise ToolError("not_found", f"{self._rel(path)} is not a file")
-        data = path.read_bytes()
+        try:
+            data = read_regular(path, limit=TEXT_MAX_BYTES, beneath=self.root, single_link=False)
+        except HostileFile as exc:
+            raise ToolError(exc.code, f"{self._rel(path)} was not read: {exc}") from None
         if b"\x00" in data[:_BINARY_PROBE]:
             raise ToolError("binary_file", f"{self._rel(path)} looks binary; the file tools handle text only")
         try:
@@ -225,7 +234,12 @@ class WorkspaceTools:
             raise ToolError("bad_tool_input", f"kind must be one of {', '.join(GATE_KINDS)}")
         if not command.strip():
             raise ToolError("bad_tool_input", "command is empty")
-        self.requests.append({"kind": kind, "command": command[:2000], "reason": reason[:1000]})
+        if len(command) > MAX_ACTION_COMMAND:
+            # refused, never cut: a human approves the command they are shown, whole, and it is what runs
+            raise ToolError("command_too_long", f"the command has {len(command)} characters; a command a human "
+                            f"approves holds at most {MAX_ACTION_COMMAND}: put the steps in a script in the "
+                            "workspace and ask to run that")
+        self.requests.append({"kind": kind, "command": command, "reason": reason[:1000]})
         return ("Recorded for a human decision. Nothing ran. End your turn now; the decision (and the "
                 "command's output if approved) comes back in the next iteration.")
 

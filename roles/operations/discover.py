@@ -28,13 +28,13 @@ import re
 import shutil
 import tempfile
 import time
-import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from roles.sandbox import runner_from_config
-from roles.sandbox.reports import read_junit
+from roles.sandbox.hostile import HostileFile, read_regular
+from roles.sandbox.reports import ReportFile
 from roles.workspace import safegit
 from roles.workspace.errors import RepositoryError
 from roles.workspace.history import WorkspaceHistory
@@ -183,18 +183,17 @@ def verify_failures(ws: Path, commands: list[str], cfg: Config, home,
         snapshot = scratch / "tree"
         history.materialize(history.baseline(), snapshot, paths=[])
         runner = runner_factory(snapshot, ws)
-        inside = Path(getattr(runner, "present_at", None) or snapshot)
         out, notes = [], []
         for cmd in commands:
-            name = f".loop-org-junit-{uuid.uuid4().hex}.xml"
+            report = ReportFile.create(scratch / "reports", runner)
             try:
                 res = runner.execute(cmd, cwd=snapshot, timeout_s=float(cfg.sandbox.cpu_seconds),
                                      max_output=int(cfg.sandbox.output_bytes),
-                                     env={"PYTEST_ADDOPTS": f"--junitxml={inside / name}"})
+                                     env={"PYTEST_ADDOPTS": f"--junitxml={report.inside}"}, binds=report.binds)
             except OrgError as exc:
                 notes.append(f"`{cmd}` could not run in the sandbox ({exc.code}): {exc}")
                 continue
-            junit = read_junit(snapshot / name)
+            junit, _refused = report.read()
             if res.exit_code == 0 and not res.timed_out:
                 continue
             if res.exit_code in _CANNOT_START and junit is None:
@@ -258,14 +257,11 @@ def marker_candidates(ws: Path, commands: list[str], cfg: Config) -> tuple[list[
         return [], f"markers not read: {exc}"
     out, seen = [], {}
     for path in paths:
-        full = ws / path
         try:
-            # a folder replaced by a symlink must not lead the scan out of the workspace
-            if full.is_symlink() or not full.resolve().is_relative_to(ws) or not full.is_file() \
-                    or full.stat().st_size > MAX_FILE_BYTES:
-                continue
-            data = full.read_bytes()
-        except OSError:
+            # what a doer left in the workspace is hostile input: no link followed on the way,
+            # no FIFO waited on, nothing past the bound read (``hostile.read_regular``)
+            data = read_regular(ws / path, limit=MAX_FILE_BYTES, beneath=ws, single_link=False)
+        except HostileFile:
             continue
         if b"\0" in data[:8192]:                             # a binary file
             continue

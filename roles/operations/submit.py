@@ -234,6 +234,22 @@ class Checked:
     verify_hidden: str = ""
 
 
+def _no_home_within(ws: Path) -> None:
+    """Refuse a workspace holding an org home, this org's or any other's (found by its marker,
+    registered or not): its history would record that org's state.db and keys, and its doer
+    could read and write them. A workspace past the walk's bound (``homes.MAX_ENTRIES``) is
+    searched that far; every sandbox still hides the registered homes in it. Raises SubmitError
+    ``workspace_contains_org_home``."""
+    from roles.sandbox.homes import homes_within
+    found = homes_within(ws)
+    if found.homes:
+        first = found.homes[0]
+        more = f" (and {len(found.homes) - 1} more)" if len(found.homes) > 1 else ""
+        raise SubmitError(f"the workspace {ws} contains an org home at {first}{more}; the agent must not reach "
+                          "another org's files", code="workspace_contains_org_home",
+                          hint="move that org home out of the workspace (or submit a folder beside it)")
+
+
 def check(home: OrgHome, cfg: Config, req: SubmitRequest) -> Checked:
     """Every check ``submit`` makes before it writes (a standing order makes them when it is
     made, so a bad one is refused then, not at its first tick). Raises SubmitError."""
@@ -262,6 +278,7 @@ def check(home: OrgHome, cfg: Config, req: SubmitRequest) -> Checked:
     if org_root.is_relative_to(ws):
         raise SubmitError(f"the org home {home.root} is inside the workspace {ws}; the agent must not reach it",
                           code="workspace_contains_org_home", hint="set ORG_HOME to a folder outside the workspace")
+    _no_home_within(ws)
     caps, defaults_applied = _caps(req, cfg)
     _review(req, cfg)
     toolchain = _toolchain(req, ws)

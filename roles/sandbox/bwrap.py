@@ -34,7 +34,7 @@ from roles.sandbox.limits import (Limits, PidsCgroup, inner_prefix, outer_prefix
                                   process_limit_kind)
 from roles.sandbox.seccomp import memfd, program
 from roles.sandbox.toolchains import SYSTEM, Exposure, Toolchain
-from roles.sandbox.view import SOCKET, View, build
+from roles.sandbox.view import View, build
 
 log = structlog.get_logger("sandbox")
 
@@ -63,11 +63,14 @@ def namespace_args(*, network: bool, uid: int = SANDBOX_UID, gid: int = SANDBOX_
 
 
 def mount_args(view: View, workspace: Path, *, inside: Path | None = None, writable: Sequence[Path] = (),
-               hide: Sequence[Path] = (), home: str = SANDBOX_HOME, tmp_mb: int | None = None) -> list[str]:
+               hide: Sequence[Path] = (), home: str = SANDBOX_HOME, tmp_mb: int | None = None,
+               binds: Sequence[tuple[Path, Path]] = ()) -> list[str]:
     """bwrap arguments building the file-system view: nothing but what ``view`` shows.
 
     ``workspace`` is bound writable at ``inside`` (default: its own path); ``writable`` more
-    writable paths; ``hide`` more paths covered (only where something shown would reveal them);
+    writable paths; ``binds`` more (host path, path inside) writable binds (a runner's report
+    file, presented in the private ``/tmp``); ``hide`` more paths covered (only where something
+    shown would reveal them);
     ``tmp_mb`` caps the private ``/tmp``. Parents are mounted before children (sorted by depth),
     so a workspace inside a hidden org home, or an org home inside a shown folder, both come out
     right; the root itself is an empty read-only tmpfs.
@@ -75,20 +78,23 @@ def mount_args(view: View, workspace: Path, *, inside: Path | None = None, writa
     """
     entries: dict[str, tuple[int, str]] = {}  # destination -> (0 hide | 1 read-only | 2 writable, source)
     shown = [e.path for e in view.readonly]
-    binds = [(workspace, inside or workspace), *((p, p) for p in writable)]
+    binds = [(workspace, inside or workspace), *((p, p) for p in writable), *binds]
     # a hidden place matters where something shown would reveal it, or around a writable bind
     # (a workspace inside the org home): there it is an empty, read-only folder
     around = [os.path.normpath(dest) for _, dest in binds]
-    # a host socket inside a writable bind is covered too, where that bind is the folder itself
-    # at its own path (elsewhere, as a snapshot presented at the workspace's path, it is not there)
+    # what the view hides inside a writable bind (a host socket, an org home) is covered too,
+    # where that bind is the folder itself at its own path (elsewhere, as a snapshot presented
+    # at the workspace's path, it is not there)
     own_place = [os.path.realpath(src) for src, dest in binds if os.path.realpath(src) == os.path.normpath(dest)]
-    sockets = {e.path for e in view.hidden if e.reason == SOCKET}
+    in_view = {e.path for e in view.hidden}
     for p in [*(Path(e.path) for e in view.hidden), *hide]:
         real = os.path.realpath(p)
         if real in _UNHIDEABLE:
             raise SandboxConfigError(f"{real} cannot be hidden; hide a folder below it")
+        if real in own_place:
+            continue                      # the writable folder itself is shown, not hidden
         if os.path.lexists(real) and (_inside_any(real, shown) or any(_inside_any(d, [real]) for d in around)
-                                      or (real in sockets and _inside_any(real, own_place))):
+                                      or (real in in_view and _inside_any(real, own_place))):
             entries.setdefault(real, (0, real))
     for path in shown:
         if path not in entries:
@@ -220,12 +226,14 @@ class BwrapRunner:
                 max_output: int | None = None, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
                 writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
                 separate_stderr: bool = False, limits: Limits | None = None,
-                should_stop: Callable[[], bool] | None = None, poll_s: float = 1.0) -> Captured:
+                should_stop: Callable[[], bool] | None = None, poll_s: float = 1.0,
+                binds: Sequence[tuple[Path, Path]] = ()) -> Captured:
         """Run ``command`` (argv, or a shell line when a str) in the sandbox.
 
         Params: ``cwd`` (default: the workspace) must be visible inside — a path in the workspace
         is translated to where the workspace appears; ``env`` adds variables for this call;
-        ``writable``/``readonly_binds`` add binds for this call; ``limits`` replaces the
+        ``writable``/``readonly_binds`` add binds for this call, ``binds`` (host path, path
+        inside) writable ones presented elsewhere (``reports.ReportFile``); ``limits`` replaces the
         runner's for this call; ``should_stop`` is polled every ``poll_s`` seconds while the
         command runs and a True kills it (``Captured.stopped``).
         Returns: ``Captured`` (exit code 128+N when the command died of signal N; 127 with
@@ -250,7 +258,7 @@ class BwrapRunner:
         view = self.view(inside, readonly_binds, Path(os.path.realpath(workspace)))
         hide = [*self.hide, *([self.own_home] if self.own_home else [])]
         mounts = mount_args(view, Path(workspace), inside=inside, writable=[*self.writable, *writable],
-                            hide=hide, tmp_mb=limits.disk_mb)
+                            hide=hide, tmp_mb=limits.disk_mb, binds=binds)
         cgroup = PidsCgroup.create(limits)
         status_r, status_w = os.pipe()
         alive_r, alive_w = os.pipe()  # only this process holds alive_w: EOF inside means we died
@@ -300,8 +308,9 @@ def _quota_checked(got: Captured, workspace: Path, limits: Limits) -> Captured:
     used = over_quota(workspace, limits)
     if used is None:
         return got
-    line = (f"\nerror[disk_quota]: the workspace holds {used / 2**20:.0f} MB, over the sandbox's "
-            f"{limits.disk_mb} MB quota — delete files you do not need (org.toml sandbox.disk_mb sets the quota)\n")
+    line = (f"\nerror[disk_quota]: the workspace holds {used / 2**20:.0f} MB (apparent sizes: sparse files count "
+            f"in full), over the sandbox's {limits.disk_mb} MB quota — delete files you do not need (org.toml "
+            "sandbox.disk_mb sets the quota)\n")
     log.warning("workspace over its disk quota", workspace=str(workspace), used_mb=round(used / 2**20),
                 quota_mb=limits.disk_mb)
     return Captured(got.exit_code or 1, got.output + line, got.stderr, got.timed_out, got.truncated, got.duration_s,

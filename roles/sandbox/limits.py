@@ -18,7 +18,11 @@ host uid is 0, and running as root the sandbox's uid 65534 maps to host uid 0. S
 
 Disk: the private ``/tmp`` is a tmpfs of ``disk_mb``; the workspace, a bind of the host's file
 system that no mount option can cap, is measured after each command (``over_quota``) and a
-command that leaves it over ``disk_mb`` fails with ``error[disk_quota]`` (``bwrap``).
+command that leaves it over ``disk_mb`` fails with ``error[disk_quota]`` (``bwrap``). The
+measure is what the host would write, not what the sandbox paid: each path counts the larger of
+its blocks and its apparent size, so a sparse file that costs the workspace nothing counts what
+its history's blob and every snapshot of it would take (the loop-agent refuses to record a tree
+over the quota: ``roles/loop_agent/acting.py``).
 """
 from __future__ import annotations
 
@@ -120,8 +124,10 @@ def preexec_rlimits(limits: Limits):
 
 
 def over_quota(folder: Path, limits: Limits) -> int | None:
-    """Bytes ``folder`` holds on disk when that is over ``limits.disk_mb``, else None. The walk
-    stops as soon as the quota is passed; symbolic links are not followed."""
+    """Bytes ``folder`` would take written out (each path: the larger of its blocks and its
+    apparent size) when that is over ``limits.disk_mb``, else None. The walk stops as soon as
+    the quota is passed; symbolic links are not followed, a hard link counts at each path (each
+    is a file of its own in a snapshot)."""
     if limits.disk_mb is None:
         return None
     cap, used, stack = limits.disk_mb * 2**20, 0, [str(folder)]
@@ -136,7 +142,7 @@ def over_quota(folder: Path, limits: Limits) -> int | None:
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                used += st.st_blocks * 512
+                used += max(st.st_blocks * 512, st.st_size)
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
         if used > cap:

@@ -130,7 +130,8 @@ class UnsandboxedRunner:
                 max_output: int | None = None, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
                 writable: Sequence[Path] = (), readonly_binds: Sequence[Path] = (),
                 separate_stderr: bool = False, limits: Limits | None = None,
-                should_stop: Callable[[], bool] | None = None, poll_s: float = 1.0) -> Captured:
+                should_stop: Callable[[], bool] | None = None, poll_s: float = 1.0,
+                binds: Sequence[tuple[Path, Path]] = ()) -> Captured:
         """Same parameters as ``BwrapRunner.execute``; binds and ``limits`` have no meaning here."""
         from roles.sandbox.bwrap import _outer_stage
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)

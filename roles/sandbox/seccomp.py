@@ -20,8 +20,20 @@ The profile (default: allow; every rule answers ``EPERM`` unless noted, so a ref
   ``iopl``, ``ioperm``, ``swapon``, ``swapoff``, ``reboot``, ``acct``, ``quotactl``,
   ``syslog``, ``settimeofday``, ``clock_settime``, ``clock_adjtime``, ``uselib``,
   ``lookup_dcookie``, ``vhangup``. (``adjtimex`` stays: without ``CAP_SYS_TIME`` it only reads.)
+- **No io_uring.** ``io_uring_setup``, ``io_uring_enter``, ``io_uring_register``: a large
+  kernel surface of its own, with a history of privilege escalations, that no toolchain needs
+  (Docker's default profile refuses it too). Programs that try it fall back to plain calls.
+- **No way past the network namespace.** ``socket`` for ``AF_VSOCK``: virtual-machine sockets
+  are not namespaced, so they would reach the hypervisor's host with the network block on.
+- **No obsolete or never-implemented calls** (``_sysctl``, ``sysfs``, ``ustat``, ``nfsservctl``,
+  the module calls of old kernels, ``afs_syscall``…), ``fanotify_init`` (watches the whole
+  file system it is given), ``quotactl_fd`` and ``process_madvise`` (acts on another process).
 - **Native architecture only.** A system call made through another ABI (``int 0x80`` on
   x86-64) kills the process: libseccomp's default for an architecture the filter does not list.
+
+Checked against Docker's default profile (``tests/test_seccomp_docker.py``): every call Docker
+refuses without a capability is refused here too, or listed in ``DOCKER_DIFFERENCES`` with the
+reason it may stay.
 
 Built with libseccomp (through ``pyseccomp``, its ctypes binding) rather than by hand: it
 knows each architecture's system-call numbers and emits the architecture checks.
@@ -43,7 +55,31 @@ REFUSED = (
     "bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load", "init_module", "finit_module",
     "delete_module", "iopl", "ioperm", "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog",
     "settimeofday", "clock_settime", "clock_adjtime", "uselib", "lookup_dcookie", "vhangup",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "fanotify_init", "quotactl_fd", "process_madvise",
+    "_sysctl", "sysfs", "ustat", "nfsservctl", "create_module", "get_kernel_syms", "query_module", "afs_syscall",
+    "tuxcall", "vserver", "security", "putpmsg", "getpmsg",
 )
+AF_VSOCK = 40
+# What Docker's default profile refuses (without a capability) and this one allows, and why.
+DOCKER_DIFFERENCES = {
+    "clone": "refused here when it asks for a new user namespace (the one flag that gives capabilities back); "
+             "every other namespace flag needs CAP_SYS_ADMIN, which the sandbox has dropped (--cap-drop ALL)",
+    "unshare": "as clone: CLONE_NEWUSER refused here, the rest refused by the kernel without CAP_SYS_ADMIN",
+    "socket": "allowed for every family but AF_VSOCK (refused here, as in Docker): the network block is the "
+              "network namespace, which AF_UNIX, AF_INET and AF_NETLINK sockets stay inside",
+    "personality": "changes only the calling process's execution domain (e.g. ADDR_NO_RANDOMIZE for a debugger "
+                   "inside): nothing outside the sandbox reads it",
+    "sethostname": "the sandbox has its own UTS namespace (--unshare-uts): the name changes there only",
+    "setdomainname": "as sethostname: its own UTS namespace",
+    "get_mempolicy": "NUMA policy of the caller's own memory; the JVM and NUMA-aware numeric libraries ask for it",
+    "set_mempolicy": "NUMA policy of the caller's own memory (as get_mempolicy)",
+    "set_mempolicy_home_node": "NUMA policy of the caller's own memory (as get_mempolicy)",
+    "mbind": "NUMA policy of a range of the caller's own memory (as get_mempolicy)",
+    "move_pages": "moves pages of processes the caller may ptrace-read, which inside the sandbox's pid namespace "
+                  "are its own (and ptrace itself is refused)",
+    "migrate_pages": "as move_pages: only the sandbox's own processes are there to name",
+}
 _WITH_FLAGS = ("unshare", "clone")      # refused only when arg 0 asks for a new user namespace
 _FIX = ("install libseccomp (Debian/Ubuntu: apt-get install libseccomp2) and the project's dependencies "
         "(pip install pyseccomp)")
@@ -67,6 +103,7 @@ def program() -> bytes:
         _add(sc, flt, denied, name)
     for name in _WITH_FLAGS:
         _add(sc, flt, denied, name, sc.Arg(0, sc.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER))
+    _add(sc, flt, sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.EQ, AF_VSOCK))
     _add(sc, flt, sc.ERRNO(errno.ENOSYS), "clone3")
     fd = os.memfd_create("seccomp", os.MFD_CLOEXEC)
     try:

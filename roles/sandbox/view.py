@@ -58,6 +58,20 @@ class View:
 
 
 SOCKET = "a Unix socket a process of this machine listens on"
+HOME = "an org home"
+
+
+def _homes_below(places: Sequence[str], registered: tuple[str, ...], own: Path | None) -> list[str]:
+    """The org homes inside ``places`` (the workspace, the folders org.toml shows): registered
+    ones (this org's among them) and those a walk finds by their marker (``homes.homes_in``);
+    each place itself aside."""
+    from roles.sandbox.homes import homes_in
+    named = [*registered, *([os.path.realpath(own)] if own is not None else [])]
+    out: dict[str, None] = {}
+    for place in places:
+        below = os.path.join(place, "")
+        out.update((h, None) for h in [*named, *homes_in(place)] if h.startswith(below))
+    return list(out)
 
 
 def host_sockets(table: str = "/proc/net/unix") -> list[str]:
@@ -194,6 +208,9 @@ def build(toolchain: Toolchain | None, *, own_home: Path | None, readonly: Seque
     hidden = [*shown.hidden, *(Exposure(p, SOCKET) for p in host_sockets()
                                if (shown.kept.cover(p) or (reach is not None and reach.cover(p)))
                                and not shown.covered.cover(p) and _reachable(p))]
+    places = [*([os.path.realpath(workspace)] if workspace is not None else []), *(e.path for e in readonly)]
+    hidden += [Exposure(h, HOME) for h in _homes_below(places, shown.registered, own_home)
+               if not shown.covered.cover(h) and (shown.kept.cover(h) or (reach is not None and reach.cover(h)))]
     hidden_tops = _Tops([h.path for h in hidden]) if len(hidden) > len(shown.hidden) else shown.covered
     inside = [p for p in shown.visible if not hidden_tops.cover(p)]
     return View(shown.keep, tuple(hidden), os.pathsep.join(inside) or "/usr/local/bin:/usr/bin:/bin",
@@ -250,7 +267,7 @@ class _Shown:
         denied_tops = _Tops([d.path for d in denied])
         keep += [e for e in readonly if not denied_tops.cover(e.path)]
         kept = _Tops([e.path for e in keep])
-        hidden = [Exposure(h, "an org home") for h in org if kept.cover(h)]
+        hidden = [Exposure(h, HOME) for h in org if kept.cover(h)]
         hidden += [d for d in denied if kept.cover(d.path)]
         hidden += [Exposure(str(p), "only root may read it") for p in root_private_in(kept.tops)]
         covered = _Tops([h.path for h in hidden])

@@ -4,6 +4,7 @@ from __future__ import annotations
 from scripts.cli.output import add_json, emit_json, read_conn, table
 from state_db.queries import decisions
 from state_db.queries.base import plain
+from state_db.text import command_shown, one_line
 
 NAME = "decisions"
 HELP = "list decisions waiting for a human (approve / edit / reject / respond with 'org decide')"
@@ -25,7 +26,12 @@ def run(args) -> int:
     elif not rows:
         print("no decisions waiting")
     else:
-        print(table([[d.id, d.work_id, d.status, d.question[:90]] for d in rows],
+        print(table([[d.id, d.work_id, d.status, one_line(d.question.split("\n", 1)[0])[:90]] for d in rows],
                     ["DECISION", "WORK", "STATUS", "QUESTION"]))
+        # the command a decision would run, whole: the question's line above is only its head
+        for d in rows:
+            if d.command:
+                print(f"\n{d.id} runs this command ({len(d.command)} characters), exactly as shown:\n"
+                      f"{command_shown(d.command)}")
         print("answer with: org decide ID approve | reject [--stop] [REASON] | edit NEW_COMMAND | respond TEXT")
     return 0
