@@ -422,6 +422,14 @@ CREATE UNIQUE INDEX peers_one_key ON peers(curve_public);
 """
 
 
+# An idempotency key is bound to its command's arguments: ``args`` is the digest of the command
+# and its arguments (state_db.writer.args_digest); a key reused with others is a conflict. Rows
+# written before have none and are matched on the command alone.
+DOORS = """
+ALTER TABLE idempotency ADD COLUMN args TEXT;
+"""
+
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
     ("0002_knowledge", KNOWLEDGE),
@@ -436,4 +444,5 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0012_review", REVIEW),
     ("0013_handoff", HANDOFF),
     ("0014_peers", PEERS),
+    ("0020_doors", DOORS),
 ]
