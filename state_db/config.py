@@ -453,9 +453,8 @@ def write_default(path: Path) -> bool:
     if path.exists():
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(".org.toml.tmp")
-    tmp.write_text(DEFAULT_TOML)
-    os.replace(tmp, path)
+    from state_db.credentials import write_private
+    write_private(path, DEFAULT_TOML)          # 0600: org.toml may come to hold a webhook's secret URL
     return True
 
 
