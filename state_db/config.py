@@ -219,6 +219,9 @@ class Hosts(Section):
     git_url: GitUrl = key("", "coordinator host: the URL joined hosts fetch and push histories at, in place of "
                               "git://<git_listen> (e.g. ssh://org@10.0.0.5:22/ through sshd's forced command "
                               "'org git-shell'; the path part is what git-shell maps: / or <home>/history)")
+    git_unauthenticated: bool = key(False, "coordinator host: true lets git_listen serve git:// with no "
+                                           "authentication (a private network or a tunnel only); ssh:// scopes each "
+                                           "host to its own work items")
     coordinator: TcpBase = key("", "joined host: the coordinator's tcp://HOST:PORT")
     coordinator_key: CurveKey = key("", "joined host: the coordinator's CURVE public key")
 
