@@ -222,6 +222,8 @@ class Hosts(Section):
     git_unauthenticated: bool = key(False, "coordinator host: true lets git_listen serve git:// with no "
                                            "authentication (a private network or a tunnel only); ssh:// scopes each "
                                            "host to its own work items")
+    git_max_push_mb: int = key(256, "coordinator host: the largest push a joined host may make over ssh (MB)",
+                               ge=1)
     coordinator: TcpBase = key("", "joined host: the coordinator's tcp://HOST:PORT")
     coordinator_key: CurveKey = key("", "joined host: the coordinator's CURVE public key")
 

@@ -106,12 +106,12 @@ def hooks_current(hooks_dir: Path) -> bool:
         return False
 
 
-def receive_config(hooks_dir: Path) -> list[str]:
+def receive_config(hooks_dir: Path, max_push_bytes: int | None = None) -> list[str]:
     """The ``-c`` settings every git serving a history runs with: malformed objects refused, no
     deletion, the hooks of ``hooks_dir`` (never a repository's own ``hooks/``), no ``gc --auto``
     after a push (the client would wait for it), a pack larger than ``MAX_PUSH_BYTES`` refused."""
     return ["-c", "receive.fsckObjects=true", "-c", "receive.denyDeletes=true",
-            "-c", "receive.autogc=false", "-c", f"receive.maxInputSize={MAX_PUSH_BYTES}",
+            "-c", "receive.autogc=false", "-c", f"receive.maxInputSize={max_push_bytes or MAX_PUSH_BYTES}",
             "-c", f"core.hooksPath={Path(hooks_dir).absolute()}"]
 
 

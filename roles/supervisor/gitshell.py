@@ -106,18 +106,19 @@ def resolve(path: str, history_dir: Path) -> Path:
     return Path(real)
 
 
-def command(service: str, repository: Path, hooks_dir: Path) -> list[str]:
+def command(service: str, repository: Path, hooks_dir: Path, max_push_bytes: int | None = None) -> list[str]:
     """The git command line serving ``service`` on ``repository`` (what ``serve`` becomes)."""
-    return ["git", *receive_config(hooks_dir), service, str(repository)]
+    return ["git", *receive_config(hooks_dir, max_push_bytes), service, str(repository)]
 
 
-def scope_env(home_root: Path, host: str | None, service: str, repository: Path) -> dict[str, str]:
-    """What the ``pre-receive`` hook is told of the pusher. With ``host`` (the key's forced
-    command names it): the store is asked what that host holds (``gitscope``); a request for a
-    history it may not reach raises ScopeError. Without: ``all`` (an operator's own key)."""
-    from roles.supervisor.githooks import NEXT_ENV, SCOPE_ENV
+def scope_env(home_root: Path, host: str | None, service: str, repository: Path) -> tuple[dict[str, str], int]:
+    """What the ``pre-receive`` hook is told of the pusher, and the largest push taken. With
+    ``host`` (the key's forced command names it): the store is asked what that host holds
+    (``gitscope``); a request for a history it may not reach raises ScopeError; the bound is
+    ``[hosts] git_max_push_mb``. Without: ``all`` (an operator's own key), the default bound."""
+    from roles.supervisor.githooks import MAX_PUSH_BYTES, NEXT_ENV, SCOPE_ENV
     if host is None:
-        return {SCOPE_ENV: "all"}
+        return {SCOPE_ENV: "all"}, MAX_PUSH_BYTES
     from roles.supervisor.gitscope import scope_of
     from state_db.config import load_config
     from state_db.connection import connect
@@ -131,7 +132,7 @@ def scope_env(home_root: Path, host: str | None, service: str, repository: Path)
     finally:
         conn.close()
     scope.require(service)
-    return {SCOPE_ENV: f"host:{host}", NEXT_ENV: str(scope.next_iteration)}
+    return {SCOPE_ENV: f"host:{host}", NEXT_ENV: str(scope.next_iteration)}, cfg.hosts.git_max_push_mb * 1024 * 1024
 
 
 def prepare(home_root: Path, original: str | None, host: str | None = None) -> list[str]:
@@ -151,7 +152,7 @@ def prepare_scoped(home_root: Path, original: str | None, host: str | None = Non
     service, path = parse(original)
     history = Path(home_root) / "history"
     repository = resolve(path, history)
-    scoped = scope_env(home_root, host, service, repository)
+    scoped, limit = scope_env(home_root, host, service, repository)
     hooks = hooks_dir_for(history)
     if not hooks_current(hooks):
         try:
@@ -159,7 +160,7 @@ def prepare_scoped(home_root: Path, original: str | None, host: str | None = Non
         except OSError as exc:
             raise GitShellError(f"cannot write the hooks in {hooks}: {exc.strerror}", code="git_shell_hooks",
                                 hint="give the ssh user write access to the org home") from None
-    return command(service, repository, hooks), scoped
+    return command(service, repository, hooks, limit), scoped
 
 
 def serve(home_root: Path, environ: Mapping[str, str] | None = None, host: str | None = None) -> NoReturn:
