@@ -76,32 +76,37 @@ def _shown_controls(out: bytes) -> set[str]:
     return {c for c in text if c in FORBIDDEN}
 
 
-@pytest.fixture
-def hostile_run(org_home, tmp_path):
-    """A parked run whose goal, gated request, workspace file and a log line hold the corpus."""
+def make_hostile_run(home, tmp_path: Path, corpus: str = CORPUS) -> dict:
+    """A parked run in ``home`` whose goal, gated request, workspace file and a log line hold
+    ``corpus``; returns the environment that runs the org CLI on it (also bench/doors.py's)."""
     ws = make_workspace(tmp_path)
-    human = StateWriter(org_home.db_path, Actor.HUMAN)
+    human = StateWriter(home.db_path, Actor.HUMAN)
     with human.transaction() as tx:
-        tx.insert("work_items", {"id": "w1", "goal": f"fix add {CORPUS}", "workspace": str(ws),
+        tx.insert("work_items", {"id": "w1", "goal": f"fix add {corpus}", "workspace": str(ws),
                                  "verify": [CHECK], "caps": {"max_iterations": 3}, "backend": "anthropic",
                                  "status": WorkStatus.QUEUED, "created_by": "human",
                                  "created_at": time.time(), "updated_at": time.time()})
     human.close()
-    co = StateWriter(org_home.db_path, Actor.COORDINATOR)
+    co = StateWriter(home.db_path, Actor.COORDINATOR)
     with co.transaction() as tx:
         tx.set_status("work_items", "w1", WorkStatus.DISPATCHED, assigned_to="loop-agent-1")
     co.close()
-    request = {"kind": "network", "command": f"curl {CORPUS}", "reason": f"needed {CORPUS}"}
-    acts = ScriptedActs([[{"write": {"calc.py": f"# {CORPUS.replace(chr(0), '')}\ndef add(a, b):\n    return a - b\n"},
+    request = {"kind": "network", "command": f"curl {corpus}", "reason": f"needed {corpus}"}
+    acts = ScriptedActs([[{"write": {"calc.py": f"# {corpus.replace(chr(0), '')}\ndef add(a, b):\n    return a - b\n"},
                            "request": request}]])
-    assert engine(org_home, "w1", acts).run() is None                     # parked on the decision
-    org_home.logs_dir.mkdir(parents=True, exist_ok=True)
-    (org_home.logs_dir / "loop-agent-1.log").write_text(orjson.dumps(
+    assert engine(home, "w1", acts).run() is None                     # parked on the decision
+    home.logs_dir.mkdir(parents=True, exist_ok=True)
+    (home.logs_dir / "loop-agent-1.log").write_text(orjson.dumps(
         {"timestamp": "2026-01-01T00:00:00Z", "instance": "loop-agent-1", "level": "info",
-         "event": "tool_output", "output": CORPUS}).decode() + "\n")
-    env = {**os.environ, "ORG_HOME": str(org_home.root), "PYTHONPATH": str(ROOT), "TERM": "xterm-256color",
-           "COLUMNS": "200", "LINES": "50"}
-    return org_home, env
+         "event": "tool_output", "output": corpus}).decode() + "\n")
+    return {**os.environ, "ORG_HOME": str(home.root), "PYTHONPATH": str(ROOT), "TERM": "xterm-256color",
+            "COLUMNS": "200", "LINES": "50"}
+
+
+@pytest.fixture
+def hostile_run(org_home, tmp_path):
+    """A parked run whose goal, gated request, workspace file and a log line hold the corpus."""
+    return org_home, make_hostile_run(org_home, tmp_path)
 
 
 def _org(*argv: str) -> list[str]:
