@@ -45,6 +45,10 @@ class _ShownBytes(io.RawIOBase):
     def flush(self) -> None:
         self._text.flush()
 
+    def finish(self) -> None:
+        """What an incomplete UTF-8 sequence at the very end left behind, shown (as U+FFFD)."""
+        self._text.write(self._decoder.decode(b"", final=True))
+
 
 class Shown(io.TextIOBase):
     """A text stream that writes ``visible(text)`` to ``stream``; everything else is the stream's."""
@@ -88,6 +92,7 @@ def shown(raw: bool = False) -> Iterator[None]:
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
+                stream.buffer.finish()
                 stream.flush()
         sys.stdout, sys.stderr = saved
 

@@ -71,7 +71,8 @@ def run(args) -> int:
     if coordinator is not None:
         print(f"\njoin another machine with:\n  org join --coordinator {coordinator.endpoint} "
               f"--coordinator-key '{coordinator.curve_public}' --role loop-agent|eval-agent "
-              "--listen tcp://THAT_HOST:PORT --store <this org's postgresql:// URL>")
+              "--listen tcp://THAT_HOST:PORT --store <this org's postgresql:// URL, no password> "
+              "--store-password-file FILE")
         if not coordinator.git_url:
             print("  (first set [hosts] git_listen or git_url here: joined loop-agents get their workspaces "
                   "through it, joined eval-agents the checkpoints they verify)")
