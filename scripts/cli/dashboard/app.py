@@ -110,6 +110,10 @@ def build_app(home: OrgHome, guard: Guard, spend_cap_usd: float) -> Starlette:
         async def endpoint(request: Request) -> Response:
             run_id = request.path_params.get("work_id", "")
             here = f"/runs/{quote(run_id, safe='')}" if name == "run" else "/"
+            try:
+                guard.same_user(request)
+            except Refused as exc:
+                return _error(exc, False)
             if TICKET in request.query_params:
                 # the printed link: spent once for a cookie, then the same page without it
                 if not guard.spend(request.query_params[TICKET]):

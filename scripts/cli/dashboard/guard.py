@@ -15,10 +15,15 @@ printed nowhere. The ticket is then spent: read from a browser's command line
   ``Sec-Fetch-Site`` other than ``same-origin``, and the page's own token in ``X-Org-Token`` (a
   value served inside the page, never in a URL).
 Static files (the page's own script and style) carry no data and need nothing.
+
+On loopback, before any of that, the connection's owner is asked of the kernel
+(``/proc/net/tcp``): a request from another local user's process is refused whatever it
+carries — cookies are shared by every port of 127.0.0.1, so a cookie alone would not tell.
 """
 from __future__ import annotations
 
 import hmac
+import os
 import secrets
 import threading
 
@@ -31,6 +36,24 @@ COOKIE = "org_session"
 TICKET = "ticket"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _AGAIN = "again"
+
+
+def peer_uid(peer_port: int, server_port: int) -> int | None:
+    """The uid owning the loopback TCP socket whose local port is ``peer_port`` and remote port is
+    ``server_port`` (the client's side of a connection to us), from the kernel's tables; None when
+    there is none (a client on another machine)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 7 and int(fields[1].rsplit(":", 1)[1], 16) == peer_port \
+                    and int(fields[2].rsplit(":", 1)[1], 16) == server_port:
+                return int(fields[7])
+    return None
 
 
 def _same(given: str | None, secret: str) -> bool:
@@ -57,6 +80,16 @@ class Guard:
         self.origins = {f"http://{h}:{port}" for h in self.hosts} | {f"http://[{h}]:{port}" for h in self.hosts
                                                                     if ":" in h}
 
+    def same_user(self, request: Request) -> None:
+        """Raises Refused when a loopback client's socket belongs to another local user."""
+        client, server = request.client, request.scope.get("server")
+        if client is None or server is None or client.host not in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
+            return
+        uid = peer_uid(client.port, server[1])
+        if uid is not None and uid != os.getuid():
+            raise Refused("other_user", f"a request from another user of this machine (uid {uid}) was refused",
+                          "open the dashboard as the user who started it")
+
     def spend(self, given: str | None) -> bool:
         """True once for the printed ticket (constant-time); False for any other value, or again."""
         with self._lock:
@@ -73,7 +106,8 @@ class Guard:
         return _same(request.cookies.get(COOKIE), self.session)
 
     async def read(self, request: Request) -> None:
-        """Raises Refused unless the request carries the session cookie."""
+        """Raises Refused unless the request carries the session cookie (and comes from this user)."""
+        self.same_user(request)
         if not self.has_session(request):
             raise Refused("no_session", "this dashboard opens only from the link 'org dashboard' printed, once",
                           "open that link in your browser (a used link opens nothing: restart 'org dashboard' "
@@ -87,6 +121,7 @@ class Guard:
     async def write(self, request: Request) -> None:
         """Raises Refused for a write without its own ``Origin``, from another site, without the
         session cookie or without the page's token."""
+        self.same_user(request)
         site = request.headers.get("sec-fetch-site")
         origin = request.headers.get("origin")
         if origin is None or origin not in self.origins or (site is not None and site != "same-origin"):
