@@ -132,6 +132,16 @@ def test_every_cli_front_end_shows_the_corpus_as_text_in_a_real_terminal(hostile
 
 
 @pytest.mark.timeout(120)
+def test_org_chat_shows_the_corpus_as_text(hostile_run):
+    """``org chat``'s slash commands in a real terminal: what they print is shown, not obeyed."""
+    home, env = hostile_run
+    out = run_in_pty(_org("chat", "--no-announcements"), env, keys=b"/show w1\n/decisions\n\x04", until=b"org> ")
+    assert "␛]52;c;" in out.decode("utf-8", "replace"), out[-1500:]
+    assert not _shown_controls(out.replace(b"\x1b[?2004h", b"").replace(b"\x1b[?2004l", b"").replace(b"\x1b[?1034h", b"")), \
+        sorted(map(hex, map(ord, _shown_controls(out))))
+
+
+@pytest.mark.timeout(120)
 def test_the_control_diff_raw_passes_the_bytes_and_so_the_attack_is_real(hostile_run):
     """``org diff --raw`` (for pipes) writes the workspace's bytes as they are: the corpus reaches
     the terminal whole, the OSC 52 write included — what the default front ends stop."""
