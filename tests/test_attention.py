@@ -245,6 +245,7 @@ def test_agent_text_reaches_the_webhook_as_text_no_mention_no_link_of_its_own():
     assert text.count("<") == 1 and text.endswith("<http://127.0.0.1:9/runs/w1|open in the dashboard>")
     assert "<!channel>" not in text and "<@" not in text and "@here" not in text
     assert "&lt;!channel&gt;" in text and "&amp;" in text
+    assert "http://evil.example" not in text.rsplit("\n", 1)[0]             # no address of the agent's to click
     assert body["blocks"][0]["text"]["type"] == "plain_text"
     assert not any(c in str(body) for c in "\x1b\x07\u202e")
     assert body["unfurl_links"] is False

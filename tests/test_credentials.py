@@ -124,3 +124,14 @@ def test_write_private_replaces_a_readable_file_with_an_owner_only_one(tmp_path)
     finally:
         os.umask(old)
     assert path.read_text() == "new" and stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+@pytest.mark.timeout(60)
+def test_org_migrate_store_refuses_a_password_on_its_command_line(tmp_path):
+    """``org migrate-store --to postgresql://u:PASS@…``: one coded line, the password not repeated."""
+    from state_db.bootstrap import init_home
+    home = OrgHome(tmp_path / "org")
+    init_home(home)
+    got = _cli(home.root, "migrate-store", "--to", "postgresql://u:s3cret@127.0.0.1:1/db")
+    assert got.returncode == 1 and got.stderr.startswith("error[password_on_command_line]:"), got.stderr
+    assert "s3cret" not in got.stderr + got.stdout

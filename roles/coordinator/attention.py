@@ -85,8 +85,9 @@ def plain(text: str) -> str:
 
 def slack_escaped(text: str) -> str:
     """Agent text for Slack's ``mrkdwn``: visible controls; ``&``, ``<``, ``>`` escaped as Slack
-    says, ``@`` as a look-alike: no link, mention or command can be formed from it."""
-    return visible(text).translate(_SLACK)
+    says, ``@`` as a look-alike: no labelled link, mention or command can be formed from it. A
+    bare address is shown as ``http[:]//…`` (a second line: receivers that link bare addresses)."""
+    return visible(text).translate(_SLACK).replace("://", "[:]//")
 
 
 def message(text: str, url: str | None) -> dict:
