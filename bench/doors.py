@@ -37,7 +37,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,6 +122,7 @@ def notification_probes() -> tuple[dict, dict]:
 
 def run_suites() -> dict:
     """Run the door suites; returns attempts (test cases run), escapes (failed or errored) and names."""
+    from bench.common import junit_cases
     attempts, escapes, skipped = 0, [], []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="doors-") as tmp:
@@ -134,14 +134,10 @@ def run_suites() -> dict:
             if not report.exists():
                 raise SystemExit(f"error[no_report]: pytest wrote no report for {suite} (exit {got.returncode}) — "
                                  f"{got.stdout[-400:]} {got.stderr[-400:]}")
-            for case in ET.parse(report).getroot().iter("testcase"):
-                name = f"{case.get('classname')}::{case.get('name')}"
-                if case.find("skipped") is not None:
-                    skipped.append(name)
-                    continue
-                attempts += 1
-                if case.find("failure") is not None or case.find("error") is not None:
-                    escapes.append(name)
+            passed, failed, left = junit_cases(report)
+            attempts += len(passed) + len(failed)
+            escapes += failed
+            skipped += left
     return {"suite_cases": attempts, "suite_escapes": len(escapes), "escaped": escapes, "skipped": skipped,
             "suites_s": round(time.monotonic() - t0, 1)}
 
