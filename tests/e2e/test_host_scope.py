@@ -222,3 +222,33 @@ def test_each_host_reaches_only_the_histories_of_its_own_work(two_hosts, tmp_pat
     leaked = _git(ns_a, keys["unscoped"], "clone", "-q", url(addr_a, "w2"), str(tmp_path / "leaked"))
     assert leaked.returncode == 0, leaked.stderr
     assert b"secret of w2" in (tmp_path / "leaked" / "src" / "app.py").read_bytes()
+
+
+def test_an_honest_worker_works_through_its_scoped_key(two_hosts, tmp_path, monkeypatch):
+    """The loop-agent's own history client (``RemoteHistory``) with host-a's key: it takes the
+    baseline, pushes an iteration, replaces it by a second attempt (the old one kept in the discard
+    area), pushes an approved action's checkpoint and, once iteration 1 is committed, iteration 2."""
+    from roles.workspace.remote import RemoteHistory
+    home, server, addresses, keys = two_hosts
+    monkeypatch.setenv("GIT_SSH_COMMAND", f"ssh -i {keys['host-a']} -o StrictHostKeyChecking=no "
+                                          "-o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR "
+                                          "-o IdentitiesOnly=yes")
+    url = f"ssh://{USER}@{addresses['host-a'][1]}:{server.port}/w1.git"
+    rh = RemoteHistory(tmp_path / "wa" / "history" / "w1.git", tmp_path / "wa" / "ws", remote=url, timeout_s=60)
+    assert rh.baseline() == _ref(home, "w1", "refs/loop-org/baseline")
+    (rh.workspace / "a.txt").write_text("first attempt\n")
+    first = rh.checkpoint(1)
+    rh.reset_to(rh.baseline_commit())
+    (rh.workspace / "a.txt").write_text("second attempt\n")
+    second = rh.checkpoint(1)
+    assert _ref(home, "w1", "refs/iterations/1") == second != first
+    assert _ref(home, "w1", f"refs/discarded/1/{first}") == first
+    (rh.workspace / "deploy.txt").write_text("approved\n")
+    act = rh.checkpoint_action("d-1")
+    assert _ref(home, "w1", "refs/actions/d-1") == act
+    with StateWriter(home.db_path, Actor.LOOP_AGENT, "loop-agent-1").transaction() as tx:
+        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 2, "act_status": "ok",
+                                 "checkpoint": second, "committed_at": time.time()})
+    (rh.workspace / "a.txt").write_text("2\n")
+    c2 = rh.checkpoint(2)
+    assert _ref(home, "w1", "refs/iterations/2") == c2
