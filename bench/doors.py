@@ -60,7 +60,7 @@ SLACK = {"channel": "<!channel>", "user": "<@U024BE7LH>", "labelled_link": "<htt
 FRONT_ENDS = (("decisions",), ("show", "w1"), ("status",), ("logs",), ("diff", "w1"), ("export", "w1", "--patch"))
 SUITES = (("tests/e2e/test_dashboard_link.py", None), ("tests/e2e/test_host_scope.py", None),
           ("tests/e2e/test_idempotency_keys.py", None), ("tests/test_credentials.py", None),
-          ("tests/e2e/test_dashboard.py", "cross_site or link"),
+          ("tests/e2e/test_dashboard.py", "cross_site or link or conflict"),
           ("tests/test_attention.py", "agent_text or notify_send_gets"))
 TARGETS = {"door_attempts": ">= 60", "escapes": "== 0", "probe_escapes": "== 0"}
 

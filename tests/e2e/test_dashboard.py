@@ -261,3 +261,28 @@ def test_a_link_followed_from_another_site_opens_the_page_in_the_browser_that_ha
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_key_reused_for_another_decision_is_a_conflict_on_the_dashboard_too(org, board, tmp_path):
+    """The page's writes are bound to their arguments like every front end's: the same key for a
+    second decision answers 409 idempotency_conflict, and that decision stays pending (rejections:
+    no command runs)."""
+    runs = []
+    for i in range(2):
+        (tmp_path / f"s{i}").mkdir()
+        runs.append(dd.submit_demo(org, dd.gated_demo_script(tmp_path / f"s{i}"), f"key-ws-{i}")[0])
+
+    def pending():
+        rows = [query(org, "SELECT id FROM decisions WHERE work_id = ? AND status = 'pending'", (w,)) for w in runs]
+        return all(rows) and [r[0]["id"] for r in rows]
+    first, second = wait_for(pending, timeout=60, what="both runs waiting on a decision")
+    headers = {"X-Org-Token": board.token, "Content-Type": "application/json", "Origin": board.base, **board.cookie}
+
+    def reject(decision):
+        body = json.dumps({"verdict": "reject", "idempotency_key": "same-key", "confirm": decision}).encode()
+        return http(board, f"/api/decisions/{decision}", method="POST", body=body, headers=headers)
+    assert reject(first)[0] == 200
+    status, said = reject(second)
+    assert status == 409 and "idempotency_conflict" in said, (status, said)
+    assert query(org, "SELECT status FROM decisions WHERE id = ?", (second,))[0]["status"] == "pending"
+    assert reject(first)[0] == 200                                      # the same write again: replayed
