@@ -57,3 +57,18 @@ def unix_listener(path: Path, reply: bytes) -> socket.socket:
             conn.close()
     threading.Thread(target=answer, name=f"listener {path.name}", daemon=True).start()
     return listener
+
+
+def junit_cases(report: Path) -> tuple[list[str], list[str], list[str]]:
+    """The test cases of a pytest JUnit report as (passed, failed or errored, skipped) names."""
+    import xml.etree.ElementTree as ET
+    passed, failed, skipped = [], [], []
+    for case in ET.parse(report).getroot().iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        if case.find("skipped") is not None:
+            skipped.append(name)
+        elif case.find("failure") is not None or case.find("error") is not None:
+            failed.append(name)
+        else:
+            passed.append(name)
+    return passed, failed, skipped

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_for(lambda: query(home, "SELECT 1 FROM decisions WHERE work_id = ? AND status = 'pending'", (gated,)),
                  timeout=60, what=f"{gated} to wait for a human")
         with dd.dashboard(home) as board, dd.chromium(WIDTH, 1000) as driver:
-            driver.get(board.url("/"))
+            board.open(driver)
             _settle(driver, 'svg[data-plot="org-tokens"] circle.pt', "the org plots")
             _full_page(driver, args.out / "dashboard.png")
             driver.get(board.url(f"/runs/{first}"))

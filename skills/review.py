@@ -29,7 +29,7 @@ def decide(writer, refs: list[str], action: str, skills_dir: Path, *, key: str |
         results = [C.decide(tx, ref, action, writer.os_user, reason) for ref in refs]
         return {"results": results, "closed_batches": batches.close_finished(tx), "by": writer.os_user, "at": tx.now}
 
-    out, _ = writer.run_once(key or uuid.uuid4().hex, f"candidates.{action}", do)
+    out, _ = writer.run_once(key or uuid.uuid4().hex, f"candidates.{action}", do, args={"refs": list(refs)})
     for r in out["results"]:
         if r.get("skill"):
             r["skill"]["file"] = str(registry.render_files(writer.conn, skills_dir, r["skill"]["name"]))
@@ -43,7 +43,8 @@ def edit(writer, ref: str, *, name: str | None = None, description: str | None =
     Raises: CandidateNotFound, CandidateClosed, BadSkillName, BadSkillText.
     """
     out, _ = writer.run_once(key or uuid.uuid4().hex, "candidates.edit",
-                             lambda tx: C.edit(tx, ref, name=name, description=description, body=body))
+                             lambda tx: C.edit(tx, ref, name=name, description=description, body=body),
+                             args={"ref": ref, "name": name, "description": description, "body": body})
     return out
 
 
@@ -53,5 +54,6 @@ def retire(writer, name: str, *, key: str | None = None) -> dict:
     Raises: SkillNotFound.
     """
     out, _ = writer.run_once(key or uuid.uuid4().hex, "skills.retire",
-                             lambda tx: {"name": name, "changed": registry.retire(tx, name), "by": writer.os_user})
+                             lambda tx: {"name": name, "changed": registry.retire(tx, name), "by": writer.os_user},
+                             args={"name": name})
     return out

@@ -232,6 +232,11 @@ class Hosts(Section):
     git_url: GitUrl = key("", "coordinator host: the URL joined hosts fetch and push histories at, in place of "
                               "git://<git_listen> (e.g. ssh://org@10.0.0.5:22/ through sshd's forced command "
                               "'org git-shell'; the path part is what git-shell maps: / or <home>/history)")
+    git_unauthenticated: bool = key(False, "coordinator host: true lets git_listen serve git:// with no "
+                                           "authentication (a private network or a tunnel only); ssh:// scopes each "
+                                           "host to its own work items")
+    git_max_push_mb: int = key(256, "coordinator host: the largest push a joined host may make over ssh (MB)",
+                               ge=1)
     coordinator: TcpBase = key("", "joined host: the coordinator's tcp://HOST:PORT")
     coordinator_key: CurveKey = key("", "joined host: the coordinator's CURVE public key")
 
@@ -492,9 +497,8 @@ def write_default(path: Path) -> bool:
     if path.exists():
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(".org.toml.tmp")
-    tmp.write_text(DEFAULT_TOML)
-    os.replace(tmp, path)
+    from state_db.credentials import write_private
+    write_private(path, DEFAULT_TOML)          # 0600: org.toml may come to hold a webhook's secret URL
     return True
 
 

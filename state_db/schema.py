@@ -494,6 +494,14 @@ ALTER TABLE work_items ADD COLUMN verify_hidden TEXT NOT NULL DEFAULT '';
 """
 
 
+# An idempotency key is bound to its command's arguments: ``args`` is the digest of the command
+# and its arguments (state_db.writer.args_digest); a key reused with others is a conflict. Rows
+# written before have none and are matched on the command alone.
+DOORS = """
+ALTER TABLE idempotency ADD COLUMN args TEXT;
+"""
+
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
     ("0002_knowledge", KNOWLEDGE),
@@ -511,6 +519,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0015_scope", SCOPE),
     ("0017_rough_edges", ROUGH_EDGES),
     ("0018_contract", CONTRACT),
+    ("0020_doors", DOORS),
     ("0021_evidence", EVIDENCE),
     ("0022_replays", REPLAYS),
 ]

@@ -80,7 +80,7 @@ FREE: dict[str, tuple[str, ...]] = {
     "delivery_ledger": ("msg_id", "recipient", "sender"),
     "events": ("instance", "os_user", "subject", "data"),
     "handoffs": ("work_id", "done", "remains", "learned", "note", "allowance", "written_by", "act"),
-    "idempotency": ("key", "os_user", "command", "result"),
+    "idempotency": ("key", "os_user", "command", "result", "args"),
     "iterations": ("work_id", "act_summary", "tool_calls", "fingerprint", "checkpoint", "changed_paths",
                    "verdict_id", "feedback", "lesson", "prompt"),
     "model_calls": ("request_id", "work_id", "instance"),

@@ -247,21 +247,31 @@ class StateWriter:
         if render and tx.changes:
             self._after_commit(tx.changes)
 
-    def run_once(self, key: str, command: str, fn: Callable[[Transaction], dict]) -> tuple[dict, bool]:
+    def run_once(self, key: str, command: str, fn: Callable[[Transaction], dict], *,
+                 args: Any) -> tuple[dict, bool]:
         """Run ``fn`` at most once for ``key``; returns (result, replayed).
 
-        The key and the result are stored in the same transaction as fn's writes, so a retry
-        after any failure either does everything once or finds the stored result."""
+        ``args`` are the command's arguments (any JSON value): the key is bound to the command
+        and to them, so the same key with other arguments (another decision, another verdict) is
+        refused as a conflict instead of answering with the first command's result. The key, the
+        arguments' digest and the result are stored in the same transaction as fn's writes, so a
+        retry after any failure either does everything once or finds the stored result.
+
+        Raises: Conflict(code="idempotency_conflict") for a key used for another command or
+        other arguments."""
+        digest = args_digest(command, args)
         with self.transaction() as tx:
-            row = tx.one("SELECT command, result FROM idempotency WHERE key = ?", (key,))
+            row = tx.one("SELECT command, args, result FROM idempotency WHERE key = ?", (key,))
             if row is not None:
-                if row["command"] != command:
-                    raise Conflict(f"idempotency key {key} was used for {row['command']}",
-                                   hint="use a fresh key for a different command")
+                if row["command"] != command or (row["args"] is not None and row["args"] != digest):
+                    what = row["command"] if row["command"] != command else f"{command} with other arguments"
+                    raise Conflict(f"idempotency key {key} was used for {what}", code="idempotency_conflict",
+                                   hint="use a fresh key for a different command or different arguments")
                 return orjson.loads(row["result"]), True
             result = fn(tx)
-            tx.conn.execute("INSERT INTO idempotency(key, actor, os_user, command, result, at) VALUES (?,?,?,?,?,?)",
-                            (key, self.actor, self.os_user, command, dumps(result, tx.secrets), tx.now))
+            tx.conn.execute("INSERT INTO idempotency(key, actor, os_user, command, args, result, at) "
+                            "VALUES (?,?,?,?,?,?,?)",
+                            (key, self.actor, self.os_user, command, digest, dumps(result, tx.secrets), tx.now))
             return result, False
 
     def _after_commit(self, changes: list[dict]) -> None:
@@ -277,6 +287,13 @@ class StateWriter:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def args_digest(command: str, args: Any) -> str:
+    """sha256 of a command and its arguments in one canonical JSON form (keys sorted)."""
+    import hashlib
+    return hashlib.sha256(orjson.dumps({"command": command, "args": args}, option=orjson.OPT_SORT_KEYS,
+                                       default=str)).hexdigest()
 
 
 def _os_user() -> str:

@@ -129,9 +129,10 @@ def test_one_post_and_one_notification_per_attention_event_also_across_a_coordin
         wait_for(lambda: len(record.read_text().splitlines()) >= 2, timeout=10, what="two notifications")
     assert len(got.posts) == 2, got.posts
     (ctype1, decision), (ctype2, unrunnable) = got.posts
-    assert ctype1 == ctype2 == "application/json" and set(decision) == set(unrunnable) == {"text"}
+    assert ctype1 == ctype2 == "application/json" and {"text", "blocks"} <= set(decision) == set(unrunnable)
     assert f"waiting for {waiting}" in decision["text"]
-    assert f"<http://127.0.0.1:9/runs/{waiting}?token=t0k|open in the dashboard>" in decision["text"]
+    assert f"<http://127.0.0.1:9/runs/{waiting}|open in the dashboard>" in decision["text"]
+    assert "t0k" not in str(got.posts)
     assert broken in unrunnable["text"] and "verify_unrunnable" in unrunnable["text"]
     notes = record.read_text().splitlines()
     assert len(notes) == 2 and waiting in notes[0] and broken in notes[1]
@@ -213,11 +214,12 @@ def test_an_org_spend_cap_trip_is_one_attention_event_however_many_runs_it_ends(
 
 
 def test_link_and_message_are_slack_compatible():
-    """The dashboard link keeps the base's query (its token); the body is {"text": ...}."""
-    assert link("http://h:1/app/?token=x", "runs/w1") == "http://h:1/app/runs/w1?token=x"
+    """The dashboard link drops the base's query (a token) and credentials; the body's ``text`` is
+    Slack-compatible, the agent text escaped."""
+    assert link("http://u:p@h:1/app/?token=x#t", "runs/w1") == "http://h:1/app/runs/w1"
     assert link("", "runs/w1") is None
-    assert message("hi", None) == {"text": "hi"}
-    assert message("hi", "http://h/") == {"text": "hi\n<http://h/|open in the dashboard>"}
+    assert message("hi", None)["text"] == "hi"
+    assert message("hi", "http://h/")["text"] == "hi\n<http://h/|open in the dashboard>"
 
 
 def _decision(writer_for) -> None:
@@ -228,3 +230,41 @@ def _decision(writer_for) -> None:
         tx.insert("decisions", {"id": "d1", "work_id": "w1", "kind": "network",
                                 "action": {"command": "curl x"}, "question": "may I curl?",
                                 "status": "pending", "created_at": tx.now})
+
+
+AGENT_TEXT = ("waiting: <!channel> <@U024BE7LH> <http://evil.example|open in the dashboard> & @here "
+              "\x1b]52;c;cHduZWQ=\x07\x1b]0;title\x1b\\ <b>bold</b> <a href='http://evil.example'>x</a>\u202e")
+
+
+def test_agent_text_reaches_the_webhook_as_text_no_mention_no_link_of_its_own():
+    """Slack's ``&``, ``<`` and ``>`` are escaped and ``@`` is a look-alike in ``text``: agent text
+    forms no ``<!channel>``, no user mention and no labelled link; the only link is the one built
+    here; Slack draws the agent text as a plain_text block; no control byte is posted."""
+    body = message(AGENT_TEXT, "http://127.0.0.1:9/runs/w1")
+    text = body["text"]
+    assert text.count("<") == 1 and text.endswith("<http://127.0.0.1:9/runs/w1|open in the dashboard>")
+    assert "<!channel>" not in text and "<@" not in text and "@here" not in text
+    assert "&lt;!channel&gt;" in text and "&amp;" in text
+    assert "http://evil.example" not in text.rsplit("\n", 1)[0]             # no address of the agent's to click
+    assert body["blocks"][0]["text"]["type"] == "plain_text"
+    assert not any(c in str(body) for c in "\x1b\x07\u202e")
+    assert body["unfurl_links"] is False
+
+
+def test_notify_send_gets_plain_text_without_markup_or_controls(tmp_path, monkeypatch):
+    """The real ``notify_send`` runs a notify-send (here one that records its argv): the body has
+    no markup a notification server would draw, no control byte, and ``--`` before the texts."""
+    from roles.coordinator.attention import notify_send
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "argv.json"
+    script = bin_dir / "notify-send"
+    script.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(record)!r}, 'w').write(json.dumps(sys.argv[1:]))\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert notify_send("-t 0 loop-org \x1b]0;x\x07", AGENT_TEXT)
+    argv = json.loads(record.read_text())
+    assert argv[:2] == ["--app-name=loop-org", "--"] and len(argv) == 4
+    assert not any(c in "".join(argv) for c in "<>&\x1b\x07\u202e")
+    assert "␛]52;c;" in argv[3] and "‹b›bold‹/b›" in argv[3]

@@ -136,7 +136,7 @@ WRITER = textwrap.dedent("""
             for i in range(150):
                 tx.journal("bulk", wid, {"i": i, "pad": "x" * 200})
             return {"id": wid}
-        w.run_once(f"key-{wid}", "submit", do)
+        w.run_once(f"key-{wid}", "submit", do, args={"id": wid})
         write_message(home / "outbox", "coordinator", new_id(), b'{"work": "%s"}' % wid.encode() + b" " * 50000)
         write_atomic(home / "snapshots" / "org-state.md", ("row\\n" * 20000) + wid)
         print(b, flush=True)

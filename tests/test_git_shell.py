@@ -30,7 +30,9 @@ from tests.test_remote_history import (files_of, free_port, fsck, git, plant_own
 
 ROOT = Path(__file__).resolve().parents[1]
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-ORG = [sys.executable, "-m", "scripts.cli.main"]     # the checkout's org CLI, as scripts/org runs it
+# the checkout's org CLI, as scripts/org runs it (sshd passes no environment: this checkout's code,
+# whatever the virtualenv's own install points at)
+ORG = ["env", f"PYTHONPATH={ROOT}", sys.executable, "-m", "scripts.cli.main"]
 USER = getpass.getuser()
 
 
@@ -482,10 +484,15 @@ def test_the_authorized_keys_line(tmp_path, capsys):
     home = tmp_path / "home"
     home.mkdir()
     (home / "state.db").touch()
-    assert cli.main(["--home", str(home), "hosts", "ssh-line", str(tmp_path / "k.pub")]) == 0
+    assert cli.main(["--home", str(home), "hosts", "ssh-line", str(tmp_path / "k.pub"), "--host", "worker-1"]) == 0
     out = capsys.readouterr()
-    assert out.out == authorized_keys_line([ROOT / "scripts" / "org"], home.resolve(), pub) + "\n"
-    assert cli.main(["--home", str(home), "hosts", "ssh-line", str(tmp_path / "k")]) == 1
+    assert out.out == authorized_keys_line([ROOT / "scripts" / "org"], home.resolve(), pub, "worker-1") + "\n"
+    assert out.out.startswith(f'command="{ROOT}/scripts/org git-shell --home {home.resolve()} --host worker-1",')
+    assert cli.main(["--home", str(home), "hosts", "ssh-line", str(tmp_path / "k.pub")]) == 2     # whose key?
+    assert "error[bad_arguments]" in capsys.readouterr().err
+    assert cli.main(["--home", str(home), "hosts", "ssh-line", str(tmp_path / "k.pub"), "--all-histories"]) == 0
+    assert capsys.readouterr().out == authorized_keys_line([ROOT / "scripts" / "org"], home.resolve(), pub) + "\n"
+    assert cli.main(["--home", str(home), "hosts", "ssh-line", str(tmp_path / "k"), "--host", "w"]) == 1
     assert capsys.readouterr().err.startswith("error[git_shell_key]: ")
 
 

@@ -43,6 +43,7 @@ endpoint = "tcp://127.0.0.1:{port}"
 name = "coordinator-host"
 loop_agents_here = false
 git_listen = "127.0.0.1:{git}"
+git_unauthenticated = true
 [supervisor]
 heartbeat_s = 0.2
 heartbeat_timeout_s = 4.0

@@ -164,14 +164,32 @@ def test_same_idempotency_key_twice_does_the_thing_once(org_home, writer_for):
                                  "status": "queued", "created_by": "human", "created_at": 0, "updated_at": 0})
         return {"id": wid}
 
-    first, replayed1 = human.run_once("key-1", "submit", do)
-    second, replayed2 = human.run_once("key-1", "submit", do)
+    first, replayed1 = human.run_once("key-1", "submit", do, args={"goal": "g"})
+    second, replayed2 = human.run_once("key-1", "submit", do, args={"goal": "g"})
     assert (first, replayed1) == ({"id": "w1"}, False)
     assert (second, replayed2) == ({"id": "w1"}, True)
     assert count(org_home, "SELECT COUNT(*) FROM work_items") == 1
     assert count(org_home, "SELECT os_user IS NOT NULL FROM idempotency WHERE key='key-1'") == 1
     with pytest.raises(Conflict):
-        human.run_once("key-1", "cancel", do)
+        human.run_once("key-1", "cancel", do, args={"goal": "g"})
+
+
+def test_an_idempotency_key_is_bound_to_its_arguments(org_home, writer_for):
+    """The same key with other arguments is a conflict (nothing written, no stored result handed
+    back); with the same arguments, in any key order, it replays."""
+    human = writer_for(Actor.HUMAN)
+    calls = []
+
+    def do(tx):
+        calls.append(1)
+        return {"n": len(calls)}
+
+    assert human.run_once("k", "decide", do, args={"decision": "d1", "verdict": "approve"}) == ({"n": 1}, False)
+    with pytest.raises(Conflict) as caught:
+        human.run_once("k", "decide", do, args={"decision": "d2", "verdict": "approve"})
+    assert caught.value.code == "idempotency_conflict" and "other arguments" in str(caught.value)
+    assert human.run_once("k", "decide", do, args={"verdict": "approve", "decision": "d1"}) == ({"n": 1}, True)
+    assert calls == [1]
 
 
 def test_human_actor_records_os_user_on_events(org_home, writer_for):

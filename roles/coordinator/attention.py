@@ -12,6 +12,14 @@ exactly once otherwise.
 
 The POST body is Slack-compatible: ``{"text": "..."}`` with the dashboard link in Slack's
 ``<url|label>`` form; receivers other than Slack read the same ``text``.
+
+Every text here is agent-derived (a doer's question, a goal, a verifier's message) and is data on
+every door (``state_db.text``): controls are shown visibly; the desktop gets plain text (no
+markup a notification server would draw: ``<``, ``>`` and ``&`` become look-alikes); the webhook's
+``text`` has Slack's ``&``, ``<`` and ``>`` escaped, so agent text can form no ``<!channel>``, no
+``<@user>`` and no ``<url|label>`` link, and no ``@`` of its own; Slack draws the agent text as a
+``plain_text`` block (no links, no mentions) with the dashboard link in its own block after it.
+The link is the dashboard page without any query: no token ever travels into a chat.
 """
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import structlog
 
+from state_db.text import one_line, visible
 from state_db.queries.events import Attention, attention_undelivered
 from state_db.vocab import AttentionKind
 from state_db.writer import StateWriter
@@ -56,17 +65,42 @@ class Settings:
 
 
 def link(dashboard_url: str, path: str = "") -> str | None:
-    """The dashboard page at ``path`` (``runs/w-1``), keeping the base's query (its token)."""
+    """The dashboard page at ``path`` (``runs/w-1``): the base's scheme, host and path only — a
+    query or fragment (a token someone put in the configured address) never reaches a message."""
     if not dashboard_url:
         return None
     parts = urlsplit(dashboard_url)
     base = parts.path.rstrip("/")
-    return urlunsplit(parts._replace(path=f"{base}/{path}" if path else (parts.path or "/")))
+    netloc = parts.netloc.rpartition("@")[2]          # no user:password either
+    return urlunsplit((parts.scheme, netloc, f"{base}/{path}" if path else (parts.path or "/"), "", ""))
+
+
+_PLAIN = str.maketrans({"<": "\u2039", ">": "\u203a", "&": "\uff06"})     # ‹ › ＆
+_SLACK = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "@": "\uff20"})   # ＠: no mention
+
+
+def plain(text: str) -> str:
+    """Agent text for a desktop notification: visible controls, no markup a server could draw."""
+    return visible(text).translate(_PLAIN)
+
+
+def slack_escaped(text: str) -> str:
+    """Agent text for Slack's ``mrkdwn``: visible controls; ``&``, ``<``, ``>`` escaped as Slack
+    says, ``@`` as a look-alike: no labelled link, mention or command can be formed from it. A
+    bare address is shown as ``http[:]//…`` (a second line: receivers that link bare addresses)."""
+    return visible(text).translate(_SLACK).replace("://", "[:]//")
 
 
 def message(text: str, url: str | None) -> dict:
-    """The Slack-compatible body of one POST."""
-    return {"text": f"{text}\n<{url}|open in the dashboard>" if url else text}
+    """The Slack-compatible body of one POST: ``text`` (escaped) for every receiver, and blocks
+    where Slack draws the agent text as plain text and the link, built here, after it."""
+    shown = slack_escaped(text)
+    blocks = [{"type": "section", "text": {"type": "plain_text", "text": visible(text)[:3000] or "-",
+                                           "emoji": False}}]
+    if url:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"<{url}|open in the dashboard>"}})
+    return {"text": f"{shown}\n<{url}|open in the dashboard>" if url else shown, "blocks": blocks,
+            "unfurl_links": False, "unfurl_media": False}
 
 
 def post_json(url: str, body: dict, timeout_s: float) -> None:
@@ -82,12 +116,14 @@ def post_json(url: str, body: dict, timeout_s: float) -> None:
 
 
 def notify_send(title: str, text: str) -> bool:
-    """A desktop notification where ``notify-send`` is on PATH; False (never an error) elsewhere."""
+    """A desktop notification where ``notify-send`` is on PATH; False (never an error) elsewhere.
+    Both are shown as plain text (``plain``); ``--`` keeps a text beginning with ``-`` a text."""
     binary = shutil.which("notify-send")
     if binary is None:
         return False
     try:
-        subprocess.run([binary, "--app-name=loop-org", title, text], timeout=NOTIFY_TIMEOUT_S, check=False,
+        subprocess.run([binary, "--app-name=loop-org", "--", one_line(title).translate(_PLAIN), plain(text)],
+                       timeout=NOTIFY_TIMEOUT_S, check=False,
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return False

@@ -56,7 +56,7 @@ def cancel(home: OrgHome, cfg: Config, work_id: str, *, idempotency_key: str | N
                 "note": "the loop-agent stops at its next model call or iteration boundary"}
 
     try:
-        result, _ = writer.run_once(idempotency_key or uuid.uuid4().hex, "cancel", do)
+        result, _ = writer.run_once(idempotency_key or uuid.uuid4().hex, "cancel", do, args={"work_id": work_id})
     finally:
         writer.close()
     # nothing to wake for when the run had ended already

@@ -204,7 +204,7 @@ def continue_run(home: OrgHome, cfg: Config, req: ContinueRequest) -> Continued:
         return result
 
     try:
-        result, replayed = writer.run_once(key, "continue", do)
+        result, replayed = writer.run_once(key, "continue", do, args={"work_id": req.work_id, "caps": given})
     finally:
         writer.close()
     return Continued(**result, wake=waker.wake({"work_id": result["id"]}), replayed=replayed, idempotency_key=key)

@@ -63,7 +63,9 @@ def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str
         return {"id": decision_id, "work_id": row.work_id, "status": str(VERDICTS[verdict]), "ended": ended}
 
     try:
-        result, replayed = writer.run_once(idempotency_key or uuid.uuid4().hex, "decide", do)
+        result, replayed = writer.run_once(idempotency_key or uuid.uuid4().hex, "decide", do,
+                                           args={"decision": decision_id, "verdict": verdict, "text": text,
+                                                 "stop": bool(stop)})
     finally:
         writer.close()
     wake = wake_coordinator(home, cfg, {"decision": decision_id})

@@ -204,7 +204,9 @@ def add(home: OrgHome, cfg: Config, *, name: str, kind: str, rule: dict, req: Su
         return {"id": order_id, "name": name, "kind": kind, "next_due": due}
 
     try:
-        result, replayed = writer.run_once(key, "schedule add", do)
+        result, replayed = writer.run_once(key, "schedule add", do,
+                                           args={"name": name, "kind": str(kind), "rule": rule,
+                                                 "request": asdict(stored), "argv": list(argv)})
     finally:
         writer.close()
     return {**result, "replayed": replayed, "wake": _wake(home, cfg, result["id"])}
@@ -238,7 +240,8 @@ def change(home: OrgHome, cfg: Config, name: str, verb: str, *, kinds: tuple[str
         return {"id": order.id, "name": order.name, "status": str(new), "from": old, "unchanged": False}
 
     try:
-        result, _ = writer.run_once(idempotency_key or uuid.uuid4().hex, f"schedule {verb}", do)
+        result, _ = writer.run_once(idempotency_key or uuid.uuid4().hex, f"schedule {verb}", do,
+                                    args={"name": name, "kinds": list(kinds)})
     finally:
         writer.close()
     return {**result, "wake": _wake(home, cfg, result["id"])}

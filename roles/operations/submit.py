@@ -50,6 +50,14 @@ class SubmitRequest:
     verify_hidden: str | None = None      # held-out checks folder (default: [verify] hidden in org.toml)
 
 
+def _arguments(req: SubmitRequest, workspace) -> dict:
+    """What a submit's idempotency key is bound to: the request as given, with the workspace it
+    names (not how it came, nor the submitter's toolchain, taken anew each time)."""
+    from dataclasses import asdict
+    args = {k: v for k, v in asdict(req).items() if k not in ("idempotency_key", "via", "toolchain")}
+    return {**args, "workspace": str(workspace)}
+
+
 def new_work_id() -> str:
     return "w-" + time.strftime("%m%d") + "-" + uuid.uuid4().hex[:6]
 
@@ -358,7 +366,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
                     "defaults_applied": defaults_applied,
                     "workspace": str(workspace), "branch": branch, "waiting_for": busy}
 
-        result, replayed = writer.run_once(key, "submit", do)
+        result, replayed = writer.run_once(key, "submit", do, args=_arguments(req, ws))
         session = org_session(writer.conn)
     finally:
         if own_writer:

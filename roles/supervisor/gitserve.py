@@ -36,8 +36,10 @@ advertises ``[hosts] git_url = "ssh://user@host:port/"`` then (``hosts.git_url``
 authenticates each worker by its key.
 
 Anyone who can reach the daemon's port can fetch any work item's history and push checkpoints to
-it: listen on a private network or a tunnel only (git:// has no authentication; use ssh:// where
-workers are not trusted hosts).
+it: git:// has no authentication, so the supervisor starts the daemon only when org.toml says so
+in as many words (``[hosts] git_unauthenticated = true``, for a private network or a tunnel).
+Over ssh:// each joined host's key names the host (``org git-shell --host NAME``), which then
+reaches only its own work items' histories (``roles.supervisor.gitscope``).
 """
 from __future__ import annotations
 
@@ -120,8 +122,10 @@ class GitServer:
                 "--log-destination=stderr", str(self.history_dir)]
 
     def _env(self) -> dict[str, str]:
-        """No user or system git configuration, no inherited ``GIT_*`` setting."""
-        return serve_env()
+        """No user or system git configuration, no inherited ``GIT_*`` setting; the hook is told
+        that nobody is known (``daemon``): the ref rules hold, no host scope can."""
+        from roles.supervisor.githooks import SCOPE_ENV
+        return {**serve_env(), SCOPE_ENV: "daemon"}
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start the daemon; return once its port accepts connections.

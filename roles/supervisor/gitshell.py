@@ -106,21 +106,53 @@ def resolve(path: str, history_dir: Path) -> Path:
     return Path(real)
 
 
-def command(service: str, repository: Path, hooks_dir: Path) -> list[str]:
+def command(service: str, repository: Path, hooks_dir: Path, max_push_bytes: int | None = None) -> list[str]:
     """The git command line serving ``service`` on ``repository`` (what ``serve`` becomes)."""
-    return ["git", *receive_config(hooks_dir), service, str(repository)]
+    return ["git", *receive_config(hooks_dir, max_push_bytes), service, str(repository)]
 
 
-def prepare(home_root: Path, original: str | None) -> list[str]:
+def scope_env(home_root: Path, host: str | None, service: str, repository: Path) -> tuple[dict[str, str], int]:
+    """What the ``pre-receive`` hook is told of the pusher, and the largest push taken. With
+    ``host`` (the key's forced command names it): the store is asked what that host holds
+    (``gitscope``); a request for a history it may not reach raises ScopeError; the bound is
+    ``[hosts] git_max_push_mb``. Without: ``all`` (an operator's own key), the default bound."""
+    from roles.supervisor.githooks import MAX_PUSH_BYTES, NEXT_ENV, SCOPE_ENV
+    if host is None:
+        return {SCOPE_ENV: "all"}, MAX_PUSH_BYTES
+    from roles.supervisor.gitscope import scope_of
+    from state_db.config import load_config
+    from state_db.connection import connect
+    from state_db.home import OrgHome
+    home = OrgHome(Path(home_root))
+    cfg = load_config(home)
+    conn = connect(home.db_path, readonly=True)
+    try:
+        scope = scope_of(conn, host, repository.name[:-len(".git")],
+                         heartbeat_timeout_s=cfg.supervisor.heartbeat_timeout_s)
+    finally:
+        conn.close()
+    scope.require(service)
+    return {SCOPE_ENV: f"host:{host}", NEXT_ENV: str(scope.next_iteration)}, cfg.hosts.git_max_push_mb * 1024 * 1024
+
+
+def prepare(home_root: Path, original: str | None, host: str | None = None) -> list[str]:
     """Check a client's request against ``<home_root>/history`` and return the git command line
-    that serves it; the ``pre-receive`` hook is written first when missing or stale.
+    that serves it; the ``pre-receive`` hook is written first when missing or stale. ``host``:
+    the joined host the key belongs to (``scope_env`` checks what it may reach).
 
     Raises: GitShellError (see ``parse``, ``resolve``; ``git_shell_hooks``: the hook cannot be
-    written).
+    written), ScopeError (``git_shell_not_yours``).
     """
+    argv, _ = prepare_scoped(home_root, original, host)
+    return argv
+
+
+def prepare_scoped(home_root: Path, original: str | None, host: str | None = None) -> tuple[list[str], dict]:
+    """``prepare``, with the environment the served git and its hook get (``scope_env``)."""
     service, path = parse(original)
     history = Path(home_root) / "history"
     repository = resolve(path, history)
+    scoped, limit = scope_env(home_root, host, service, repository)
     hooks = hooks_dir_for(history)
     if not hooks_current(hooks):
         try:
@@ -128,35 +160,40 @@ def prepare(home_root: Path, original: str | None) -> list[str]:
         except OSError as exc:
             raise GitShellError(f"cannot write the hooks in {hooks}: {exc.strerror}", code="git_shell_hooks",
                                 hint="give the ssh user write access to the org home") from None
-    return command(service, repository, hooks)
+    return command(service, repository, hooks, limit), scoped
 
 
-def serve(home_root: Path, environ: Mapping[str, str] | None = None) -> NoReturn:
-    """Serve the request in ``SSH_ORIGINAL_COMMAND``: become the git that answers it.
+def serve(home_root: Path, environ: Mapping[str, str] | None = None, host: str | None = None) -> NoReturn:
+    """Serve the request in ``SSH_ORIGINAL_COMMAND``: become the git that answers it, scoped to
+    ``host`` when the key's forced command names one.
 
-    Raises: GitShellError (see ``prepare``; ``git_missing``: no git executable on PATH).
+    Raises: GitShellError (see ``prepare``; ``git_missing``: no git executable on PATH), ScopeError.
     """
     env = dict(os.environ if environ is None else environ)
-    argv = prepare(home_root, env.get("SSH_ORIGINAL_COMMAND"))
+    argv, scoped = prepare_scoped(home_root, env.get("SSH_ORIGINAL_COMMAND"), host)
     git = shutil.which("git", path=env.get("PATH") or os.defpath)
     if git is None:
         raise GitShellError("git is not installed on this host", code="git_missing",
                             hint="install git on the coordinator host")
     env = serve_env(env, keep_protocol=True)
     env.pop("SSH_ORIGINAL_COMMAND", None)
+    env.update(scoped)
     os.execve(git, argv, env)
 
 
 # -- the authorized_keys line ------------------------------------------------------------------
 
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 _KEY = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com|"
                   r"sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,3}( [^\r\n]*)?")
 
 
-def authorized_keys_line(org_command: Sequence[str | os.PathLike], home_root: Path, public_key: str) -> str:
+def authorized_keys_line(org_command: Sequence[str | os.PathLike], home_root: Path, public_key: str,
+                         host: str | None = None) -> str:
     """The line of ``~/.ssh/authorized_keys`` that lets ``public_key`` (a worker host's, as in its
-    ``.pub`` file) fetch and push the histories of ``home_root`` and do nothing else.
-    ``org_command`` runs the org CLI (``[<checkout>/scripts/org]``).
+    ``.pub`` file) fetch and push the histories of ``home_root`` and do nothing else: with
+    ``host``, only those of the work items that host holds or held (``gitscope``); without, all
+    of them (an operator's own key). ``org_command`` runs the org CLI (``[<checkout>/scripts/org]``).
 
     Raises: GitShellError(code="git_shell_key"): not one public key; a path sshd cannot quote.
     """
@@ -165,6 +202,11 @@ def authorized_keys_line(org_command: Sequence[str | os.PathLike], home_root: Pa
         raise GitShellError("not one ssh public key (a line 'ssh-ed25519 AAAA... comment')", code="git_shell_key",
                             hint="give the worker host's ~/.ssh/id_ed25519.pub or the like, one key")
     words = [os.fspath(w) for w in org_command] + ["git-shell", "--home", os.fspath(home_root)]
+    if host is not None:
+        if not _HOST.fullmatch(host):
+            raise GitShellError(f"{host!r} is not a host name", code="git_shell_key",
+                                hint="give the joined host's name as 'org hosts' lists it")
+        words += ["--host", host]
     for word in words:
         if any(c in word for c in '"\\\n\r'):
             raise GitShellError(f"{word!r} holds a quote, a backslash or a line break", code="git_shell_key",

@@ -185,7 +185,13 @@ class Supervisor:
         """[hosts] git_listen: the work items' histories, served to joined hosts by git daemon."""
         if self.joined or not self.cfg.hosts.git_listen:
             return
-        from roles.supervisor.gitserve import GitServer
+        from roles.supervisor.gitserve import GitServeError, GitServer
+        if not self.cfg.hosts.git_unauthenticated:
+            raise GitServeError(f"[hosts] git_listen = {self.cfg.hosts.git_listen!r} would serve every work item's "
+                                "history to anyone who reaches the port (git:// has no authentication)",
+                                code="git_unauthenticated",
+                                hint="serve over ssh:// ('org hosts ssh-line KEYFILE --host NAME', [hosts] git_url), "
+                                     "or on a private network say [hosts] git_unauthenticated = true")
         host, _, port = self.cfg.hosts.git_listen.rpartition(":")
         self.home.history_dir.mkdir(parents=True, exist_ok=True)
         self.git = GitServer(self.home.history_dir, host, int(port))

@@ -47,12 +47,14 @@ def build_parser() -> Parser:
         module = importlib.import_module(f"scripts.cli.commands.{name}")
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _raw=getattr(module, "raw_output", None))
     return parser
 
 
 def format_error(exc: OrgError) -> str:
-    return exc.line()
+    """The error's one line, its agent-written parts (a path, a question) shown as text."""
+    from state_db.text import visible
+    return visible(exc.line())
 
 
 # options whose value is a CURVE key: 40 Z85 characters, which may begin with "-"
@@ -92,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "_run", None):
             parser.print_help()
             return EXIT_USAGE
-        return int(args._run(args) or 0)
+        from scripts.cli.output import RAW_COMMANDS, shown
+        raw = args.command in RAW_COMMANDS or bool(args._raw and args._raw(args))
+        with shown(raw=raw):
+            return int(args._run(args) or 0)
     except UsageError as exc:
         print(format_error(exc), file=sys.stderr)
         return EXIT_USAGE
@@ -108,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except Exception as exc:  # noqa: BLE001 - anything else is a bug: the one place that says so
         _log_internal(exc)
-        print(f"error[internal]: {type(exc).__name__}: {exc} — this is a bug; details in logs/cli.log",
+        from state_db.text import visible
+        print(visible(f"error[internal]: {type(exc).__name__}: {exc} — this is a bug; details in logs/cli.log"),
               file=sys.stderr)
         return EXIT_INTERNAL
 

@@ -35,14 +35,33 @@ def missing() -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Dashboard:
     proc: subprocess.Popen
     base: str            # http://127.0.0.1:PORT
-    token: str
+    ticket: str          # the printed link's one-time ticket
+    session: str = ""    # the cookie the link became, once a browser opened it
+    token: str = ""      # the page's write token (served inside the page)
+
+    @property
+    def link(self) -> str:
+        return f"{self.base}/?ticket={self.ticket}"
 
     def url(self, path: str = "/") -> str:
-        return f"{self.base}{path}{'&' if '?' in path else '?'}token={self.token}"
+        return f"{self.base}{path}"
+
+    def open(self, driver) -> None:
+        """Open the printed link in ``driver`` (spending its ticket) and keep what it became: the
+        session cookie (for requests made beside the browser) and the page's write token."""
+        driver.get(self.link)
+        cookie = driver.get_cookie("org_session")
+        assert cookie and cookie.get("httpOnly") and cookie.get("sameSite") == "Strict", cookie
+        self.session = cookie["value"]
+        self.token = driver.find_element("css selector", "body").get_attribute("data-token")
+
+    @property
+    def cookie(self) -> dict:
+        return {"Cookie": f"org_session={self.session}"}
 
 
 @contextmanager
@@ -59,8 +78,8 @@ def dashboard(home, timeout: float = 20.0):
         if not line.startswith("dashboard: http://"):
             proc.kill()
             raise AssertionError(f"org dashboard printed {line!r} within {timeout} s; stderr: {proc.stderr.read()}")
-        base, token = line.split(" ", 1)[1].strip().split("/?token=")
-        yield Dashboard(proc, base, token)
+        base, ticket = line.split(" ", 1)[1].strip().split("/?ticket=")
+        yield Dashboard(proc, base, ticket)
     finally:
         proc.terminate()
         try:

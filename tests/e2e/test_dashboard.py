@@ -31,15 +31,31 @@ def org():
 
 
 @pytest.fixture(scope="module")
-def board(org):
-    with dd.dashboard(org) as d:
-        yield d
-
-
-@pytest.fixture(scope="module")
 def browser():
     with dd.chromium() as driver:
         yield driver
+
+
+@pytest.fixture(scope="module")
+def board(org, browser):
+    with dd.dashboard(org) as d:
+        _refused_before_the_link(d)
+        d.open(browser)
+        yield d
+
+
+def _refused_before_the_link(board):
+    """Before its link is opened, every page and API is refused, a guessed ticket too."""
+    for path in ("/", "/runs/w-x", "/api/org", "/api/plots", "/api/decisions", "/api/candidates", "/api/runs/w-x"):
+        page = not path.startswith("/api")
+        status, body = http(board, path + ("?again=1" if page else ""))
+        assert status == 403 and "no_session" in body, (path, status, body)
+        status, body = http(board, path + "?token=" + board.ticket)
+        if page:     # a link followed from another site: one reload from this origin, and no data
+            assert status == 200 and 'http-equiv="refresh"' in body and "again=1" in body and "data-" not in body
+        else:
+            assert status == 403, path
+    assert http(board, "/?ticket=wrong")[0] == 403
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +80,14 @@ def http(board, path, *, method="GET", headers=None, body=None):
         return e.code, e.read().decode()
 
 
+def _alert(driver):
+    from selenium.common.exceptions import NoAlertPresentException
+    try:
+        return driver.switch_to.alert
+    except NoAlertPresentException:
+        return None
+
+
 def dom(driver, css, attr=None):
     """Text (or an attribute) of every element matching ``css`` now; [] while the page redraws."""
     from selenium.common.exceptions import StaleElementReferenceException
@@ -73,19 +97,23 @@ def dom(driver, css, attr=None):
         return []
 
 
-def test_without_the_token_every_page_and_api_is_refused(board, browser):
-    for path in ("/", "/runs/w-x", "/api/org", "/api/plots", "/api/decisions", "/api/candidates", "/api/runs/w-x"):
-        assert http(board, path)[0] == 403, path
-        assert http(board, path + "?token=wrong")[0] == 403, path
-    browser.get(board.base + "/")
-    assert "error[no_token]" in browser.find_element("css selector", "body").text
+def test_the_link_opens_once_and_leaves_only_a_cookie_no_script_reads(board, browser):
+    """The printed link, spent by the browser, opens nothing again (another user who read it from
+    the browser's command line gets a refusal); the browser's session is an HttpOnly cookie that the
+    page's script cannot see, and the page's address holds no secret."""
     browser.get(board.url("/"))
     wait_for(lambda: dom(browser, "#live.down") == [] and "live" in " ".join(dom(browser, "#live")) and dom(browser, "#runs"),
-             timeout=10, what="the org page with its token to go live")
+             timeout=10, what="the org page with its session to go live")
+    assert "ticket" not in browser.current_url and board.ticket not in browser.current_url
+    assert browser.execute_script("return document.cookie") == ""
+    status, body = http(board, f"/?ticket={board.ticket}")                  # the link, read off argv
+    assert status == 403 and "link_used" in body
+    assert http(board, "/api/decisions")[0] == 403                          # and no cookie: nothing
+    assert http(board, "/api/decisions", headers=board.cookie)[0] == 200
 
 
 def test_the_api_returns_what_the_cli_json_returns(org, board):
-    auth = {"X-Org-Token": board.token}
+    auth = board.cookie
     status = json.loads(http(board, "/api/org", headers=auth)[1])
     assert set(status) == set(json.loads(dd.cli(org, "status", "--json").stdout))
     assert [r["instance"] for r in status["roles"]] == [r["instance"] for r in
@@ -152,14 +180,20 @@ def test_a_cross_site_post_is_refused_even_with_the_token(org, board, browser, p
     finally:
         server.shutdown()
         server.server_close()
-    body = json.dumps({"verdict": "approve", "idempotency_key": "x"}).encode()
-    json_post = {"X-Org-Token": board.token, "Content-Type": "application/json"}
+    body = json.dumps({"verdict": "approve", "idempotency_key": "x", "confirm": decision}).encode()
+    json_post = {"X-Org-Token": board.token, "Content-Type": "application/json", **board.cookie}
+    own = {"Origin": board.base}
     assert http(board, f"/api/decisions/{decision}", method="POST", body=body,
                 headers={**json_post, "Origin": "http://evil.example"})[0] == 403
     assert http(board, f"/api/decisions/{decision}", method="POST", body=body,
-                headers={**json_post, "Sec-Fetch-Site": "cross-site"})[0] == 403
-    assert http(board, f"/api/decisions/{decision}?token={board.token}", method="POST", body=body,
-                headers={"Content-Type": "application/json"})[0] == 403            # a token in the URL is not enough
+                headers={**json_post, **own, "Sec-Fetch-Site": "cross-site"})[0] == 403
+    status, said = http(board, f"/api/decisions/{decision}", method="POST", body=body, headers=json_post)
+    assert status == 403 and "cross_site" in said                       # no Origin: refused, cookie or not
+    no_cookie = {k: v for k, v in json_post.items() if k != "Cookie"}
+    assert http(board, f"/api/decisions/{decision}", method="POST", body=body, headers={**no_cookie, **own})[0] == 403
+    status, said = http(board, f"/api/decisions/{decision}", method="POST", headers={**json_post, **own},
+                        body=json.dumps({"verdict": "approve", "idempotency_key": "y"}).encode())
+    assert status == 409 and "confirm_needed" in said                   # a gated command: the page asks again
     assert query(org, "SELECT status FROM decisions WHERE id = ?", (decision,))[0]["status"] == "pending"
     assert not (ws / "fetched.txt").exists()
 
@@ -170,6 +204,9 @@ def test_approving_a_decision_on_the_page_lets_the_parked_run_continue(org, boar
     button = f'button[data-decision="{decision}"][data-verdict="approve"]'
     wait_for(lambda: dom(browser, button), timeout=10, what="the approve button")
     browser.find_element("css selector", button).click()
+    asked = wait_for(lambda: _alert(browser), timeout=10, what="the page to ask again before approving")
+    assert "echo fetched >> fetched.txt" in asked.text and "network" in asked.text      # the whole command
+    asked.accept()
     wait_for(lambda: f"{decision}: approved" in " ".join(dom(browser, ".decision .note")) or
              query(org, "SELECT status FROM decisions WHERE id = ?", (decision,))[0]["status"] != "pending",
              timeout=10, what="the approval to be recorded")
@@ -208,3 +245,44 @@ def test_schedules_and_triggers_are_drawn_on_the_org_page(org, board, browser):
     assert "schedule" in row and "cron 0 3 1 1 *" in row and "active" in row and "0 busy · 0 cap" in row
     dd.cli(org, "schedule", "remove", "yearly")
     wait_for(lambda: dom(browser, 'tr[data-order="yearly"]') == [], timeout=10, what="the removed schedule to go")
+
+
+def test_a_link_followed_from_another_site_opens_the_page_in_the_browser_that_has_the_session(board, browser):
+    """A chat's link (another site) arrives without the SameSite=Strict cookie; the page reloads
+    itself once from its own origin and opens, with no secret in the link."""
+    _Attacker.page = f'<a id="go" href="{board.url("/")}">open in the dashboard</a>'.encode()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Attacker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        browser.get(f"http://localhost:{server.server_address[1]}/")
+        browser.find_element("css selector", "#go").click()
+        wait_for(lambda: dom(browser, "#runs"), timeout=15, what="the org page opened from the other site's link")
+        assert "ticket" not in browser.current_url
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_key_reused_for_another_decision_is_a_conflict_on_the_dashboard_too(org, board, tmp_path):
+    """The page's writes are bound to their arguments like every front end's: the same key for a
+    second decision answers 409 idempotency_conflict, and that decision stays pending (rejections:
+    no command runs)."""
+    runs = []
+    for i in range(2):
+        (tmp_path / f"s{i}").mkdir()
+        runs.append(dd.submit_demo(org, dd.gated_demo_script(tmp_path / f"s{i}"), f"key-ws-{i}")[0])
+
+    def pending():
+        rows = [query(org, "SELECT id FROM decisions WHERE work_id = ? AND status = 'pending'", (w,)) for w in runs]
+        return all(rows) and [r[0]["id"] for r in rows]
+    first, second = wait_for(pending, timeout=60, what="both runs waiting on a decision")
+    headers = {"X-Org-Token": board.token, "Content-Type": "application/json", "Origin": board.base, **board.cookie}
+
+    def reject(decision):
+        body = json.dumps({"verdict": "reject", "idempotency_key": "same-key", "confirm": decision}).encode()
+        return http(board, f"/api/decisions/{decision}", method="POST", body=body, headers=headers)
+    assert reject(first)[0] == 200
+    status, said = reject(second)
+    assert status == 409 and "idempotency_conflict" in said, (status, said)
+    assert query(org, "SELECT status FROM decisions WHERE id = ?", (second,))[0]["status"] == "pending"
+    assert reject(first)[0] == 200                                      # the same write again: replayed

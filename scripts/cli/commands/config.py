@@ -31,10 +31,11 @@ def run(args) -> int:
             for key, var in cfg.overridden.items():
                 print(f"  {key} overridden by ${var}")
         return 0
+    data = _shown(cfg.data)
     if args.json:
-        emit_json({"path": str(path), "config": cfg.data, "overridden": cfg.overridden})
+        emit_json({"path": str(path), "config": data, "overridden": cfg.overridden})
         return 0
-    for section, values in cfg.data.items():
+    for section, values in data.items():
         if section == "prices":
             for model, p in values.items():
                 print(f"prices.{model}: " + ", ".join(f"{k}={v}" for k, v in p.items()))
@@ -43,3 +44,10 @@ def run(args) -> int:
             note = f"   (from ${cfg.overridden[f'{section}.{key}']})" if f"{section}.{key}" in cfg.overridden else ""
             print(f"{section}.{key} = {value!r}{note}")
     return 0
+
+
+def _shown(data: dict) -> dict:
+    """The configuration as printed: a password in the store's URL is never shown."""
+    from state_db.store import describe
+    url = (data.get("state") or {}).get("url")
+    return {**data, "state": {**data["state"], "url": describe(url)}} if url else data

@@ -4,7 +4,7 @@ from __future__ import annotations
 from scripts.cli.output import home_of
 
 NAME = "dashboard"
-HELP = "serve a live web dashboard on 127.0.0.1 and print its link (with a fresh token); Ctrl-C stops it"
+HELP = "serve a live web dashboard on 127.0.0.1 and print a one-time link to it (it opens one browser, then nothing); Ctrl-C stops it"
 
 
 def add_arguments(p) -> None:

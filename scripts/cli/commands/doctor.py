@@ -53,6 +53,13 @@ def diagnose(home, now: float | None = None) -> list[dict]:
     except StateError as exc:
         cfg = None
         add("error", "config", f"[{exc.code}] {exc}")
+    from state_db.credentials import exposed
+    loose = exposed(home)
+    for path, mode in loose:
+        add("warning", "secret files", f"{path} is {mode:04o}: other users of this machine can read what it "
+                                       f"holds — 'chmod 600 {path}'")
+    if not loose:
+        add("ok", "secret files", "every file holding a secret is readable by its owner only")
     if not home.exists():
         add("error", "state.db", f"no state.db at {home.db_path} — start the org with scripts/start-org")
         return out

@@ -21,6 +21,11 @@ def add_arguments(p) -> None:
     p.add_argument("-o", "--output", help="file to write (default: stdout)")
 
 
+def raw_output(args) -> bool:
+    """A patch is data: written as it is to a file or a pipe, shown as text on a terminal."""
+    return not sys.stdout.isatty()
+
+
 def run(args) -> int:
     if not args.patch and not args.held:
         raise UsageError("say what to export: --patch or --held")

@@ -15,13 +15,16 @@ HELP = ("sshd's forced command for a worker host's key: serve the workspace hist
 def add_arguments(p) -> None:
     p.add_argument("--home", dest="shell_home", metavar="HOME",
                    help="the coordinator host's org home whose history/ is served")
+    p.add_argument("--host", dest="shell_host", metavar="NAME",
+                   help="the joined host this key belongs to: only the histories of the work items it holds or "
+                        "held are served, and only the iteration it is about to commit is taken")
 
 
 def run(args) -> int:
     from roles.supervisor.gitshell import serve
     from state_db.home import resolve_home
     home = resolve_home(getattr(args, "shell_home", None) or getattr(args, "home", None))
-    serve(home.root)       # becomes git; returns only by raising
+    serve(home.root, host=getattr(args, "shell_host", None))       # becomes git; returns only by raising
 
 
 def fast(argv: list[str]) -> int:

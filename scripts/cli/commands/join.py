@@ -29,7 +29,12 @@ def add_arguments(p) -> None:
     p.add_argument("--listen", required=True, metavar="tcp://HOST:PORT",
                    help="where this host's instances listen (a base: each instance gets a port above it); "
                         "HOST must be an address the other hosts reach")
-    p.add_argument("--store", metavar="URL", help="the org's PostgreSQL store (default: $ORG_STATE_URL)")
+    p.add_argument("--store", metavar="URL",
+                   help="the org's PostgreSQL store, without a password (default: $ORG_STATE_URL)")
+    p.add_argument("--store-password-file", metavar="FILE",
+                   help="a file whose first line is the store's password ('-': type it at a prompt); "
+                        "default: $ORG_STATE_PASSWORD. It is kept in the home's store.pgpass (0600), never in "
+                        "org.toml")
     p.add_argument("--name", help="this host's name (default: the machine's hostname)")
     p.add_argument("--foreground", action="store_true", help="run this host's supervisor in this terminal")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the instances to be ready")
@@ -55,7 +60,7 @@ def _q(text: str) -> str:
 
 def run(args) -> int:
     from roles.supervisor import control, hosts
-    from state_db import config as config_mod, store as store_mod
+    from state_db import config as config_mod, credentials, store as store_mod
     from state_db.bootstrap import init_home
     from state_db.errors import StateError
     from state_db.vocab import Actor
@@ -63,10 +68,15 @@ def run(args) -> int:
 
     if not 1 <= args.count <= 50:
         raise UsageError("--count must be 1..50")
+    if args.store:
+        credentials.refuse_on_command_line(args.store, "--store")
     store = args.store or os.environ.get("ORG_STATE_URL", "")
     if not store_mod.is_postgres(store):
         raise UsageError("a joined host needs the org's PostgreSQL store: --store postgresql://… (or $ORG_STATE_URL)")
     home = home_of(args)
+    password = credentials.password_in(store)
+    if password is None:
+        password = credentials.password_from(args.store_password_file)
     if home.config_path.exists():
         existing = config_mod.load(home.config_path)
         if not existing.hosts.coordinator:
@@ -76,6 +86,9 @@ def run(args) -> int:
             raise StateError(f"{home.root} joined the coordinator at {existing.hosts.coordinator} already",
                              code="join_refused", hint="join another org from another home (--home DIR)")
     else:
+        if password is not None:        # kept beside org.toml, owner-only; the URL names the file
+            home.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            store = credentials.store_password(home.root, store, password)
         probe = config_mod.Config({"state": {"url": store}, "transport": {"endpoint": args.listen},
                                    "hosts": {"coordinator": args.coordinator, "coordinator_key": args.coordinator_key,
                                              "name": args.name or ""}})
@@ -86,8 +99,8 @@ def run(args) -> int:
             eval_agents = sum(1 for p in all_peers(writer.conn) if p.role == Actor.EVAL_AGENT)
         finally:
             writer.close()
-        home.root.mkdir(parents=True, exist_ok=True)
-        home.config_path.write_text(_toml(args, store, max(1, eval_agents)))
+        home.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        credentials.write_private(home.config_path, _toml(args, store, max(1, eval_agents)))
     if home.run_dir.exists() and control.supervisor_alive(home):
         # its supervisor runs the instances it was started with; one of another role is started
         # with the others when it starts again

@@ -7,6 +7,7 @@ from pathlib import Path
 import orjson
 
 from scripts.cli.output import add_json, home_of
+from state_db.text import one_line
 
 NAME = "logs"
 HELP = "show the roles' logs (merged by time); -f follows new lines"
@@ -66,8 +67,9 @@ def _show(entry: dict, as_json: bool) -> None:
         return
     rest = {k: v for k, v in entry.items() if k not in ("timestamp", "instance", "event", "level", "role")}
     extra = " ".join(f"{k}={v}" for k, v in rest.items())
-    print(f"{entry.get('timestamp', '')} {entry.get('instance', '?'):<14} {entry.get('level', ''):<7} "
-          f"{entry.get('event', '')} {extra}".rstrip())
+    # one line per entry: a newline inside an agent's text would otherwise forge an entry
+    print(one_line(f"{entry.get('timestamp', '')} {entry.get('instance', '?'):<14} {entry.get('level', ''):<7} "
+                   f"{entry.get('event', '')} {extra}".rstrip()))
 
 
 def run(args) -> int:

@@ -13,14 +13,22 @@ HELP = ("copy the org's state.db into a PostgreSQL store (migrated there first, 
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--to", required=True, metavar="URL", help="postgresql://USER@HOST/DB (libpq URL)")
+    p.add_argument("--to", required=True, metavar="URL", help="postgresql://USER@HOST/DB (libpq URL), no password")
+    p.add_argument("--store-password-file", metavar="FILE",
+                   help="a file whose first line is the store's password ('-': type it); default: "
+                        "$ORG_STATE_PASSWORD. It is kept in the home's store.pgpass (0600), never on a command line")
     p.add_argument("--from", dest="source", metavar="PATH", help="the state.db to copy (default: the org home's)")
     add_json(p)
 
 
 def run(args) -> int:
+    from state_db import credentials
     if not store.is_postgres(args.to):
-        raise UsageError(f"--to must be a postgresql:// URL (got {args.to!r})")
+        raise UsageError(f"--to must be a postgresql:// URL (got {store.describe(args.to)!r})")
+    credentials.refuse_on_command_line(args.to, "--to")
+    password = credentials.password_from(args.store_password_file)
+    if password is not None:             # the URL printed and kept names the owner-only passfile
+        args.to = credentials.store_password(home_of(args).require().root, args.to, password)
     source = args.source or home_of(args).require().db_path
     result = pg_schema.copy_from_sqlite(source, args.to)
     if args.json:

@@ -25,6 +25,7 @@ from state_db.queries.iterations import recent as recent_iterations
 from state_db.queries.verdicts import latest_eval_verdicts
 from state_db.connection import connect
 from state_db.errors import OrgError, StateError
+from state_db.text import one_line
 from state_db.vocab import DecisionStatus
 
 NAME = "watch"
@@ -167,7 +168,7 @@ def draw(conn, screen: Screen, width: int, height: int):
     st = views.org_view(conn)
     lines = detail_lines(conn, screen.open_run) if screen.open_run else overview_lines(st, screen)
     head = _line(_header(st))
-    foot = Text(_footer(screen), style="reverse", overflow="ellipsis", no_wrap=True)
+    foot = Text(one_line(_footer(screen)), style="reverse", overflow="ellipsis", no_wrap=True)
     room = max(1, height - 2)
     selected = next((i for i, (_, key) in enumerate(lines) if key is not None and key == _cursor_key(screen)), 0)
     start = max(0, min(selected - room // 2, len(lines) - room))
@@ -177,9 +178,11 @@ def draw(conn, screen: Screen, width: int, height: int):
 
 
 def _line(markup: str):
-    """One screen line: cut with an ellipsis at the terminal's width, never wrapped."""
+    """One screen line: cut with an ellipsis at the terminal's width, never wrapped. Every line
+    drawn passes ``one_line``, so no control character an agent wrote reaches the terminal, from
+    whichever field it came (markup never needs one)."""
     from rich.text import Text
-    text = Text.from_markup(markup, overflow="ellipsis")
+    text = Text.from_markup(one_line(markup), overflow="ellipsis")
     text.no_wrap = True
     return text
 
@@ -303,5 +306,5 @@ def detail_lines(conn, work_id: str) -> list[tuple[str, None]]:
 def _esc(text: str) -> str:
     """Text shown as it is (no rich markup), on one line."""
     from rich.markup import escape
-    return escape(" ".join(str(text).split()))
+    return escape(one_line(" ".join(str(text).split())))
 

@@ -9,11 +9,27 @@ from __future__ import annotations
 
 from roles.operations import candidates as candidate_ops
 from roles.operations.decide import VERDICTS, decide as decide_op
-from scripts.cli.dashboard.errors import BadRequest
+from scripts.cli.dashboard.errors import BadRequest, ConfirmNeeded
 from state_db import config as config_mod
 from state_db.home import OrgHome
 
 CANDIDATE_ACTIONS = ("approve", "reject", "defer")
+RUNS_A_COMMAND = ("approve", "edit")      # the verdicts that let a gated command run
+
+
+def _confirmed(home: OrgHome, decision_id: str, body: dict) -> None:
+    """A decision that lets a command run outside the sandbox's limits (network, outside the
+    workspace) is answered from the page only with ``confirm`` naming it: the page asks again,
+    showing the whole command, before it sends that. Raises ConfirmNeeded otherwise."""
+    from state_db.connection import connect
+    from state_db.queries.decisions import decision
+    conn = connect(home.db_path, readonly=True)
+    try:
+        row = decision(conn, decision_id)
+    finally:
+        conn.close()
+    if row is not None and row.command and body.get("confirm") != decision_id:
+        raise ConfirmNeeded(decision_id, row.kind)
 
 
 def _config(home: OrgHome):
@@ -35,6 +51,8 @@ def decide(home: OrgHome, decision_id: str, body: dict) -> dict:
     verdict = _text(body, "verdict")
     if verdict not in VERDICTS:
         raise BadRequest(f"unknown verdict {verdict!r}", hint=f"use one of {', '.join(VERDICTS)}")
+    if verdict in RUNS_A_COMMAND:
+        _confirmed(home, decision_id, body)
     return decide_op(home, _config(home), decision_id, verdict, _text(body, "text"), stop=bool(body.get("stop")),
                      idempotency_key=_key(body)).as_data()
 

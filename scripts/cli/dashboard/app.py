@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from urllib.parse import quote
 from typing import Any, Callable
 
 import orjson
@@ -17,13 +18,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from scripts.cli.dashboard import actions, data
 from scripts.cli.dashboard.errors import BadRequest, Refused
-from scripts.cli.dashboard.guard import Guard
+from scripts.cli.dashboard.guard import COOKIE, TICKET, Guard
 from state_db.connection import connect
 from state_db.errors import IllegalTransition, NotFound, StateError
 from state_db.home import OrgHome
@@ -53,7 +54,7 @@ def _status_of(exc: StateError) -> int:
         return 403
     if isinstance(exc, NotFound) or exc.code.endswith("not_found"):
         return 404
-    if isinstance(exc, IllegalTransition) or exc.code in ("candidate_closed",):
+    if isinstance(exc, IllegalTransition) or exc.code in ("candidate_closed", "confirm_needed", "idempotency_conflict"):
         return 409
     return 400
 
@@ -107,12 +108,33 @@ def build_app(home: OrgHome, guard: Guard, spend_cap_usd: float) -> Starlette:
         shell = (STATIC / "page.html").read_text()
 
         async def endpoint(request: Request) -> Response:
+            run_id = request.path_params.get("work_id", "")
+            here = f"/runs/{quote(run_id, safe='')}" if name == "run" else "/"
+            try:
+                guard.same_user(request)
+            except Refused as exc:
+                return _error(exc, False)
+            if TICKET in request.query_params:
+                # the printed link: spent once for a cookie, then the same page without it
+                if not guard.spend(request.query_params[TICKET]):
+                    return _error(Refused("link_used", "this dashboard link was used already (or is not this "
+                                                       "dashboard's)",
+                                          "restart 'org dashboard' for a new link; a browser that opened it "
+                                          "keeps its session"), False)
+                response = RedirectResponse(here, status_code=303, headers=SECURITY_HEADERS)
+                response.set_cookie(COOKIE, guard.session, httponly=True, samesite="strict", path="/")
+                return response
+            if not guard.has_session(request) and guard.may_reload(request):
+                # a link followed from another site arrives without the SameSite=Strict cookie: one
+                # reload from this origin sends it (a browser without one then sees the refusal)
+                again = html.escape(f"{here}{'&' if '?' in here else '?'}again=1")
+                return HTMLResponse(f'<!doctype html><meta http-equiv="refresh" content="0; url={again}">',
+                                    headers=SECURITY_HEADERS)
             try:
                 await guard.read(request)
             except Refused as exc:
                 return _error(exc, False)
-            run_id = request.path_params.get("work_id", "")
-            body = (shell.replace("__PAGE__", name).replace("__TOKEN__", html.escape(guard.token))
+            body = (shell.replace("__PAGE__", name).replace("__TOKEN__", html.escape(guard.page_token))
                     .replace("__RUN__", html.escape(run_id)))
             return HTMLResponse(body, headers=SECURITY_HEADERS)
         return endpoint

@@ -30,3 +30,14 @@ class Refused(DashboardError):
 
 class BadRequest(DashboardError):
     code = "bad_request"
+
+
+class ConfirmNeeded(DashboardError):
+    """A gated command (network, outside the workspace) approved without the page asking again."""
+
+    code = "confirm_needed"
+
+    def __init__(self, decision_id: str, kind: str):
+        super().__init__(f"{decision_id} lets a command run with {kind} allowed: it is approved only once "
+                         "confirmed", hint="approve it from the dashboard page, which shows the whole command "
+                                           "and asks again")

@@ -1,4 +1,4 @@
-"""Run the dashboard: bind the socket, print the link with its fresh token, serve until Ctrl-C.
+"""Run the dashboard: bind the socket, print the link with its one-time ticket, serve until Ctrl-C.
 
 The socket is bound here, before uvicorn starts, so a port in use is one coded error and
 ``--port 0`` prints the port the system chose.
@@ -32,9 +32,10 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def link(host: str, port: int, token: str) -> str:
+def link(host: str, port: int, ticket: str) -> str:
+    """The printed link: its ticket opens the dashboard once (``guard``), then nothing."""
     shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}/?token={token}"
+    return f"http://{shown}:{port}/?ticket={ticket}"
 
 
 def serve(home: OrgHome, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None,
@@ -43,7 +44,7 @@ def serve(home: OrgHome, host: str = "127.0.0.1", port: int = 0, *, token: str |
 
     Args:
         host, port: where to listen (port 0: a free one).
-        token: the secret (default: a fresh random one each start).
+        token: the one-time ticket of the printed link (default: a fresh random one each start).
         out: where the link is printed (one line, flushed, before the first request is served).
     Raises: PortInUse, ConfigError (a bad org.toml), HomeNotFound.
     """
@@ -56,7 +57,7 @@ def serve(home: OrgHome, host: str = "127.0.0.1", port: int = 0, *, token: str |
     app = build_app(home, Guard(token, host, port), cfg.limits.total_spend_usd)
     print(f"dashboard: {link(host, port, token)}", file=out, flush=True)
     if host not in LOOPBACK:
-        print(f"warning: listening on {host}, not only this machine; anyone with the link can act as you",
+        print(f"warning: listening on {host}, not only this machine; whoever opens the link first acts as you",
               file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                            timeout_graceful_shutdown=2))

@@ -1,6 +1,7 @@
 // The loop-org dashboard page: polls the JSON API once a second and redraws what changed.
-// Every request carries the token in the X-Org-Token header; writes are JSON POSTs with an
-// idempotency key made once per button, so a double click decides once.
+// Reads and writes carry the session cookie (HttpOnly: this script never sees it); writes are JSON
+// POSTs with the page's token in X-Org-Token and an idempotency key made once per button, so a
+// double click decides once. Letting a gated command run asks again, showing the whole command.
 "use strict";
 (function () {
   const B = document.body.dataset;
@@ -24,7 +25,7 @@
     for (const kid of kids.flat()) if (kid !== null && kid !== undefined) e.append(kid instanceof Node ? kid : String(kid));
     return e;
   }
-  const link = path => path + (path.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(TOKEN);
+  const link = path => path;      // no secret in any URL: the session is a cookie
   const usd = x => "$" + (x || 0).toFixed(4);
   const num = x => (x || 0).toLocaleString("en");
   const counted = (n, noun) => `${n} ${n === 1 ? noun : noun + "s"}`;
@@ -72,10 +73,14 @@
     const note = h("div", { class: "note" });
     const act = (verdict, stop) => async ev => {
       const buttons = ev.target.parentNode.querySelectorAll("button");
+      const command = verdict === "edit" ? input.value : (d.action || {}).command;
+      const gated = (verdict === "approve" || verdict === "edit") && (d.action || {}).command;
+      if (gated && !window.confirm(`Let this command run with ${d.kind} allowed?\n\n${command}`)) return;
       buttons.forEach(b => b.disabled = true);
       try {
         const out = await post(`/api/decisions/${encodeURIComponent(d.id)}`, {
-          verdict: verdict, text: input.value || null, stop: !!stop, idempotency_key: key("decide", d.id, verdict, stop ? "stop" : "") });
+          verdict: verdict, text: input.value || null, stop: !!stop, confirm: gated ? d.id : undefined,
+          idempotency_key: key("decide", d.id, verdict, stop ? "stop" : "") });
         note.className = "note"; note.textContent = `${d.id}: ${out.status}` + (out.replayed ? " (already decided)" : "");
       } catch (e) { note.className = "note err"; note.textContent = e.message; buttons.forEach(b => b.disabled = false); }
     };
