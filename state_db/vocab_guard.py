@@ -21,7 +21,7 @@ from state_db.vocab import (
     ROLE_ACTORS, Actor, BatchStatus, CandidateStatus, DecisionStatus, NoteStatus, PreflightOutcome,
     ProposalStatus, RoleStatus, SessionStatus, SkillStatus, StopReason, VerdictOutcome, WorkStatus,
 )
-from state_db.vocab import Origin, ReplayPlanStatus, ScheduleKind, ScheduleStatus
+from state_db.vocab import Origin, ReplayPlanStatus, ScheduleKind, ScheduleStatus, TranscriptKind
 
 PREFIX = "vocab_"
 
@@ -48,6 +48,7 @@ GUARDED: dict[tuple[str, str], Iterable[str]] = {
     ("work_items", "origin"): Origin,
     ("proposals", "status"): ProposalStatus,
     ("replay_plans", "status"): ReplayPlanStatus,
+    ("transcript", "kind"): TranscriptKind,
 }
 
 

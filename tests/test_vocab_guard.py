@@ -45,6 +45,7 @@ BASE = {
                             "created_by": "h", "created_at": 1, "updated_at": 1},
     "replay_plans": lambda i: {"subject": f"c{i}", "subject_kind": "candidate", "status": "planned", "name": "n",
                                "skill_text": "t", "planned_by": "coordinator", "created_at": 1},
+    "transcript": lambda i: {"work_id": "w", "attempt": 1, "seq": i, "iteration": 1, "at": 1},
 }
 
 # values outside every vocabulary, near misses of real ones, and the examples

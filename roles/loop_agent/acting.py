@@ -17,6 +17,7 @@ from roles.loop_agent.context import assemble
 from roles.loop_agent.lessons import derive_lesson
 from roles.loop_agent.stop import StopDecision, fingerprint
 from roles.loop_agent.tools import read_only
+from roles.loop_agent.transcript import Transcript, used_bytes as transcript_bytes
 from state_db.errors import Conflict
 from state_db.queries import loop as loopq, work as work_q
 from state_db.queries.decisions import Decision
@@ -24,7 +25,7 @@ from state_db.queries.iterations import open_attempts
 from state_db.queries.usage import of_attempt
 from state_db.queries.verdicts import Verdict
 from state_db.queries.work import WorkItem
-from state_db.vocab import StopReason, WorkStatus
+from state_db.vocab import StopReason, TranscriptKind, WorkStatus
 
 INTERRUPTED = "interrupted"
 DISCARDED = "discarded"         # an attempt thrown away because the run must stop (the policy says why)
@@ -106,8 +107,11 @@ class Acting:
                              cost_usd=left(trips.get("cost_usd"), spent["cost"]),
                              seconds=left(trips.get("elapsed_s"), progress.elapsed_s + self.clock() - t0))
 
+        record = self._transcript = self._new_transcript(n, attempt)
+        record.record(TranscriptKind.PROMPT, {"text": prompt.variable, "system_bytes": len(prompt.system_prefix),
+                                              "manifest": prompt.manifest})
         ctx = ActContext(self.work_id, n, attempt, self.history.workspace, prompt.system_prefix, prompt.variable,
-                         max_turns=self.settings.max_turns, remaining=remaining)
+                         max_turns=self.settings.max_turns, remaining=remaining, record=record.record)
 
         def on_usage(u: Usage) -> None:
             self._commit_usage(u, n, attempt)
@@ -131,6 +135,7 @@ class Acting:
 
         self.log.info("act_started", iteration=n, attempt=attempt, prompt_bytes=prompt.manifest.get("variable_bytes"))
         outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
+        record.record(TranscriptKind.OUTCOME, _outcome_entry(outcome))
         if outcome.status == "budget_exhausted" and outcome.error_code in (INTERRUPTED, StopReason.CANCELLED,
                                                                              StopReason.ORG_LIMIT):
             self._close_attempt(attempt, outcome.error_code, t0)
@@ -147,6 +152,14 @@ class Acting:
         self._commit(work, n, attempt, outcome, prompt.manifest, t0, last, its)
         return True
 
+    def _new_transcript(self, n: int, attempt: int) -> Transcript:
+        return Transcript(self.work_id, n, attempt, used_bytes=transcript_bytes(self.w.conn, self.work_id),
+                          run_bytes=self.settings.transcript_bytes, clock=time.time)   # wall time: shown to people
+
+    def _flush_transcript(self, tx) -> None:
+        if self._transcript is not None:
+            self._transcript.flush(tx)
+
     def _commit_usage(self, u: Usage, n: int, attempt: int) -> None:
         try:
             with self.w.transaction(render=False) as tx:
@@ -157,6 +170,7 @@ class Acting:
                                           "cache_read_tokens": u.cache_read_input_tokens, "cost_usd": u.cost_usd,
                                           "at": tx.now}, journal=False)
                 tx.update("attempts", (self.work_id, attempt), alive_at=tx.now)   # a sign of life
+                self._flush_transcript(tx)      # what the act said up to this response, at no extra cost
         except Conflict:
             self.log.warning("usage_already_counted", request_id=u.request_id)
 
@@ -179,6 +193,7 @@ class Acting:
             tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
                       updated_at=tx.now)
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome="committed")
+            self._flush_transcript(tx)
             gate.record_requests(tx, self.work_id, n, outcome.requests)
             # an error class the policy does not know, met for the first time in this run, asks a human
             unknown = triage.unknown(self.policy, triage.tool_errors(outcome.tool_calls), its, tx.conn, self.work_id)
@@ -216,6 +231,7 @@ class Acting:
         with self.w.transaction() as tx:
             elapsed = self.clock() - t0
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=outcome)
+            self._flush_transcript(tx)
             work = work_q.item(tx.conn, self.work_id)
             tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + elapsed,
                       discarded_s=work.discarded_s + elapsed, updated_at=tx.now)
@@ -267,8 +283,10 @@ class Acting:
             spent["cost"] += u.cost_usd
 
         text = wrapup.prompt(work.goal, n, decision, parts, allowance["tokens"])
+        record = self._transcript = self._new_transcript(n, attempt)
+        record.record(TranscriptKind.PROMPT, {"text": text, "wrapup": True})
         ctx = ActContext(self.work_id, n, attempt, self.history.workspace, wrapup.INSTRUCTIONS, text,
-                         max_turns=wrapup.MAX_TURNS, remaining=remaining)
+                         max_turns=wrapup.MAX_TURNS, remaining=remaining, record=record.record)
         outcome = None
         try:
             with read_only(), telemetry.current().step("wrap_up"):
@@ -276,8 +294,11 @@ class Acting:
                                            budget_left=lambda: INTERRUPTED if self.interrupt.is_set() else None)
         except Exception as exc:  # noqa: BLE001 - the note then comes from the record; the run ends all the same
             self.log.warning("wrapup_failed", error=str(exc), next="a hand-off note from the record")
+        if outcome is not None:
+            record.record(TranscriptKind.OUTCOME, _outcome_entry(outcome))
         with self.w.transaction() as tx:
             elapsed = self.clock() - t0
+            record.flush(tx)
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now,
                       outcome=f"wrapup:{outcome.status if outcome else 'error'}")
             tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
@@ -285,6 +306,12 @@ class Acting:
         self.history.reset_to(self._settled(its))   # whatever the act did, the run ends where it stood
         ok = outcome is not None and outcome.status in ("ok", "failed") and outcome.turns > 0
         return attempt, (outcome.summary if ok else ""), elapsed
+
+
+def _outcome_entry(outcome: ActOutcome) -> dict:
+    """The transcript's record of how an act ended."""
+    return {"status": outcome.status, "stop_reason": outcome.stop_reason, "error_code": outcome.error_code,
+            "error": outcome.error, "turns": outcome.turns, "summary": outcome.summary}
 
 
 def _worth_it(allowance: dict) -> bool:

@@ -1,4 +1,5 @@
-"""``org export ID --patch``: the run's result as a patch file (or to stdout)."""
+"""``org export ID --patch``: the run's result as a patch file (or to stdout); ``--transcript``: what
+the doer did, one JSON object a line (an attempt's header, then its entries)."""
 from __future__ import annotations
 
 import sys
@@ -8,20 +9,23 @@ from scripts.cli.commands.diff import patch_of
 from scripts.cli.main import UsageError
 
 NAME = "export"
-HELP = "export what a work item changed since its baseline as a patch"
+HELP = "export what a work item changed since its baseline as a patch, or its transcript as JSONL"
 
 
 def add_arguments(p) -> None:
     p.add_argument("id", help="work item id")
     p.add_argument("--patch", action="store_true", help="write a unified patch (git apply-able)")
+    p.add_argument("--transcript", action="store_true",
+                   help="write the run's transcript as JSON lines: per attempt one 'attempt' line (outcome, "
+                        "usage, verdict, lesson), then one line per entry")
     p.add_argument("-o", "--output", help="file to write (default: stdout)")
 
 
 def run(args) -> int:
-    if not args.patch:
-        raise UsageError("say what to export: --patch")
+    if args.patch == args.transcript:
+        raise UsageError("say what to export: --patch or --transcript")
     args.iteration = None
-    data = patch_of(args)
+    data = transcript_jsonl(args) if args.transcript else patch_of(args)
     if args.output:
         try:
             Path(args.output).write_bytes(data)
@@ -33,3 +37,27 @@ def run(args) -> int:
     else:
         sys.stdout.buffer.write(data)
     return 0
+
+
+def transcript_jsonl(args) -> bytes:
+    """The transcript as JSON lines: ``{"type": "attempt", ...}`` then ``{"type": "entry", ...}``
+    for each of its entries, in order."""
+    import orjson
+
+    from scripts.cli.output import read_conn
+    from state_db import queries
+    from state_db.errors import NotFound
+    from state_db.queries.transcript import of_work
+    conn = read_conn(args)
+    try:
+        if queries.work_item(conn, args.id) is None:
+            raise NotFound(f"no work item {args.id}", hint="list them with 'org status'")
+        attempts = of_work(conn, args.id)
+    finally:
+        conn.close()
+    out = []
+    for a in attempts:
+        head = {k: v for k, v in a.items() if k != "entries"}
+        out.append(orjson.dumps({"type": "attempt", "work_id": args.id, **head}, default=str))
+        out += [orjson.dumps({"type": "entry", "work_id": args.id, **e}, default=str) for e in a["entries"]]
+    return b"".join(line + b"\n" for line in out)
