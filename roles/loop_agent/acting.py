@@ -17,11 +17,12 @@ from roles.loop_agent.context import assemble
 from roles.loop_agent.lessons import derive_lesson
 from roles.loop_agent.stop import StopDecision, fingerprint
 from roles.loop_agent.tools import read_only
-from roles.loop_agent.transcript import Transcript, used_bytes as transcript_bytes
+from roles.loop_agent.transcript import Transcript
 from state_db.errors import Conflict
 from state_db.queries import loop as loopq, work as work_q
 from state_db.queries.decisions import Decision
 from state_db.queries.iterations import open_attempts
+from state_db.queries.transcript import used_bytes as transcript_bytes
 from state_db.queries.usage import of_attempt
 from state_db.queries.verdicts import Verdict
 from state_db.queries.work import WorkItem

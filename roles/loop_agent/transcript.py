@@ -89,14 +89,3 @@ class Transcript:
         for row in rows:
             tx.insert("transcript", row, journal=False)
         return len(rows)
-
-
-def used_bytes(conn, work_id: str) -> int:
-    """What a run's transcript holds already (the bound counts every attempt); once a ``cut``
-    entry is written, the whole bound (nothing more is kept for the run)."""
-    row = conn.execute("SELECT COALESCE(SUM(LENGTH(data)) + 64 * COUNT(*), 0), MAX(kind = 'cut') FROM transcript "
-                       "WHERE work_id = ?", (work_id,)).fetchone()
-    return RUN_BYTES_CUT if row[1] else int(row[0])
-
-
-RUN_BYTES_CUT = 1 << 62      # what ``used_bytes`` says of a run whose transcript was cut

@@ -17,6 +17,7 @@ from state_db.queries.decisions import of_work as decisions_of
 from state_db.queries.verdicts import Verdict
 
 _FAILING_CHARS = 4000     # a failing check's output tail, as the eval-agent kept it
+CUT_BYTES = 1 << 62       # what ``used_bytes`` says of a run whose transcript was cut
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,14 @@ def entries(conn: sqlite3.Connection, work_id: str, *, iteration: int | None = N
         params.append(iteration)
     return [Entry(r[0], r[1], r[2], r[3], r[4], loads(r[5], {})) for r in conn.execute(sql + " ORDER BY attempt, seq",
                                                                                          params)]
+
+
+def used_bytes(conn: sqlite3.Connection, work_id: str) -> int:
+    """What a run's transcript holds already (its bound counts every attempt); once a ``cut``
+    entry is written, ``CUT_BYTES`` (nothing more is kept for the run)."""
+    row = conn.execute("SELECT COALESCE(SUM(LENGTH(data)) + 64 * COUNT(*), 0), MAX(kind = 'cut') FROM transcript "
+                       "WHERE work_id = ?", (work_id,)).fetchone()
+    return CUT_BYTES if row[1] else int(row[0])
 
 
 def failing_output(verdict: Verdict | None) -> list[dict]:

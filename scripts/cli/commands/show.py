@@ -155,6 +155,8 @@ def run(args) -> int:
         return 0
     print(f"{item['id']}  {item['status']}" + (f"  stop: {item['stop_reason']} — {item['stop_detail'] or ''}"
                                                 if item["stop_reason"] else ""))
+    if item["run"]["stop"]:
+        print(f"next: {item['run']['stop']['hint']}")
     print(f"goal: {item['goal']}")
     print(run_line(item["run"]))
     for line in now_lines(item["run"]):
