@@ -90,9 +90,11 @@ window.DashPages = (function () {
       h("div", { class: "actions" }, "by ", ["item", "goal", "model", "day"].map(pick)),
       h("div", { id: "cost-total", "data-cost": t.cost_usd, "data-tokens": t.tokens, "data-calls": t.calls,
                  text: `total ${D.usd(t.cost_usd)} · ${D.num(t.tokens)} tokens (${D.num(t.budget_tokens)} without cache reads) · ${D.num(t.calls)} model calls` }),
-      D.figure(`cost by ${data.by} (USD)`, Plots.bars("cost-" + data.by, rows.slice(0, 24).map(r => ({
-        label: data.by === "item" ? r.key.slice(-6) : r.key.slice(0, 14), value: r.cost_usd, color: Plots.colorOf(r.key),
-        title: `${r.key}: ${D.usd(r.cost_usd)}, ${D.num(r.tokens)} tokens` })))),
+      h("div", { class: "plots" }, ["cost", "tokens"].map(what => D.figure(
+        what === "cost" ? `cost by ${data.by} (USD)` : `tokens by ${data.by} (all four kinds)`,
+        Plots.bars(`${what}-${data.by}`, rows.slice(0, 24).map(r => ({
+          label: data.by === "item" ? r.key.slice(-6) : r.key.slice(0, 14), value: what === "cost" ? r.cost_usd : r.tokens,
+          color: Plots.colorOf(r.key), title: `${r.key}: ${D.usd(r.cost_usd)}, ${D.num(r.tokens)} tokens` })))))),
       D.table([data.by, "items#", "calls#", "input#", "output#", "cache write#", "cache read#", "cost#", "models"],
         rows.map(r => h("tr", { "data-key": r.key }, h("td", {}, data.by === "item" && r.key.startsWith("w-")
           ? h("a", { href: D.link(`/runs/${r.key}`), text: r.key }) : r.key), cells(r),
