@@ -52,7 +52,7 @@ def entries(conn: sqlite3.Connection, work_id: str, *, iteration: int | None = N
 def used_bytes(conn: sqlite3.Connection, work_id: str) -> int:
     """What a run's transcript holds already (its bound counts every attempt); once a ``cut``
     entry is written, ``CUT_BYTES`` (nothing more is kept for the run)."""
-    row = conn.execute("SELECT COALESCE(SUM(LENGTH(data)) + 64 * COUNT(*), 0), MAX(kind = 'cut') FROM transcript "
+    row = conn.execute("SELECT COALESCE(SUM(LENGTH(data)) + 64 * COUNT(*), 0), MAX(CASE WHEN kind = 'cut' THEN 1 ELSE 0 END) FROM transcript "
                        "WHERE work_id = ?", (work_id,)).fetchone()
     return CUT_BYTES if row[1] else int(row[0])
 
@@ -84,7 +84,7 @@ def of_work(conn: sqlite3.Connection, work_id: str, *, iteration: int | None = N
     usage: dict[int, list[dict]] = {}
     for r in conn.execute("""SELECT attempt, request_id, model, input_tokens, output_tokens, cache_write_tokens,
                                     cache_read_tokens, cost_usd, at FROM model_calls
-                              WHERE work_id = ? AND instance NOT LIKE 'eval-agent%' ORDER BY at""", (work_id,)):
+                              WHERE work_id = ? AND COALESCE(instance, '') NOT LIKE 'eval-agent%' ORDER BY at""", (work_id,)):
         usage.setdefault(r[0], []).append({"request_id": r[1], "model": r[2], "input_tokens": r[3],
                                            "output_tokens": r[4], "cache_write_tokens": r[5],
                                            "cache_read_tokens": r[6], "cost_usd": r[7], "at": r[8]})

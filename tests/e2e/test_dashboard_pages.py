@@ -12,20 +12,15 @@ import time
 import pytest
 
 from tests.e2e import dashboard_driver as dd
-from tests.support.org import ONE_AGENT as CONFIG, query, running_org, wait_for
+from tests.support.org import query, wait_for
 
 WHY_NOT = dd.missing()
 if WHY_NOT and os.environ.get("CI") != "true":
     pytest.skip(f"no browser for the dashboard test: {WHY_NOT}", allow_module_level=True)
 
+from tests.e2e.test_dashboard import board, browser, dom, org  # noqa: E402,F401 - the org, its dashboard, the browser
+
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def org():
-    assert WHY_NOT is None, f"CI=true needs the browser: {WHY_NOT}"
-    with running_org(CONFIG) as home:
-        yield home
 
 
 @pytest.fixture(scope="module")
@@ -35,26 +30,6 @@ def ended(org):
     wait_for(lambda: query(org, "SELECT status FROM work_items WHERE id = ?", (wid,))[0]["status"] == "ended",
              timeout=60, what=f"{wid} to end")
     return wid
-
-
-@pytest.fixture(scope="module")
-def board(org):
-    with dd.dashboard(org) as d:
-        yield d
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with dd.chromium() as driver:
-        yield driver
-
-
-def dom(driver, css, attr=None):
-    from selenium.common.exceptions import StaleElementReferenceException
-    try:
-        return [e.get_attribute(attr) if attr else e.text for e in driver.find_elements("css selector", css)]
-    except StaleElementReferenceException:
-        return []
 
 
 def test_the_run_page_reads_the_transcript_and_a_tool_call_opens_to_its_output(org, ended, board, browser):
