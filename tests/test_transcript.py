@@ -190,3 +190,25 @@ def test_retention_deletes_the_transcripts_of_runs_ended_long_ago_only(org_home,
                 now=time.time() + 3 * 86400)
     assert out["transcript_entries"] > before and live() == 0
     sup.close()
+
+
+def test_hostile_content_is_bounded_and_never_stops_the_act():
+    """Deep nesting, huge strings, many items and odd types from a model or a CLI are kept bounded."""
+    from roles.loop_agent.transcript import Transcript
+    deep: dict = {}
+    node = deep
+    for _ in range(500):
+        node["x"] = {}
+        node = node["x"]
+    record = Transcript("w", 1, 1, run_bytes=200_000, clock=time.time)
+    record.record("tool_call", {"name": "edit", "input": deep})
+    record.record("tool_result", {"output": "y" * 1_000_000 + "THE END", "ok": True})
+    record.record("tool_call", {"name": "many", "input": list(range(10_000)), "odd": object()})
+    kept = [e["data"] for e in record._pending]
+    assert len(kept) == 3
+    assert len(json.dumps(kept[1])) < 9000 and kept[1]["output"].endswith("THE END")
+    assert len(kept[2]["input"]) == 50 and isinstance(kept[2]["odd"], str)
+    depth, node = 0, kept[0]["input"]
+    while isinstance(node, dict):
+        node, depth = node.get("x"), depth + 1
+    assert depth <= 12 and isinstance(node, str)

@@ -25,6 +25,7 @@ from state_db.vocab import TranscriptKind
 ENTRY_CHARS = 8000           # one string of an entry (a tool's output, the model's words)
 RUN_BYTES = 4_000_000        # one run's transcript, every attempt together
 _NESTED_ITEMS = 50           # items kept of a list or mapping inside an entry (tool input)
+_NESTED_DEPTH = 12           # levels kept as data; deeper ones as (bounded) JSON text
 
 
 def bounded(text: str, cap: int = ENTRY_CHARS) -> str:
@@ -37,15 +38,20 @@ def bounded(text: str, cap: int = ENTRY_CHARS) -> str:
     return f"{text[:head]}\n…[{len(text) - cap} characters cut]…\n{text[-tail:]}"
 
 
-def _bound(value: Any, cap: int) -> Any:
+def _bound(value: Any, cap: int, depth: int = 0) -> Any:
     if isinstance(value, str):
         return bounded(value, cap)
-    if isinstance(value, dict):
-        return {clean(str(k))[:200]: _bound(v, cap) for k, v in list(value.items())[:_NESTED_ITEMS]}
-    if isinstance(value, (list, tuple)):
-        return [_bound(v, cap) for v in list(value)[:_NESTED_ITEMS]]
     if value is None or isinstance(value, (bool, int, float)):
         return value
+    if depth >= _NESTED_DEPTH:                 # deeper input (a model's or a CLI's) is kept as text
+        try:
+            return bounded(orjson.dumps(value, default=str).decode(), cap)
+        except (TypeError, ValueError):        # nested past orjson's own limit
+            return f"({type(value).__name__} nested deeper than {_NESTED_DEPTH + 255} levels)"
+    if isinstance(value, dict):
+        return {clean(str(k))[:200]: _bound(v, cap, depth + 1) for k, v in list(value.items())[:_NESTED_ITEMS]}
+    if isinstance(value, (list, tuple)):
+        return [_bound(v, cap, depth + 1) for v in list(value)[:_NESTED_ITEMS]]
     return bounded(repr(value), cap)
 
 
@@ -71,8 +77,12 @@ class Transcript:
         """Keep one entry (``kind`` a ``TranscriptKind``). Never raises for its content."""
         if self.cut:
             return
-        entry = _bound(data or {}, self.entry_chars)
-        size = len(orjson.dumps(entry, default=str)) + 64
+        try:
+            entry = _bound(data or {}, self.entry_chars)
+            size = len(orjson.dumps(entry, default=str)) + 64
+        except (TypeError, ValueError, RecursionError) as exc:    # nothing a model or CLI sends stops the act
+            entry = {"unrecordable": type(exc).__name__}
+            size = 128
         if self.used + size > self.run_bytes:
             self.cut = True
             kind, entry = TranscriptKind.CUT, {"run_bytes": self.run_bytes,

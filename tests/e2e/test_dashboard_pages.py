@@ -115,8 +115,21 @@ def test_the_knowledge_page_s_candidate_buttons_change_state_db(org, board, brow
                       "candidates": str(counts["candidates"]), "skills": str(counts["skills"])}
 
     def click(cid: str, label: str) -> None:
-        form = browser.find_element("css selector", f'#knowledge-batches [data-candidate="{cid}"]')
-        next(b for b in form.find_elements("css selector", "button") if b.text == label).click()
+        """Click a candidate's button; a form the poll has just drawn again is found again."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        def clicked() -> bool:
+            try:
+                form = browser.find_element("css selector", f'#knowledge-batches [data-candidate="{cid}"]')
+                next(b for b in form.find_elements("css selector", "button") if b.text == label).click()
+                return True
+            except StaleElementReferenceException:
+                return False
+        wait_for(clicked, timeout=10, what=f"{label} clicked on {cid}")
+
+    def shown(cid: str, status: str) -> None:
+        wait_for(lambda: status in " ".join(dom(browser, f'#knowledge-batches [data-candidate="{cid}"] .pill')),
+                 timeout=10, what=f"the page to show {cid} {status}")
 
     def status(cid: str) -> str:
         return query(org, "SELECT status FROM skill_candidates WHERE id = ?", (cid,))[0]["status"]
@@ -125,6 +138,8 @@ def test_the_knowledge_page_s_candidate_buttons_change_state_db(org, board, brow
     wait_for(lambda: status(approve) == "approved", timeout=10, what=f"{approve} approved in state.db")
     click(reject, "reject")
     wait_for(lambda: status(reject) == "rejected", timeout=10, what=f"{reject} rejected in state.db")
+    shown(approve, "approved")
+    shown(reject, "rejected")               # drawn again with both: the edit below is not redrawn away
     click(edit, "edit…")
     form = browser.find_element("css selector", f'#knowledge-batches [data-candidate="{edit}"]')
     field = form.find_elements("css selector", "input[type=text]")[1]          # name, description
@@ -135,5 +150,3 @@ def test_the_knowledge_page_s_candidate_buttons_change_state_db(org, board, brow
              == "When a change is small, keep it small.", timeout=10, what=f"{edit}'s description edited in state.db")
     assert status(edit) == "pending"
     assert (org.skills_dir / "run-tests-first" / "SKILL.md").is_file()        # approved: a skill now
-    wait_for(lambda: "approved" in " ".join(dom(browser, f'[data-candidate="{approve}"] .pill')), timeout=10,
-             what="the page to show the approval")

@@ -218,6 +218,8 @@ class CommandBackend:
         self.refusals.update(endpoint.refusals)
         if self.config.preset == "claude":
             record_stream(got.output, ctx.record)
+        else:                                   # a plain CLI's account is its output
+            ctx.record("text", {"text": got.output, "source": "cli"})
         outcome = self._outcome(got, stop_code, ledger, endpoint, budget_left, metered, timeout_s)
         log.info("cli ended", status=outcome.status, error_code=outcome.error_code, exit_code=got.exit_code,
                  duration_s=round(got.duration_s, 2), requests=endpoint.requests, refused=endpoint.refused,
@@ -348,7 +350,7 @@ def record_stream(stdout: str, record: Callable[[str, dict | None], None]) -> in
             continue
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         message = event.get("message") if isinstance(event, dict) else None
         if not isinstance(message, dict) or not isinstance(message.get("content"), (list, str)):

@@ -289,14 +289,17 @@
   document.querySelectorAll("nav a[data-path]").forEach(a => { a.href = link(a.dataset.path); });
   if (PAGE === "run") document.getElementById("crumb").textContent = `run ${RUN}`;
   if (PAGE === "cost" || PAGE === "knowledge") document.getElementById("crumb").textContent = PAGE;
-  let timer = null;
+  let timer = null, lastTranscript = { mark: null, data: null };
   async function tick(once) {
     if (once && timer) clearTimeout(timer);
     try {
       if (PAGE === "run") {
-        const [item, plots, ds, tr] = await Promise.all([api(`/api/runs/${encodeURIComponent(RUN)}`), api(`/api/runs/${encodeURIComponent(RUN)}/plots`),
-                                                         api("/api/decisions"), api(`/api/runs/${encodeURIComponent(RUN)}/transcript`)]);
-        drawRun(item, plots, ds, tr);
+        const [item, plots, ds] = await Promise.all([api(`/api/runs/${encodeURIComponent(RUN)}`), api(`/api/runs/${encodeURIComponent(RUN)}/plots`),
+                                                     api("/api/decisions")]);
+        // the transcript grows with each model response and each close of an attempt: read again only then
+        const mark = `${plots.calls}:${item.updated_at}:${item.attempts.length}:${item.run.current_tool ? item.run.current_tool.call : ""}`;
+        if (mark !== lastTranscript.mark) lastTranscript = { mark: mark, data: await api(`/api/runs/${encodeURIComponent(RUN)}/transcript`) };
+        drawRun(item, plots, ds, lastTranscript.data);
       } else if (PAGE === "cost") {
         drawCost(await api(`/api/cost?by=${encodeURIComponent(costBy)}`));
       } else if (PAGE === "knowledge") {

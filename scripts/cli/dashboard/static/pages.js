@@ -6,6 +6,7 @@ window.DashPages = (function () {
   const SHORT = 90;
   const short = s => { s = String(s === undefined || s === null ? "" : s); return s.length > SHORT ? s.slice(0, SHORT) + "…" : s; };
   const json = v => JSON.stringify(v === undefined ? null : v);
+  const opened = new Set();      // tool calls a person opened: still open after a redraw of a live run
 
   function attemptState(a) {
     if (a.wrapup) return "wrap-up";
@@ -17,7 +18,9 @@ window.DashPages = (function () {
   function toolCall(D, call, result) {
     const h = D.h;
     const ok = !result || result.data.ok !== false;
-    return h("details", { class: "tool", "data-tool": call.data.id || "", "data-name": call.data.name || "" },
+    const id = `${call.attempt}:${call.seq}`;
+    return h("details", { class: "tool", "data-tool": call.data.id || "", "data-name": call.data.name || "", open: opened.has(id),
+                          ontoggle: ev => { if (ev.target.open) opened.add(id); else opened.delete(id); } },
       h("summary", {}, h("span", { class: "arrow", text: "→ " }), h("b", { text: call.data.name || "?" }), " ",
         h("span", { class: "muted", text: short(json(call.data.input)) }), " ",
         D.pill(result ? (ok ? "ok" : "error" + (result.data.code ? " " + result.data.code : "")) : "no result")),
