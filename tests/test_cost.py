@@ -83,6 +83,8 @@ def test_cost_by_item_goal_model_and_day_adds_up_to_the_org_s_spend(org, capsys,
     recent = cost(capsys, "--since", "2d")
     assert {r["key"] for r in recent["rows"]} == {"w-a", "w-b", "w-n", "(org: chat, curation)"}
     assert recent["total"]["cost_usd"] == pytest.approx(0.095)
+    window = cost(capsys, "--since", "2d", "--until", "12h")                  # one day, two days ago
+    assert [r["key"] for r in window["rows"]] == ["w-b"] and window["total"]["cost_usd"] == pytest.approx(0.02)
 
 
 def test_usage_folded_by_retention_still_counts_and_a_continue_chain_counts_its_endings(org, capsys, writer_for):

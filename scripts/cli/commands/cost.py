@@ -23,11 +23,12 @@ def add_arguments(p) -> None:
     p.add_argument("--since", metavar="WHEN",
                    help="only model calls from then on: a span back from now (30m, 12h, 7d, 2w) or a UTC date "
                         "(2026-12-01)")
+    p.add_argument("--until", metavar="WHEN", help="only model calls before then (same forms as --since)")
     add_json(p)
 
 
-def since_of(spec: str | None, now: float | None = None) -> float | None:
-    """``--since`` as a time: a span back from ``now``, or a UTC date. Raises UsageError."""
+def since_of(spec: str | None, now: float | None = None, flag: str = "--since") -> float | None:
+    """``--since`` (or ``--until``) as a time: a span back from ``now``, or a UTC date. Raises UsageError."""
     from scripts.cli.main import UsageError
     if spec is None:
         return None
@@ -38,14 +39,14 @@ def since_of(spec: str | None, now: float | None = None) -> float | None:
     try:
         return float(calendar.timegm(time.strptime(spec.strip(), "%Y-%m-%d")))
     except ValueError:
-        raise UsageError(f"--since {spec!r} is neither a span (30m, 12h, 7d, 2w) nor a date (YYYY-MM-DD)") from None
+        raise UsageError(f"{flag} {spec!r} is neither a span (30m, 12h, 7d, 2w) nor a date (YYYY-MM-DD)") from None
 
 
 def run(args) -> int:
-    since = since_of(args.since)
+    since, until = since_of(args.since), since_of(args.until, flag="--until")
     conn = read_conn(args)
     try:
-        out = rollup(conn, args.by, since=since)
+        out = rollup(conn, args.by, since=since, until=until)
     finally:
         conn.close()
     if args.json:
@@ -59,6 +60,8 @@ def run(args) -> int:
                  t["cache_write_tokens"], t["cache_read_tokens"], f"${t['cost_usd']:.4f}", ""])
     print(table(rows, [args.by.upper(), "ITEMS", "ENDINGS", "CALLS", "IN", "OUT", "CACHE-W", "CACHE-R", "COST",
                        "MODELS"]))
-    if args.since:
-        print(f"(model calls since {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(since))})")
+    if args.since or args.until:
+        when = lambda t: time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(t))  # noqa: E731
+        print("(model calls" + (f" since {when(since)}" if args.since else "")
+              + (f" before {when(until)}" if args.until else "") + ")")
     return 0
