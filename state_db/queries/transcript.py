@@ -57,6 +57,20 @@ def used_bytes(conn: sqlite3.Connection, work_id: str) -> int:
     return CUT_BYTES if row[1] else int(row[0])
 
 
+def version(conn: sqlite3.Connection, work_id: str) -> tuple:
+    """What changes whenever ``of_work`` would answer differently (entries, attempts, verdicts,
+    usage, decisions): a reader that polls draws again only when it changed."""
+    parts = ["SELECT COUNT(*) FROM transcript WHERE work_id = ?", "SELECT MAX(at) FROM transcript WHERE work_id = ?",
+             "SELECT COUNT(*) FROM attempts WHERE work_id = ? AND ended_at IS NOT NULL",
+             "SELECT COUNT(*) FROM attempts WHERE work_id = ?", "SELECT COUNT(*) FROM verdicts WHERE work_id = ?",
+             "SELECT COUNT(*) FROM model_calls WHERE work_id = ?", "SELECT COUNT(*) FROM decisions WHERE work_id = ?",
+             "SELECT COUNT(*) FROM decisions WHERE work_id = ? AND status = 'pending'",
+             "SELECT MAX(decided_at) FROM decisions WHERE work_id = ?",
+             "SELECT COUNT(*) FROM iterations WHERE work_id = ? AND lesson IS NOT NULL"]
+    sql = "SELECT " + ", ".join(f"({p})" for p in parts)
+    return tuple(conn.execute(sql, (work_id,) * len(parts)).fetchone())
+
+
 def failing_output(verdict: Verdict | None) -> list[dict]:
     """The failing checks of a verdict with their output's tail: what the run page shows whole."""
     if verdict is None:

@@ -55,6 +55,7 @@ class Screen:
     scroll: int | None = None                     # the run page's transcript: first line shown (None: its end)
     pane_room: int = 10                           # lines the transcript pane had at the last draw
     pane_lines: int = 0                           # lines the transcript had at the last draw
+    pane_cache: tuple | None = None               # (what it was read at, its lines)
 
 
 def run(args) -> int:
@@ -278,7 +279,7 @@ def run_page(conn, screen: Screen, width: int, room: int) -> list:
     pane, scrollable, in the lines left."""
     top = [_line(text) for text in run_top(conn, screen.open_run, width)]
     top = top[:max(1, room - 4)]                   # the pane keeps a few lines whatever happens
-    pane = transcript_pane(conn, screen.open_run)
+    pane = transcript_pane(conn, screen)
     pane_room = room - len(top) - 1
     screen.pane_room, screen.pane_lines = pane_room, len(pane)
     last = max(0, len(pane) - pane_room)
@@ -320,11 +321,15 @@ def run_top(conn, work_id: str, width: int) -> list[str]:
     return out
 
 
-def transcript_pane(conn, work_id: str) -> list[str]:
-    """The run's transcript as short lines (outputs cut to a few lines) for the pane."""
+def transcript_pane(conn, screen: Screen) -> list[str]:
+    """The open run's transcript as short lines (outputs cut to a few lines) for the pane, read
+    again only when it changed (``transcript.version``)."""
     from scripts.cli.transcript_text import lines
-    from state_db.queries.transcript import of_work
-    return lines(of_work(conn, work_id), full=False)
+    from state_db.queries.transcript import of_work, version
+    key = (screen.open_run, version(conn, screen.open_run))
+    if screen.pane_cache is None or screen.pane_cache[0] != key:
+        screen.pane_cache = (key, lines(of_work(conn, screen.open_run), full=False))
+    return screen.pane_cache[1]
 
 
 def wrapped(text: str, width: int, style: str = "", indent: str = "  ") -> list[str]:
