@@ -212,3 +212,24 @@ def test_hostile_content_is_bounded_and_never_stops_the_act():
     while isinstance(node, dict):
         node, depth = node.get("x"), depth + 1
     assert depth <= 12 and isinstance(node, str)
+
+
+class RaisesAfterATool(ScriptedActs):
+    """Records a tool call and its result, then raises (a bug in a backend, not a crash)."""
+
+    def act(self, ctx, *, on_usage, budget_left):
+        if ctx.attempt > 1:
+            return super().act(ctx, on_usage=on_usage, budget_left=budget_left)
+        ctx.record("tool_call", {"id": "t1", "name": "run_command", "input": {"command": "make"}})
+        ctx.record("tool_result", {"id": "t1", "name": "run_command", "ok": True, "output": "built"})
+        raise RuntimeError("a backend bug")
+
+
+def test_an_act_that_raises_keeps_what_it_recorded_with_the_error(org_home, tmp_path):
+    ws = make_workspace(tmp_path)
+    submit(org_home, ws)
+    engine(org_home, "w1", RaisesAfterATool([[{"write": {"calc.py": FIXED}}]])).run()    # parks for a human
+    rows = query(org_home, "SELECT kind, data FROM transcript WHERE work_id='w1' AND attempt=1 ORDER BY seq")
+    assert [r["kind"] for r in rows] == ["prompt", "tool_call", "tool_result", "outcome"]
+    ended = json.loads(rows[-1]["data"])
+    assert ended["status"] == "error" and ended["error_code"] == "RuntimeError" and "a backend bug" in ended["error"]

@@ -135,7 +135,11 @@ class Acting:
             return None if reason is None else str(reason)
 
         self.log.info("act_started", iteration=n, attempt=attempt, prompt_bytes=prompt.manifest.get("variable_bytes"))
-        outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
+        try:
+            outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
+        except Exception as exc:
+            self._keep_transcript_of_failed_act(exc)
+            raise
         record.record(TranscriptKind.OUTCOME, _outcome_entry(outcome))
         if outcome.status == "budget_exhausted" and outcome.error_code in (INTERRUPTED, StopReason.CANCELLED,
                                                                              StopReason.ORG_LIMIT):
@@ -156,6 +160,17 @@ class Acting:
     def _new_transcript(self, n: int, attempt: int) -> Transcript:
         return Transcript(self.work_id, n, attempt, used_bytes=transcript_bytes(self.w.conn, self.work_id),
                           run_bytes=self.settings.transcript_bytes, clock=time.time)   # wall time: shown to people
+
+    def _keep_transcript_of_failed_act(self, exc: Exception) -> None:
+        """An act that raised: what it recorded since its last model response is written now, with
+        how it ended (the attempt stays open, to be discarded by whoever takes the run up again)."""
+        self._transcript.record(TranscriptKind.OUTCOME, {"status": "error", "error_code": type(exc).__name__,
+                                                         "error": str(exc)[:1000], "turns": 0})
+        try:
+            with self.w.transaction(render=False) as tx:
+                self._flush_transcript(tx)
+        except Exception as failed:  # noqa: BLE001 - the act's own error is the one to report
+            self.log.warning("transcript_not_written", error=str(failed), next="the act's error is raised")
 
     def _flush_transcript(self, tx) -> None:
         if self._transcript is not None:
