@@ -39,7 +39,14 @@ def org(org_home, writer_for):
         tx.insert("work_items", {"id": "w-n", "goal": "nightly lint", "workspace": "/ws/n", "backend": "anthropic",
                                  "status": WorkStatus.QUEUED, "created_by": "schedule:nightly", "origin": "schedule",
                                  "origin_id": "sch-1", "created_at": NOW, "updated_at": NOW})
-    for w in ("w-a", "w-b", "w-n"):
+    with writer_for(Actor.COORDINATOR).transaction() as tx:                   # a skill's replay, paid for learning
+        tx.insert("work_items", {"id": "w-r", "goal": "fix  the\nflaky test", "workspace": "/ws/r", "backend": "anthropic",
+                                 "status": WorkStatus.QUEUED, "created_by": "coordinator", "origin": "replay",
+                                 "origin_id": "c-1", "created_at": NOW, "updated_at": NOW})
+        tx.insert("replays", {"work_id": "w-r", "subject": "c-1", "subject_kind": "candidate", "source_id": "w-a",
+                              "relation": "source", "arm": "with", "skill_name": "run-tests-first",
+                              "skill_text": "…", "created_at": NOW})
+    for w in ("w-a", "w-b", "w-n", "w-r"):
         assign_and_run(writer_for, w)
     call(writer_for, "r1", "w-a", "small", NOW - 3 * DAY, cost=0.01)
     call(writer_for, "r2", "w-a", "large", NOW - 3 * DAY, cost=0.10)            # a stronger rung
@@ -49,6 +56,7 @@ def org(org_home, writer_for):
          instance="eval-agent-1")                                              # a review counts too
     call(writer_for, "r6", None, "small", NOW - 0.1 * DAY, cost=0.005, actor=Actor.COORDINATOR,
          instance="coordinator")                                               # the chat's
+    call(writer_for, "r7", "w-r", "small", NOW - 0.1 * DAY, cost=0.5)
     return org_home
 
 
@@ -66,23 +74,24 @@ def test_cost_by_item_goal_model_and_day_adds_up_to_the_org_s_spend(org, capsys,
     assert by["w-a"]["input_tokens"] == 300 and by["w-a"]["cache_read_tokens"] == 3000
     assert by["w-a"]["tokens"] == 3 * 1130 and by["w-a"]["budget_tokens"] == 3 * 130
     assert by["(org: chat, curation)"]["cost_usd"] == pytest.approx(0.005)
-    assert [r["key"] for r in items["rows"]][0] == "w-a"                      # most expensive first
+    assert [r["key"] for r in items["rows"]][:2] == ["w-r", "w-a"]            # most expensive first
     assert items["total"]["cost_usd"] == pytest.approx(org_spend(writer_for(Actor.HUMAN).conn))
 
     goals = {r["key"]: r for r in cost(capsys, "--by", "goal")["rows"]}
     assert goals["goal:fix the flaky test"]["items"] == 2
     assert goals["goal:fix the flaky test"]["cost_usd"] == pytest.approx(0.17)
     assert goals["schedule:nightly"]["cost_usd"] == pytest.approx(0.03)
+    assert goals["replay:run-tests-first"]["cost_usd"] == pytest.approx(0.5)     # not the goal it replays
 
     models = {r["key"]: r["cost_usd"] for r in cost(capsys, "--by", "model")["rows"]}
-    assert models == {"large": pytest.approx(0.1), "small": pytest.approx(0.105)}
+    assert models == {"large": pytest.approx(0.1), "small": pytest.approx(0.605)}
 
     days = cost(capsys, "--by", "day")["rows"]
     assert [d["key"] for d in days] == sorted(d["key"] for d in days) and len(days) >= 3
 
     recent = cost(capsys, "--since", "2d")
-    assert {r["key"] for r in recent["rows"]} == {"w-a", "w-b", "w-n", "(org: chat, curation)"}
-    assert recent["total"]["cost_usd"] == pytest.approx(0.095)
+    assert {r["key"] for r in recent["rows"]} == {"w-a", "w-b", "w-n", "w-r", "(org: chat, curation)"}
+    assert recent["total"]["cost_usd"] == pytest.approx(0.595)
     window = cost(capsys, "--since", "2d", "--until", "12h")                  # one day, two days ago
     assert [r["key"] for r in window["rows"]] == ["w-b"] and window["total"]["cost_usd"] == pytest.approx(0.02)
 

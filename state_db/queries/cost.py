@@ -7,8 +7,9 @@ calls have no model or time of their own any more: they count under ``(summarise
 their run ended), so the totals equal ``org status``'s spend whatever was pruned.
 
 A *goal family* is what a run was started for, across runs: a schedule (``schedule:NAME``), a
-trigger (``trigger:NAME``), a discovery scan (``discovery``), or a human's goal (``goal:`` and
-its text; the same goal submitted again is the same family). An ``org continue`` chain is one
+trigger (``trigger:NAME``), a discovery scan (``discovery``), a skill's replays (``replay:SKILL``:
+the learning budget's spend), or a human's goal (``goal:`` and its text; the same goal submitted
+again is the same family). An ``org continue`` chain is one
 work item, so it rolls up with it (``endings`` counts its links); a model ladder's rungs are the
 ``models`` inside each row.
 """
@@ -61,7 +62,7 @@ def family(origin: str | None, origin_name: str | None, goal: str | None, work_i
     """The goal family of a run (see the module docstring)."""
     if work_id is None or goal is None:
         return NO_ITEM
-    if origin in ("schedule", "trigger"):
+    if origin in ("schedule", "trigger", "replay"):
         return f"{origin}:{origin_name or '?'}"
     if origin == "discovery":
         return "discovery"
@@ -81,9 +82,9 @@ def _calls(conn: sqlite3.Connection, since: float | None, until: float | None) -
         where.append("mc.at < ?")
         params.append(until)
     sql = f"""SELECT mc.work_id, mc.model, mc.at, 1 AS calls, {', '.join('mc.' + k for k in _KINDS)}, mc.cost_usd,
-                     w.goal, w.origin, s.name AS origin_name
+                     w.goal, w.origin, COALESCE(s.name, r.skill_name) AS origin_name
                 FROM model_calls mc LEFT JOIN work_items w ON w.id = mc.work_id
-                LEFT JOIN schedules s ON s.id = w.origin_id
+                LEFT JOIN schedules s ON s.id = w.origin_id LEFT JOIN replays r ON r.work_id = w.id
                {('WHERE ' + ' AND '.join(where)) if where else ''}"""
     return [dict(r) for r in conn.execute(sql, params)]
 
@@ -91,9 +92,10 @@ def _calls(conn: sqlite3.Connection, since: float | None, until: float | None) -
 def _summaries(conn: sqlite3.Connection, since: float | None, until: float | None) -> list[dict]:
     rows = conn.execute(f"""SELECT u.work_id, '{SUMMARISED}' AS model, COALESCE(w.ended_at, u.pruned_at) AS at,
                                    u.calls, {', '.join('u.' + k for k in _KINDS)}, u.cost_usd,
-                                   w.goal, w.origin, s.name AS origin_name
+                                   w.goal, w.origin, COALESCE(s.name, r.skill_name) AS origin_name
                               FROM usage_summaries u LEFT JOIN work_items w ON w.id = u.work_id
-                              LEFT JOIN schedules s ON s.id = w.origin_id""")
+                              LEFT JOIN schedules s ON s.id = w.origin_id
+                              LEFT JOIN replays r ON r.work_id = w.id""")
     return [dict(r) for r in rows if (since is None or r["at"] >= since) and (until is None or r["at"] < until)]
 
 
