@@ -5,7 +5,10 @@ It reads state.db only, through one read-only connection polled every ``--interv
 (no transaction is held between polls, so writers and checkpoints never wait for it), and sends
 the org nothing: watching costs the org nothing. A decision taken here is the same durable
 ``human`` write as ``org decide`` (``roles.operations.decide``), with its own idempotency key.
-Drawn with rich's Live on the alternate screen; fits 80×24 and works over SSH.
+Drawn with rich's Live on the alternate screen; fits 80×24 and works over SSH. Every key that
+arrives is handled, in order (``scripts/cli/keys.py``), however many come between two draws. A
+run's page keeps its stop reason, the hint and the failing output on top, and its transcript in a
+pane below that scrolls.
 """
 from __future__ import annotations
 
