@@ -155,7 +155,7 @@
     section("runs", "Runs", work, ws => ws.length ? table(["run", "status", "phase", "iteration#", "tokens#", "cost#", "reason", "goal"], ws.map(w =>
       h("tr", { "data-run": w.id }, h("td", {}, h("a", { href: link(`/runs/${w.id}`), text: w.id })), h("td", { class: "status" }, pill(w.status)),
         h("td", { class: "phase" }, pill(w.view ? w.view.phase : "")),
-        h("td", { class: "num", text: w.view ? `${w.view.iteration.n} of ${w.view.iteration.max}` : w.iterations }), h("td", { class: "num", text: num(w.tokens) }), h("td", { class: "num", text: usd(w.cost_usd) }),
+        h("td", { class: "num", text: w.view ? `${w.view.iteration.n}` + (w.view.iteration.max === null ? "" : ` of ${w.view.iteration.max}`) : w.iterations }), h("td", { class: "num", text: num(w.tokens) }), h("td", { class: "num", text: usd(w.cost_usd) }),
         h("td", { class: "reason", text: w.stop_reason || (w.status === "waiting" ? w.stop_detail || "" : "") }),
         h("td", { text: w.goal.slice(0, 70) })))) : h("div", { class: "muted", text: "no runs yet: org submit" }), "wide");
 
