@@ -18,7 +18,13 @@ role processes on ipc://) runs one scripted work item that never meets its goal.
 - ``iteration_overhead_ms_p50_traced``: the same long run again in a second org with OpenTelemetry
   tracing on (every span made and batched by the SDK, then dropped: ``telemetry.exporter = "none"``),
   beside the figure above, which is measured with tracing off (the default).
-Targets: ≤ 50, ≤ 25, ≤ 50, ≤ 2,000, ≤ 2,000 ms.
+- ``transcript_ms_per_iteration_p50``: what recording the transcript adds to an iteration: the
+  long run's own entries of each iteration (prompt, turns, words, tool calls and results, outcome)
+  recorded again through ``Transcript.record`` and written by ``flush`` inside a transaction on a
+  copy of its state.db — the transactions the engine makes anyway, so their BEGIN and COMMIT are
+  not counted. ``transcript_bytes_per_iteration_p50`` / ``_max``: what each iteration's entries
+  take in state.db (their JSON), ``transcript_entries_per_iteration_p50`` how many there are.
+Targets: ≤ 50, ≤ 25, ≤ 50, ≤ 2,000, ≤ 2,000, ≤ 1 ms.
 """
 from __future__ import annotations
 
@@ -34,7 +40,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TARGETS = {"dispatch_to_first_act_ms_p50": 50.0, "iteration_overhead_ms_p50": 25.0,
-           "eval_snapshot_ms_10k_files": 50.0, "startup_ms": 2000.0, "resume_ms": 2000.0}
+           "eval_snapshot_ms_10k_files": 50.0, "startup_ms": 2000.0, "resume_ms": 2000.0,
+           "transcript_ms_per_iteration_p50": 1.0}
 
 
 def _q(home, sql, params=()):
@@ -50,9 +57,9 @@ def _wait(pred, timeout, what):
         raise SystemExit(f"bench/org.py: {exc}") from None
 
 
-def _long_run(home, cfg, ws: Path, script: Path, iterations: int) -> tuple[list[float], list, str]:
+def _long_run(home, cfg, ws: Path, script: Path, iterations: int) -> tuple[list[float], list, str, str]:
     """One scripted run that never meets its goal; returns (overhead per iteration in ms, the
-    committed attempts, the stop reason)."""
+    committed attempts, the stop reason, its work id)."""
     from roles.operations.submit import SubmitRequest, submit
     ws.mkdir()
     (ws / "n.txt").write_text("0\n")
@@ -70,7 +77,50 @@ def _long_run(home, cfg, ws: Path, script: Path, iterations: int) -> tuple[list[
         check_ms = sum(c["duration_ms"] for c in json.loads(verdicts[n]["checks"]))
         overheads.append((b["started_at"] - a["started_at"]) * 1000 - its[n]["elapsed_s"] * 1000 - check_ms)
     stop = _q(home, "SELECT stop_reason FROM work_items WHERE id=?", (wid,))[0]["stop_reason"]
-    return overheads, attempts, stop
+    return overheads, attempts, stop, wid
+
+
+def transcript_figures(home, work_id: str, scratch: Path) -> dict:
+    """The transcript's cost and size per iteration of the run ``work_id`` (see the docstring)."""
+    import sqlite3
+
+    from roles.loop_agent.transcript import Transcript
+    from state_db.vocab import Actor
+    from state_db.writer import StateWriter
+
+    rows = _q(home, "SELECT attempt, iteration, kind, data FROM transcript WHERE work_id=? ORDER BY attempt, seq",
+              (work_id,))
+    by_attempt: dict[int, list] = {}
+    for r in rows:
+        by_attempt.setdefault(r["attempt"], []).append(r)
+    copy = scratch / "transcript-bench.db"
+    src, dst = sqlite3.connect(home.db_path), sqlite3.connect(copy)
+    src.backup(dst)
+    src.close()
+    dst.close()
+    writer = StateWriter(copy, Actor.LOOP_AGENT, "loop-agent-bench")
+    spent, sizes = [], []
+    try:
+        for attempt, entries in by_attempt.items():
+            sizes.append(sum(len(e["data"]) for e in entries))
+            decoded = [(e["kind"], json.loads(e["data"])) for e in entries]
+            with writer.transaction(render=False) as tx:
+                t0 = time.perf_counter()
+                record = Transcript(work_id, entries[0]["iteration"], attempt + 100_000, clock=time.time)
+                for kind, data in decoded:
+                    record.record(kind, data)
+                record.flush(tx)
+                spent.append((time.perf_counter() - t0) * 1000)
+    finally:
+        writer.close()
+    if not spent:
+        return {}
+    counts = sorted(len(v) for v in by_attempt.values())
+    return {"transcript_ms_per_iteration_p50": round(statistics.median(spent), 3),
+            "transcript_ms_per_iteration_max": round(max(spent), 3),
+            "transcript_bytes_per_iteration_p50": int(statistics.median(sizes)),
+            "transcript_bytes_per_iteration_max": max(sizes),
+            "transcript_entries_per_iteration_p50": counts[len(counts) // 2]}
 
 
 def bench_traced(root: Path, iterations: int) -> dict:
@@ -90,7 +140,7 @@ def bench_traced(root: Path, iterations: int) -> dict:
     control.start_background(home, timeout_s=30)
     time.sleep(2.5)  # as above: the loop-agents' warm-up
     try:
-        overheads, attempts, _ = _long_run(home, cfg, root / "long", script, iterations)
+        overheads, attempts, _, _ = _long_run(home, cfg, root / "long", script, iterations)
     finally:
         control.request(home, "stop", force=True, timeout_s=30)
     return {"iteration_overhead_ms_p50_traced": round(statistics.median(overheads), 2),
@@ -134,7 +184,8 @@ def bench_org(root: Path, iterations: int, items: int) -> dict:
             preflights.append(pre)
             dispatch.append((first - created) * 1000 - pre)
         # iteration overhead: one long run
-        overheads, attempts, stop = _long_run(home, cfg, root / "long", script, iterations)
+        overheads, attempts, stop, wid = _long_run(home, cfg, root / "long", script, iterations)
+        figures.update(transcript_figures(home, wid, root))
         # resume
         control.request(home, "suspend", timeout_s=30)
         t1 = time.monotonic()

@@ -161,6 +161,8 @@ class Loop(Section):
     no_progress_window: int = key(5, "... within this many iterations", ge=2)
     wrapup_reserve: float = key(0.05, "fraction of a token, cost or time budget kept for one wrap-up act that "
                                 "writes a hand-off note when the budget trips; 0: none", ge=0, lt=0.5)
+    transcript_bytes: int = key(4_000_000, "a run's transcript (every act's turns, tool calls and results) is kept "
+                                "up to this size; later entries are dropped, and a 'cut' entry says so", ge=10_000)
 
 
 class Knowledge(Section):
@@ -294,6 +296,7 @@ class Retention(Section):
     model_calls_days: float = key(30, "per-call usage rows of ended runs → one summary row per run", gt=0)
     eval_snapshots_days: float = key(1, "the eval-agent's snapshots of ended runs", ge=0)
     quarantine_days: float = key(14, "copies of bad outbox files", ge=0)
+    transcript_days: float = key(30, "the transcripts of ended runs older than this are deleted", gt=0)
 
 
 class Review(Section):

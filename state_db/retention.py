@@ -3,8 +3,9 @@
 Only bookkeeping of *ended* runs is pruned: journal events older than the retention (a
 ``journal_pruned`` event keeps their counts by kind), per-call usage rows (folded into one
 ``usage_summaries`` row per run first, in the same transaction, so totals never change), and
-delivery-ledger ids past the maximum message age. Work items, iterations, verdicts, decisions and
-knowledge are never pruned here.
+delivery-ledger ids past the maximum message age, and the transcripts of runs ended longer ago
+than ``transcript_days`` (what the doer said and ran, the bulkiest rows a run leaves). Work items,
+iterations, verdicts, decisions and knowledge are never pruned here.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ DAY = 86400.0
 
 
 def prune(writer: StateWriter, *, events_days: float, model_calls_days: float, ledger_keep_s: float,
-          now: float | None = None, dry_run: bool = False) -> dict:
+          now: float | None = None, dry_run: bool = False, transcript_days: float | None = None) -> dict:
     """Prune in one transaction; returns counts. ``dry_run`` counts without deleting."""
     if writer.actor not in RETENTION_WRITERS:
         raise NotAllowed(writer.actor, "prune state.db")
@@ -36,8 +37,11 @@ def prune(writer: StateWriter, *, events_days: float, model_calls_days: float, l
         calls = c.execute(f"SELECT COUNT(*) FROM model_calls WHERE at < ? AND work_id IN ({ended_before})",
                           (mc_cut, mc_cut)).fetchone()[0]
         ledger = c.execute("SELECT COUNT(*) FROM delivery_ledger WHERE recorded_at < ?", (now - ledger_keep_s,)).fetchone()[0]
+        tr_cut = None if transcript_days is None else now - transcript_days * DAY
+        entries = 0 if tr_cut is None else c.execute(
+            f"SELECT COUNT(*) FROM transcript WHERE work_id IN ({ended_before})", (tr_cut,)).fetchone()[0]
         result = {"events": sum(kinds.values()), "model_calls": calls, "runs_summarized": len(runs),
-                  "ledger_ids": ledger, "dry_run": dry_run}
+                  "ledger_ids": ledger, "transcript_entries": entries, "dry_run": dry_run}
         if dry_run:
             return result
         for wid in runs:
@@ -62,6 +66,8 @@ def prune(writer: StateWriter, *, events_days: float, model_calls_days: float, l
         c.execute("""DELETE FROM events WHERE kind = 'announce' AND at < ?
                       AND id < (SELECT MAX(id) FROM events WHERE kind = 'announce')""", (ev_cut,))
         c.execute("DELETE FROM delivery_ledger WHERE recorded_at < ?", (now - ledger_keep_s,))
-        if kinds or runs or ledger:
+        if entries:
+            c.execute(f"DELETE FROM transcript WHERE work_id IN ({ended_before})", (tr_cut,))
+        if kinds or runs or ledger or entries:
             tx.journal("journal_pruned", None, {"events_by_kind": kinds, **result})
     return result

@@ -61,7 +61,8 @@ KEYS = {"work_items": "id", "org_session": "id", "role_instances": "instance", "
         "iterations": ("work_id", "n"), "verdicts": "id", "preflights": "work_id", "model_calls": "request_id",
         "curated_notes": "id", "workspace_locks": "workspace", "attempts": ("work_id", "attempt"),
         "stop_history": ("work_id", "seq"), "attention": "key", "handoffs": ("work_id", "ending"), "proposals": "id",
-        "peers": "instance", "replays": "work_id", "replay_plans": "subject"}
+        "peers": "instance", "replays": "work_id", "replay_plans": "subject",
+        "transcript": ("work_id", "attempt", "seq")}
 
 H, SUP, CO, LA, EV, CU = (Actor.HUMAN, Actor.SUPERVISOR, Actor.COORDINATOR, Actor.LOOP_AGENT,
                           Actor.EVAL_AGENT, Actor.CURATOR)
@@ -81,7 +82,8 @@ WRITERS: dict[tuple[str, str], set[str]] = {
     ("iterations", "insert"): {LA},
     ("iterations", "update"): {LA},
     ("handoffs", "insert"): {LA},
-    ("model_calls", "insert"): {LA, CO, CU, EV},     # EV: its reviews (roles/eval_agent/review.py)
+    ("model_calls", "insert"): {LA, CO, CU, EV},
+    ("transcript", "insert"): {LA},     # EV: its reviews (roles/eval_agent/review.py)
     ("verdicts", "insert"): {EV},
     ("preflights", "insert"): {EV},
     ("decisions", "insert"): {LA, EV},

@@ -502,6 +502,25 @@ ALTER TABLE idempotency ADD COLUMN args TEXT;
 """
 
 
+# The transcript of every act (roles/loop_agent/transcript.py): the model's turns, each tool call
+# with its input and result, the act's prompt and outcome, in order (``seq`` per attempt).
+# Written by the loop-agent with the usage of each model response and with the attempt's close;
+# a discarded attempt keeps its entries (its attempts row says it was discarded). Bounded per
+# run; retention deletes the entries of runs ended longer ago than ``retention.transcript_days``.
+TRANSCRIPT = """
+CREATE TABLE transcript (
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    attempt INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    iteration INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    at REAL NOT NULL,
+    data TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (work_id, attempt, seq)
+);
+"""
+
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
     ("0002_knowledge", KNOWLEDGE),
@@ -517,6 +536,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0013_handoff", HANDOFF),
     ("0014_peers", PEERS),
     ("0015_scope", SCOPE),
+    ("0016_transcript", TRANSCRIPT),
     ("0017_rough_edges", ROUGH_EDGES),
     ("0018_contract", CONTRACT),
     ("0020_doors", DOORS),

@@ -34,6 +34,7 @@ from state_db.queries.base import plain
 from state_db.queries.review import review_usage
 from state_db.queries.verdicts import latest_eval_verdict
 from state_db.queries.work import Caps
+from state_db.stop_hints import hint as stop_hint
 from state_db.errors import NotFound
 from state_db.vocab import RoleStatus, StopReason, WorkStatus
 
@@ -72,7 +73,7 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
     Returns: ``{id, goal, status, phase, assigned_to, iteration: {n, max, committed}, tokens:
     {used, cap, total}, cost_usd: {used, cap}, elapsed_s: {used, cap}, verdict: {iteration,
     outcome, line} | None, baseline: {outcome, line} | None, current_tool: {call, for_s} | None,
-    pending_decisions: [ids], stop: {reason, detail, ended_at} | None, created_at, updated_at,
+    pending_decisions: [ids], stop: {reason, detail, ended_at, hint} | None, created_at, updated_at,
     review: {calls, tokens, cost_usd}, caps: {name: {value, from}}}`` (``value`` None: removed on
     purpose; ``from``: flag, org.toml, default, or None when not recorded). Tokens and cost used are the doer's, against its caps: the
     eval-agent's review calls have their own budget (``review``; ``tokens.total`` counts everything).
@@ -124,7 +125,8 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
         "current_tool": current,
         "pending_decisions": pending,
         "stop": None if not item["stop_reason"] else {"reason": item["stop_reason"], "detail": item["stop_detail"],
-                                                      "ended_at": item["ended_at"]},
+                                                      "ended_at": item["ended_at"],
+                                                      "hint": stop_hint(item["stop_reason"], item["id"])},
         "created_at": item["created_at"], "updated_at": item["updated_at"],
     }
 

@@ -277,3 +277,14 @@ class HandoffSource(StrEnum):
 
     WRAPUP = "wrapup"                      # the wrap-up act
     RECORD = "record"                      # derived from the record alone
+class TranscriptKind(StrEnum):
+    """One entry of an act's transcript (``state_db/queries/transcript.py``), in the order an act
+    makes them. The verdict, decisions and lessons are read from their own rows beside them."""
+
+    PROMPT = "prompt"              # what the act was asked (the variable prompt, bounded)
+    TEXT = "text"                  # the model's words in one turn
+    TOOL_CALL = "tool_call"        # a tool the model called, with its input
+    TOOL_RESULT = "tool_result"    # what the tool answered (output bounded, secrets redacted)
+    TURN = "turn"                  # one model response: its request id, model and stop reason
+    OUTCOME = "outcome"            # how the act ended (status, code, error)
+    CUT = "cut"                    # the run's transcript bound was reached: later entries are not kept

@@ -22,7 +22,7 @@ from state_db.vocab import (
     ProposalStatus, RoleStatus, SessionStatus, SkillStatus, StopReason, VerdictOutcome, WorkStatus,
 )
 from state_db.vocab import (Origin, ReplayArm, ReplayPlanStatus, ReplayRelation, ReplaySubjectKind, ScheduleKind,
-                            ScheduleStatus)
+                            ScheduleStatus, TranscriptKind)
 from state_db.vocab import (
     ActStatus, AttemptOutcome, AttentionKind, DecisionKind, HandoffSource, NoteKind, NoteTier, ProposalKind,
 )
@@ -64,6 +64,7 @@ GUARDED: dict[tuple[str, str], Iterable[str]] = {
     ("curated_notes", "tier"): NoteTier,
     ("attention", "kind"): AttentionKind,
     ("handoffs", "source"): HandoffSource,
+    ("transcript", "kind"): TranscriptKind,
 }
 
 
@@ -98,6 +99,7 @@ FREE: dict[str, tuple[str, ...]] = {
     "replay_plans": ("subject", "name", "skill_text", "items", "planned_by"),
     "skills": ("name", "path", "candidate_id"),
     "stop_history": ("work_id", "stop_detail", "caps", "new_caps", "continued_by"),
+    "transcript": ("work_id", "data"),
     "transport_counters": ("instance", "name"),
     "usage_summaries": ("work_id",),
     "verdicts": ("id", "work_id", "checks", "feedback", "protected_changed", "written_by", "held_back", "evidence",

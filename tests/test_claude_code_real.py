@@ -165,6 +165,14 @@ def test_the_real_cli_fixes_the_bug_with_its_own_tools_in_a_two_iteration_loop(
     verdicts = query(org_home, "SELECT iteration, outcome FROM verdicts ORDER BY iteration")
     assert verdicts == [{"iteration": 1, "outcome": "fail"}, {"iteration": 2, "outcome": "pass"}]
 
+    # the transcript, from the CLI's own stream events: its tool calls with their input and results
+    entries = query(org_home, "SELECT iteration, kind, data FROM transcript WHERE work_id='w1' ORDER BY attempt, seq")
+    calls = [json.loads(e["data"]) for e in entries if e["kind"] == "tool_call"]
+    assert {c["name"] for c in calls} >= {"Read", "Edit", "Bash"} and all(c["source"] == "cli" for c in calls)
+    results = [json.loads(e["data"]) for e in entries if e["kind"] == "tool_result"]
+    assert len(results) == len(calls) and any(r["output"] for r in results)
+    assert [e["kind"] for e in entries if e["iteration"] == 1][0] == "prompt" and entries[-1]["kind"] == "outcome"
+
     # usage metered by the endpoint, one row per response under the server's request id (100 in, 20 out each)
     calls = query(org_home, "SELECT * FROM model_calls WHERE work_id='w1' ORDER BY iteration")
     assert [(c["iteration"], c["input_tokens"], c["output_tokens"]) for c in calls] == [(1, 100, 20)] * 3 + [(2, 100, 20)] * 4

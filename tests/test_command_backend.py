@@ -69,6 +69,8 @@ for port in conf.get("probe_ports", []):
         report.setdefault("refused", []).append(type(exc).__name__)
 with open("cli-report.json", "w") as f:
     json.dump(report, f)
+for event in conf.get("stream", []):
+    print(json.dumps(event))
 result = {{"type": "result", "subtype": conf.get("subtype", "success"), "is_error": conf.get("is_error", False),
           "duration_ms": 5, "num_turns": 2, "result": "done: " + text, "session_id": "sess-123",
           "total_cost_usd": conf.get("cost", 0.0123), "usage": dict(usage, server_tool_use={{}})}}
@@ -147,8 +149,9 @@ def test_a_successful_run_reports_the_usage_the_endpoint_metered_priced_from_the
     assert (u.input_tokens, u.output_tokens, u.cache_creation_input_tokens, u.cache_read_input_tokens) == (100, 20, 7, 50)
     assert u.cost_usd == pytest.approx((100 * 3.0 + 20 * 15.0 + 7 * 3.75 + 50 * 0.3) / 1_000_000)
     seen = report(org)
-    assert seen["argv"][:6] == ["-p", "--output-format", "json", "--permission-mode", "acceptEdits", "--allowedTools"]
-    assert seen["argv"][6:] == ["Read,Edit,Write,Glob,Grep,Bash", "--max-turns", "7"]
+    assert seen["argv"][:7] == ["-p", "--output-format", "stream-json", "--verbose", "--permission-mode", "acceptEdits",
+                                "--allowedTools"]
+    assert seen["argv"][7:] == ["Read,Edit,Write,Glob,Grep,Bash", "--max-turns", "7"]
     assert seen["prompt"].startswith("SYSTEM PREFIX: be careful") and "Iteration: 1" in seen["prompt"]
     assert seen["cwd"] == str(org[1])
     env = seen["env"]
@@ -156,6 +159,30 @@ def test_a_successful_run_reports_the_usage_the_endpoint_metered_priced_from_the
     assert env["HOME"] == str(private) and env["CLAUDE_CONFIG_DIR"] == str(private / ".claude")
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
     assert "CLAUDE_CODE_MAX_RETRIES" not in env                   # the CLI's own default unless set
+
+
+def test_the_cli_s_stream_events_become_the_act_s_transcript_marked_as_the_cli_s_own_account(org, api, fake_cli):
+    """Each assistant message's words and tool calls, each tool result; a broken line is skipped;
+    the usage still comes from the endpoint's meter only."""
+    api.enqueue(text_turn("ok", usage=MODEL_USAGE))
+    stream = [{"type": "system", "subtype": "init", "model": "claude-sonnet-4-5"},
+              {"type": "assistant", "message": {"id": "msg_1", "model": "claude-sonnet-4-5", "content": [
+                  {"type": "text", "text": "Looking at calc.py"},
+                  {"type": "tool_use", "id": "tu_1", "name": "Bash", "input": {"command": "pytest -q"}}]}},
+              {"type": "user", "message": {"role": "user", "content": [
+                  {"type": "tool_result", "tool_use_id": "tu_1", "is_error": True,
+                   "content": [{"type": "text", "text": "1 failed \x1b[31mred\x1b[0m"}]}]}},
+              "not an event",
+              {"type": "assistant", "message": {"id": "msg_2", "model": "claude-sonnet-4-5", "content": [
+                  {"type": "text", "text": "Fixed."}], "usage": {"input_tokens": 10 ** 9}}}]
+    got = []
+    ctx = ActContext("w-1", 1, 1, org[1], "", "Iteration: 1", max_turns=7, record=lambda k, d: got.append((k, d)))
+    outcome, usages = act(backend_for(org, api, fake_cli(stream=stream)), ctx)
+    assert outcome.status == "ok", outcome
+    assert [k for k, _ in got] == ["turn", "text", "tool_call", "tool_result", "turn", "text"]
+    assert got[2][1] == {"id": "tu_1", "name": "Bash", "input": {"command": "pytest -q"}, "source": "cli"}
+    assert got[3][1]["ok"] is False and got[3][1]["output"].startswith("1 failed")
+    assert [u.input_tokens for u in usages] == [100]        # the meter's, not the CLI's claim
 
 
 def test_the_orgs_retry_setting_reaches_the_cli(org, api, fake_cli):

@@ -54,6 +54,7 @@ BASE = {
     "attention": lambda i: {"key": f"a{i}", "kind": "batch_open", "text": "t", "created_at": 1},
     "handoffs": lambda i: {"work_id": "w", "ending": i, "done": "d", "remains": "r", "learned": "l",
                            "source": "record", "written_by": "l", "at": 1},
+    "transcript": lambda i: {"work_id": "w", "attempt": 1, "seq": i, "iteration": 1, "at": 1},
 }
 
 # values outside every vocabulary, near misses of real ones, and the examples

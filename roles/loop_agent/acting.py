@@ -19,14 +19,16 @@ from roles.loop_agent.context import assemble
 from roles.loop_agent.lessons import derive_lesson
 from roles.loop_agent.stop import RunProgress, StopDecision, fingerprint
 from roles.loop_agent.tools import read_only
+from roles.loop_agent.transcript import Transcript
 from state_db.errors import Conflict
 from state_db.queries import loop as loopq, work as work_q
 from state_db.queries.decisions import Decision
 from state_db.queries.iterations import open_attempts
+from state_db.queries.transcript import used_bytes as transcript_bytes
 from state_db.queries.usage import of_attempt, of_doer
 from state_db.queries.verdicts import Verdict
 from state_db.queries.work import WorkItem
-from state_db.vocab import ActStatus, AttemptOutcome, StopReason, VerdictOutcome, WorkStatus
+from state_db.vocab import ActStatus, AttemptOutcome, StopReason, TranscriptKind, VerdictOutcome, WorkStatus
 
 INTERRUPTED = "interrupted"
 DISCARDED = "discarded"         # an attempt thrown away because the run must stop (the policy says why)
@@ -118,8 +120,11 @@ class Acting:
                              cost_usd=left(trips.get("cost_usd"), now.cost_usd),
                              seconds=left(trips.get("elapsed_s"), now.elapsed_s))
 
+        record = self._transcript = self._new_transcript(n, attempt)
+        record.record(TranscriptKind.PROMPT, {"text": prompt.variable, "system_bytes": len(prompt.system_prefix),
+                                              "manifest": prompt.manifest})
         ctx = ActContext(self.work_id, n, attempt, self.history.workspace, prompt.system_prefix, prompt.variable,
-                         max_turns=self.settings.max_turns, remaining=remaining)
+                         max_turns=self.settings.max_turns, remaining=remaining, record=record.record)
 
         def on_usage(u: Usage) -> None:
             self._commit_usage(u, n, attempt)
@@ -141,7 +146,12 @@ class Acting:
             return None if reason is None else str(reason)
 
         self.log.info("act_started", iteration=n, attempt=attempt, prompt_bytes=prompt.manifest.get("variable_bytes"))
-        outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
+        try:
+            outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
+        except Exception as exc:
+            self._keep_transcript_of_failed_act(exc)
+            raise
+        record.record(TranscriptKind.OUTCOME, _outcome_entry(outcome))
         if outcome.status == "budget_exhausted" and outcome.error_code in (INTERRUPTED, StopReason.CANCELLED,
                                                                              StopReason.ORG_LIMIT):
             self._close_attempt(attempt, AttemptOutcome.INTERRUPTED, t0, outcome.error_code)
@@ -158,6 +168,25 @@ class Acting:
         self._commit(work, n, attempt, outcome, prompt.manifest, t0, last, its)
         return True
 
+    def _new_transcript(self, n: int, attempt: int) -> Transcript:
+        return Transcript(self.work_id, n, attempt, used_bytes=transcript_bytes(self.w.conn, self.work_id),
+                          run_bytes=self.settings.transcript_bytes, clock=time.time)   # wall time: shown to people
+
+    def _keep_transcript_of_failed_act(self, exc: Exception) -> None:
+        """An act that raised: what it recorded since its last model response is written now, with
+        how it ended (the attempt stays open, to be discarded by whoever takes the run up again)."""
+        self._transcript.record(TranscriptKind.OUTCOME, {"status": "error", "error_code": type(exc).__name__,
+                                                         "error": str(exc)[:1000], "turns": 0})
+        try:
+            with self.w.transaction(render=False) as tx:
+                self._flush_transcript(tx)
+        except Exception as failed:  # noqa: BLE001 - the act's own error is the one to report
+            self.log.warning("transcript_not_written", error=str(failed), next="the act's error is raised")
+
+    def _flush_transcript(self, tx) -> None:
+        if self._transcript is not None:
+            self._transcript.flush(tx)
+
     def _commit_usage(self, u: Usage, n: int, attempt: int) -> None:
         try:
             with self.w.transaction(render=False) as tx:
@@ -168,6 +197,7 @@ class Acting:
                                           "cache_read_tokens": u.cache_read_input_tokens, "cost_usd": u.cost_usd,
                                           "at": tx.now}, journal=False)
                 tx.update("attempts", (self.work_id, attempt), alive_at=tx.now)   # a sign of life
+                self._flush_transcript(tx)      # what the act said up to this response, at no extra cost
         except Conflict:
             self.log.warning("usage_already_counted", request_id=u.request_id)
 
@@ -210,6 +240,7 @@ class Acting:
             tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
                       updated_at=tx.now)
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=AttemptOutcome.COMMITTED)
+            self._flush_transcript(tx)
             gate.record_requests(tx, self.work_id, n, outcome.requests)
             # an error class the policy does not know, met for the first time in this run, asks a human
             unknown = triage.unknown(self.policy, triage.tool_errors(outcome.tool_calls), its, tx.conn, self.work_id)
@@ -249,6 +280,7 @@ class Acting:
         with self.w.transaction() as tx:
             elapsed = self.clock() - t0
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now, outcome=outcome, detail=detail)
+            self._flush_transcript(tx)
             work = work_q.item(tx.conn, self.work_id)
             tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + elapsed,
                       discarded_s=work.discarded_s + elapsed, updated_at=tx.now)
@@ -327,17 +359,22 @@ class Acting:
             return None
 
         text = wrapup.prompt(work.goal, n, decision, parts, allowance["tokens"])
+        record = self._transcript = self._new_transcript(n, attempt)
+        record.record(TranscriptKind.PROMPT, {"text": text, "wrapup": True})
         ctx = ActContext(self.work_id, n, attempt, self.history.workspace, wrapup.INSTRUCTIONS, text,
-                         max_turns=wrapup.MAX_TURNS, remaining=remaining)
+                         max_turns=wrapup.MAX_TURNS, remaining=remaining, record=record.record)
         outcome = None
         try:
             with read_only(), telemetry.current().step("wrap_up"):
                 outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
         except Exception as exc:  # noqa: BLE001 - the note then comes from the record; the run ends all the same
             self.log.warning("wrapup_failed", error=str(exc), next="a hand-off note from the record")
+        if outcome is not None:
+            record.record(TranscriptKind.OUTCOME, _outcome_entry(outcome))
         with self.w.transaction() as tx:
             elapsed = self.clock() - t0
             wrapped = outcome is not None and outcome.status == ActStatus.OK
+            record.flush(tx)
             tx.update("attempts", (self.work_id, attempt), ended_at=tx.now,
                       outcome=AttemptOutcome.WRAPPED_UP if wrapped else AttemptOutcome.WRAPUP_FAILED,
                       detail=None if wrapped else (outcome.status if outcome else "error"))
@@ -346,6 +383,12 @@ class Acting:
         self.history.reset_to(self._settled(its))   # whatever the act did, the run ends where it stood
         ok = outcome is not None and outcome.status in ("ok", "failed") and outcome.turns > 0
         return attempt, (outcome.summary if ok else ""), elapsed
+
+
+def _outcome_entry(outcome: ActOutcome) -> dict:
+    """The transcript's record of how an act ended."""
+    return {"status": outcome.status, "stop_reason": outcome.stop_reason, "error_code": outcome.error_code,
+            "error": outcome.error, "turns": outcome.turns, "summary": outcome.summary}
 
 
 def _why_not(allowance: dict, progress: RunProgress) -> str | None:

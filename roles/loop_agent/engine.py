@@ -47,6 +47,7 @@ from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, P
                                     Step, WrapUp)
 from roles.loop_agent.stop import StopDecision
 from roles.workspace import delivered
+from roles.loop_agent.transcript import RUN_BYTES, Transcript
 from state_db import ending
 from state_db.errors import Conflict, OrgError
 from state_db.queries import loop as loopq, work as work_q
@@ -81,6 +82,7 @@ class LoopSettings:
     knowledge: list = field(default_factory=list)
     gate_runner: Callable = gate.refuse_runner
     disk_mb: int | None = None        # the workspace's quota (sandbox.disk_mb): no larger tree is recorded
+    transcript_bytes: int = RUN_BYTES
 
     @classmethod
     def from_config(cls, cfg) -> "LoopSettings":
@@ -88,7 +90,7 @@ class LoopSettings:
                    lessons_max=cfg.loop.lessons_max,
                    no_progress=(cfg.loop.no_progress_repeat, cfg.loop.no_progress_window),
                    org_spend_cap_usd=cfg.limits.total_spend_usd, wrapup_reserve=cfg.loop.wrapup_reserve,
-                   disk_mb=cfg.sandbox.disk_mb)
+                   disk_mb=cfg.sandbox.disk_mb, transcript_bytes=cfg.loop.transcript_bytes)
 
 
 def policy_for(work: WorkItem, settings: LoopSettings) -> StopPolicy:
@@ -147,6 +149,7 @@ class LoopEngine(Acting):
         self._reflected = prog.Reflected()
         self._unwritten: tuple[int, dict] | None = None   # a reflection the next transaction writes
         self._waited = 0.0                # time spent waiting for verdicts, written with the reflection
+        self._transcript: Transcript | None = None   # the open attempt's entries not yet written
         self._policy: StopPolicy | None = None
         self._model_error: str | None = None            # the policy's model_error flag, with its detail
         self._abandoned: tuple[str, str] | None = None  # a verdict wait given up: (reason, detail)

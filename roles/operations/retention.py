@@ -57,7 +57,7 @@ def collect(home, cfg, *, dry_run: bool, history: bool, older_than_days: float, 
     try:
         out = prune(writer, events_days=cfg.retention.events_days, model_calls_days=cfg.retention.model_calls_days,
                     ledger_keep_s=Limits.from_config(cfg.data["transport"]).ledger_keep_s,
-                    dry_run=dry_run) if rows else {}
+                    dry_run=dry_run, transcript_days=cfg.retention.transcript_days) if rows else {}
         now = time.time()
         rows = with_status(writer.conn, WorkStatus.ENDED)
         ended = {r.id: r.ended_at for r in rows}

@@ -37,6 +37,8 @@ log = structlog.get_logger("mcp")
 
 STATUS_URI = "org://status"
 RUN_PREFIX = "org://runs/"
+TRANSCRIPT_SUFFIX = "/transcript"
+COST_URI = "org://cost"
 JSON = "application/json"
 INSTRUCTIONS = ("loop-org runs goals in bounded, verified loops: 'submit' a goal with a workspace and a verify "
                 "command, follow it through org://runs/ID (subscribe for updates) or 'show', answer its "
@@ -100,14 +102,20 @@ class OrgServer:
         async def list_resources() -> list[types.Resource]:
             runs = await anyio.to_thread.run_sync(self._runs)
             return [types.Resource(uri=AnyUrl(STATUS_URI), name="org status", mimeType=JSON,
-                                   description="the org at a glance (org status --json)")] + [
+                                   description="the org at a glance (org status --json)"),
+                    types.Resource(uri=AnyUrl(COST_URI), name="org cost", mimeType=JSON,
+                                   description="tokens and dollars by work item, goal family, model and day "
+                                               "(org cost --by … --json)")] + [
                 types.Resource(uri=AnyUrl(RUN_PREFIX + r["id"]), name=f"run {r['id']}", mimeType=JSON,
                                description=f"{r['status']}: {r['goal'][:80]}") for r in runs]
 
         @s.list_resource_templates()
         async def list_templates() -> list[types.ResourceTemplate]:
             return [types.ResourceTemplate(uriTemplate=RUN_PREFIX + "{id}", name="run", mimeType=JSON,
-                                           description="one run (org show ID --json)")]
+                                           description="one run (org show ID --json)"),
+                    types.ResourceTemplate(uriTemplate=RUN_PREFIX + "{id}" + TRANSCRIPT_SUFFIX, name="transcript",
+                                           mimeType=JSON, description="what the doer did in one run, act by act "
+                                                                      "(org show ID --transcript --json)")]
 
         @s.read_resource()
         async def read_resource(uri: AnyUrl) -> list[ReadResourceContents]:
@@ -135,9 +143,14 @@ class OrgServer:
     def _read(self, uri: str) -> dict:
         if uri == STATUS_URI:
             return mcp_tools.status(self._caller(), {})
+        if uri == COST_URI:
+            return mcp_tools.cost(self._caller(), {})
+        if uri.startswith(RUN_PREFIX) and uri.endswith(TRANSCRIPT_SUFFIX):
+            return mcp_tools.transcript(self._caller(), {"id": uri.removeprefix(RUN_PREFIX)[:-len(TRANSCRIPT_SUFFIX)]})
         if uri.startswith(RUN_PREFIX):
             return mcp_tools.show(self._caller(), {"id": uri.removeprefix(RUN_PREFIX)})
-        raise NotFound(f"no resource {uri}", hint=f"read {STATUS_URI} or {RUN_PREFIX}ID")
+        raise NotFound(f"no resource {uri}", hint=f"read {STATUS_URI}, {COST_URI}, {RUN_PREFIX}ID or "
+                                                  f"{RUN_PREFIX}ID{TRANSCRIPT_SUFFIX}")
 
     def _events_after(self, after: int | None) -> tuple[int, list[tuple[str, str]]]:
         """The journal's newest id, and (subject, data) of the events after ``after``."""
@@ -156,10 +169,10 @@ class OrgServer:
         """Which subscribed resources these journal events change."""
         out = []
         for uri in sorted(uris):
-            if uri == STATUS_URI and events:
+            if uri in (STATUS_URI, COST_URI) and events:
                 out.append(uri)
             elif uri.startswith(RUN_PREFIX):
-                work_id = uri.removeprefix(RUN_PREFIX)
+                work_id = uri.removeprefix(RUN_PREFIX).removesuffix(TRANSCRIPT_SUFFIX)
                 if any(work_id in subject or work_id in data for subject, data in events):
                     out.append(uri)
         return out

@@ -78,6 +78,26 @@ def show(caller: Caller, a: dict) -> dict:
     return _read(caller, lambda conn: load(conn, a["id"]))
 
 
+def transcript(caller: Caller, a: dict) -> dict:
+    """What ``org show ID --transcript --json`` prints."""
+    from state_db import queries
+    from state_db.errors import NotFound
+    from state_db.queries.transcript import of_work
+
+    def read(conn):
+        if queries.work_item(conn, a["id"]) is None:
+            raise NotFound(f"no work item {a['id']}", hint="list them with 'org status'")
+        return {"id": a["id"], "iteration": a.get("iteration"),
+                "attempts": of_work(conn, a["id"], iteration=a.get("iteration"))}
+    return _read(caller, read)
+
+
+def cost(caller: Caller, a: dict) -> dict:
+    """``org cost --json`` for each grouping (item, goal, model, day), over every call."""
+    from state_db.queries.cost import BYS, rollup
+    return _read(caller, lambda conn: {by: rollup(conn, by) for by in BYS})
+
+
 def diff(caller: Caller, a: dict) -> dict:
     from scripts.cli.commands.diff import patch_of
     patch = patch_of(_args(caller, id=a["id"], iteration=a.get("iteration")))

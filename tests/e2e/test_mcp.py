@@ -97,6 +97,13 @@ def test_an_sdk_client_submits_follows_to_goal_met_by_notifications_and_is_refus
         done = await follow(s, updates, first["id"], lambda r: r["status"] == "ended")
         assert done["stop_reason"] == "goal_met" and [i["n"] for i in done["iterations_detail"]] == [1, 2]
         patch = data(await s.call_tool("diff", {"id": first["id"]}))["patch"]
+        transcript = json.loads((await s.read_resource(f"org://runs/{first['id']}/transcript")).contents[0].text)
+        cost = json.loads((await s.read_resource("org://cost")).contents[0].text)
+        assert [a["iteration"] for a in transcript["attempts"]] == [1, 2]
+        calls = [e["data"] for a in transcript["attempts"] for e in a["entries"] if e["kind"] == "tool_call"]
+        assert calls and transcript["attempts"][-1]["verdict"]["outcome"] == "pass"
+        spent = {r["key"]: r for r in cost["item"]["rows"]}[first["id"]]
+        assert spent["calls"] >= sum(len(a["usage"]) for a in transcript["attempts"]) > 0 and spent["tokens"] > 0
         refused = await s.call_tool("decide", {"id": "d-x", "verdict": "approve"})
         missing = await s.call_tool("show", {"id": "w-nope"})
         return first, patch, refused, missing

@@ -95,3 +95,9 @@ def test_a_token_budget_ends_with_its_reason_and_a_hand_off_note_within_the_rese
     assert "remains: the state check still fails" in shown.stdout
     as_json = json.loads(cli(org, "show", wid, "--json").stdout)
     assert as_json["handoffs"][0]["learned"] == note["learned"]
+    # the wrap-up act has its transcript too, marked as the wrap-up
+    transcript = json.loads(cli(org, "show", wid, "--transcript", "--json").stdout)["attempts"]
+    last = transcript[-1]
+    assert last["wrapup"] and not last["discarded"] and last["attempt"] == note["attempt"]
+    assert last["entries"][0]["data"]["wrapup"] and last["entries"][-1]["kind"] == "outcome"
+    assert len(last["usage"]) == 2

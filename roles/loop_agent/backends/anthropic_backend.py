@@ -59,6 +59,7 @@ from roles.loop_agent.backends.retry import Failure, MemoryRateGate, RateGate, R
 from roles.loop_agent.pricing import Price, PriceTable
 from roles.loop_agent.commands import CommandRunner
 from roles.loop_agent.tools import ToolLimits, WorkspaceTools, summarize_call
+from state_db.vocab import TranscriptKind
 
 log = structlog.get_logger("loop_agent.anthropic")
 
@@ -215,6 +216,8 @@ class AnthropicBackend:
             run.turns += 1
             usage = self._usage(message, request_id)
             on_usage(usage)
+            ctx.record(TranscriptKind.TURN, {"turn": run.turns, "request_id": request_id, "model": usage.model,
+                                             "stop_reason": message.stop_reason, **_counts(usage)})
             log.info("model turn", turn=run.turns, request_id=request_id, stop_reason=message.stop_reason,
                      input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
                      cache_read=usage.cache_read_input_tokens, **fields)
@@ -324,6 +327,7 @@ class _Act:
 
     def __init__(self, ctx: ActContext, tools: WorkspaceTools) -> None:
         self.tools = tools
+        self.record = ctx.record
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": ctx.variable_prompt}]
         self.calls: list[dict] = []
         self.turns = 0
@@ -341,6 +345,8 @@ class _Act:
         blocks = list(message.content or [])
         text = "".join(getattr(b, "text", "") or "" for b in blocks if getattr(b, "type", None) == "text")
         self.text = text or self.text
+        if text:
+            self.record(TranscriptKind.TEXT, {"text": text})
         self.messages.append({"role": "assistant", "content": [_echo(b) for b in blocks]})
         if stop == "tool_use":
             uses = [b for b in blocks if getattr(b, "type", None) == "tool_use"]
@@ -359,13 +365,21 @@ class _Act:
 
     def _run_tool(self, block: Any) -> dict[str, Any]:
         name, tool_input = getattr(block, "name", None), getattr(block, "input", None)
+        self.record(TranscriptKind.TOOL_CALL, {"id": block.id, "name": str(name), "input": tool_input})
         with telemetry.current().tool(str(name), block.id) as span:
             result = self.tools.call(name, tool_input)
             if result.is_error:
                 span.set({telemetry.ERROR_TYPE: result.code or "tool_error"})
         self.calls.append(summarize_call(str(name), tool_input, result))
+        self.record(TranscriptKind.TOOL_RESULT, {"id": block.id, "name": str(name), "ok": not result.is_error,
+                                                 "code": result.code, "output": result.content})
         return {"type": "tool_result", "tool_use_id": block.id, "content": result.content,
                 "is_error": result.is_error}
+
+
+def _counts(usage: Usage) -> dict[str, int]:
+    return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+            "cache_write_tokens": usage.cache_creation_input_tokens, "cache_read_tokens": usage.cache_read_input_tokens}
 
 
 def _echo(block: Any) -> dict[str, Any]:

@@ -105,13 +105,19 @@ def unbounded() -> Remaining:
     return Remaining()
 
 
+def unrecorded(kind: str, data: dict | None = None) -> None:
+    """The transcript recorder of an act whose transcript nobody keeps (a bench's raw call)."""
+
+
 @dataclass(frozen=True)
 class ActContext:
     """What one act works from.
 
     ``system_prefix`` is the stable part (instructions + chosen skills) and is prompt-cached;
     ``variable_prompt`` holds everything that changes between iterations and always contains a
-    line ``Iteration: N`` (the scripted server picks its step from it).
+    line ``Iteration: N`` (the scripted server picks its step from it). ``record(kind, data)``
+    keeps one transcript entry (``vocab.TranscriptKind``: the model's words, a tool call, its
+    result, a turn); see ``roles.loop_agent.transcript``.
     """
 
     work_id: str
@@ -122,6 +128,7 @@ class ActContext:
     variable_prompt: str
     max_turns: int = 20
     remaining: Callable[[], Remaining] = field(default=unbounded, compare=False, repr=False)
+    record: Callable[[str, dict | None], None] = field(default=unrecorded, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

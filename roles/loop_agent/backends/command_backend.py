@@ -7,11 +7,12 @@ no network; the CLI reaches exactly the model endpoint through a ``ModelEndpoint
 in a private folder bound into the sandbox, relayed to 127.0.0.1 inside), which adds the org's
 credentials outside — the CLI itself only ever holds a placeholder key.
 
-The Claude Code preset runs ``claude -p --output-format json --permission-mode MODE
+The Claude Code preset runs ``claude -p --output-format stream-json --verbose --permission-mode MODE
 --allowedTools LIST [--max-turns N] [--model M]`` with HOME and ``CLAUDE_CONFIG_DIR`` in a private
 per-work folder (outside the workspace, bound writable) and
-``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1``, then reads its JSON result: ``usage``,
-``total_cost_usd``, ``num_turns``, ``subtype``, ``is_error``, ``result``, ``session_id``.
+``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1``, then reads its result event (the last line): ``usage``,
+``total_cost_usd``, ``num_turns``, ``subtype``, ``is_error``, ``result``, ``session_id``. The lines
+before it — the session's messages — become the act's transcript (``record_stream``).
 
 Metering: the endpoint reads the usage of every model response itself (``sandbox.metering``) and
 the backend reports each through ``on_usage`` keyed by the response's request id, from the act's
@@ -215,6 +216,10 @@ class CommandBackend:
             shutil.rmtree(sock_dir, ignore_errors=True)
             report()  # what the endpoint metered after the last poll, or before a failure
         self.refusals.update(endpoint.refusals)
+        if self.config.preset == "claude":
+            record_stream(got.output, ctx.record)
+        else:                                   # a plain CLI's account is its output
+            ctx.record("text", {"text": got.output, "source": "cli"})
         outcome = self._outcome(got, stop_code, ledger, endpoint, budget_left, metered, timeout_s)
         log.info("cli ended", status=outcome.status, error_code=outcome.error_code, exit_code=got.exit_code,
                  duration_s=round(got.duration_s, 2), requests=endpoint.requests, refused=endpoint.refused,
@@ -240,7 +245,8 @@ class CommandBackend:
         c = self.config
         if c.preset == "plain":
             return list(c.extra_args)
-        args = ["-p", "--output-format", "json", "--permission-mode", c.permission_mode]
+        # stream-json: every message of the CLI's session, one a line, then its result (the transcript)
+        args = ["-p", "--output-format", "stream-json", "--verbose", "--permission-mode", c.permission_mode]
         if c.allowed_tools:
             args += ["--allowedTools", ",".join(c.allowed_tools)]
         args += ["--max-turns", str(ctx.max_turns)]
@@ -327,6 +333,61 @@ def parse_result(stdout: str) -> dict | None:
         if isinstance(data, dict) and data.get("type", "result") == "result":
             return data
     return None
+
+
+def record_stream(stdout: str, record: Callable[[str, dict | None], None]) -> int:
+    """Record the CLI's session from its ``stream-json`` lines: each assistant message's words
+    and tool calls, each tool result, one ``turn`` per model message. Returns the entries made.
+
+    The CLI runs in the sandbox, so this is the doer's own account: kept as data (bounded and
+    cleaned by the recorder), marked ``source: cli``, never counted — usage is the endpoint's
+    meter. Lines that are not such events (a truncated middle, stray output) are skipped."""
+    import json
+
+    made, turns, seen = 0, 0, set()
+    for line in stdout.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        message = event.get("message") if isinstance(event, dict) else None
+        if not isinstance(message, dict) or not isinstance(message.get("content"), (list, str)):
+            continue
+        blocks = message["content"] if isinstance(message["content"], list) else [{"type": "text",
+                                                                                    "text": message["content"]}]
+        if event.get("type") == "assistant":
+            mid = message.get("id")
+            if mid not in seen:
+                seen.add(mid)
+                turns += 1
+                record("turn", {"turn": turns, "message_id": mid, "model": message.get("model"),
+                                "stop_reason": message.get("stop_reason"), "source": "cli"})
+                made += 1
+            for b in (b for b in blocks if isinstance(b, dict)):
+                if b.get("type") == "text" and b.get("text"):
+                    record("text", {"text": b["text"], "source": "cli"})
+                elif b.get("type") == "tool_use":
+                    record("tool_call", {"id": b.get("id"), "name": b.get("name"), "input": b.get("input"),
+                                         "source": "cli"})
+                else:
+                    continue
+                made += 1
+        elif event.get("type") == "user":
+            for b in (b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"):
+                record("tool_result", {"id": b.get("tool_use_id"), "ok": not b.get("is_error"),
+                                       "output": _result_text(b.get("content")), "source": "cli"})
+                made += 1
+    return made
+
+
+def _result_text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(c.get("text", "")) for c in content if isinstance(c, dict) and c.get("type") == "text")
+    return ""
 
 
 def claude_outcome(data: dict) -> ActOutcome:

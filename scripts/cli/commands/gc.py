@@ -33,7 +33,8 @@ def run(args) -> int:
         verb = "would prune" if args.dry_run else "pruned"
         rows = ("no rows (a joined host: the coordinator host prunes the shared store), " if joined else
                 f"{result['events']} journal events, {result['model_calls']} model-call rows "
-                f"({result['runs_summarized']} runs summarized), {result['ledger_ids']} ledger ids, ")
+                f"({result['runs_summarized']} runs summarized), {result['ledger_ids']} ledger ids, "
+                f"{result['transcript_entries']} transcript entries, ")
         print(f"{verb}: {rows}{result['eval_snapshots']} eval snapshots, {result['eval_histories']} eval history "
               f"copies, {result['histories']} histories, {result['quarantine']} quarantined files, "
               f"{result['cli_homes']} CLI homes, {result['cli_outbox']} stale CLI wakes in outbox/")

@@ -21,6 +21,10 @@ def add_arguments(p) -> None:
     p.add_argument("id", help="work item id")
     p.add_argument("--sandbox", action="store_true",
                    help="also list what this run's sandbox shows (read-only) and hides, and why")
+    p.add_argument("--transcript", action="store_true",
+                   help="show what the doer did, act by act: the prompt, the model's words, each tool call with "
+                        "its input and result, the verdict with its failing output, the lesson")
+    p.add_argument("--iteration", type=int, metavar="N", help="with --transcript: only iteration N's acts")
     add_json(p)
 
 
@@ -114,7 +118,34 @@ def now_lines(run: dict) -> list[str]:
     return lines
 
 
+def show_transcript(args) -> int:
+    """``--transcript``: the run's acts in order (``--json``: the attempts as data)."""
+    from scripts.cli.transcript_text import lines
+    from state_db.queries.transcript import of_work as transcript_of
+    conn = read_conn(args)
+    try:
+        if queries.work_item(conn, args.id) is None:
+            raise NotFound(f"no work item {args.id}", hint="list them with 'org status'")
+        attempts = transcript_of(conn, args.id, iteration=args.iteration)
+    finally:
+        conn.close()
+    if args.json:
+        emit_json({"id": args.id, "iteration": args.iteration, "attempts": attempts})
+        return 0
+    if not attempts:
+        print(f"{args.id}: no act yet" + (f" in iteration {args.iteration}" if args.iteration is not None else ""))
+        return 0
+    for line in lines(attempts):
+        print(line)
+    return 0
+
+
 def run(args) -> int:
+    if args.transcript:
+        return show_transcript(args)
+    if args.iteration is not None:
+        from scripts.cli.main import UsageError
+        raise UsageError("--iteration goes with --transcript: 'org show ID --transcript --iteration N'")
     conn = read_conn(args)
     try:
         item = load(conn, args.id)
@@ -127,6 +158,8 @@ def run(args) -> int:
         return 0
     print(f"{item['id']}  {item['status']}" + (f"  stop: {item['stop_reason']} — {item['stop_detail'] or ''}"
                                                 if item["stop_reason"] else ""))
+    if item["run"]["stop"]:
+        print(f"next: {item['run']['stop']['hint']}")
     print(f"goal: {item['goal']}")
     print(run_line(item["run"]))
     for line in now_lines(item["run"]):

@@ -5,12 +5,13 @@ It reads state.db only, through one read-only connection polled every ``--interv
 (no transaction is held between polls, so writers and checkpoints never wait for it), and sends
 the org nothing: watching costs the org nothing. A decision taken here is the same durable
 ``human`` write as ``org decide`` (``roles.operations.decide``), with its own idempotency key.
-Drawn with rich's Live on the alternate screen; fits 80×24 and works over SSH.
+Drawn with rich's Live on the alternate screen; fits 80×24 and works over SSH. Every key that
+arrives is handled, in order (``scripts/cli/keys.py``), however many come between two draws. A
+run's page keeps its stop reason, the hint and the failing output on top, and its transcript in a
+pane below that scrolls.
 """
 from __future__ import annotations
 
-import os
-import select
 import sys
 import termios
 import tty
@@ -18,20 +19,23 @@ import uuid
 from dataclasses import dataclass, field
 
 from scripts.cli.commands.status import of, place
+from scripts.cli.keys import KeyReader
 from scripts.cli.output import home_of
 from state_db import views
 from state_db.queries import decisions
-from state_db.queries.iterations import recent as recent_iterations
-from state_db.queries.verdicts import latest_eval_verdicts
 from state_db.connection import connect
 from state_db.errors import OrgError, StateError
-from state_db.text import one_line
+from state_db.text import one_line, visible
 from state_db.vocab import DecisionStatus
 
 NAME = "watch"
 HELP = "live view of the org: what needs you, what runs, what ended; open a run, approve or reject a decision"
 KEYS = "↑↓ select · enter open · a approve · r reject · x dismiss · b back · q quit"
-_UP, _DOWN, _ENTER = {b"\x1b[A", b"k"}, {b"\x1b[B", b"j"}, {b"\r", b"\n", b"o"}
+RUN_KEYS = "↑↓ scroll · PgUp/PgDn · g/G top/end · a approve · r reject · b back · q quit"
+_UP, _DOWN, _ENTER = {b"\x1b[A", b"\x1bOA", b"k"}, {b"\x1b[B", b"\x1bOB", b"j"}, {b"\r", b"\n", b"o"}
+_PAGE_UP, _PAGE_DOWN = {b"\x1b[5~", b"u"}, {b"\x1b[6~", b" ", b"d"}
+_PAGE = 10
+_FAILING_TAIL = 5          # lines of the failing check's output the run page keeps on top
 
 
 class NotATerminal(StateError):
@@ -51,6 +55,10 @@ class Screen:
     confirm: tuple[str, str] | None = None        # (verdict, decision id)
     message: str = ""
     items: list[tuple[str, str]] = field(default_factory=list)    # selectable: ("decision"|"run"|"unrunnable", id)
+    scroll: int | None = None                     # the run page's transcript: first line shown (None: its end)
+    pane_room: int = 10                           # lines the transcript pane had at the last draw
+    pane_lines: int = 0                           # lines the transcript had at the last draw
+    pane_cache: tuple | None = None               # (what it was read at, its lines)
 
 
 def run(args) -> int:
@@ -66,23 +74,19 @@ def run(args) -> int:
     fd = sys.stdin.fileno()
     saved = termios.tcgetattr(fd)
     interval = max(0.1, args.interval)
+    keys = KeyReader(fd)
     try:
         tty.setcbreak(fd)
         with Live(console=console, screen=True, auto_refresh=False) as live:
             while True:
                 live.update(draw(conn, screen, console.size.width, console.size.height), refresh=True)
-                key = read_key(fd, interval)
-                if key and not handle(key, screen, conn, home):
-                    return 0
+                # every key that came since the last draw, in order (a burst is never cut to one)
+                for key in keys.read(interval):
+                    if not handle(key, screen, conn, home):
+                        return 0
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
         conn.close()
-
-
-def read_key(fd: int, timeout: float) -> bytes | None:
-    """One key press (an escape sequence whole), or None after ``timeout`` seconds."""
-    ready, _, _ = select.select([fd], [], [], timeout)
-    return os.read(fd, 16) if ready else None
 
 
 def handle(key: bytes, screen: Screen, conn, home) -> bool:
@@ -95,7 +99,9 @@ def handle(key: bytes, screen: Screen, conn, home) -> bool:
     if key in (b"q", b"Q", b"\x03"):
         return False
     if key in (b"b", b"\x1b", b"\x7f"):
-        screen.open_run, screen.message = None, ""
+        screen.open_run, screen.message, screen.scroll = None, "", None
+    elif screen.open_run is not None and key in _UP | _DOWN | _PAGE_UP | _PAGE_DOWN | {b"g", b"G"}:
+        scroll_pane(screen, key)
     elif key in _UP:
         screen.cursor = max(0, screen.cursor - 1)
     elif key in _DOWN:
@@ -113,6 +119,17 @@ def handle(key: bytes, screen: Screen, conn, home) -> bool:
         else:
             screen.confirm = (verdict, did)
     return True
+
+
+def scroll_pane(screen: Screen, key: bytes) -> None:
+    """Move the run page's transcript pane; at its end it follows new entries again."""
+    last = max(0, screen.pane_lines - screen.pane_room)
+    top = last if screen.scroll is None else screen.scroll
+    step = {**dict.fromkeys(_UP, -1), **dict.fromkeys(_DOWN, 1), **dict.fromkeys(_PAGE_UP, -_PAGE),
+            **dict.fromkeys(_PAGE_DOWN, _PAGE)}
+    top = 0 if key == b"g" else last if key == b"G" else top + step[key]
+    top = max(0, min(last, top))
+    screen.scroll = None if top >= last else top
 
 
 def decide(home, decision_id: str, verdict: str) -> str:
@@ -166,10 +183,12 @@ def draw(conn, screen: Screen, width: int, height: int):
     from rich.text import Text
 
     st = views.org_view(conn)
-    lines = detail_lines(conn, screen.open_run) if screen.open_run else overview_lines(st, screen)
     head = _line(_header(st))
     foot = Text(one_line(_footer(screen)), style="reverse", overflow="ellipsis", no_wrap=True)
     room = max(1, height - 2)
+    if screen.open_run:
+        return Group(head, *run_page(conn, screen, width, room), foot)
+    lines = overview_lines(st, screen)
     selected = next((i for i, (_, key) in enumerate(lines) if key is not None and key == _cursor_key(screen)), 0)
     start = max(0, min(selected - room // 2, len(lines) - room))
     shown = [_line(text) for text, _ in lines[start:start + room]]
@@ -203,7 +222,8 @@ def _footer(screen: Screen) -> str:
     if screen.confirm is not None:
         verdict, did = screen.confirm
         return f" {verdict} {did}? y / n "
-    return f" {screen.message} · {KEYS}" if screen.message else f" {KEYS}"
+    keys = RUN_KEYS if screen.open_run else KEYS
+    return f" {screen.message} · {keys}" if screen.message else f" {keys}"
 
 
 def overview_lines(st: dict, screen: Screen) -> list[tuple[str, tuple | None]]:
@@ -274,33 +294,78 @@ def bar(used: float, cap: float | None, shown: str, width: int = 6) -> str:
     return f"[{color}]{'█' * full}{'░' * (width - full)}[/] {share * 100:.0f}%"
 
 
-def detail_lines(conn, work_id: str) -> list[tuple[str, None]]:
-    """A run's page: phase and caps, baseline, verdict, current tool, decisions, iterations."""
+def run_page(conn, screen: Screen, width: int, room: int) -> list:
+    """A run's page in ``room`` lines: what must always be seen on top (phase and caps, the stop
+    reason with its hint, wrapped, never cut; the failing check's output), then the transcript
+    pane, scrollable, in the lines left."""
+    top = [_line(text) for text in run_top(conn, screen.open_run, width)]
+    top = top[:max(1, room - 4)]                   # the pane keeps a few lines whatever happens
+    pane = transcript_pane(conn, screen)
+    pane_room = room - len(top) - 1
+    screen.pane_room, screen.pane_lines = pane_room, len(pane)
+    last = max(0, len(pane) - pane_room)
+    first = last if screen.scroll is None else min(screen.scroll, last)
+    shown = pane[first:first + pane_room]
+    where = f"{first + 1}-{first + len(shown)} of {len(pane)}" if pane else "empty"
+    lines = [*top, _line(f"[bold]TRANSCRIPT[/] ({where}{', following' if screen.scroll is None else ''})"),
+             *(_line(_esc_keep(text)) for text in shown)]
+    from rich.text import Text
+    return lines + [Text("")] * (room - len(lines))
+
+
+def run_top(conn, work_id: str, width: int) -> list[str]:
+    """The run page's fixed part as markup lines, long text wrapped to ``width``."""
     from scripts.cli.commands.show import run_line
+    from state_db.queries.transcript import failing_output
+    from state_db.queries.verdicts import latest_eval_verdict
     try:
         r = views.run_view(conn, work_id)
     except StateError as exc:
-        return [(f"error[{exc.code}]: {exc}", None)]
-    out = [f"[bold]{r['id']}[/]  {_esc(r['goal'])}", run_line(r)]
+        return [_esc(f"error[{exc.code}]: {exc}")]
+    out = [f"[bold]{_esc(r['id'])}[/]  {_esc(r['goal'])}", _esc_keep(run_line(r))]
     if r["stop"]:
-        out.append(f"stop: {r['stop']['reason']} — {_esc(r['stop']['detail'] or '')}")
-    if r["baseline"]:
+        out += wrapped(f"stop: {r['stop']['reason']} — {r['stop']['detail'] or ''}", width, "[bold red]", "      ")
+        out += wrapped(f"next: {r['stop']['hint']}", width, "", "      ")
+    if r["baseline"] and not r["verdict"]:
         line = r["baseline"]["line"]
-        out.append(_esc(line if line.startswith("baseline") else f"baseline: {line}"))
+        out += wrapped(line if line.startswith("baseline") else f"baseline: {line}", width)
     if r["verdict"]:
-        out.append(f"verdict (iteration {r['verdict']['iteration']}): {_esc(r['verdict']['line'])}")
+        out += wrapped(f"verdict (iteration {r['verdict']['iteration']}): {r['verdict']['line']}", width)
+        for f in failing_output(latest_eval_verdict(conn, work_id))[:1]:
+            out += wrapped(f"failing: {f['command'] or f['name']}", width, "[yellow]", "  ")
+            tail = [ln for ln in visible(f["output"]).splitlines() if ln.strip()][-_FAILING_TAIL:]
+            out += [_esc_keep("  " + ln) for ln in tail]
     if r["current_tool"]:
         out.append(f"now: {_esc(r['current_tool']['call'])} ({r['current_tool']['for_s']:.0f}s)")
     for d in decisions.of_work(conn, work_id, DecisionStatus.PENDING):
         out.append(f"[yellow]waits for {d.id}[/]: {_esc(d.question)}  (a approve · r reject)")
-    its = recent_iterations(conn, work_id, 12)
-    if its:
-        judged = latest_eval_verdicts(conn, work_id, after=its[-1].n - 1)
-        out.append("")
-        out.append("[bold]ITER  ACT      VERDICT  TOKENS   COST     LESSON[/]")
-        out += [f"{i.n:<5} {i.act_status:<8} {judged[i.n].outcome if i.n in judged else '-':<8} "
-                f"{i.input_tokens + i.output_tokens:<8} ${i.cost_usd:<7.4f} {_esc(i.lesson or '')}" for i in its]
-    return [(line, None) for line in out]
+    return out
+
+
+def transcript_pane(conn, screen: Screen) -> list[str]:
+    """The open run's transcript as short lines (outputs cut to a few lines) for the pane, read
+    again only when it changed (``transcript.version``)."""
+    from scripts.cli.transcript_text import lines
+    from state_db.queries.transcript import of_work, version
+    key = (screen.open_run, version(conn, screen.open_run))
+    if screen.pane_cache is None or screen.pane_cache[0] != key:
+        screen.pane_cache = (key, lines(of_work(conn, screen.open_run), full=False))
+    return screen.pane_cache[1]
+
+
+def wrapped(text: str, width: int, style: str = "", indent: str = "  ") -> list[str]:
+    """``text`` (shown as text, not markup) wrapped to ``width`` columns; the first line styled."""
+    import textwrap
+    rows = textwrap.wrap(" ".join(visible(str(text)).split()), width=max(20, width - 1),
+                         subsequent_indent=indent) or [""]
+    first = f"{style}{_esc_keep(rows[0])}[/]" if style else _esc_keep(rows[0])
+    return [first, *(_esc_keep(r) for r in rows[1:])]
+
+
+def _esc_keep(text: str) -> str:
+    """Text shown as it is (no rich markup), its spacing kept."""
+    from rich.markup import escape
+    return escape(visible(text).replace("\t", "    "))
 
 
 def _esc(text: str) -> str:

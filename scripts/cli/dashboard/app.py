@@ -1,4 +1,4 @@
-"""The dashboard's routes: two pages, a JSON API that mirrors the CLI's ``--json``, and writes.
+"""The dashboard's routes: four pages (the org, a run, cost, knowledge), a JSON API that mirrors the CLI's ``--json``, and writes.
 
 Reads open a read-only connection per request (state.db is the single source of truth; the
 page polls, so nothing runs when nobody watches). Handlers are plain functions run in
@@ -147,9 +147,21 @@ def build_app(home: OrgHome, guard: Guard, spend_cap_usd: float) -> Starlette:
             raise BadRequest(f"iteration must be a number (got {raw!r})")
         return int(raw)
 
+    def _by(request) -> str:
+        from state_db.queries.cost import BYS
+        by = request.query_params.get("by") or "item"
+        if by not in BYS:
+            raise BadRequest(f"by must be one of {', '.join(BYS)} (got {by!r})")
+        return by
+
     routes = [
         Route("/", page("org")),
         Route("/runs/{work_id}", page("run")),
+        Route("/cost", page("cost")),
+        Route("/knowledge", page("knowledge")),
+        Route("/api/cost", reading(lambda conn, r: data.cost(conn, _by(r), r.query_params.get("since") or None))),
+        Route("/api/knowledge", reading(lambda conn, r: data.knowledge(conn))),
+        Route("/api/runs/{work_id}/transcript", reading(lambda conn, r: data.transcript(conn, r.path_params["work_id"]))),
         Route("/api/org", reading(lambda conn, r: data.org(conn))),
         Route("/api/plots", reading(lambda conn, r: data.org_plots(conn, spend_cap_usd))),
         Route("/api/decisions", reading(lambda conn, r: data.decisions(conn))),

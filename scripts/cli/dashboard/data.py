@@ -1,8 +1,9 @@
 """What the dashboard reads: the CLI's own ``--json`` loaders, plus the series its plots draw.
 
-``org``/``run``/``diff``/``decisions``/``candidates`` call the functions behind ``org status``,
-``org show``, ``org diff``, ``org decisions`` and ``org candidates`` so the JSON API and the
-CLI's ``--json`` cannot drift apart. ``org_plots``/``run_plots`` draw time series and counts no
+``org``/``run``/``diff``/``decisions``/``candidates``/``transcript``/``cost``/``knowledge`` call the
+functions behind ``org status``, ``org show``, ``org diff``, ``org decisions``, ``org candidates``,
+``org show --transcript``, ``org cost`` and ``org knowledge`` so the JSON API and the CLI's
+``--json`` cannot drift apart. ``org_plots``/``run_plots`` draw time series and counts no
 CLI command prints, from the typed queries (state_db.queries), turned into plain data here.
 """
 from __future__ import annotations
@@ -106,3 +107,34 @@ def _learning(conn) -> dict:
         series = uses.setdefault(name, [])
         series.append({"at": at, "runs": len(series) + 1})
     return {"counts": counts, "skill_uses": uses}
+
+
+def transcript(conn, work_id: str) -> dict:
+    """What ``org show ID --transcript --json`` prints. Raises NotFound."""
+    from state_db.errors import NotFound
+    from state_db.queries.transcript import of_work
+    if queries.work_item(conn, work_id) is None:
+        raise NotFound(f"no work item {work_id}", hint="list them with 'org status'")
+    return {"id": work_id, "iteration": None, "attempts": of_work(conn, work_id)}
+
+
+def cost(conn, by: str, since: str | None) -> dict:
+    """What ``org cost --by BY [--since SINCE] --json`` prints. Raises UsageError (a bad ``since``)."""
+    from scripts.cli.commands.cost import since_of
+    from scripts.cli.dashboard.errors import BadRequest
+    from scripts.cli.main import UsageError
+    from state_db.queries.cost import rollup
+    try:
+        start = since_of(since)
+    except UsageError as exc:
+        raise BadRequest(str(exc), hint="since: 30m, 12h, 7d, 2w or YYYY-MM-DD") from None
+    return rollup(conn, by, since=start)
+
+
+def knowledge(conn) -> dict:
+    """What ``org knowledge --json`` prints, with the open batches and every candidate in full
+    (their SKILL.md text, for the approve / reject / edit forms)."""
+    from skills import candidates as C
+    from skills.overview import overview
+    return {**overview(conn), "open_batches": queries.open_batches(conn),
+            "candidate_forms": C.listing(conn, ["pending", "deferred", "approved", "rejected"])}

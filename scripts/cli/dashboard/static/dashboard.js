@@ -161,7 +161,7 @@
     section("runs", "Runs", work, ws => ws.length ? table(["run", "status", "phase", "iteration#", "tokens#", "cost#", "reason", "workspace", "goal"], ws.map(w =>
       h("tr", { "data-run": w.id }, h("td", {}, h("a", { href: link(`/runs/${w.id}`), text: w.id })), h("td", { class: "status" }, pill(w.status)),
         h("td", { class: "phase" }, pill(w.view ? w.view.phase : "")),
-        h("td", { class: "num", text: w.view ? `${w.view.iteration.n} of ${w.view.iteration.max}` : w.iterations }), h("td", { class: "num", text: num(w.tokens) }), h("td", { class: "num", text: usd(w.cost_usd) }),
+        h("td", { class: "num", text: w.view ? `${w.view.iteration.n}` + (w.view.iteration.max === null ? "" : ` of ${w.view.iteration.max}`) : w.iterations }), h("td", { class: "num", text: num(w.tokens) }), h("td", { class: "num", text: usd(w.cost_usd) }),
         h("td", { class: "reason", text: w.stop_reason || (w.status === "waiting" ? w.stop_detail || "" : "") }),
         h("td", { class: "workspace", text: w.workspace }),
         h("td", { text: w.goal.slice(0, 70) })))) : h("div", { class: "muted", text: "no runs yet: org submit" }), "wide");
@@ -201,23 +201,36 @@
   }
 
   // ---- the run page -------------------------------------------------------------------
-  function drawRun(item, plots, decisions) {
+  // a cap the run has is a bar (used of cap); a quantity it has no cap on is its number alone
+  function capped(name, used, cap, fmt, label) {
+    const none = cap === null || cap === undefined;
+    return h("div", { class: "cap", "data-cap": name, "data-used": used, "data-limit": none ? "" : cap },
+      none ? [h("span", { class: "muted", text: `${label} ` }), fmt(used)] : bar(used, cap, `${label} ${fmt(used)} of ${fmt(cap)}`));
+  }
+
+  function drawRun(item, plots, decisions, transcript) {
     // what an empty part of the page means: still to come while the run goes on, never once it ended
     const ended = item.status === "ended";
     const never = what => `${what}: the run ended ${item.stop_reason || ""}`.trim();
-    section("summary", item.id, item, w => [
+    const lastVerdict = item.verdicts.length ? item.verdicts[item.verdicts.length - 1] : null;
+    const failingNow = transcript.attempts.filter(a => a.verdict && a.verdict.outcome !== "pass").slice(-1)
+      .filter(a => lastVerdict && a.verdict.id === lastVerdict.id).map(a => a.verdict);
+    section("summary", item.id, { item: item, failing: failingNow }, ({ item: w, failing: fv }) => [
       h("div", { id: "run-status" }, pill(w.status), w.stop_reason ? [" ", h("b", { class: "stop-reason", text: w.stop_reason }),
-        h("span", { text: ` — ${w.stop_detail || ""}` })] : ""),
+        h("span", { class: "stop-detail", text: ` — ${w.stop_detail || ""}` })] : ""),
+      w.run.stop ? h("div", { id: "run-hint", class: "note", text: `next: ${w.run.stop.hint}` }) : "",
+      fv.length ? h("div", { id: "run-failing" }, DashPages.failing(D, fv[0])) : "",
       h("div", { class: "kv" }, h("span", { class: "muted", text: "phase" }), h("span", { id: "run-phase" }, pill(w.run.phase),
-          ` iteration ${w.run.iteration.n} of ${w.run.iteration.max}`, w.run.current_tool ? ` · now: ${w.run.current_tool.call}` : ""),
+          ` iteration ${w.run.iteration.n}` + (w.run.iteration.max === null ? "" : ` of ${w.run.iteration.max}`),
+          w.run.current_tool ? ` · now: ${w.run.current_tool.call}` : ""),
         h("span", { class: "muted", text: "verdict" }), h("span", { text: w.run.verdict ? `#${w.run.verdict.iteration}: ${w.run.verdict.line}` : "-" }),
         h("span", { class: "muted", text: "goal" }), h("span", { text: w.goal }),
         h("span", { class: "muted", text: "workspace" }), h("span", { text: w.workspace }),
         h("span", { class: "muted", text: "backend" }), h("span", { text: `${w.backend} · ${w.assigned_to || "unassigned"}` })),
-      bar(w.run.iteration.committed, w.run.iteration.max, `iterations ${w.run.iteration.committed} of ${w.run.iteration.max}`),
-      bar(w.run.tokens.used, w.run.tokens.cap, `budget tokens ${num(w.run.tokens.used)} of ${num(w.run.tokens.cap)}`),
-      bar(w.run.cost_usd.used, w.run.cost_usd.cap, `cost ${usd(w.run.cost_usd.used)} of ${usd(w.run.cost_usd.cap)}`),
-      bar(w.run.elapsed_s.used, w.run.elapsed_s.cap, `elapsed ${(w.run.elapsed_s.used || 0).toFixed(1)}s of ${w.run.elapsed_s.cap}s`),
+      capped("iterations", w.run.iteration.committed, w.run.iteration.max, String, "iterations committed"),
+      capped("tokens", w.run.tokens.used, w.run.tokens.cap, num, "budget tokens"),
+      capped("cost", w.run.cost_usd.used, w.run.cost_usd.cap, usd, "cost"),
+      capped("elapsed", w.run.elapsed_s.used, w.run.elapsed_s.cap, x => `${(x || 0).toFixed(1)}s`, "elapsed"),
       w.stop_history.map(s => h("div", { class: "note muted", text: `ending ${s.seq}: ${s.stop_reason} after ${counted(s.iterations, "iteration")}, continued by ${s.continued_by}` }))]);
 
     const mine = decisions.filter(d => d.work_id === RUN);
@@ -246,10 +259,26 @@
         h("td", {}, h("button", { "data-diff": it.n, onclick: () => showDiff(it.n), text: "diff" })))))
       : h("div", { class: "muted", text: ended ? never("no iteration was committed") : "no iteration committed yet" }), "wide");
 
-    const last = item.verdicts.length ? item.verdicts[item.verdicts.length - 1] : null;
+    const last = lastVerdict;
     section("verdict", "Latest verdict", last, v => v ? [h("div", {}, `iteration ${v.iteration}: `, pill(v.outcome), h("span", { class: "muted", text: ` by ${v.written_by}` })),
-      v.feedback ? h("pre", { class: "feedback", text: v.feedback.slice(0, 3000) }) : ""]
-      : h("div", { class: "muted", text: ended ? never("never verified") : "not verified yet" }));
+      v.feedback ? h("pre", { class: "feedback", text: v.feedback }) : ""] : h("div", { class: "muted", text: ended ? never("never verified") : "not verified yet" }));
+
+    section("transcript", "Transcript: what the doer did", transcript, t => DashPages.transcript(D, t), "wide");
+  }
+
+  // ---- the cost and knowledge pages ---------------------------------------------------
+  let costBy = new URLSearchParams(location.search).get("by") || "item";
+  function drawCost(data) {
+    section("cost", "Cost per task: tokens and dollars", data, d => DashPages.cost(D, d, by => { costBy = by; tick(true); }), "wide");
+  }
+  function drawKnowledge(k) {
+    const parts = DashPages.knowledge(D, k);
+    section("knowledge-pipeline", "What the org learned: raw notes → curated → candidates → skills", k.counts, () => parts.pipeline, "wide");
+    section("knowledge-batches", "Open batches: review the candidates", { b: k.open_batches, f: k.candidate_forms }, () => parts.batches,
+            k.open_batches.length ? "attention wide" : "wide");
+    section("knowledge-curated", "Curated notes and their evidence", k.curated, () => parts.curated, "wide");
+    section("knowledge-decided", "Decided and earlier candidates", k.candidate_forms, () => parts.decided);
+    section("knowledge-skills", "Skills and their use", k.skills, () => parts.skills);
   }
 
   async function showDiff(n) {
@@ -266,21 +295,35 @@
   }
 
   // ---- polling ------------------------------------------------------------------------
+  const D = { h: h, section: section, table: table, pill: pill, usd: usd, num: num, link: link, figure: figure,
+              candidateForm: candidateForm, showDiff: showDiff };
   const live = document.getElementById("live");
   document.getElementById("home").href = link("/");
+  document.querySelectorAll("nav a[data-path]").forEach(a => { a.href = link(a.dataset.path); });
   if (PAGE === "run") document.getElementById("crumb").textContent = `run ${RUN}`;
-  async function tick() {
+  if (PAGE === "cost" || PAGE === "knowledge") document.getElementById("crumb").textContent = PAGE;
+  let timer = null, lastTranscript = { mark: null, data: null };
+  async function tick(once) {
+    if (once && timer) clearTimeout(timer);
     try {
       if (PAGE === "run") {
-        const [item, plots, ds] = await Promise.all([api(`/api/runs/${encodeURIComponent(RUN)}`), api(`/api/runs/${encodeURIComponent(RUN)}/plots`), api("/api/decisions")]);
-        drawRun(item, plots, ds);
+        const [item, plots, ds] = await Promise.all([api(`/api/runs/${encodeURIComponent(RUN)}`), api(`/api/runs/${encodeURIComponent(RUN)}/plots`),
+                                                     api("/api/decisions")]);
+        // the transcript grows with each model response and each close of an attempt: read again only then
+        const mark = `${plots.calls}:${item.updated_at}:${item.attempts.length}:${item.run.current_tool ? item.run.current_tool.call : ""}`;
+        if (mark !== lastTranscript.mark) lastTranscript = { mark: mark, data: await api(`/api/runs/${encodeURIComponent(RUN)}/transcript`) };
+        drawRun(item, plots, ds, lastTranscript.data);
+      } else if (PAGE === "cost") {
+        drawCost(await api(`/api/cost?by=${encodeURIComponent(costBy)}`));
+      } else if (PAGE === "knowledge") {
+        drawKnowledge(await api("/api/knowledge"));
       } else {
         const [st, plots, cands] = await Promise.all([api("/api/org"), api("/api/plots"), api("/api/candidates")]);
         drawOrg(st, plots, cands);
       }
       live.className = ""; live.textContent = `live · updated ${clock(Date.now() / 1000)}`;
     } catch (e) { live.className = "down"; live.textContent = e.message; }
-    setTimeout(tick, POLL_MS);
+    timer = setTimeout(tick, POLL_MS);
   }
   tick();
 })();
