@@ -1,6 +1,6 @@
 """Run every benchmark's default run and write ``bench/RESULTS.md``.
 
-Usage: ``bench/report.py [--out bench/RESULTS.md] [--only NAME ...] [--figures NAME=FILE ...]``. Runs transport, loop, org,
+Usage: ``bench/report.py [--out bench/RESULTS.md] [--only NAME ...] [--figures NAME=FILE ...] [--update]``. Runs transport, loop, org,
 chaos and soak, then any other ``bench/<name>.py`` that takes ``--json``, one after the other,
 each with its default arguments or those ``ARGS`` names (the chaos run at 120 items, 14 kills).
 
@@ -12,7 +12,8 @@ changes), the machine (uname, CPUs, Python) and the date. Exit 1 when a target f
 benchmark produced no JSON. ``--figures NAME=FILE`` takes a benchmark's figures from the JSON it
 printed earlier instead of running it (a run longer than the report's time bound, such as
 ``bench/verifier.py --json``'s full corpora); a benchmark's lists of case names (figures named
-``*_cases``) are listed after the other figures.
+``*_cases``) are listed after the other figures. ``--update`` replaces only the lines of the
+benchmarks run (or given) in the existing report and keeps every other benchmark's.
 """
 from __future__ import annotations
 
@@ -171,12 +172,57 @@ def render(results: dict[str, dict], started: str, load_before: str = "") -> tup
     return "\n".join(out), ok
 
 
+def _sections(text: str) -> list[tuple[str, list[str]]]:
+    """``text`` as (header, lines) pairs, the part before the first ``## `` header first."""
+    out: list[tuple[str, list[str]]] = [("", [])]
+    for line in text.splitlines():
+        if line.startswith("## "):
+            out.append((line, []))
+        elif not line.startswith("Overall: "):
+            out[-1][1].append(line)
+    return out
+
+
+def merge(old: str, new: str, names: list[str]) -> tuple[str, bool]:
+    """The report ``old`` with the lines and sections of the benchmarks ``names`` taken from the
+    report ``new`` (both written by ``render``); the other benchmarks' lines stay as they were.
+    Returns (text, whether every target in it is met)."""
+    def mine(line: str) -> bool:
+        return any(line.startswith(p) for n in names for p in (f"| {n} |", f"- {n} `", f"- **{n}**"))
+
+    def own(header: str) -> bool:
+        return any(header.startswith(f"## {n}: ") for n in names)
+
+    fresh = dict(_sections(new))
+    out = []
+    for header, lines in _sections(old):
+        if own(header):
+            continue
+        if not header:                                  # the heading: date, commit, machine of this run
+            lines = fresh[""]
+        kept = [ln for ln in lines if not mine(ln)]
+        while kept and not kept[-1]:
+            kept.pop()
+        added = [ln for ln in fresh.get(header, []) if mine(ln)]
+        out += ([header] if header else []) + kept + added + [""]
+    for header, lines in fresh.items():
+        if own(header):
+            out += [header, *lines]
+    ok = not any("**FAIL**" in ln for ln in out)
+    while out and not out[-1]:
+        out.pop()
+    out += ["", f"Overall: **{'all targets met' if ok else 'a target failed'}**.", ""]
+    return "\n".join(out), ok
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"), help="where to write the report")
     p.add_argument("--only", nargs="*", choices=benchmarks(), help="run only these benchmarks")
     p.add_argument("--figures", nargs="*", default=[], metavar="NAME=FILE",
                    help="take NAME's figures from FILE (the JSON it printed) instead of running it")
+    p.add_argument("--update", action="store_true",
+                   help="replace only these benchmarks' lines in the existing report, keeping the others'")
     args = p.parse_args(argv)
     started, load_before = time.strftime("%Y-%m-%d %H:%M:%S %Z"), load()
     results = {}
@@ -196,6 +242,8 @@ def main(argv=None) -> int:
         results[name] = run_bench(name)
         print(f"  done in {results[name]['_seconds']} s (exit {results[name]['_exit']})", file=sys.stderr)
     text, ok = render(results, started, load_before)
+    if args.update and Path(args.out).exists():
+        text, ok = merge(Path(args.out).read_text(), text, list(results))
     Path(args.out).write_text(text)
     print(f"wrote {args.out}: {'all targets met' if ok else 'a target failed'}", file=sys.stderr)
     return 0 if ok else 1

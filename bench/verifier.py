@@ -49,7 +49,7 @@ heartbeat_s = 1.0
 cpu_seconds = 30
 """
 # the variables a case's submitter environment may set; everything else is this process's
-SUBMITTER = ("PATH", "HOME", "VIRTUAL_ENV", "PYENV_ROOT", "UV_CACHE_DIR")
+SUBMITTER = ("PATH", "HOME", "VIRTUAL_ENV", "PYENV_ROOT")
 
 
 @contextmanager

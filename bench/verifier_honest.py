@@ -53,7 +53,7 @@ PROJECTS = (
             toolchains=("venv_path", "tool_on_path", "operand_py_compile", "venv_activated")),
     Project("idna", "idna==3.10", "idna-3.10", ("idna/core.py", "idna/intranges.py"),
             "-q -p no:cacheprovider tests/test_idna.py tests/test_intranges.py",
-            toolchains=("uv_run", "venv_inner", "artifact_file", "uv_run", "make"), mutants=5),
+            toolchains=("venv_path", "venv_inner", "artifact_file", "tool_on_path", "make"), mutants=5),
     Project("wcwidth", "wcwidth==0.2.13", "wcwidth-0.2.13", ("wcwidth/wcwidth.py",),
             "-q -p no:cacheprovider -o 'addopts=--color=yes' tests/test_core.py",
             toolchains=("pyenv_shim", "venv_path", "pyenv_shim", "ruff_operand", "venv_activated"), mutants=5),
@@ -68,7 +68,8 @@ PROJECTS = (
             "-q -p no:cacheprovider --noconftest tests/test_strutils.py tests/test_iterutils.py",
             toolchains=("tool_on_path", "ruff_operand", "venv_activated", "make", "pyenv_shim"), mutants=5),
     Project("more-itertools", "more-itertools==10.5.0", "more-itertools-10.5.0", ("more_itertools/recipes.py",),
-            "-q tests.test_recipes", runner="unittest", toolchains=("unittest",), mutants=5),
+            "-q tests.test_recipes", runner="unittest", toolchains=("unittest", "uv_run"),
+            mutants=5),
     Project("ms", "ms@2.1.3", "package", ("index.js",), "--test", runner="node", toolchains=("npm_test",), mutants=5),
 )
 # line-level mutation operators: the first that applies to a line makes its mutant
@@ -147,7 +148,12 @@ def _fetch(cache: Path) -> None:
                        check=True, capture_output=True, timeout=600)
     if not list(wheels.glob("pytest-*.whl")) or not list(wheels.glob("ruff-*.whl")):
         import pytest
-        subprocess.run([*PIP, "download", "-q", "-d", str(wheels), f"pytest=={pytest.__version__}", "ruff"],
+        subprocess.run([*PIP, "download", "-q", "-d", str(wheels), f"pytest=={pytest.__version__}", "ruff",
+                        "flit_core>=3.2,<4"],
+                       check=True, capture_output=True, timeout=600)
+        # what uv's resolution for every Python the project supports needs besides
+        subprocess.run([*PIP, "download", "-q", "--no-deps", "-d", str(wheels), "colorama", "exceptiongroup", "tomli",
+                        "typing_extensions"],
                        check=True, capture_output=True, timeout=600)
     for p in PROJECTS:
         if p.runner == "node" and not list(npm.glob("*.tgz")):
@@ -288,14 +294,15 @@ def _project_setup(project: Project, mutant: dict | None, ws: Path, ctx: Context
 
 def _uv_project(ws: Path, ctx: Context) -> None:
     """The project as a uv project whose environment was synced on the host before the run
-    (``uv sync`` with the cached wheels, offline), as a uv user's checkout is."""
+    (``uv sync`` with the cached wheels, offline: the project built and installed in its
+    ``.venv``, pytest in its dev group), as a uv user's checkout is."""
     uv = shutil.which("uv", path=BIN) or shutil.which("uv")
     text = (ws / "pyproject.toml").read_text()
-    (ws / "pyproject.toml").write_text(text + '\n[dependency-groups]\ndev = ["pytest"]\n\n[tool.uv]\npackage = false\n')
+    (ws / "pyproject.toml").write_text(text + '\n[dependency-groups]\ndev = ["pytest; python_version >= \'3.10\'"]\n')
     (ws / ".gitignore").write_text(".venv/\n")
     subprocess.run([uv, "sync", "-q", "--offline", "--no-index", "--find-links", str(ctx.cache / "wheels"),
                     "--python", str(Path(sys.base_prefix) / "bin" / "python3")], cwd=ws, check=True, timeout=300,
-                   capture_output=True, env={**os.environ, "UV_CACHE_DIR": str(ctx.tools / "uv-cache")})
+                   capture_output=True, env={**os.environ, "UV_CACHE_DIR": str(ctx.tools / "home" / ".cache" / "uv")})
 
 
 def _real_inner_venv(ws: Path, ctx: Context) -> None:
@@ -329,8 +336,9 @@ def _toolchain(kind: str, project: Project, mutant: dict) -> tuple[tuple[str, ..
                                                       "PYENV_ROOT": root, "HOME": "{tools}/home"}, ())
     if kind == "uv_run":
         uv_dir = str(Path(shutil.which("uv", path=BIN) or shutil.which("uv")).parent)
-        return ((f"uv run pytest {args}",), ("uv_project",),
-                {"PATH": f"{uv_dir}:{base_path}", "UV_CACHE_DIR": "{tools}/uv-cache"}, ())
+        runner = "python -m unittest" if project.runner == "unittest" else "pytest"
+        return ((f"uv run {runner} {args}",), ("uv_project",),
+                {"PATH": f"{uv_dir}:{base_path}", "HOME": "{tools}/home"}, ())
     if kind == "make":
         recipe = f"test:\n\t{pp}{{python}} -m pytest -p no:hypothesispytest {args}\n"
         return ("make test",), (lambda ws, ctx: (ws / "Makefile").write_text(ctx.resolve(recipe, ws)),), \
@@ -359,8 +367,6 @@ def honest(ctx: Context, scratch: Path) -> list[Case]:
     for project in PROJECTS:
         for i, mutant in enumerate(found.get(project.name, [])):
             kind = project.toolchains[i % len(project.toolchains)]
-            if project.runner == "pytest" and kind in ("unittest", "npm_test"):
-                continue
             verify, steps, env, extra = _toolchain(kind, project, mutant)
             fix = edit(mutant["file"], mutant["bad"], mutant["good"])
             cases.append(Case(
