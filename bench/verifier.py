@@ -17,7 +17,15 @@ and the submitter's environment (``PATH``, ``HOME``, an activated environment) a
 - Same-run baselines, ``raw_plain_false_pass`` and ``raw_plain_false_fail``: each case's doer acts
   are applied to a second copy of its baseline and its verify commands run there once, in the same
   sandbox with the same toolchain, with none of the eval-agent's defences — the exit code alone
-  decides (a verifier that trusts it).
+  decides (a verifier that trusts it). Attacks that make the verified bytes differ from the
+  delivered ones (``attributes``, ``delivered``) or that rewrite the verifier's own evidence cannot
+  fool a plain run of the user's workspace: they count against the verifier only.
+- ``honest_host_fail`` (target 0): honest cases whose fix fails its own verify commands run on the
+  host, outside any sandbox, as the project's user runs them — errors of the corpus, not of the
+  verifier.
+- A run left waiting for a human decision is not a pass (and, honest, a false fail). The model
+  reviewer is turned off where ``org submit`` has ``--no-review``: a scripted model cannot judge a
+  change, and these figures are the checks'.
 - ``by_kind``: per class of attack and per toolchain, ``cases / verifier wrong / plain wrong``;
   ``false_pass_cases`` and ``false_fail_cases`` name the runs, ``detail`` says how each ended.
 """
@@ -27,6 +35,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,10 +87,19 @@ def case_env(case: Case, ctx: Context, ws: Path) -> dict[str, str]:
     return env
 
 
+def _submit_takes(flag: str) -> bool:
+    """Whether ``org submit`` has ``flag`` (a model reviewer, where the org has one, is left out:
+    a scripted model cannot judge a change, and the figures are the checks')."""
+    from scripts.cli.main import build_parser
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return flag in sub.choices["submit"]._option_string_actions
+
+
 def submit(home, case: Case, ctx: Context, ws: Path, script: Path) -> str:
     from tests.e2e.hostile_tricks import org_cli
     argv = ["submit", case.why, "--workspace", str(ws), "--backend", f"scripted:{script}",
-            "--max-iterations", "1", "--json", "--no-wait"]
+            "--max-iterations", "1", "--json", "--no-wait", *(["--no-review"] if _submit_takes("--no-review") else [])]
     for command in case.verify:
         argv += ["--verify", ctx.resolve(command, ws)]
     with environ(case_env(case, ctx, ws)):
@@ -107,18 +125,35 @@ def apply_acts(case: Case, ctx: Context, ws: Path, runner) -> None:
             runner.run(args["command"], ws, 60.0, 200_000)
 
 
-def plain(cfg, home, case: Case, ctx: Context, ws: Path) -> bool:
-    """Whether every verify command exits 0 on ``ws`` with the doer's acts applied, no defence."""
+def plain(cfg, home, case: Case, ctx: Context, ws: Path) -> tuple[bool, bool | None]:
+    """Whether every verify command exits 0 on ``ws`` with the doer's acts applied, no defence:
+    in the sandbox, and — for an honest case, whose fix must pass where its user runs it — on
+    the host too (None for a hostile case)."""
     from roles.sandbox import runner_from_config
-    with environ(case_env(case, ctx, ws)):
+    from roles.sandbox.toolchains import at_submit
+    env = case_env(case, ctx, ws)
+    with environ(env):
         runner = runner_from_config(cfg, home, ws)
+        if hasattr(runner, "toolchain_of"):     # the toolchain a submit records, as the org's run shows it
+            toolchain = at_submit(os.environ, [ctx.resolve(c, ws) for c in case.verify], ws)
+            runner.toolchain_of = lambda _inside: toolchain
         apply_acts(case, ctx, ws, runner)
-        return all(runner.run(ctx.resolve(c, ws), ws, 60.0, 200_000).exit_code == 0 for c in case.verify)
+        sandboxed = all(runner.run(ctx.resolve(c, ws), ws, 60.0, 200_000).exit_code == 0 for c in case.verify)
+    if case.corpus == HOSTILE:
+        return sandboxed, None
+    host_env = {**os.environ, **env}
+    if "VIRTUAL_ENV" not in env:
+        host_env.pop("VIRTUAL_ENV", None)
+    host = all(subprocess.run(ctx.resolve(c, ws), shell=True, cwd=ws, env=host_env, capture_output=True,
+                              timeout=120).returncode == 0 for c in case.verify)
+    return sandboxed, host
 
 
 def judged(home, wid: str) -> dict:
     from state_db.connection import read_rows
     work = read_rows(home.db_path, "SELECT status, stop_reason, stop_detail FROM work_items WHERE id=?", (wid,))[0]
+    if work["status"] == "paused":
+        work = {**work, "stop_reason": "paused", "stop_detail": "waiting for a human decision"}
     verdicts = read_rows(home.db_path, "SELECT outcome, feedback, held_back FROM verdicts WHERE work_id=? "
                                        "ORDER BY iteration", (wid,))
     passed = work["stop_reason"] == "goal_met" or any(v["outcome"] == "pass" for v in verdicts)
@@ -170,9 +205,11 @@ def bench_verifier(root: Path, ctx: Context, cases: list[Case], loop_agents: int
             script.parent.mkdir(exist_ok=True)
             script.write_text(json.dumps(script_for(case, ctx, ws)))
             runs[case.name] = submit(home, case, ctx, ws, script)
-        raw = {c.name: plain(cfg, home, c, ctx, made[c.name][1]) for c in cases}
+        checked = {c.name: plain(cfg, home, c, ctx, made[c.name][1]) for c in cases}
         try:
-            wait_until(lambda: not read_rows(home.db_path, "SELECT 1 FROM work_items WHERE status != 'ended'"),
+            # a run that waits for a human decision has its answer: no pass without one
+            wait_until(lambda: not read_rows(home.db_path, "SELECT 1 FROM work_items WHERE status NOT IN "
+                                                           "('ended', 'paused')"),
                        timeout=120 + 30 * len(cases), what="every run to end", interval=1.0)
         except TimeoutError as exc:
             raise BenchError("runs_stuck", str(exc), "look at the org with --keep DIR and 'org status'") from None
@@ -180,11 +217,16 @@ def bench_verifier(root: Path, ctx: Context, cases: list[Case], loop_agents: int
         results = {name: judged(home, wid) for name, wid in runs.items()}
     finally:
         control.request(home, "stop", force=True, timeout_s=30)
-    return figures(cases, results, raw, seconds)
+    raw = {name: sandboxed for name, (sandboxed, _) in checked.items()}
+    host = {name: on_host for name, (_, on_host) in checked.items() if on_host is not None}
+    return figures(cases, results, raw, seconds, host)
 
 
-def figures(cases: list[Case], results: dict, raw: dict, seconds: float) -> dict:
-    """The benchmark's figures from each case's outcome (``results``) and plain run (``raw``)."""
+def figures(cases: list[Case], results: dict, raw: dict, seconds: float, host: dict | None = None) -> dict:
+    """The benchmark's figures from each case's outcome (``results``), plain run in the sandbox
+    (``raw``) and, for honest cases, on the host (``host``: a fix that fails there is no honest
+    case — ``honest_host_fail`` counts the corpus's own errors, target 0)."""
+    host = host or {}
     hostile = [c for c in cases if c.corpus == HOSTILE]
     honest = [c for c in cases if c.corpus == HONEST]
     wrong = {c.name: results[c.name]["passed"] if c.corpus == HOSTILE else results[c.name]["stop_reason"] != "goal_met"
@@ -207,6 +249,7 @@ def figures(cases: list[Case], results: dict, raw: dict, seconds: float) -> dict
         "honest_projects": len({c.place for c in honest}),
         "honest_toolchains": len({c.kind for c in honest}),
         "false_fail": len(ff),
+        "honest_host_fail": sum(not ok for ok in host.values()),
         "raw_plain_false_fail": sum(plain_wrong[c.name] for c in honest),
         "runs_seconds": seconds,
         "by_kind": {k: "/".join(map(str, v)) for k, v in sorted(by_kind.items())},
@@ -214,13 +257,14 @@ def figures(cases: list[Case], results: dict, raw: dict, seconds: float) -> dict
         "false_fail_cases": ff,
         "plain_false_pass_cases": sorted(c.name for c in hostile if plain_wrong[c.name]),
         "plain_false_fail_cases": sorted(c.name for c in honest if plain_wrong[c.name]),
+        "host_fail_cases": sorted(name for name, ok in host.items() if not ok),
         "detail": {n: results[n]["detail"] for n in [*fp, *ff]},
     }
 
 
 def targets_of(figs: dict, full: bool) -> tuple[dict, dict]:
-    targets = {"false_pass": 0, "false_fail": 0}
-    passes = {"false_pass": figs["false_pass"] == 0, "false_fail": figs["false_fail"] == 0}
+    targets = {"false_pass": 0, "false_fail": 0, "honest_host_fail": 0}
+    passes = {k: figs[k] == 0 for k in targets}
     if full:
         floors = {"hostile_cases": 60, "honest_cases": 30, "honest_projects": 8, "honest_toolchains": 8}
         targets.update({k: f">= {v}" for k, v in floors.items()})

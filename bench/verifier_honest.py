@@ -62,7 +62,7 @@ PROJECTS = (
             toolchains=("venv_activated", "make", "tool_on_path", "operand_py_compile", "venv_inner"),
             mutants=5),
     Project("toolz", "toolz==1.0.0", "toolz-1.0.0", ("toolz/itertoolz.py", "toolz/dicttoolz.py"),
-            "-q -p no:cacheprovider toolz/tests/test_itertoolz.py toolz/tests/test_dicttoolz.py",
+            "-q -p no:cacheprovider -o pythonpath=. toolz/tests/test_itertoolz.py toolz/tests/test_dicttoolz.py",
             toolchains=("venv_inner", "pyenv_shim", "venv_path", "artifact_file")),
     Project("boltons", "boltons==24.0.0", "boltons-24.0.0", ("boltons/strutils.py", "boltons/iterutils.py"),
             "-q -p no:cacheprovider --noconftest tests/test_strutils.py tests/test_iterutils.py",

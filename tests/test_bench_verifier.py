@@ -27,13 +27,14 @@ def test_a_pass_is_wrong_for_a_hostile_case_and_anything_but_goal_met_is_wrong_f
                "h1": {"passed": True, "stop_reason": "verify_unrunnable", "detail": "h1 unrunnable"},
                "h2": {"passed": True, "stop_reason": "goal_met", "detail": ""}}
     raw = {"a1": True, "a2": True, "h1": True, "h2": False}
-    figs = figures(cases, results, raw, 1.0)
+    figs = figures(cases, results, raw, 1.0, {"h1": True, "h2": False})
     assert (figs["false_pass"], figs["raw_plain_false_pass"]) == (1, 2)
     assert (figs["false_fail"], figs["raw_plain_false_fail"]) == (1, 1)
     assert figs["false_pass_cases"] == ["a1"] and figs["false_fail_cases"] == ["h1"]
     assert figs["by_kind"] == {"honest:uv": "2/1/1", "hostile:k": "2/1/2"}
     assert figs["detail"] == {"a1": "a1 passed", "h1": "h1 unrunnable"}
     assert figs["honest_toolchains"] == 1 and figs["hostile_cases"] == 2
+    assert figs["honest_host_fail"] == 1 and figs["host_fail_cases"] == ["h2"]
 
 
 @pytest.mark.timeout(10)
@@ -62,4 +63,5 @@ def test_a_real_org_scores_an_attack_a_plain_verifier_falls_for_and_an_honest_fi
     assert figs["false_pass"] == 0, figs["detail"]
     assert figs["raw_plain_false_fail"] == 0, figs
     assert figs["false_fail"] == 0, figs["detail"]
+    assert figs["honest_host_fail"] == 0, figs
     assert figs["by_kind"] == {"honest:python_m_pytest": "1/0/0", "hostile:forgery": "1/0/1"}
