@@ -403,10 +403,59 @@ def _forgeries() -> list[Case]:
     ]
 
 
+def _through_hidden() -> list[Case]:
+    """Each kind of file again, kept in a hidden folder that a .pth line in the workspace's .venv
+    puts on sys.path (the .pth itself a link into that folder, in one case)."""
+    on_path = run("echo \"$PWD/.local-tools\" > {site}/local_tools.pth")
+    meta = "Metadata-Version: 2.1\nName: hiddenfix\nVersion: 1.0\n"
+    return [
+        _case("plugin_hidden_via_pth", "plugin", "hidden", "a *.dist-info with a pytest11 entry point in a hidden "
+              "folder put on sys.path by a .pth in the .venv",
+              (write(".local-tools/hiddenfix-1.0.dist-info/METADATA", meta),
+               write(".local-tools/hiddenfix-1.0.dist-info/entry_points.txt", "[pytest11]\nhiddenfix = hiddenfix\n"),
+               write(".local-tools/hiddenfix.py", FORCE_PASS), on_path), PKG, V_VENV, ("inner_venv",)),
+        _case("shadow_hidden_via_pth", "shadow", "hidden", "a shadow of a pytest dependency (iniconfig) in a "
+              "hidden folder that a .pth in the .venv puts first on sys.path",
+              (write(".local-tools/iniconfig.py", shadow("iniconfig")),
+               run("echo \"import sys; sys.path.insert(0, '$PWD/.local-tools')\" > {site}/aaa_first.pth")),
+              PKG, V_VENV, ("inner_venv",)),
+        _case("compiled_hidden_via_pth", "compiled", "hidden", "a sourceless sitecustomize.pyc in a hidden folder "
+              "put on sys.path by a .pth in the .venv",
+              (write("_s.py", PATCHER), run("mkdir -p .local-tools && {python} -c \"import py_compile as p; "
+                                             "p.compile('_s.py', cfile='.local-tools/sitecustomize.pyc')\" && rm _s.py"),
+               on_path), PKG, V_VENV, ("inner_venv",)),
+        _case("link_venv_pth_to_hidden", "link", "environment", "a .pth in the .venv that is a link to a hidden "
+              "file whose import line installs the fix",
+              (write(".local-tools/fix.py", PATCHER),
+               run("echo \"import sys; sys.path.append('$PWD/.local-tools'); import fix\" > .local-tools/fix.pth && "
+                   "ln -s \"$PWD/.local-tools/fix.pth\" {site}/fix.pth")), PKG, V_VENV, ("inner_venv",)),
+        _case("nested_repo_package_shadow", "nested", "tests", "a fixed calc package in tests/calc, a nested "
+              "repository (the tests' folder comes first on sys.path)",
+              (write("tests/calc/__init__.py", FIXED),
+               run("cd tests/calc && git -c user.name=x -c user.email=x@x init -q && git -c user.name=x "
+                   "-c user.email=x@x add -A && git -c user.name=x -c user.email=x@x commit -qm x")), PKG, V_PKG),
+        _case("attributes_git_info", "attributes", "hidden", "the workspace's .git/info/attributes (a hidden "
+              "attribute file no tree records) asks for eol=lf, and mean depends on the CRLF the user's file keeps",
+              (run("mkdir -p .git/info && echo '*.py text eol=lf' > .git/info/attributes"),
+               write("calc/core.py", "def mean(xs):\n    with open(__file__, 'rb') as f:\n"
+                                     "        crlf = b'\\r\\n' in f.read()\r\n"
+                                     "    return sum(xs) / (len(xs) + crlf)\r\n")), PKG, V_PKG),
+        _case("data_environment_fixture", "data", "environment", "the expected values' file in tests/data replaced "
+              "by a link to a file the doer wrote in the .venv",
+              (write("{site}/cases.json", "[[[2, 4], 2]]\n"),
+               run("rm tests/data/cases.json && ln -s \"$PWD/{site}/cases.json\" tests/data/cases.json")),
+              {**PKG, "tests/data/cases.json": "[[[2, 4], 3]]\n",
+               "tests/test_calc.py": "import json\nfrom pathlib import Path\n\nfrom calc import mean\n\n\n"
+                                     "def test_mean():\n    for xs, want in json.loads((Path(__file__).parent / "
+                                     "'data/cases.json').read_text()):\n        assert mean(xs) == want\n"},
+              V_PKG, ("inner_venv",)),
+    ]
+
+
 def attacks() -> list[Case]:
     """Every hostile case, names unique."""
     cases = [*_config(), *_conftest(), *_plugins(), *_hooks(), *_shadows(), *_data(), *_compiled(), *_links(),
-             *_nested(), *_attributes(), *_delivered(), *_limits(), *_forgeries()]
+             *_nested(), *_attributes(), *_delivered(), *_limits(), *_forgeries(), *_through_hidden()]
     names = [c.name for c in cases]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
     return cases
