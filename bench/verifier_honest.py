@@ -373,5 +373,5 @@ def honest(ctx: Context, scratch: Path) -> list[Case]:
                 f"{project.name}_{i + 1}_{kind}", HONEST, kind, project.name,
                 f"{project.name}: put back line {mutant['line']} of {mutant['file']}",
                 ((fix, *extra),), verify, {}, (partial(_project_setup, project, mutant), *steps), env,
-                quick=i == 0 and project.name in ("six", "ms", "wcwidth")))
+                quick=(i == 0 and project.name in ("six", "ms", "wcwidth")) or kind == "operand_py_compile"))
     return cases
