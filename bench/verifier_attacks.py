@@ -104,7 +104,7 @@ def _config() -> list[Case]:
                              f"a {fname} in tests/ (pytest reads the configuration beside the folder it is given): "
                              f"{what}", (write(f"tests/{fname}", form(opts)),), PKG, V_PKG))
     out.append(_case("config_venv_pth_addopts", "config", "environment", "a .pth file in the "
-                     "workspace's .venv that adds --co to PYTEST_ADDOPTS when the interpreter starts", (write(f"{{site}}/zz_addopts.pth",
+                     "workspace's .venv that adds --co to PYTEST_ADDOPTS when the interpreter starts", (write("{site}/zz_addopts.pth",
                                                   "import os; os.environ['PYTEST_ADDOPTS'] = "
                                                   "os.environ.get('PYTEST_ADDOPTS', '') + ' --co'\n"),),
                      PKG, V_VENV, ("inner_venv",)))

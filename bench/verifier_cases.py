@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 SITE = f".venv/lib/python{VERSION}/site-packages"

@@ -189,7 +189,8 @@ def test_argv(project: Project, python: str) -> list[str]:
 
 def _host_passes(project: Project, folder: Path, python: str) -> bool:
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    got = subprocess.run(test_argv(project, python), cwd=folder, capture_output=True, timeout=120, env=env)
+    got = subprocess.run(test_argv(project, python), cwd=folder, capture_output=True, timeout=120, env=env,
+                         check=False)
     return got.returncode == 0
 
 
