@@ -1,6 +1,6 @@
 """Run every benchmark's default run and write ``bench/RESULTS.md``.
 
-Usage: ``bench/report.py [--out bench/RESULTS.md] [--only NAME ...]``. Runs transport, loop, org,
+Usage: ``bench/report.py [--out bench/RESULTS.md] [--only NAME ...] [--figures NAME=FILE ...] [--update]``. Runs transport, loop, org,
 chaos and soak, then any other ``bench/<name>.py`` that takes ``--json``, one after the other,
 each with its default arguments or those ``ARGS`` names (the chaos run at 120 items, 14 kills).
 
@@ -9,7 +9,11 @@ number meaning "at most") and ``pass`` (figure → bool). The report puts each f
 target with pass/fail, lists the same-run baselines (figures named ``raw_*``) and the other
 scalar figures, and records the commit (``git rev-parse HEAD``, "dirty" with uncommitted
 changes), the machine (uname, CPUs, Python) and the date. Exit 1 when a target fails or a
-benchmark produced no JSON.
+benchmark produced no JSON. ``--figures NAME=FILE`` takes a benchmark's figures from the JSON it
+printed earlier instead of running it (a run longer than the report's time bound, such as
+``bench/verifier.py --json``'s full corpora); a benchmark's lists of case names (figures named
+``*_cases``) are listed after the other figures. ``--update`` replaces only the lines of the
+benchmarks run (or given) in the existing report and keeps every other benchmark's.
 """
 from __future__ import annotations
 
@@ -39,7 +43,8 @@ TIMEOUT_S = 600
 PAIR_AGAINST = "c3b909c"
 ARGS = {"chaos": ["--items", "120", "--kills", "14", "--seconds", "70"],
         "chaos_pg": ["--items", "120", "--kills", "14", "--seconds", "70"],
-        "pair": ["--against", PAIR_AGAINST]}
+        "pair": ["--against", PAIR_AGAINST],
+        "verifier": ["--quick"]}
 SKIP = {"targets", "pass", "ok", "samples", "definitions", "suspends", "detail", "final", "home",
         "lost_item_ids", "submit_error_samples", "recovery_timeout_samples"}
 
@@ -147,16 +152,65 @@ def render(results: dict[str, dict], started: str, load_before: str = "") -> tup
     for name, r in results.items():
         extra = {k: v for k, v in r.items() if not k.startswith("_") and k not in SKIP and not k.startswith("raw_")
                  and k not in r.get("targets", {}) and not (isinstance(v, list) and not _numbers(v))}
-        out.append(f"- **{name}** (exit {r['_exit']}, {r['_seconds']} s)"
+        ran = f"figures from {r['_from']}" if r.get("_from") else f"exit {r['_exit']}, {r['_seconds']} s"
+        out.append(f"- **{name}** ({ran})"
                    + (": " + "; ".join(f"`{k}` {fmt(v)}" for k, v in extra.items()) if extra else ""))
     for name, r in results.items():
         if r.get("per_n"):
             out += ["", f"## {name}: per number of loop-agents", "", "| " + " | ".join(PER_N) + " |",
                     "|" + "---|" * len(PER_N)]
             out += ["| " + " | ".join(fmt(_dig(row, k)) for k in PER_N) + " |" for row in r["per_n"]]
+    for name, r in results.items():
+        named = {k: v for k, v in r.items() if k.endswith("_cases") and isinstance(v, list) and v}
+        if named:
+            out += ["", f"## {name}: cases", ""] + [f"- `{k}` ({len(v)}): {', '.join(map(str, v))}"
+                                                   for k, v in named.items()]
     definitions = next((r["definitions"] for r in results.values() if r.get("definitions")), None)
     if definitions:
         out += ["", "## Chaos figures, defined", ""] + [f"- `{k}`: {v}." for k, v in definitions.items()]
+    out += ["", f"Overall: **{'all targets met' if ok else 'a target failed'}**.", ""]
+    return "\n".join(out), ok
+
+
+def _sections(text: str) -> list[tuple[str, list[str]]]:
+    """``text`` as (header, lines) pairs, the part before the first ``## `` header first."""
+    out: list[tuple[str, list[str]]] = [("", [])]
+    for line in text.splitlines():
+        if line.startswith("## "):
+            out.append((line, []))
+        elif not line.startswith("Overall: "):
+            out[-1][1].append(line)
+    return out
+
+
+def merge(old: str, new: str, names: list[str]) -> tuple[str, bool]:
+    """The report ``old`` with the lines and sections of the benchmarks ``names`` taken from the
+    report ``new`` (both written by ``render``); the other benchmarks' lines stay as they were.
+    Returns (text, whether every target in it is met)."""
+    def mine(line: str) -> bool:
+        return any(line.startswith(p) for n in names for p in (f"| {n} |", f"- {n} `", f"- **{n}**"))
+
+    def own(header: str) -> bool:
+        return any(header.startswith(f"## {n}: ") for n in names)
+
+    fresh = dict(_sections(new))
+    out = []
+    for header, lines in _sections(old):
+        if own(header):
+            continue
+        if not header:                                  # the heading: date, commit, machine of this run
+            lines = fresh[""]
+        kept = [ln for ln in lines if not mine(ln)]
+        while kept and not kept[-1]:
+            kept.pop()
+        added = [ln for ln in fresh.get(header, []) if mine(ln)]
+        out += ([header] if header else []) + kept + added + [""]
+    for header, lines in fresh.items():
+        if own(header):
+            out += [header, *lines]
+    ok = not any("**FAIL**" in ln for ln in out)
+    while out and not out[-1]:
+        out.pop()
     out += ["", f"Overall: **{'all targets met' if ok else 'a target failed'}**.", ""]
     return "\n".join(out), ok
 
@@ -165,14 +219,31 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"), help="where to write the report")
     p.add_argument("--only", nargs="*", choices=benchmarks(), help="run only these benchmarks")
+    p.add_argument("--figures", nargs="*", default=[], metavar="NAME=FILE",
+                   help="take NAME's figures from FILE (the JSON it printed) instead of running it")
+    p.add_argument("--update", action="store_true",
+                   help="replace only these benchmarks' lines in the existing report, keeping the others'")
     args = p.parse_args(argv)
     started, load_before = time.strftime("%Y-%m-%d %H:%M:%S %Z"), load()
     results = {}
+    for spec in args.figures:
+        name, _, file = spec.partition("=")
+        try:
+            results[name] = {**json.loads(Path(file).read_text()), "_exit": None, "_seconds": None, "_error": None,
+                             "_from": file}
+        except (OSError, ValueError) as exc:
+            print(f"error[bad_figures]: {spec}: {exc} — give NAME=FILE, FILE the JSON the benchmark printed",
+                  file=sys.stderr)
+            return 2
     for name in args.only or benchmarks():
+        if name in results:
+            continue
         print(f"running bench/{name}.py --json ...", file=sys.stderr, flush=True)
         results[name] = run_bench(name)
         print(f"  done in {results[name]['_seconds']} s (exit {results[name]['_exit']})", file=sys.stderr)
     text, ok = render(results, started, load_before)
+    if args.update and Path(args.out).exists():
+        text, ok = merge(Path(args.out).read_text(), text, list(results))
     Path(args.out).write_text(text)
     print(f"wrote {args.out}: {'all targets met' if ok else 'a target failed'}", file=sys.stderr)
     return 0 if ok else 1
