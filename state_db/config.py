@@ -321,6 +321,12 @@ class Verify(Section):
     scope: Globs = key([], "globs that widen every work item's change scope (--scope adds per work item); the "
                                "default scope is edits to existing code and new code files in existing packages")
     # -- end of the change scope's keys ---------------------------------------------------------
+    # -- evidence: canaries and held-out checks (roles/eval_agent/canaries.py, hidden.py) --
+    canaries: bool = key(True, "plant canary tests at every verification; a report that contradicts them ends "
+                               "the run evidence_forged")
+    hidden: str = key("", "a folder of held-out checks outside every workspace, copied into each snapshot only "
+                          "(--verify-hidden per run); empty: none", pattern=r"^$|^/")
+    # -- end of evidence --
 
 
 class Discover(Section):
@@ -330,16 +336,6 @@ class Discover(Section):
     expire_days: float = key(7, "an open proposal expires this long after the last scan that found it", gt=0)
     auto_start: list[ProposalKindName] = key([], "kinds started without a human, within limits.daily_spend_usd "
                                                  "(" + ", ".join(ProposalKind) + ")")
-
-
-class Verify(Section):
-    """how the eval-agent verifies (roles/eval_agent/)"""
-    # -- evidence: canaries and held-out checks (roles/eval_agent/canaries.py, hidden.py) --
-    canaries: bool = key(True, "plant canary tests at every verification; a report that contradicts them ends "
-                               "the run evidence_forged")
-    hidden: str = key("", "a folder of held-out checks outside every workspace, copied into each snapshot only "
-                          "(--verify-hidden per run); empty: none", pattern=r"^$|^/")
-    # -- end of evidence --
 
 
 class Config(Section):

@@ -128,7 +128,19 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
                                                       "ended_at": item["ended_at"],
                                                       "hint": stop_hint(item["stop_reason"], item["id"])},
         "created_at": item["created_at"], "updated_at": item["updated_at"],
+        "origin": _origin(conn, item),
     }
+
+
+def _origin(conn: sqlite3.Connection, item: dict) -> dict:
+    """What started the run (``work_items.origin``) and, for a skill's replay, what it measures:
+    the subject, the arm and the ended item it reruns."""
+    out = {"kind": item.get("origin") or "human", "id": item.get("origin_id")}
+    if out["kind"] == "replay":
+        row = _row(conn, "SELECT subject, arm, source_id, skill_name FROM replays WHERE work_id = ?", (item["id"],))
+        if row is not None:
+            out.update(subject=row["subject"], arm=row["arm"], source=row["source_id"], skill=row["skill_name"])
+    return out
 
 
 def _unrecorded_wait(last: dict | None, verdict: dict | None, phase: RunPhase, now: float) -> float:

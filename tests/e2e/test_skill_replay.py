@@ -90,6 +90,9 @@ def test_a_candidate_is_replayed_with_and_without_before_review_and_shows_its_di
                for r in replays)
     assert all(f"/replays/{cand['id']}/" in work[r["work_id"]]["workspace"] for r in replays)
 
+    shown = cli(org, "show", replays[0]["work_id"])
+    assert f"replay: {cand['id']} ({cand['name']}), {replays[0]['arm']} it, of {replays[0]['source_id']}" in shown, shown
+
     # each arm carried exactly what it measures: the candidate, or no skill at all
     for r in replays:
         manifests = [json.loads(p["prompt"])["skills"] for p in

@@ -161,6 +161,12 @@ def run(args) -> int:
     if item["run"]["stop"]:
         print(f"next: {item['run']['stop']['hint']}")
     print(f"goal: {item['goal']}")
+    origin = item["run"].get("origin") or {}
+    if origin.get("kind") == "replay" and origin.get("subject"):
+        print(f"replay: {origin['subject']} ({origin['skill']}), {origin['arm']} it, of {origin['source']} — "
+              "it measures the skill: no knowledge comes of it and it is no use of the skill")
+    elif origin.get("kind") not in (None, "human"):
+        print(f"started by: {origin['kind']} {origin.get('id') or ''}".rstrip())
     print(run_line(item["run"]))
     for line in now_lines(item["run"]):
         print(line)
