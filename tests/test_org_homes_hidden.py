@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from roles.operations.submit import SubmitError, SubmitRequest, check
 from roles.sandbox import bubblewrap, runner_from_config
@@ -56,9 +57,12 @@ def test_an_unregistered_home_inside_the_workspace_can_be_neither_read_nor_writt
     b = _unregistered_home(ws / "vendor" / "org-b", monkeypatch, tmp_path)
     assert (b.root / HOME_MARKER).is_file()
     runner = runner_from_config(config(), home, ws)
-    out = _sh(runner, f"cat {ws}/code.py; head -c 16 {b.db_path}; cat {b.root}/notes.txt; ls -A {b.root}; "
-                      f"echo x > {b.root}/planted 2>&1; echo y > {ws}/vendor/neighbour && echo WROTE-NEIGHBOUR",
-              ws)
+    with capture_logs() as logs:
+        out = _sh(runner, f"cat {ws}/code.py; head -c 16 {b.db_path}; cat {b.root}/notes.txt; ls -A {b.root}; "
+                          f"echo x > {b.root}/planted 2>&1; echo y > {ws}/vendor/neighbour && echo WROTE-NEIGHBOUR",
+                  ws)
+    told = [e for e in logs if e["event"] == "org_home_in_sandbox_reach"]
+    assert told and str(b.root) in told[0]["homes"]                  # the user is told
     assert "mine" in out and "WROTE-NEIGHBOUR" in out, out          # control: the workspace is there, writable
     assert b.db_path.read_bytes().startswith(b"SQLite format 3")    # control: readable outside
     assert "SQLite format 3" not in out and SECRET not in out, out

@@ -72,3 +72,35 @@ def test_a_tree_over_the_quota_is_not_recorded_and_the_act_still_counts(org_home
     assert not any(p.startswith("blob") for p in history.changed_paths(history.baseline_commit(),
                                                                        rows[0]["checkpoint"]))
     assert decision.reason == "goal_met" and len(rows) == 2    # the next act, within the quota, is verified
+
+
+@pytest.mark.timeout(120)
+def test_an_approved_action_that_leaves_the_workspace_over_quota_is_not_recorded(org_home, tmp_path):
+    """The action ran (a human approved it) but its effect past the quota is dropped, and its
+    result says so to the doer."""
+    from roles.operations.decide import decide
+    from state_db import config
+    from tests.support.loop import ScriptedActs
+    from tests.test_gate import redispatch
+    ws = make_workspace(tmp_path)
+    submit(org_home, ws, caps={"max_iterations": 3})
+
+    def runner(command, kind, workspace):
+        for i in range(8):
+            _sparse(os.path.join(workspace, f"big{i}.bin"), 8 * 2**20)
+        return 0, "downloaded"
+
+    settings = LoopSettings(disk_mb=32, gate_runner=runner)
+    ask = {"request": {"kind": "network", "command": "fetch big files", "reason": "data"}}
+    backend = ScriptedActs([[ask], [{"write": {"calc.py": FIXED}}]])
+    assert engine(org_home, "w1", backend, settings=settings).run() is None
+    d = query(org_home, "SELECT id FROM decisions WHERE status='pending'")[0]
+    decide(org_home, config.load(None), d["id"], "approve", None)
+    redispatch(org_home)
+    decision = engine(org_home, "w1", backend, settings=settings).run()
+    row = query(org_home, "SELECT status, result, checkpoint FROM decisions")[0]
+    assert row["status"] == "executed" and "error[disk_quota]" in row["result"], row
+    assert not any(p.name.startswith("big") for p in ws.iterdir())
+    history = WorkspaceHistory(org_home.history_dir / "w1.git", ws)
+    assert not any(p.startswith("big") for p in history.changed_paths(history.baseline_commit(), row["checkpoint"]))
+    assert decision.reason == "goal_met"

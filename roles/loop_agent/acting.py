@@ -53,8 +53,27 @@ class Acting:
             self.history.reset_to(self._settled(its))
             self._needs_reset = False
 
-    def _checkpoint_action(self, decision: Decision) -> str:
-        return self.history.checkpoint_action(decision.id)
+    def _checkpoint_action(self, decision: Decision) -> tuple[str, str | None]:
+        """Record what an approved action left (``gate.settle``'s ``after_action``): (its
+        checkpoint, a note for its result). A workspace the action left over its disk quota is
+        not recorded as it is: it goes back to the state before the action (the action ran,
+        its effect is dropped) and the note says why — the doer asked for it."""
+        used = self._quota_used()
+        note = None
+        if used is not None:
+            self.history.reset_to(self._settled(self._ctx[2]))
+            note = (f"[loop-org] error[disk_quota]: the action left the workspace at {used / 2**20:.0f} MB (apparent "
+                    f"sizes), over its {self.settings.disk_mb} MB quota; its changes were discarded")
+            self.log.warning("action_over_quota", decision=decision.id, used_mb=round(used / 2**20),
+                             quota_mb=self.settings.disk_mb, next="its changes are discarded; the run goes on")
+        return self.history.checkpoint_action(decision.id), note
+
+    def _quota_used(self) -> int | None:
+        """What the workspace would take written out, when that is over its quota (else None)."""
+        if self.settings.disk_mb is None:
+            return None
+        from roles.sandbox.limits import Limits, over_quota
+        return over_quota(self.history.workspace, Limits(disk_mb=self.settings.disk_mb))
 
     def _start(self, work: WorkItem) -> None:
         self.history.baseline()
@@ -206,10 +225,7 @@ class Acting:
         (apparent sizes: ``limits.over_quota``) is never recorded — its history blobs and every
         snapshot would write it in full on the host. The doer made it, so the act counts: its
         changes are discarded (the workspace reset to ``last_commit``) and the summary says why."""
-        if self.settings.disk_mb is None:
-            return outcome
-        from roles.sandbox.limits import Limits, over_quota
-        used = over_quota(self.history.workspace, Limits(disk_mb=self.settings.disk_mb))
+        used = self._quota_used()
         if used is None:
             return outcome
         self.history.reset_to(last_commit)

@@ -103,7 +103,8 @@ def settle(writer, work_id: str, workspace: str, runner: GateRunner, *,
     when a decision still waits for a human.
 
     ``before_action()`` runs before the first action (the engine's crash reset);
-    ``after_action(decision)`` records the action's effect and returns its checkpoint.
+    ``after_action(decision)`` records the action's effect and returns its checkpoint, or
+    (checkpoint, a note the decision's result starts with).
     """
     conn = writer.conn
     for d in decisions.of_work(conn, work_id, D.APPROVED, D.EDITED):
@@ -156,7 +157,10 @@ def _execute(writer, d: Decision, workspace: str, runner: GateRunner, after_acti
     t0 = time.monotonic()
     code, output = runner(command, d.kind, workspace)
     result = f"exit {code} after {time.monotonic() - t0:.1f}s\n{output[-3000:]}"
-    checkpoint = after_action(d) if after_action is not None else None
+    recorded = after_action(d) if after_action is not None else None
+    checkpoint, note = recorded if isinstance(recorded, tuple) else (recorded, None)
+    if note:
+        result = f"{note}\n{result}"
     with writer.transaction() as tx:
         tx.set_status("decisions", d.id, D.EXECUTED, result=result, checkpoint=checkpoint)
 

@@ -20,7 +20,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+import structlog
+
 from state_db.home import HOME_MARKER
+
+log = structlog.get_logger("sandbox.homes")
 
 MAX_ENTRIES = 200_000          # for submit's walk
 SHOWN_MAX_ENTRIES = 50_000     # for each sandbox's view: a repository with its virtual environment is ~20,000
@@ -82,6 +86,10 @@ def homes_in(folder: str | os.PathLike) -> tuple[str, ...]:
     if got is not None and now < got[0]:
         return got[1].homes
     found = homes_within(key, max_entries=SHOWN_MAX_ENTRIES)
+    new = [h for h in found.homes if h != key and (got is None or h not in got[1].homes)]
+    if new:                                  # the user is told, once per home and process
+        log.warning("org_home_in_sandbox_reach", folder=key, homes=new,
+                    next="hidden from every sandboxed command; move it out of the folder")
     with _LOCK:
         _CACHE[key] = (now + FRESH_S, found)
         if len(_CACHE) > 256:
