@@ -222,4 +222,3 @@ def test_claude_code_submits_and_reads_status_through_the_mcp_tools(claude_cli, 
         assert len(items) == 1 and items[0]["created_by"].endswith(" via mcp:claude-code"), items
         steps = [json.loads(line) for line in (tmp_path / "scripted.jsonl").read_text().splitlines()]
         assert [s["event"] for s in steps].count("step") == 3 and "error" not in [s["event"] for s in steps]
-
