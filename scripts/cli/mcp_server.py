@@ -64,6 +64,7 @@ class OrgServer:
         # loop-org's own version: the SDK would report its own in serverInfo otherwise
         self.server: Server = Server("loop-org", version=version(), instructions=INSTRUCTIONS)
         self.subscribed: set[str] = set()
+        self._transcripts: dict[str, tuple] = {}     # subscribed transcript → what it was last seen at
         self.session = None
         self._changed = anyio.Event()
         self._register()
@@ -164,6 +165,25 @@ class OrgServer:
         finally:
             conn.close()
 
+    def _transcripts_grown(self) -> set[str]:
+        """The subscribed transcripts that changed since the last look (``transcript.version``)."""
+        from state_db.queries.transcript import version
+        uris = [u for u in set(self.subscribed) if u.startswith(RUN_PREFIX) and u.endswith(TRANSCRIPT_SUFFIX)]
+        if not uris:
+            self._transcripts.clear()
+            return set()
+        conn = connect(self.home.db_path, readonly=True)
+        try:
+            grown = set()
+            for uri in uris:
+                seen = version(conn, uri.removeprefix(RUN_PREFIX)[:-len(TRANSCRIPT_SUFFIX)])
+                if uri in self._transcripts and self._transcripts[uri] != seen:
+                    grown.add(uri)
+                self._transcripts[uri] = seen
+            return grown
+        finally:
+            conn.close()
+
     @staticmethod
     def touched(uris: set[str], events: list[tuple[str, str]]) -> list[str]:
         """Which subscribed resources these journal events change."""
@@ -189,7 +209,12 @@ class OrgServer:
             except (OrgError, sqlite3.Error) as exc:  # no state.db yet, or busy: try again next round
                 log.info("mcp watch waits", reason=str(exc))
                 newest, events = last, []
-            for uri in self.touched(set(self.subscribed), events) if last is not None else []:
+            try:           # a transcript grows with every model response, which the journal does not record
+                grown = await anyio.to_thread.run_sync(self._transcripts_grown)
+            except (OrgError, sqlite3.Error):
+                grown = set()
+            touched = set(self.touched(set(self.subscribed), events)) if last is not None else set()
+            for uri in sorted(touched | grown):
                 await self.session.send_resource_updated(AnyUrl(uri))
             last = newest
             await anyio.sleep(self.poll_s)

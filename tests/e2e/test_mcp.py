@@ -119,6 +119,34 @@ def test_an_sdk_client_submits_follows_to_goal_met_by_notifications_and_is_refus
     assert [e["instance"] for e in events] == ["mcp:e2e-client"]
 
 
+def test_a_subscribed_transcript_is_notified_as_the_act_goes_not_only_when_it_commits(org, tmp_path):
+    from tests.e2e.dashboard_driver import slow_demo_script
+    ws = workspace(org, "ws-transcript")
+    script = slow_demo_script(tmp_path, delay_s=0.5, reads=4)
+
+    async def body(s, updates):
+        args = {"goal": "make word_count right", "workspace": str(ws), "verify": ["python3 -m unittest -q"],
+                "backend": f"scripted:{script}", "max_iterations": 5, "idempotency_key": "mcp-transcript"}
+        wid = data(await s.call_tool("submit", args))["id"]
+        uri = f"org://runs/{wid}/transcript"
+        await s.subscribe_resource(uri)
+        seen = []
+        with anyio.move_on_after(40):
+            while True:
+                if await updates.receive() != uri:
+                    continue
+                attempts = json.loads((await s.read_resource(uri)).contents[0].text)["attempts"]
+                first = attempts[0] if attempts else None
+                seen.append((len(first["entries"]) if first else 0, first["outcome"] if first else None))
+                if first and first["outcome"] is not None:
+                    return seen
+        raise AssertionError(f"the first act never ended; seen {seen}")
+
+    seen = anyio.run(client, org, body)
+    growing = {n for n, outcome in seen if outcome is None and n}
+    assert len(growing) >= 2, seen          # read while the first act was under way, more each time
+
+
 def test_an_sdk_client_answers_a_decision_once_decide_is_enabled(org, tmp_path):
     org.config_path.write_text(mcp_config("submit", "decide"))
     script = tmp_path / "gate.json"
