@@ -198,8 +198,12 @@ def merge(old: str, new: str, names: list[str]) -> tuple[str, bool]:
     for header, lines in _sections(old):
         if own(header):
             continue
-        if not header:                                  # the heading: date, commit, machine of this run
-            lines = fresh[""]
+        if not header:                                  # the heading keeps the full run's date and commit
+            when = {ln.split(":", 1)[0]: ln.split(":", 1)[1].strip() for ln in fresh[""] if ln.startswith("- ")}
+            note = f"- updated: {', '.join(names)} at {when.get('- date', '?')}, commit {when.get('- commit', '?')}"
+            lines = [ln for ln in lines if not ln.startswith(f"- updated: {', '.join(names)} ")]
+            at = max((i for i, ln in enumerate(lines) if ln.startswith("- ")), default=len(lines) - 1) + 1
+            lines = [*lines[:at], note, *lines[at:]]
         kept = [ln for ln in lines if not mine(ln)]
         while kept and not kept[-1]:
             kept.pop()

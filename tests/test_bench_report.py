@@ -42,5 +42,6 @@ def test_an_update_replaces_one_benchmarks_lines_and_keeps_the_others():
     assert "- verifier `raw_plain_false_pass`: 7" in lines
     assert lines[lines.index("## verifier: cases") + 2] == "- `false_pass_cases` (2): a, b"
     assert sum(ln.startswith("- **verifier**") for ln in lines) == 1 and "- **loop** (exit 0, 1.0 s)" in text
+    assert sum(ln.startswith("- updated: verifier at now, commit ") for ln in lines) == 1
     again, _ = report.merge(text, new, ["verifier"])
     assert again == text
