@@ -49,6 +49,15 @@ class EvalAgentProcess(RoleProcess):
         # coordinator host's, fetched through git; preflights stay on the coordinator host
         self.joined = bool(self.cfg.hosts.coordinator)
 
+    def _verifying(self, writer, work_id: str | None) -> None:
+        """Record the run being verified (None: done) so every view shows this eval-agent busy with
+        it. Bookkeeping only: a failed write is logged and the verification goes on."""
+        try:
+            with writer.transaction(render=False) as tx:
+                tx.update("role_instances", self.instance, current_work=work_id, updated_at=time.time())
+        except Exception as exc:  # noqa: BLE001 - status is best effort; the verdict matters
+            self.log.warning("current_work_not_recorded", error=str(exc), next="the next verification tries again")
+
     def _owns(self, agents: OrgEvalAgents, row: Due) -> bool:
         """Whether ``row`` is this eval-agent's to verify: of several, its share (the same list
         every process reads: ``roles.instances``); never a preflight on a joined host."""
@@ -107,6 +116,7 @@ class EvalAgentProcess(RoleProcess):
                                       next="another eval-agent of this host verifies it")
                         continue
                     try:
+                        self._verifying(writer, row.work_id)
                         result = verifier.verify(row.work_id, row.n)
                     except Exception as exc:  # noqa: BLE001 - one bad item must not stop the others
                         code = exc.code if isinstance(exc, OrgError) else None
@@ -133,6 +143,7 @@ class EvalAgentProcess(RoleProcess):
                             self.log.error("error_verdict_failed", work_id=row.work_id, error=str(again))
                             continue
                     finally:
+                        self._verifying(writer, None)
                         locks.release(row.work_id)
                     failures.pop(key, None)
                     self._announce(sender, row, result)
