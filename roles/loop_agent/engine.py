@@ -108,6 +108,11 @@ def end_unbuildable(writer: StateWriter, work_id: str, settings: LoopSettings, e
         return ending.end_run(tx, work_id, decision)
 
 
+#: Stop reasons that wait for a pending question whether the run ends for a reason of its own.
+CAPS_THAT_WAIT = frozenset({StopReason.MAX_ITERATIONS, StopReason.TOKEN_BUDGET, StopReason.COST_BUDGET,
+                            StopReason.TIMEOUT, StopReason.NO_PROGRESS, StopReason.REPEATED_FAILURE})
+
+
 def _same(a: Step, b: Step) -> bool:
     """Whether two steps name the same point of a run (decision lists and details aside)."""
     return type(a) is type(b) and getattr(a, "n", None) == getattr(b, "n", None)
@@ -235,6 +240,12 @@ class LoopEngine(Acting):
                 return self._derived(AwaitVerdict(its[-1]["n"]))     # resumed between commit and verdict
             if its and its[-1]["verdict_id"] is None:
                 return self._derived(Reflect(its[-1]["n"]))
+        if decision is not None and decision.reason in CAPS_THAT_WAIT and self._abandoned is None:
+            # the run asked a human whether it ends (impossible, an unknown error) on the iteration
+            # a cap fires: the honest answer comes first; the cap ends the run if the human says go on
+            asked = loopq.pending_endings(conn, self.work_id)
+            if asked:
+                return self._derived(AwaitHuman(asked))
         if decision is not None:
             if self._abandoned is not None and decision.reason == self._abandoned[0]:
                 decision = StopDecision(decision.reason, self._abandoned[1])    # the wait's own account

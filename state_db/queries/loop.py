@@ -55,6 +55,18 @@ def pending_decisions(conn: sqlite3.Connection, work_id: str) -> tuple[str, ...]
         "SELECT id FROM decisions WHERE work_id = ? AND status = ? ORDER BY created_at", (work_id, D.PENDING)))
 
 
+#: Decisions that ask whether the run should end for a reason of its own: the goal judged
+#: impossible, an error the stop policy does not know (needs_human).
+ENDING_QUESTIONS = (DecisionKind.IMPOSSIBLE, DecisionKind.UNKNOWN_ERROR)
+
+
+def pending_endings(conn: sqlite3.Connection, work_id: str) -> tuple[str, ...]:
+    """Ids of the run's pending decisions that ask whether it ends (``ENDING_QUESTIONS``)."""
+    return tuple(r[0] for r in conn.execute(
+        "SELECT id FROM decisions WHERE work_id = ? AND status = ? AND kind IN (?, ?) ORDER BY created_at",
+        (work_id, D.PENDING, *ENDING_QUESTIONS)))
+
+
 def errors_asked(conn: sqlite3.Connection, work_id: str) -> set[str]:
     """The error classes this run already asked a human about (whatever the answer)."""
     return {r[0] for r in conn.execute(
