@@ -55,7 +55,10 @@ class Acting:
 
     def _start(self, work: WorkItem) -> None:
         self.history.baseline()
-        gate.ask_again_if_interrupted(self.w, self.work_id)
+        if gate.interrupted(self.w.conn, self.work_id):
+            its = prog.load(self.w.conn, work)[1]
+            gate.ask_again_if_interrupted(self.w, self.work_id,
+                                          lambda d: self.history.changed_in_workspace(self._settled(its)))
         with self.w.transaction() as tx:
             if work.status == WorkStatus.DISPATCHED:
                 tx.set_status("work_items", self.work_id, WorkStatus.RUNNING)

@@ -1,6 +1,7 @@
 """``org decisions``: gated actions waiting for a human (and recent ones with --all)."""
 from __future__ import annotations
 
+from roles.loop_agent.gate import ASKED_AGAIN
 from scripts.cli.output import add_json, emit_json, read_conn, table
 from state_db.queries import decisions
 from state_db.queries.base import plain
@@ -27,5 +28,8 @@ def run(args) -> int:
     else:
         print(table([[d.id, d.work_id, d.status, d.question[:90]] for d in rows],
                     ["DECISION", "WORK", "STATUS", "QUESTION"]))
+        for d in rows:       # an action asked again says what happened the first time: in whole
+            if d.status == "pending" and d.question.startswith(ASKED_AGAIN):
+                print(f"{d.id}: {d.question}")
         print("answer with: org decide ID approve | reject [--stop] [REASON] | edit NEW_COMMAND | respond TEXT")
     return 0
