@@ -60,3 +60,20 @@ def test_a_pending_impossible_question_wins_over_the_iteration_cap_of_the_same_i
     item = query(org_home, "SELECT * FROM work_items WHERE id=?", (wid,))[0]
     assert (item["status"], item["stop_reason"]) == ("ended", ends)
     assert query(org_home, "SELECT COUNT(*) AS n FROM decisions WHERE work_id=? AND status='pending'", (wid,))[0]["n"] == 0
+
+
+@pytest.mark.parametrize("stop, ends", [(True, StopReason.NEEDS_HUMAN), (False, StopReason.MAX_ITERATIONS)])
+def test_a_doer_asking_a_human_parks_the_run_even_on_its_last_iteration(org_home, tmp_path, stop, ends):
+    """The question the command backend's ``loop-org-exit needs_human`` records (any backend's
+    ``needs_human`` request): a decision with nothing to run; reject --stop ends the run
+    needs_human, reject goes on (here: the iteration cap then ends it)."""
+    wid = submit(org_home, make_workspace(tmp_path), caps={"max_iterations": 1})
+    ask = {**BAD, "request": {"kind": "needs_human", "command": "", "reason": "should add() round?"}}
+    assert engine(org_home, wid, ScriptedActs([[ask]])).run() is None
+    asked = query(org_home, "SELECT * FROM decisions WHERE work_id=?", (wid,))
+    assert [(d["kind"], d["status"]) for d in asked] == [("needs_human", "pending")]
+    assert asked[0]["question"].startswith("needs_human: the doer asks: should add() round?")
+    decide(org_home, config.load(None), asked[0]["id"], "reject", stop=stop)
+    redispatch(org_home, wid)
+    decision = engine(org_home, wid, ScriptedActs([[BAD]])).run()
+    assert decision.reason == ends, decision

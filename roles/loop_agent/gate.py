@@ -52,7 +52,9 @@ def record_requests(tx, work_id: str, n: int, requests) -> list[str]:
         if decisions.has_pending(tx.conn, work_id, kind=req["kind"], command=req["command"]):
             continue
         did = f"d-{uuid.uuid4().hex[:8]}"
-        question = f"{req['kind']}: run `{req['command']}` — {req['reason']}"
+        question = (f"needs_human: the doer asks: {req['reason']} — respond TEXT: it goes on with your answer; "
+                    "reject --stop: the run ends needs_human" if req["kind"] == DecisionKind.NEEDS_HUMAN
+                    else f"{req['kind']}: run `{req['command']}` — {req['reason']}")
         tx.insert("decisions", {"id": did, "work_id": work_id, "iteration": n, "kind": req["kind"],
                                 "action": req, "question": question[:1000], "status": D.PENDING,
                                 "created_at": tx.now})
@@ -153,7 +155,7 @@ def park(writer, work_id: str) -> None:
 
 def _execute(writer, d: Decision, workspace: str, runner: GateRunner, after_action=None) -> None:
     command = d.answer if d.status == D.EDITED and d.answer else d.command
-    if d.kind in (BASELINE_PASSES, UNKNOWN_ERROR):   # nothing to run: a choice, not an action
+    if d.kind in (BASELINE_PASSES, UNKNOWN_ERROR, DecisionKind.NEEDS_HUMAN):   # nothing to run: a choice
         with writer.transaction() as tx:
             tx.set_status("decisions", d.id, D.EXECUTING, executor=identity())
             tx.set_status("decisions", d.id, D.EXECUTED, result="the human chose to go on")

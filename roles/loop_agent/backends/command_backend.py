@@ -48,6 +48,7 @@ from urllib.parse import urlparse
 import structlog
 
 from roles import telemetry
+from roles.loop_agent.backends import exits
 from roles.loop_agent.backends.base import ActContext, ActOutcome, BackendConfigError, Usage
 from roles.loop_agent.pricing import PriceTable
 from roles.sandbox import Captured, SandboxError, clean_env
@@ -155,6 +156,7 @@ class CommandBackend:
         try:
             home = self._private_home(ctx.work_id)
             sock_dir = _short_private_dir(self.state_dir)
+            exit_bin, exits_file = exits.prepare(home)     # its honest exits (backends/exits.py)
         except OSError as exc:
             return _end("model_error", "cli_setup", f"cannot prepare the CLI's private folders under "
                         f"{self.state_dir}: {exc.strerror or exc}")
@@ -204,7 +206,9 @@ class CommandBackend:
             with endpoint:
                 got = runner.execute(
                     argv, cwd=ctx.workspace, timeout_s=timeout_s, max_output=self.config.max_output_bytes,
-                    stdin=_prompt(ctx).encode("utf-8"), env=self._env(home, path), writable=[home, sock_dir],
+                    stdin=(_prompt(ctx) + exits.INSTRUCTIONS).encode("utf-8"),
+                    env={**self._env(home, f"{path}{os.pathsep}{exit_bin}"), exits.ENV: str(exits_file)},
+                    writable=[home, sock_dir],
                     readonly_binds=self._readonly(binary), separate_stderr=True,
                     limits=_cli_limits(runner, self.config.memory_mb), should_stop=should_stop,
                     poll_s=self.config.poll_s)
@@ -216,6 +220,11 @@ class CommandBackend:
             report()  # what the endpoint metered after the last poll, or before a failure
         self.refusals.update(endpoint.refusals)
         outcome = self._outcome(got, stop_code, ledger, endpoint, budget_left, metered, timeout_s)
+        said = exits.read(exits_file)
+        if said and outcome.status in ("ok", "failed"):
+            calls, requests = exits.recorded(said)
+            outcome = replace(outcome, tool_calls=outcome.tool_calls + calls, requests=outcome.requests + requests)
+            log.info("cli exits recorded", kinds=[k for k, _ in said], next="after the iteration is committed", **fields)
         log.info("cli ended", status=outcome.status, error_code=outcome.error_code, exit_code=got.exit_code,
                  duration_s=round(got.duration_s, 2), requests=endpoint.requests, refused=endpoint.refused,
                  refusals=dict(endpoint.refusals), metered_tokens=sum(s.total_tokens for s in metered),
