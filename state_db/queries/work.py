@@ -241,3 +241,16 @@ def command_result(conn: sqlite3.Connection, key: str, command: str) -> dict | N
     """What the command ``command`` did under idempotency ``key`` (its stored result), or None."""
     row = conn.execute("SELECT result FROM idempotency WHERE key = ? AND command = ?", (key, command)).fetchone()
     return None if row is None else loads(row[0], {})
+
+
+#: The journal event of a human setting an ended run's workspace to one of its commits.
+WORKSPACE_SET = "work_items.workspace_set"
+
+
+def workspace_set(conn: sqlite3.Connection, work_id: str) -> str | None:
+    """The commit a human last set ``work_id``'s workspace to (``org revert`` / ``org apply``),
+    or None."""
+    raw = scalar(conn, "SELECT data FROM events WHERE kind = ? AND subject = ? ORDER BY id DESC LIMIT 1",
+                 (WORKSPACE_SET, work_id))
+    data = loads(raw, {}) or {}
+    return data.get("commit") if isinstance(data, dict) else None

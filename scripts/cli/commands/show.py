@@ -97,6 +97,24 @@ def handoff_lines(handoff: dict) -> list[str]:
             f"  remains: {handoff['remains']}", f"  learned: {handoff['learned']}"]
 
 
+def left_in_workspace(args, work_id: str) -> str | None:
+    """What an ended run that did not meet its goal left in the workspace, and the way back."""
+    from roles.operations.restore import left, left_line
+    from scripts.cli.output import home_of
+    conn = read_conn(args)
+    try:
+        item = work.item(conn, work_id)
+        if item is None or not item.ended or item.stop_reason == "goal_met":
+            return None
+        try:
+            paths = left(home_of(args), conn, item)
+        except Exception:  # noqa: BLE001 - a history that cannot be read leaves the line out, never the show
+            return None
+        return left_line(paths, item)
+    finally:
+        conn.close()
+
+
 def run_line(run: dict) -> str:
     """Phase, iteration n of max, and what is used against each cap, in one line."""
     from scripts.cli.commands.status import progress_cells
@@ -128,6 +146,9 @@ def run(args) -> int:
     print(f"{item['id']}  {item['status']}" + (f"  stop: {item['stop_reason']} — {item['stop_detail'] or ''}"
                                                 if item["stop_reason"] else ""))
     print(f"goal: {item['goal']}")
+    left = left_in_workspace(args, item["id"])
+    if left:
+        print(left)
     print(run_line(item["run"]))
     for line in now_lines(item["run"]):
         print(line)
