@@ -432,6 +432,8 @@ UPDATE attempts SET outcome = 'wrapped_up' WHERE outcome = 'wrapup:ok';
 UPDATE attempts SET detail = substr(outcome, 8), outcome = 'wrapup_failed' WHERE outcome LIKE 'wrapup:%';
 UPDATE curated_notes SET kind = 'context' WHERE kind NOT IN ('outcome', 'failure', 'fix', 'context');
 ALTER TABLE handoffs ADD COLUMN act TEXT;
+ALTER TABLE work_items ADD COLUMN ladder TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE iterations ADD COLUMN model TEXT;
 """
 
 

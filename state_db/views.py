@@ -33,7 +33,7 @@ from state_db.queries import verdicts
 from state_db.queries.base import plain
 from state_db.queries.review import review_usage
 from state_db.queries.verdicts import latest_eval_verdict
-from state_db.queries.work import Caps
+from state_db.queries.work import Caps, Ladder
 from state_db.errors import NotFound
 from state_db.processes import is_alive
 from state_db.vocab import RoleStatus, StopReason, WorkStatus
@@ -120,6 +120,8 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
         "elapsed_s": {"used": round(elapsed, 1), "cap": caps.timeout_s},
         "caps": {k: {"value": getattr(caps, k), "from": caps.source(k)} for k in Caps.names()
                  if getattr(caps, k) is not None or caps.source(k) is not None},
+        "ladder": {**ladder.encode(), "label": ladder.label()} if (ladder := Ladder.parse(item.get("ladder"))).models
+        else None,
         "verdict": None if verdict is None else {"iteration": verdict["iteration"], "outcome": verdict["outcome"],
                                                  "line": verdict_line(verdict)},
         "baseline": None if preflight is None else {"outcome": preflight["outcome"], "line": preflight["detail"]},

@@ -95,7 +95,7 @@ FREE: dict[str, tuple[str, ...]] = {
     "verdicts": ("id", "work_id", "checks", "feedback", "protected_changed", "written_by", "held_back", "evidence",
                  "review"),
     "work_items": ("id", "goal", "workspace", "verify", "protect", "caps", "stop_detail", "assigned_to", "branch",
-                   "created_by", "toolchain", "origin_id", "review", "next_step"),
+                   "created_by", "toolchain", "origin_id", "review", "next_step", "ladder"),
     "workspace_locks": ("workspace", "work_id"),
 }
 
@@ -111,6 +111,7 @@ OPEN: dict[tuple[str, str], str] = {
     ("skills", "origin"): "the runs and notes a skill came from (JSON)",
     ("work_items", "backend"): "anthropic, command, or scripted:PATH (a path)",
     ("model_calls", "model"): "the model's name as the price table knows it (org.toml)",
+    ("iterations", "model"): "the model's name as the price table knows it (org.toml): the rung it ran on",
 }
 
 

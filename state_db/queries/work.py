@@ -73,6 +73,43 @@ class Caps:
 
 
 @dataclass(frozen=True)
+class Ladder:
+    """A run's model ladder (``work_items.ladder``): ``models`` weakest first, the ``rung`` it is
+    on (an index), the iterations committed when it climbed to it (``since``) and why (``why``)."""
+
+    models: tuple[str, ...] = ()
+    rung: int = 0
+    since: int = 0
+    why: str = ""
+
+    @classmethod
+    def parse(cls, raw: Any) -> "Ladder":
+        data = loads(raw, {}) or {}
+        if not isinstance(data, dict):
+            return cls()
+        models = tuple(str(m) for m in data.get("models") or () if isinstance(m, str) and m)
+        rung = data.get("rung") if isinstance(data.get("rung"), int) else 0
+        return cls(models, max(0, min(rung, len(models) - 1)) if models else 0, int(data.get("since") or 0),
+                   str(data.get("why") or ""))
+
+    def encode(self) -> dict[str, Any]:
+        return {"models": list(self.models), "rung": self.rung, "since": self.since, "why": self.why} \
+            if self.models else {}
+
+    @property
+    def model(self) -> str | None:
+        """The model of the rung it is on (None: no ladder)."""
+        return self.models[self.rung] if self.models else None
+
+    def can_climb(self) -> bool:
+        return self.rung + 1 < len(self.models)
+
+    def label(self) -> str:
+        """``rung 2 of 3: claude-opus-4`` (empty without a ladder)."""
+        return f"rung {self.rung + 1} of {len(self.models)}: {self.model}" if self.models else ""
+
+
+@dataclass(frozen=True)
 class WorkItem:
     """One ``work_items`` row, its JSON columns decoded."""
 
@@ -101,6 +138,7 @@ class WorkItem:
     discarded_s: float = 0.0
     review: dict = field(default_factory=dict)        # the review criteria it was submitted with
     next_step: str | None = None     # a paused or parked run's next step, as stored (roles/loop_agent/steps.py)
+    ladder: "Ladder" = field(default_factory=lambda: Ladder())
 
     @classmethod
     def from_row(cls, row: sqlite3.Row | dict) -> "WorkItem":
@@ -111,6 +149,7 @@ class WorkItem:
         v["caps"] = Caps.parse(v.get("caps"))
         v["toolchain"] = loads(v.get("toolchain"), {}) or {}
         v["review"] = loads(v.get("review"), {}) or {}
+        v["ladder"] = Ladder.parse(v.get("ladder"))
         for flag in ("cancel_requested", "worktree", "default_protect"):
             if flag in v:
                 v[flag] = bool(v[flag])

@@ -136,6 +136,15 @@ class CommandBackend:
         self.state_dir = Path(state_dir)
         self.refusals: Counter[str] = Counter()  # the endpoint's refusals over every act, by code
 
+    def with_model(self, model: str) -> "CommandBackend":
+        """This backend on ``model`` (``--model``; a rung of the run's ladder). Raises
+        BackendConfigError for a model the price table lacks."""
+        import copy
+        self.prices.price(model)
+        other = copy.copy(self)
+        other.config = replace(self.config, model=model)
+        return other
+
     def __repr__(self) -> str:
         return f"CommandBackend(binary={self.config.binary!r}, preset={self.config.preset!r}, upstream={self.upstream!r})"
 

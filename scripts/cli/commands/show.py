@@ -11,7 +11,7 @@ from state_db.queries.base import plain
 from state_db.queries.iterations import attempts, of_work as iterations_of
 from state_db.queries import loop as loop_queries, review as review_queries
 from state_db.errors import NotFound
-from state_db.queries.work import Caps
+from state_db.queries.work import Caps, Ladder
 
 NAME = "show"
 HELP = "show one work item: status, stop reason, iterations with verdicts, tokens and cost"
@@ -154,6 +154,10 @@ def run(args) -> int:
         print(line)
     print(f"workspace: {item['workspace']}  backend: {item['backend']}  assigned: {item['assigned_to'] or '-'}")
     print(f"caps: {caps_line(Caps.parse(item['caps']))}")
+    ladder = Ladder.parse(item.get("ladder"))
+    if ladder.models:
+        print(f"ladder: {' → '.join(ladder.models)} ({ladder.label()}"
+              + (f", since iteration {ladder.since + 1}: {ladder.why[:200]})" if ladder.rung else ")"))
     print(f"used: {item['run']['tokens']['used']} budget tokens, "
           f"${item['run']['cost_usd']['used']:.4f}, "
           f"{item['elapsed_s']:.1f}s" + (f" ({item['discarded_s']:.1f}s of it in discarded attempts)"
