@@ -29,7 +29,7 @@ from typing import Callable
 
 from state_db.processes import identity, identity_alive
 from state_db.queries import decisions, work
-from state_db.queries.decisions import Decision
+from state_db.queries.decisions import ASKED_AGAIN, Decision
 from state_db.queries.loop import UNKNOWN_ERROR
 from state_db.vocab import DecisionKind, DecisionStatus as D, WorkStatus
 
@@ -92,9 +92,6 @@ def ask_again_if_interrupted(writer, work_id: str, changed: Callable[[Decision],
             tx.update("decisions", r.id, announced_at=None)
             asked += 1
     return asked
-
-
-ASKED_AGAIN = "ASKED AGAIN"
 
 
 def again(d: Decision, changed: list[str]) -> str:

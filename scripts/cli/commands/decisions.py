@@ -1,9 +1,9 @@
 """``org decisions``: gated actions waiting for a human (and recent ones with --all)."""
 from __future__ import annotations
 
-from roles.loop_agent.gate import ASKED_AGAIN
 from scripts.cli.output import add_json, emit_json, read_conn, table
 from state_db.queries import decisions
+from state_db.queries.decisions import ASKED_AGAIN
 from state_db.queries.base import plain
 
 NAME = "decisions"
