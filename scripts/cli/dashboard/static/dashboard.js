@@ -204,6 +204,8 @@
         h("span", { class: "muted", text: "verdict" }), h("span", { text: w.run.verdict ? `#${w.run.verdict.iteration}: ${w.run.verdict.line}` : "-" }),
         h("span", { class: "muted", text: "goal" }), h("span", { text: w.goal }),
         h("span", { class: "muted", text: "workspace" }), h("span", { text: w.workspace }),
+        h("span", { class: "muted", text: "caps" }), h("span", { id: "run-caps", text: Object.entries(w.run.caps || {}).map(([k, c]) =>
+          `${k}=${c.value === null ? "none" : c.value}${c.from ? ` (${c.from})` : ""}`).join(", ") || "-" }),
         h("span", { class: "muted", text: "backend" }), h("span", { text: `${w.backend} · ${w.assigned_to || "unassigned"}` })),
       bar(w.run.iteration.committed, w.run.iteration.max, `iterations ${w.run.iteration.committed} of ${w.run.iteration.max}`),
       bar(w.run.tokens.used, w.run.tokens.cap, `budget tokens ${num(w.run.tokens.used)} of ${num(w.run.tokens.cap)}`),
