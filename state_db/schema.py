@@ -432,6 +432,11 @@ UPDATE attempts SET outcome = 'wrapped_up' WHERE outcome = 'wrapup:ok';
 UPDATE attempts SET detail = substr(outcome, 8), outcome = 'wrapup_failed' WHERE outcome LIKE 'wrapup:%';
 UPDATE curated_notes SET kind = 'context' WHERE kind NOT IN ('outcome', 'failure', 'fix', 'context');
 ALTER TABLE handoffs ADD COLUMN act TEXT;
+"""
+
+# A run's model ladder (state_db.queries.work.Ladder: the models, the rung it is on, since when and
+# why) and the model each iteration acted on.
+LADDER = """
 ALTER TABLE work_items ADD COLUMN ladder TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE iterations ADD COLUMN model TEXT;
 """
@@ -452,4 +457,5 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0013_handoff", HANDOFF),
     ("0014_peers", PEERS),
     ("0018_contract", CONTRACT),
+    ("0018_ladder", LADDER),
 ]
