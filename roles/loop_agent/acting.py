@@ -57,8 +57,10 @@ class Acting:
         self.history.baseline()
         if gate.interrupted(self.w.conn, self.work_id):
             its = prog.load(self.w.conn, work)[1]
+            printed = getattr(self.settings.gate_runner, "partial_output", None)
             gate.ask_again_if_interrupted(self.w, self.work_id,
-                                          lambda d: self.history.changed_in_workspace(self._settled(its)))
+                                          lambda d: self.history.changed_in_workspace(self._settled(its)),
+                                          None if printed is None else lambda d: printed(str(self.history.workspace)))
         with self.w.transaction() as tx:
             if work.status == WorkStatus.DISPATCHED:
                 tx.set_status("work_items", self.work_id, WorkStatus.RUNNING)

@@ -73,16 +73,18 @@ def interrupted(conn, work_id: str) -> list[Decision]:
             if not (r.executor and r.executor != mine and identity_alive(r.executor))]
 
 
-def ask_again_if_interrupted(writer, work_id: str, changed: Callable[[Decision], list[str]] | None = None) -> int:
+def ask_again_if_interrupted(writer, work_id: str, changed: Callable[[Decision], list[str]] | None = None,
+                             output: Callable[[Decision], str | None] | None = None) -> int:
     """Ask again about each action cut while it ran (``interrupted``), saying what happened so a
     human does not re-approve blind: that it was approved before (by whom, when), that it started
     (when), what it changed in the workspace meanwhile (``changed(decision)``: paths, when known)
     and that it may have run partly — in the question itself, which every front end shows.
+    ``output(decision)``: the end of what it printed before it was cut, when kept.
     Returns how many were asked again."""
     asked = 0
     for r in interrupted(writer.conn, work_id):
         paths = changed(r) if changed is not None else []
-        told = again(r, paths)
+        told = again(r, paths, output(r) if output is not None else None)
         with writer.transaction() as tx:
             now = decisions.decision(tx.conn, r.id)
             if now is None or now.status != D.EXECUTING:
@@ -94,7 +96,7 @@ def ask_again_if_interrupted(writer, work_id: str, changed: Callable[[Decision],
     return asked
 
 
-def again(d: Decision, changed: list[str]) -> str:
+def again(d: Decision, changed: list[str], printed: str | None = None) -> str:
     """The question of an action asked again after it was cut while it ran (``ask_again_if_interrupted``)."""
     first = d.question.split(" || first asked: ", 1)[-1]
     approved = f"approved by {d.decided_by or 'a human'}" + (f" at {_when(d.decided_at)}" if d.decided_at else "")
@@ -103,9 +105,11 @@ def again(d: Decision, changed: list[str]) -> str:
              + (f" and {len(changed) - 20} more" if len(changed) > 20 else "")
              + " (set aside: a new run of it starts from where the first began)") if changed else \
         "; it changed nothing in the workspace that is still there"
+    said = (f"; before it was cut it printed: «{' '.join(printed.split())[-600:]}»" if printed
+            else "; nothing it printed was kept")
     return (f"{ASKED_AGAIN}: `{d.command}` was {approved}, {started}, and its process was lost while it ran: "
-            f"it may have run partly (outside the workspace too){wrote}. Approve runs it again from the start; "
-            f"reject goes on without it. || first asked: {first}")
+            f"it may have run partly (outside the workspace too){wrote}{said}. Approve runs it again from the "
+            f"start; reject goes on without it. || first asked: {first}")
 
 
 def _when(at: float) -> str:

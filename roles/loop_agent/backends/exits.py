@@ -60,7 +60,7 @@ def read(exits: Path) -> list[tuple[str, str]]:
     """The exits the CLI recorded, ``(kind, text)`` in order (each kind once: its last text), then
     the file is removed. Never raises for what the file holds or is."""
     try:
-        raw = _bounded(exits)
+        raw = read_bounded(exits)
     finally:
         try:
             exits.unlink()
@@ -76,15 +76,20 @@ def read(exits: Path) -> list[tuple[str, str]]:
     return list(found.items())
 
 
-def _bounded(path: Path) -> bytes:
-    """The first ``MAX_BYTES`` of ``path`` if it is a regular file, not followed through a link,
-    never blocking; b"" otherwise."""
+def read_bounded(path: Path, limit: int = MAX_BYTES, *, tail: bool = False) -> bytes:
+    """The first (``tail``: the last) ``limit`` bytes of ``path`` if it is a regular file, not
+    followed through a link, never blocking; b"" otherwise. For files a sandboxed process wrote."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return b""
     try:
-        return os.read(fd, MAX_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return b""
+        if tail and st.st_size > limit:
+            os.lseek(fd, st.st_size - limit, os.SEEK_SET)
+        return os.read(fd, limit)
     except OSError:
         return b""
     finally:
