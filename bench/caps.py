@@ -17,6 +17,11 @@ named in the goal:
   hand-off note. The item has a token budget (``WRAPUP_TOKENS``), resp. a cost budget
   (``WRAPUP_USD``), and nothing else: the iterations stop on it and the wrap-up runs, and the
   figures count both.
+- ``ladder``: the same 9,000-token calls, but each act is a tool call and a closing answer, so
+  iterations commit and fail the same check: ``repeated_failure`` moves the run from ``MODEL`` to
+  ``MODEL_STRONG`` (``--ladder``), whose dearer calls then meet the token budget
+  (``LADDER_TOKENS``) — the caps hold across rungs, the wrap-up included
+  (``budget_overshoot_ratio_tokens_ladder``; ``ladder_climbed``: iterations ran on both models).
 
 Figures: ``budget_overshoot_ratio_tokens`` / ``_cost`` (counted usage in state.db ÷ budget, the
 larger of the hog's and the wrap-up case's; each is also given on its own, and
@@ -52,15 +57,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from roles.loop_agent.scripted.server import Exchange, MessagesServer, error_body, message_body  # noqa: E402
 
-MODEL = "claude-caps"
+MODEL, MODEL_STRONG = "claude-caps", "claude-caps-strong"
 PRICE = {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.3}
+PRICE_STRONG = {"input": 15.0, "output": 75.0, "cache_write": 18.75, "cache_read": 1.5}
 MAX_TOKENS = 200_000          # configured per request: one call alone would overshoot the budgets
 HOG_INPUT = 2_000
 FIXED_USAGE = {"input_tokens": 8_000, "output_tokens": 1_000}     # the issue's 9,000 tokens a call
 WRAPUP_TOKENS, WRAPUP_USD = 100_000, 0.5                          # about 11 such calls, about 12 of cost
+LADDER_TOKENS = 60_000                      # two weak iterations of two calls, then the strong rung trips it
 WRAPUP_NOTE = ("Done: listed the files again.\nRemains: everything; the check still fails.\n"
                "Learned: listing files does not help.")
-CASES = ("hang", "runaway", "hog_tokens", "hog_cost", "wrapup_tokens", "wrapup_cost")
+CASES = ("hang", "runaway", "hog_tokens", "hog_cost", "wrapup_tokens", "wrapup_cost", "ladder")
 TARGETS = {"budget_overshoot_ratio_tokens": 1.00, "budget_overshoot_ratio_cost": 1.00, "timeout_overrun_s": 5.0,
            "max_tokens_over_left": 0}
 _CASE = re.compile(r"caps-case: (\w+)")
@@ -74,14 +81,16 @@ class Served:
     case: str
     max_tokens: int
     usage: dict[str, int] = field(default_factory=dict)
+    model: str = ""
 
     @property
     def tokens(self) -> int:
         return sum(self.usage.values())
 
     def cost(self) -> float:
-        return (self.usage.get("input_tokens", 0) * PRICE["input"]
-                + self.usage.get("output_tokens", 0) * PRICE["output"]) / 1e6
+        price = PRICE_STRONG if self.model == MODEL_STRONG else PRICE
+        return (self.usage.get("input_tokens", 0) * price["input"]
+                + self.usage.get("output_tokens", 0) * price["output"]) / 1e6
 
 
 class CapsServer(MessagesServer):
@@ -111,9 +120,12 @@ class CapsServer(MessagesServer):
         elif case.startswith("hog"):
             seen.usage = {"input_tokens": HOG_INPUT, "output_tokens": seen.max_tokens}
             self._reply(ex, seen, _tool("list_files", {"path": "."}), "tool_use")
-        elif case.startswith("wrapup"):          # a real API bills no more output than max_tokens
+        elif case.startswith("wrapup") or case == "ladder":   # a real API bills no more output than max_tokens
             seen.usage = {**FIXED_USAGE, "output_tokens": min(FIXED_USAGE["output_tokens"], seen.max_tokens)}
-            if "Wrap-up:" in (first if isinstance(first, str) else json.dumps(first)):
+            seen.model = str(body.get("model") or "")
+            if case == "ladder" and len(messages) > 1:          # the act's closing answer: the iteration commits
+                self._reply(ex, seen, [{"type": "text", "text": "listed them"}], "end_turn")
+            elif "Wrap-up:" in (first if isinstance(first, str) else json.dumps(first)):
                 self._reply(ex, seen, [{"type": "text", "text": WRAPUP_NOTE}], "end_turn")
             else:
                 self._reply(ex, seen, _tool("list_files", {"path": "."}), "tool_use")
@@ -143,11 +155,11 @@ def _tool(name: str, tool_input: dict) -> list[dict]:
 
 def org_config(base_url: str, loop_agents: int = len(CASES)) -> str:
     """org.toml for a caps run: the anthropic backend at ``base_url``, priced as ``PRICE``."""
-    prices = "\n".join(f"{k} = {v}" for k, v in PRICE.items())
+    prices = "".join(f"[prices.\"{m}\"]\n" + "".join(f"{k} = {v}\n" for k, v in p.items())
+                     for m, p in ((MODEL, PRICE), (MODEL_STRONG, PRICE_STRONG)))
     return (f"[org]\nloop_agents = {loop_agents}\n[supervisor]\nheartbeat_s = 0.2\n"
             f"[model]\nbackend = \"anthropic\"\nname = \"{MODEL}\"\nbase_url = \"{base_url}\"\n"
-            f"max_tokens = {MAX_TOKENS}\nrequest_timeout_s = 120\nmax_retries = 6\n"
-            f"[prices.\"{MODEL}\"]\n{prices}\n")
+            f"max_tokens = {MAX_TOKENS}\nrequest_timeout_s = 120\nmax_retries = 6\n{prices}")
 
 
 def over_left(served: list[Served], *, budget_tokens: float | None = None, budget_usd: float | None = None) -> int:
@@ -217,6 +229,7 @@ def run_cases(root: Path, *, timeout_s: float = 3.0, budget_tokens: int = 300_00
             given = case_caps(case, timeout_s=timeout_s, budget_tokens=budget_tokens, budget_usd=budget_usd)
             ids[case] = submit(home, cfg, SubmitRequest(
                 goal=f"caps-case: {case}", workspace=str(ws), verify=["false"], backend="anthropic", **given,
+                ladder=(MODEL, MODEL_STRONG) if case == "ladder" else None,
                 no_caps=tuple(k for k in ("max_iterations", "budget_tokens", "budget_usd", "timeout_s")
                               if k not in given)))["id"]
 
@@ -241,7 +254,8 @@ def case_caps(case: str, *, timeout_s: float, budget_tokens: int, budget_usd: fl
     """The one cap each case's item has (the others are removed: the case is about that one)."""
     return {"hang": {"timeout_s": timeout_s}, "runaway": {"timeout_s": timeout_s},
             "hog_tokens": {"budget_tokens": budget_tokens}, "hog_cost": {"budget_usd": budget_usd},
-            "wrapup_tokens": {"budget_tokens": WRAPUP_TOKENS}, "wrapup_cost": {"budget_usd": WRAPUP_USD}}[case]
+            "wrapup_tokens": {"budget_tokens": WRAPUP_TOKENS}, "wrapup_cost": {"budget_usd": WRAPUP_USD},
+            "ladder": {"budget_tokens": LADDER_TOKENS}}[case]
 
 
 def _warm_up(home, cfg, root: Path, loop_agents: int, wait_s: float) -> None:
@@ -356,17 +370,20 @@ def _raw_wrapups(server: CapsServer, root: Path, reserve: float = 0.05) -> dict:
 
 def figures_of(runs: dict[str, CaseRun], *, timeout_s: float, budget_tokens: int, budget_usd: float) -> dict:
     tok, cost, wtok, wcost = runs["hog_tokens"], runs["hog_cost"], runs["wrapup_tokens"], runs["wrapup_cost"]
-    ratios = {"hog_tokens": round(tok.counted_tokens / budget_tokens, 4),
+    ratios = {"ladder": round(runs["ladder"].counted_tokens / LADDER_TOKENS, 4),
+              "hog_tokens": round(tok.counted_tokens / budget_tokens, 4),
               "hog_cost": round(cost.counted_cost / budget_usd, 4),
               "wrapup_tokens": round(wtok.counted_tokens / WRAPUP_TOKENS, 4),
               "wrapup_cost": round(wcost.counted_cost / WRAPUP_USD, 4)}
     return {
-        "budget_overshoot_ratio_tokens": max(ratios["hog_tokens"], ratios["wrapup_tokens"]),
+        "budget_overshoot_ratio_tokens": max(ratios["hog_tokens"], ratios["wrapup_tokens"], ratios["ladder"]),
         "budget_overshoot_ratio_cost": max(ratios["hog_cost"], ratios["wrapup_cost"]),
         "budget_overshoot_ratio_tokens_hog": ratios["hog_tokens"],
         "budget_overshoot_ratio_cost_hog": ratios["hog_cost"],
         "budget_overshoot_ratio_tokens_wrapup": ratios["wrapup_tokens"],
         "budget_overshoot_ratio_cost_wrapup": ratios["wrapup_cost"],
+        "budget_overshoot_ratio_tokens_ladder": round(runs["ladder"].counted_tokens / LADDER_TOKENS, 4),
+        "ladder_climbed": {s.model for s in runs["ladder"].served} == {MODEL, MODEL_STRONG},
         "wrapup_ran_tokens": wtok.handoff == "wrapup",
         "wrapup_ran_cost": wcost.handoff == "wrapup",
         "timeout_overrun_s": round(max(runs["hang"].wall_s, runs["runaway"].wall_s) - timeout_s, 2),
@@ -406,10 +423,12 @@ def main(argv=None) -> int:
     passes = at_most(figures, TARGETS)
     passes["stop_reasons"] = figures["stop_reasons"] == {
         "hang": "timeout", "runaway": "timeout", "hog_tokens": "token_budget", "hog_cost": "cost_budget",
-        "wrapup_tokens": "token_budget", "wrapup_cost": "cost_budget"}
+        "wrapup_tokens": "token_budget", "wrapup_cost": "cost_budget", "ladder": "token_budget"}
+    passes["ladder_climbed"] = figures["ladder_climbed"]
     passes["wrapup_ran"] = figures["wrapup_ran_tokens"] and figures["wrapup_ran_cost"]
     return finish(figures, TARGETS | {"stop_reasons": "each case's own cap", "wrapup_ran": "the wrap-up act wrote "
-                                      "the hand-off note in both wrap-up cases"}, passes, as_json=args.json)
+                                      "the hand-off note in both wrap-up cases",
+                                      "ladder_climbed": "the ladder case ran on both models"}, passes, as_json=args.json)
 
 
 if __name__ == "__main__":

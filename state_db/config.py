@@ -163,6 +163,9 @@ class Loop(Section):
                                 "writes a hand-off note when the budget trips; 0: none", ge=0, lt=0.5)
     transcript_bytes: int = key(4_000_000, "a run's transcript (every act's turns, tool calls and results) is kept "
                                 "up to this size; later entries are dropped, and a 'cut' entry says so", ge=10_000)
+    ladder: list[Name] = key([], "models, weakest first: a run that would stop on repeated_failure or no_progress "
+                                 "goes on with the next one, within the same caps (each must be in [prices]); "
+                                 "--ladder on submit overrides")
 
 
 class Knowledge(Section):
@@ -401,6 +404,10 @@ class Config(Section):
             raise ConfigKeyError(f"model.name {self.model.name!r} has no entry in [prices]", key="model.name",
                                  hint=f"add [prices.\"{self.model.name}\"] with input/output/cache_write/cache_read "
                                       "(0 is allowed)")
+        for rung in self.loop.ladder:
+            if rung not in self.prices:
+                raise ConfigKeyError(f"loop.ladder names {rung!r}, which has no entry in [prices]", key="loop.ladder",
+                                     hint=f"add [prices.\"{rung}\"] or drop it from the ladder")
         if self.sandbox.mode == "unsandboxed" and not self.sandbox.allow_unsandboxed:
             raise ConfigKeyError("sandbox.mode = \"unsandboxed\" needs sandbox.allow_unsandboxed = true",
                                  key="sandbox.mode")

@@ -474,6 +474,13 @@ UPDATE curated_notes SET kind = 'context' WHERE kind NOT IN ('outcome', 'failure
 ALTER TABLE handoffs ADD COLUMN act TEXT;
 """
 
+# A run's model ladder (state_db.queries.work.Ladder: the models, the rung it is on, since when and
+# why) and the model each iteration acted on.
+LADDER = """
+ALTER TABLE work_items ADD COLUMN ladder TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE iterations ADD COLUMN model TEXT;
+"""
+
 
 # The change scope (roles/eval_agent/scope.py): the globs that widen a work item's scope (--scope
 # at submit, and each widening a human approved during the run), and on each verdict the commit
@@ -539,6 +546,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0016_transcript", TRANSCRIPT),
     ("0017_rough_edges", ROUGH_EDGES),
     ("0018_contract", CONTRACT),
+    ("0018_ladder", LADDER),
     ("0020_doors", DOORS),
     ("0021_evidence", EVIDENCE),
     ("0022_replays", REPLAYS),

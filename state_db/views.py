@@ -33,9 +33,10 @@ from state_db.queries import verdicts
 from state_db.queries.base import plain
 from state_db.queries.review import review_usage
 from state_db.queries.verdicts import latest_eval_verdict
-from state_db.queries.work import Caps
+from state_db.queries.work import Caps, Ladder
 from state_db.stop_hints import hint as stop_hint
 from state_db.errors import NotFound
+from state_db.processes import is_alive
 from state_db.vocab import RoleStatus, StopReason, WorkStatus
 
 
@@ -119,6 +120,8 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
         "elapsed_s": {"used": round(elapsed, 1), "cap": caps.timeout_s},
         "caps": {k: {"value": getattr(caps, k), "from": caps.source(k)} for k in Caps.names()
                  if getattr(caps, k) is not None or caps.source(k) is not None},
+        "ladder": {**ladder.encode(), "label": ladder.label()} if (ladder := Ladder.parse(item.get("ladder"))).models
+        else None,
         "verdict": None if verdict is None else {"iteration": verdict["iteration"], "outcome": verdict["outcome"],
                                                  "line": verdict_line(verdict)},
         "baseline": None if preflight is None else {"outcome": preflight["outcome"], "line": preflight["detail"]},
@@ -200,15 +203,60 @@ def verdict_line(verdict: dict) -> str:
     return f"{head}: {shown}" if shown else head
 
 
-def role_view(role: dict) -> dict:
-    """A role instance with what it is doing: ``activity`` is ``busy`` (working ``work_id``) or
-    ``idle`` for a ready role, else its status (starting, stopping, crashed, failed, …)."""
+#: A role of another host (``peers``) cannot be looked up in this host's /proc: it is alive while
+#: it heartbeats, within this many seconds.
+REMOTE_STALE_S = 10.0
+#: The role states whose process must be alive for the state to be true.
+_LIVE_STATES = (RoleStatus.STARTING, RoleStatus.READY, RoleStatus.STOPPING)
+
+
+def role_view(role: dict, *, held: dict[str, str] | None = None, remote: frozenset[str] = frozenset(),
+              now: float | None = None) -> dict:
+    """A role instance with what it is doing, as the durable state and its process say.
+
+    ``activity``: ``dead`` when it is recorded starting, ready or stopping and its process is gone
+    (the pid with the recorded start time; a role of another host, in ``remote``, by its
+    heartbeat); for a ready role ``busy`` while it holds work, else ``idle``; else its status
+    (stopped, crashed, failed, …). A loop-agent holds work while a run is assigned to it and
+    dispatched or running (``held``: instance -> work id); another role while it records one in
+    ``current_work`` (the eval-agent: the run it verifies). ``work_id``: that work.
+    """
     out = dict(role)
-    if role["status"] == RoleStatus.READY:
-        out["activity"] = "busy" if role["current_work"] else "idle"
+    now = time.time() if now is None else now
+    work_id = (held or {}).get(role["instance"]) if role["role"] == "loop-agent" else role["current_work"]
+    if role["status"] in _LIVE_STATES and not _alive(role, role["instance"] in remote, now):
+        out["activity"], work_id = "dead", None
+    elif role["status"] == RoleStatus.READY:
+        out["activity"] = "busy" if work_id else "idle"
     else:
-        out["activity"] = role["status"]
-    out["work_id"] = role["current_work"]
+        out["activity"], work_id = role["status"], None
+    out["work_id"] = work_id
+    return out
+
+
+def _alive(role: dict, remote: bool, now: float) -> bool:
+    if is_alive(role.get("pid"), role.get("pid_start")) and role.get("pid_start"):
+        return True
+    return remote and role.get("heartbeat_at") is not None and now - role["heartbeat_at"] <= REMOTE_STALE_S
+
+
+def session_view(session: dict | None) -> dict | None:
+    """The org session with ``alive``: for a session recorded running or suspending, whether its
+    supervisor still runs (the pid with the recorded start time); else None (nothing should run).
+    ``line``: one sentence saying so, and how to recover when it does not."""
+    if session is None:
+        return None
+    out = dict(session)
+    status = session["status"]
+    if status not in ("running", "suspending"):
+        out["alive"], out["line"] = None, status
+        return out
+    alive = bool(session.get("supervisor_start")) and is_alive(session.get("supervisor_pid"), session["supervisor_start"])
+    out["alive"] = alive
+    out["line"] = status if alive else (
+        f"not running — recorded {status}, but its supervisor (pid {session.get('supervisor_pid')}) is gone: "
+        "the org was killed or its machine restarted; start it again with 'scripts/start-org' (every run "
+        "continues from its last committed iteration)")
     return out
 
 
@@ -229,7 +277,11 @@ def org_view(conn: sqlite3.Connection, *, now: float | None = None, recent: int 
     """
     now = time.time() if now is None else now
     st = queries.status(conn)
-    st["roles"] = [role_view(r) for r in st["roles"]]
+    st["session"] = session_view(st["session"])
+    held = {w["assigned_to"]: w["id"] for w in st["work"]["active"]
+            if w["assigned_to"] and w["status"] in (WorkStatus.DISPATCHED, WorkStatus.RUNNING)}
+    remote = _peers(conn)
+    st["roles"] = [role_view(r, held=held, remote=remote, now=now) for r in st["roles"]]
     st["pending_decisions"] = [decision_view(d) for d in st["pending_decisions"]]
     running = [run_view(conn, w["id"], now=now, item=w) for w in st["work"]["active"]]
     ended = [run_view(conn, w["id"], now=now, item=w) for w in st["work"]["recent_ended"][:recent]]
@@ -243,6 +295,14 @@ def org_view(conn: sqlite3.Connection, *, now: float | None = None, recent: int 
         "proposals": [p.as_dict() for p in proposal_queries.open_proposals(conn, now=now, limit=50)],
     }
     return st
+
+
+def _peers(conn: sqlite3.Connection) -> frozenset[str]:
+    """The instances of every host joined over tcp (none before migration 0014 made the table)."""
+    try:
+        return frozenset(r[0] for r in conn.execute("SELECT instance FROM peers"))
+    except sqlite3.OperationalError:
+        return frozenset()
 
 
 def _row(conn: sqlite3.Connection, sql: str, params: tuple) -> dict | None:

@@ -238,6 +238,7 @@ class DecisionKind(StrEnum):
     BASELINE_PASSES = "baseline_passes"    # the verify commands pass before any work: go on or stop
     UNKNOWN_ERROR = "unknown_error"        # an error the stop policy does not know: go on or stop
     IMPOSSIBLE = "impossible"              # the goal is judged unreachable: confirm or go on
+    NEEDS_HUMAN = "needs_human"            # the doer asks a human: respond and it goes on; reject --stop ends it
 
 
 #: The kinds a doer may ask for with request_action (the others are asked by the org itself).

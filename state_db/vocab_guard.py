@@ -106,7 +106,7 @@ FREE: dict[str, tuple[str, ...]] = {
                  "review", "verified"),
     "work_items": ("id", "goal", "workspace", "verify", "protect", "caps", "stop_detail", "assigned_to", "branch",
                    "created_by", "toolchain", "origin_id", "review", "next_step", "dismissed_by", "scope", "delivered",
-                   "verify_hidden"),
+                   "verify_hidden", "ladder"),
     "workspace_locks": ("workspace", "work_id"),
 }
 
@@ -124,6 +124,7 @@ OPEN: dict[tuple[str, str], str] = {
     ("skills", "origin"): "the runs and notes a skill came from (JSON)",
     ("work_items", "backend"): "anthropic, command, or scripted:PATH (a path)",
     ("model_calls", "model"): "the model's name as the price table knows it (org.toml)",
+    ("iterations", "model"): "the model's name as the price table knows it (org.toml): the rung it ran on",
 }
 
 

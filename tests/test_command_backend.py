@@ -67,6 +67,9 @@ for port in conf.get("probe_ports", []):
         report.setdefault("reached", []).append(port)
     except OSError as exc:
         report.setdefault("refused", []).append(type(exc).__name__)
+import subprocess
+for kind, said in conf.get("exits", []):
+    report.setdefault("exit_codes", []).append(subprocess.run(["loop-org-exit", kind, said]).returncode)
 with open("cli-report.json", "w") as f:
     json.dump(report, f)
 for event in conf.get("stream", []):
@@ -364,3 +367,46 @@ def test_a_cli_in_a_hidden_folder_runs_once_org_toml_shows_it(org, api, fake_cli
     outcome, usages = act(built(path_prepend=[str(hidden)]).backend, context(org))
     assert outcome.status == "ok" and outcome.summary == "done: found it", outcome
     assert report(org)["env"]["PATH"].split(":")[0] == str(hidden) and len(usages) == 1
+
+
+def test_the_cli_can_declare_the_goal_impossible_or_ask_a_human_through_its_exit_tool(org, api, fake_cli):
+    """``loop-org-exit`` on the CLI's PATH inside the sandbox: its lines become what the anthropic
+    backend's tools record — a declare_impossible call (the eval-agent reviews it) and a
+    needs_human request (a decision for a human); the prompt tells the CLI how."""
+    api.enqueue(text_turn("cannot be done", usage=MODEL_USAGE))
+    cli = fake_cli(exits=[["impossible", "the spec asks add(2, 3) to be 6\nand 5"], ["needs_human", "which one?"],
+                          ["bogus", "ignored"], ["impossible", ""]])
+    outcome, _ = act(backend_for(org, api, cli), context(org))
+    assert outcome.status == "ok", outcome
+    assert report(org)["exit_codes"] == [0, 0, 2, 2]
+    assert "loop-org-exit impossible" in report(org)["prompt"]
+    claims = [c for c in outcome.tool_calls if c["name"] == "declare_impossible"]
+    assert claims == [{"name": "declare_impossible", "input": {"reason": "the spec asks add(2, 3) to be 6 and 5"},
+                       "ok": True, "code": None, "result": "recorded for the eval-agent's review"}]
+    from state_db.queries.review import claim_of
+    assert claim_of(list(outcome.tool_calls)) == "the spec asks add(2, 3) to be 6 and 5"
+    assert outcome.requests == ({"kind": "needs_human", "command": "", "reason": "which one?"},)
+    # the next act starts clean: nothing said before is said again
+    api.enqueue(text_turn("ok", usage=MODEL_USAGE))
+    again, _ = act(backend_for(org, api, fake_cli()), context(org, iteration=2))
+    assert again.requests == () and not [c for c in again.tool_calls if c["name"] == "declare_impossible"]
+
+
+def test_the_exits_file_is_read_as_hostile_input(tmp_path):
+    """A link, a folder, a fifo or a huge file is never followed, blocked on or read past its bound."""
+    import os
+
+    from roles.loop_agent.backends import exits
+    private = tmp_path / "private"
+    _, path = exits.prepare(private)
+    secret = tmp_path / "secret"
+    secret.write_text("impossible\tread through a link\n")
+    path.symlink_to(secret)
+    assert exits.read(path) == [] and secret.exists()
+    os.mkfifo(path)
+    assert exits.read(path) == []
+    path.write_text("impossible\t" + "x" * 100_000 + "\nneeds_human\tlate\n")
+    said = exits.read(path)
+    assert said == [("impossible", "x" * exits.MAX_TEXT)] and not path.exists()
+    path.write_text("needs_human\t\x1b]0;title\x07ask \x1b[31mred\x1b[0m\n")
+    assert exits.read(path) == [("needs_human", "ask red")]

@@ -2,15 +2,20 @@
 ``executing`` marker set asks the human again instead of running twice."""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from pathlib import Path
 
 import pytest
 
+from roles.loop_agent import gate
 from roles.loop_agent.engine import LoopSettings
 from roles.operations.decide import decide
 from state_db import config
 from tests.support.loop import FIXED, ScriptedActs, engine, make_workspace, submit
+from scripts.cli import main as cli_main
+from state_db.queries.decisions import Decision
 from state_db.vocab import Actor, WorkStatus
 from state_db.writer import StateWriter
 from tests.support.org import query
@@ -94,6 +99,7 @@ def test_crash_with_the_executing_marker_set_asks_again_and_never_runs_twice(org
 
     def crashing(command, kind, workspace):
         ran.append(command)
+        (Path(workspace) / "half-written.txt").write_text("the action got this far\n")
         raise KeyboardInterrupt("the loop-agent died while the approved action ran")
 
     assert engine(org_home, "w1", ScriptedActs([[ASK], [GOOD]]), settings=LoopSettings(gate_runner=crashing)).run() is None
@@ -112,13 +118,24 @@ def test_crash_with_the_executing_marker_set_asks_again_and_never_runs_twice(org
     row = query(org_home, "SELECT * FROM decisions")[0]
     assert row["status"] == "pending" and "interrupted while executing" in row["result"]
     assert ran == ["echo fetched >> fetched.txt"], "the approved action ran twice"
+    # the question a human sees again says what happened: approved before, started, what it
+    # changed meanwhile, that it may have run partly; and it is the same question everywhere
+    question = row["question"]
+    assert question.startswith("ASKED AGAIN: `echo fetched >> fetched.txt` was approved by ")
+    for said in ("started at ", "by process ", "may have run partly", "half-written.txt", "first asked: "):
+        assert said in question, question
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):            # the CLI prints the whole question below its table
+        assert cli_main.main(["--home", str(org_home.root), "decisions"]) == 0
+    assert f"{row['id']}: {question}" in out.getvalue()
+    # asked again a second time, it does not nest the story
+    assert gate.again(Decision.from_row(row), []).count("first asked: ") == 1
 
 
 def test_a_marker_held_by_another_live_process_is_not_asked_again(org_home, ws):
     """Only a dead executor's marker becomes a question: a live one is still running the action."""
     import subprocess
     import sys as _sys
-    from roles.loop_agent import gate
     from state_db.processes import identity
     submit(org_home, ws)
     assert engine(org_home, "w1", ScriptedActs([[ASK], [GOOD]])).run() is None

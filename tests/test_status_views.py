@@ -166,11 +166,28 @@ def test_verdict_line_names_the_failing_tests_of_each_failing_check():
     assert views.verdict_line({"outcome": "pass", "checks": passing}) == "pass: 1 check, 12 tests passed"
 
 
-def test_a_ready_role_is_busy_with_its_run_or_idle():
-    base = {"instance": "loop-agent-1", "status": "ready", "current_work": "w-1"}
-    assert views.role_view(base)["activity"] == "busy" and views.role_view(base)["work_id"] == "w-1"
-    assert views.role_view({**base, "current_work": None})["activity"] == "idle"
-    assert views.role_view({**base, "status": "failed"})["activity"] == "failed"
+def test_a_ready_role_is_busy_only_while_it_holds_work_and_dead_when_its_process_is_gone():
+    import os
+
+    from state_db.processes import start_time
+    me = {"pid": os.getpid(), "pid_start": start_time(os.getpid())}
+    base = {"instance": "loop-agent-1", "role": "loop-agent", "status": "ready", "current_work": "w-1", **me}
+    held = {"loop-agent-1": "w-1"}
+    assert views.role_view(base, held=held)["activity"] == "busy" and views.role_view(base, held=held)["work_id"] == "w-1"
+    # a current_work left behind by a run that ended (or was let go at a suspend) is not work held
+    assert views.role_view(base, held={})["activity"] == "idle" and views.role_view(base, held={})["work_id"] is None
+    assert views.role_view({**base, "status": "failed"}, held=held)["activity"] == "failed"
+    evaluator = {**base, "instance": "eval-agent", "role": "eval-agent", "current_work": "w-2"}
+    assert (views.role_view(evaluator)["activity"], views.role_view(evaluator)["work_id"]) == ("busy", "w-2")
+    assert views.role_view({**evaluator, "current_work": None})["activity"] == "idle"
+    gone = {**base, "pid": 2 ** 22 + 7, "pid_start": "1"}            # no such process
+    assert views.role_view(gone, held=held)["activity"] == "dead" and views.role_view(gone, held=held)["work_id"] is None
+    reused = {**base, "pid_start": str(int(me["pid_start"]) + 1)}      # this pid, another start: not the role
+    assert views.role_view(reused, held=held)["activity"] == "dead"
+    # a role of another host is judged by its heartbeat
+    remote = {**gone, "heartbeat_at": 1000.0}
+    assert views.role_view(remote, held=held, remote=frozenset({"loop-agent-1"}), now=1005.0)["activity"] == "busy"
+    assert views.role_view(remote, held=held, remote=frozenset({"loop-agent-1"}), now=1100.0)["activity"] == "dead"
 
 
 def test_recording_the_current_tool_is_cheap(org_home, tmp_path):
@@ -238,8 +255,9 @@ def test_a_real_org_shows_its_loop_agent_busy_the_running_tool_and_logs_only_jso
 
         wait_for(lambda: query(home, "SELECT status FROM work_items WHERE id = ?", (wid,))[0]["status"] == "ended",
                  timeout=30, what=f"{wid} to end")
-        wait_for(lambda: views.role_view(query(home, "SELECT * FROM role_instances WHERE instance = 'loop-agent-1'")[0])
-                 ["activity"] == "idle", timeout=10, what="the loop-agent idle again")
+        wait_for(lambda: next(r for r in json.loads(cli("status", "--json"))["roles"]
+                              if r["instance"] == "loop-agent-1")["activity"] == "idle",
+                 timeout=10, what="the loop-agent idle again")
         lines = [(f.name, line) for f in home.logs_dir.glob("*.log") if f.name != "cli.log"
                  for line in f.read_text().splitlines() if line.strip()]
         entries = []

@@ -158,8 +158,11 @@ def test_budget_check_sees_only_tokens_cost_and_time():
 def test_standard_policy_order_and_no_progress_option():
     policy = policy_from_caps(max_iterations=10, timeout_s=5)
     kinds = [list(c)[0] for c in policy.encode()]
-    assert kinds == ["goal_met", "max_iterations", "timeout", "no_progress", "repeated_failure",
-                     "cancelled", "human_rejected", "model_error", "org_limit"]
+    # a human's answer to the run's own question (human_rejected, needs_human) wins over a cap met on
+    # the same iteration
+    assert kinds == ["goal_met", "human_rejected", "max_iterations", "timeout", "no_progress", "repeated_failure",
+                     "cancelled", "model_error", "org_limit"]
+    assert policy.evaluate(progress(10, human_rejected="stopped by a human")).reason is StopReason.HUMAN_REJECTED
     assert "no_progress" not in [list(c)[0] for c in
                                  policy_from_caps(max_iterations=3, no_progress=None).encode()]
     assert policy_from_caps(max_iterations=10, no_progress=(2, 2)).evaluate(

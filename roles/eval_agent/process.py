@@ -67,6 +67,7 @@ class EvalAgentProcess(RoleProcess):
         """The first verification worker (None before the first reconcile)."""
         return self.workers[0] if self.workers else None
 
+
     def _owns(self, agents: OrgEvalAgents, row: Due) -> bool:
         """Whether ``row`` is this eval-agent's to verify: of several, its share (the same list
         every process reads: ``roles.instances``); never a preflight on a joined host."""

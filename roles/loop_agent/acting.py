@@ -77,7 +77,12 @@ class Acting:
 
     def _start(self, work: WorkItem) -> None:
         self.history.baseline()
-        gate.ask_again_if_interrupted(self.w, self.work_id)
+        if gate.interrupted(self.w.conn, self.work_id):
+            its = prog.load(self.w.conn, work)[1]
+            printed = getattr(self.settings.gate_runner, "partial_output", None)
+            gate.ask_again_if_interrupted(self.w, self.work_id,
+                                          lambda d: self.history.changed_in_workspace(self._settled(its)),
+                                          None if printed is None else lambda d: printed(str(self.history.workspace)))
         with self.w.transaction() as tx:
             if work.status == WorkStatus.DISPATCHED:
                 tx.set_status("work_items", self.work_id, WorkStatus.RUNNING)
@@ -113,7 +118,7 @@ class Acting:
         self._reset_once(its)
         with telemetry.current().step("gather") as span:
             prompt = assemble(
-                work.goal + _verify_note(work), self.settings.instructions, self.settings.skills,
+                work.goal + _verify_note(work) + _rung_note(work), self.settings.instructions, self.settings.skills,
                 self.settings.knowledge, prog.digests(its, verdicts, self._reflected), prog.lessons(its, self.settings.lessons_max, self._reflected),
                 _feedback(self.w.conn, self.work_id, its, verdicts), n,
                 k_recent=self.settings.recent_iterations, summary_cap_chars=self.settings.summary_cap_chars)
@@ -248,6 +253,7 @@ class Acting:
             u = of_attempt(tx.conn, self.work_id, n, attempt)
             tx.insert("iterations", {
                 "work_id": self.work_id, "n": n, "attempt": attempt, "act_status": outcome.status,
+                "model": getattr(getattr(self.backend, "config", None), "model", None),
                 "act_summary": outcome.summary[:4000], "tool_calls": [dict(c) for c in outcome.tool_calls][:200],
                 "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
                 "cache_write_tokens": u.cache_write_tokens, "cache_read_tokens": u.cache_read_tokens,
@@ -435,6 +441,16 @@ def _feedback(conn, work_id: str, its: list, verdicts: dict) -> str:
     text = verdicts[last].feedback if last in verdicts else ""
     human = gate.feedback_for(conn, work_id, last)
     return f"{text}\n\n{human}".strip() if human else text
+
+
+def _rung_note(work: WorkItem) -> str:
+    """What a run on a higher rung of its model ladder is told: why the weaker model stopped."""
+    ladder = work.ladder
+    if ladder.rung == 0:
+        return ""
+    return (f"\n\nThis run has moved to a stronger model ({ladder.label()}, from iteration {ladder.since + 1}): "
+            f"the previous one stopped — {ladder.why[:600]}. The iterations above show what it tried; "
+            "take a different approach.")
 
 
 def _verify_note(work: WorkItem) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import structlog
@@ -54,7 +54,7 @@ from state_db.queries import loop as loopq, work as work_q
 from state_db.queries.iterations import count, iteration as iteration_row
 from state_db.queries.usage import of_work, org_spend
 from state_db.queries.verdicts import latest_eval_verdict, verified
-from state_db.queries.work import WorkItem
+from state_db.queries.work import Ladder, WorkItem
 from state_db.vocab import StopReason, WorkStatus
 from state_db.writer import StateWriter
 
@@ -113,6 +113,15 @@ def end_unbuildable(writer: StateWriter, work_id: str, settings: LoopSettings, e
         return ending.end_run(tx, work_id, decision)
 
 
+#: Stop reasons that wait for a pending question whether the run ends for a reason of its own.
+CAPS_THAT_WAIT = frozenset({StopReason.MAX_ITERATIONS, StopReason.TOKEN_BUDGET, StopReason.COST_BUDGET,
+                            StopReason.TIMEOUT, StopReason.NO_PROGRESS, StopReason.REPEATED_FAILURE})
+
+
+#: Stop reasons a model ladder answers with its next rung (DESIGN.md, "The loop").
+CLIMBS = frozenset({StopReason.REPEATED_FAILURE, StopReason.NO_PROGRESS})
+
+
 def _same(a: Step, b: Step) -> bool:
     """Whether two steps name the same point of a run (decision lists and details aside)."""
     return type(a) is type(b) and getattr(a, "n", None) == getattr(b, "n", None)
@@ -140,6 +149,7 @@ class LoopEngine(Acting):
         self.w = writer
         self.work_id = work_id
         self.backend = backend
+        self._base_backend = backend      # the backend as built; a ladder's rung is this on another model
         self.verify = verify
         self.history = history
         self.settings = settings or LoopSettings()
@@ -203,6 +213,7 @@ class LoopEngine(Acting):
             self._deliver(done)
             return Ended(done)
         self._policy = policy_for(work, self.settings)
+        self._on_rung(work.ladder)
         self._start(work)
         stored = steps.decode(work.next_step)
         if isinstance(stored, Paused):
@@ -242,9 +253,21 @@ class LoopEngine(Acting):
                 return self._derived(AwaitVerdict(its[-1]["n"]))     # resumed between commit and verdict
             if its and its[-1]["verdict_id"] is None:
                 return self._derived(Reflect(its[-1]["n"]))
+        if (decision is not None and decision.reason in CLIMBS and done is None and self._abandoned is None
+                and work.ladder.can_climb()):
+            self._climb(work.ladder, progress.iterations, decision)
+            return self.derive()
+        if decision is not None and decision.reason in CAPS_THAT_WAIT and self._abandoned is None:
+            # the run asked a human whether it ends (impossible, an unknown error) on the iteration
+            # a cap fires: the honest answer comes first; the cap ends the run if the human says go on
+            asked = loopq.pending_endings(conn, self.work_id)
+            if asked:
+                return self._derived(AwaitHuman(asked))
         if decision is not None:
             if self._abandoned is not None and decision.reason == self._abandoned[0]:
                 decision = StopDecision(decision.reason, self._abandoned[1])    # the wait's own account
+            if work.ladder.models:            # the stop reason records the rung the run ended on
+                decision = StopDecision(decision.reason, f"{decision.detail} (on {work.ladder.label()})")
             if self.policy.wraps_up(decision):
                 return self._derived(WrapUp(decision))
             return self._derived(Ended(self._end(decision)))
@@ -252,6 +275,25 @@ class LoopEngine(Acting):
             return self._derived(AwaitHuman(loopq.pending_decisions(conn, self.work_id)))
         nxt = ActAgain(progress.iterations + 1)
         return self._derived(Paused(nxt) if self.interrupt.is_set() or self.pause.is_set() else nxt)
+
+    def _on_rung(self, ladder: Ladder) -> None:
+        """Act on the model of the ladder's rung (no ladder: the backend as built)."""
+        if ladder.model and hasattr(self._base_backend, "with_model"):
+            self.backend = self._base_backend.with_model(ladder.model)
+
+    def _climb(self, ladder: Ladder, iterations: int, decision: StopDecision) -> None:
+        """``decision`` (repeated_failure or no_progress) would end the run on a rung below the
+        top: it goes on with the next model, within the same caps; the loop detectors judge only
+        the iterations after the climb, and the next prompt says what failed."""
+        up = replace(ladder, rung=ladder.rung + 1, since=iterations,
+                     why=f"{decision.reason} on {ladder.model}: {decision.detail}")
+        with self.w.transaction() as tx:
+            tx.update("work_items", self.work_id, ladder=up.encode(), updated_at=tx.now)
+            tx.journal("work_items.climbed", self.work_id, {"from": ladder.model, "to": up.model, "rung": up.rung,
+                                                             "after_iteration": iterations, "why": up.why})
+        self._on_rung(up)
+        self.log.info("ladder_climbed", model=up.model, rung=up.rung + 1, of=len(up.models), why=str(decision.reason),
+                      next="the next iteration acts on the stronger model")
 
     def _derived(self, step: Step) -> Step:
         self._fresh = step

@@ -29,7 +29,7 @@ from typing import Callable
 
 from state_db.processes import identity, identity_alive
 from state_db.queries import decisions, work
-from state_db.queries.decisions import Decision
+from state_db.queries.decisions import ASKED_AGAIN, Decision
 from state_db.queries.loop import UNKNOWN_ERROR
 from state_db.text import clean, command_shown
 from state_db.vocab import DecisionKind, DecisionStatus as D, WorkStatus
@@ -54,6 +54,9 @@ def question_of(req: dict) -> str:
     stored one, shown by ``text.command_shown`` (controls and whitespace runs visible, a warning
     when long). Nothing of the command is ever cut, so the question never stands in for it."""
     reason = clean(req.get("reason") or "")[:1000]
+    if req["kind"] == DecisionKind.NEEDS_HUMAN:      # the doer asks a person; approving runs nothing
+        return (f"needs_human: the doer asks: {reason} — respond TEXT: it goes on with your answer; "
+                "reject --stop: the run ends needs_human")
     if req["kind"] == SCOPE:        # approving runs nothing: it widens the run's change scope by a glob
         return (f"scope: {reason} — approving widens this run's change scope to files matching this glob "
                 f"({len(req['command'])} characters), exactly as shown:\n{command_shown(req['command'])}")
@@ -78,21 +81,56 @@ def record_requests(tx, work_id: str, n: int, requests) -> list[str]:
     return ids
 
 
-def ask_again_if_interrupted(writer, work_id: str) -> int:
-    """An ``executing`` marker left by a process that is gone (or by an earlier engine of this
-    one): the action may or may not have run — ask again. A marker held by another live process
-    is left alone (it is still running the action)."""
+def interrupted(conn, work_id: str) -> list[Decision]:
+    """The run's ``executing`` markers whose process is gone (or an earlier engine of this one):
+    the action may or may not have run. A marker held by another live process is not among them
+    (it is still running the action)."""
     mine = identity()
-    with writer.transaction() as tx:
-        asked = 0
-        for r in decisions.of_work(tx.conn, work_id, D.EXECUTING):
-            if r.executor and r.executor != mine and identity_alive(r.executor):
+    return [r for r in decisions.of_work(conn, work_id, D.EXECUTING)
+            if not (r.executor and r.executor != mine and identity_alive(r.executor))]
+
+
+def ask_again_if_interrupted(writer, work_id: str, changed: Callable[[Decision], list[str]] | None = None,
+                             output: Callable[[Decision], str | None] | None = None) -> int:
+    """Ask again about each action cut while it ran (``interrupted``), saying what happened so a
+    human does not re-approve blind: that it was approved before (by whom, when), that it started
+    (when), what it changed in the workspace meanwhile (``changed(decision)``: paths, when known)
+    and that it may have run partly — in the question itself, which every front end shows.
+    ``output(decision)``: the end of what it printed before it was cut, when kept.
+    Returns how many were asked again."""
+    asked = 0
+    for r in interrupted(writer.conn, work_id):
+        paths = changed(r) if changed is not None else []
+        told = again(r, paths, output(r) if output is not None else None)
+        with writer.transaction() as tx:
+            now = decisions.decision(tx.conn, r.id)
+            if now is None or now.status != D.EXECUTING:
                 continue
-            tx.set_status("decisions", r.id, D.PENDING, executor=None,
-                          result="interrupted while executing; it may have run partly — decide again")
+            tx.set_status("decisions", r.id, D.PENDING, executor=None, question=told[:2000],
+                          result=f"interrupted while executing; it may have run partly — decide again ({r.result or 'no start recorded'})")
             tx.update("decisions", r.id, announced_at=None)
             asked += 1
     return asked
+
+
+def again(d: Decision, changed: list[str], printed: str | None = None) -> str:
+    """The question of an action asked again after it was cut while it ran (``ask_again_if_interrupted``)."""
+    first = d.question.split(" || first asked: ", 1)[-1]
+    approved = f"approved by {d.decided_by or 'a human'}" + (f" at {_when(d.decided_at)}" if d.decided_at else "")
+    started = d.result if d.result and d.result.startswith("started") else "started"
+    wrote = (f"; meanwhile the workspace changed: {', '.join(changed[:20])}"
+             + (f" and {len(changed) - 20} more" if len(changed) > 20 else "")
+             + " (set aside: a new run of it starts from where the first began)") if changed else \
+        "; it changed nothing in the workspace that is still there"
+    said = (f"; before it was cut it printed: «{' '.join(printed.split())[-600:]}»" if printed
+            else "; nothing it printed was kept")
+    return (f"{ASKED_AGAIN}: `{d.command}` was {approved}, {started}, and its process was lost while it ran: "
+            f"it may have run partly (outside the workspace too){wrote}{said}. Approve runs it again from the "
+            f"start; reject goes on without it. || first asked: {first}")
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
 def settle(writer, work_id: str, workspace: str, runner: GateRunner, *,
@@ -136,7 +174,7 @@ def park(writer, work_id: str) -> None:
 
 def _execute(writer, d: Decision, workspace: str, runner: GateRunner, after_action=None) -> None:
     command = d.answer if d.status == D.EDITED and d.answer else d.command
-    if d.kind in (BASELINE_PASSES, UNKNOWN_ERROR):   # nothing to run: a choice, not an action
+    if d.kind in (BASELINE_PASSES, UNKNOWN_ERROR, DecisionKind.NEEDS_HUMAN):   # nothing to run: a choice
         with writer.transaction() as tx:
             tx.set_status("decisions", d.id, D.EXECUTING, executor=identity())
             tx.set_status("decisions", d.id, D.EXECUTED, result="the human chose to go on")
@@ -153,7 +191,8 @@ def _execute(writer, d: Decision, workspace: str, runner: GateRunner, after_acti
                                  "reach the checks")
         return
     with writer.transaction() as tx:             # the marker, committed before running
-        tx.set_status("decisions", d.id, D.EXECUTING, executor=identity())
+        tx.set_status("decisions", d.id, D.EXECUTING, executor=identity(),
+                      result=f"started at {_when(time.time())} by process {identity().split(':')[0]}")
     t0 = time.monotonic()
     code, output = runner(command, d.kind, workspace)
     result = f"exit {code} after {time.monotonic() - t0:.1f}s\n{output[-3000:]}"

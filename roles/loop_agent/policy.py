@@ -111,11 +111,12 @@ def policy_from_caps(
     no_progress: tuple[int, int] | None = (3, 5),
     wrapup_reserve: float = 0.0,
 ) -> StopPolicy:
-    """The standard policy: goal_met, the caps given, no_progress (``(repeat, window)``, None to
-    leave out), repeated_failure, cancelled, human_rejected (with needs_human), model_error,
-    org_limit — in that order of precedence. ``wrapup_reserve``: the fraction of each budget kept
+    """The standard policy: goal_met, human_rejected (with needs_human: a human's answer to the
+    run's own question says more than a cap met on the same iteration), the caps given,
+    no_progress (``(repeat, window)``, None to leave out), repeated_failure, cancelled,
+    model_error, org_limit — in that order of precedence. ``wrapup_reserve``: the fraction of each budget kept
     for the wrap-up act. Raises: StopConfigError (``no_hard_cap`` if no cap is given, ``bad_cap``)."""
-    conds: list[StopCondition] = [GoalMet()]
+    conds: list[StopCondition] = [GoalMet(), HumanRejected()]
     if max_iterations is not None:
         conds.append(MaxIterations(max_iterations))
     if budget_tokens is not None:
@@ -126,5 +127,5 @@ def policy_from_caps(
         conds.append(Timeout(timeout_s, wrapup_reserve))
     if no_progress is not None:
         conds.append(NoProgress(*no_progress))
-    conds += [RepeatedFailure(), Cancelled(), HumanRejected(), ModelError(), OrgLimit()]
+    conds += [RepeatedFailure(), Cancelled(), ModelError(), OrgLimit()]
     return StopPolicy(conds)

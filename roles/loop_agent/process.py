@@ -27,25 +27,63 @@ from transport.kinds import Kind
 MINE = (WorkStatus.DISPATCHED, WorkStatus.RUNNING, WorkStatus.PAUSED)
 
 
-def gate_runner(cfg, home):
-    """Runs an action a human approved, once, in the workspace, with only the block it asked to
-    lift: ``network`` gets a sandbox with network; anything else runs as the human approved it."""
-    from roles.sandbox import BwrapRunner, runner_from_config
+# POSIX sh: the approved command ($2) runs with its output copied to the file $1 as it comes (what
+# an action cut by a crash leaves: ``partial_output``), and its own exit code kept.
+_TEE = ('( /bin/sh -c "$2" 2>&1; echo $? > "$1.code" ) | tee "$1"; '
+        'code=$(cat "$1.code" 2>/dev/null); rm -f "$1.code"; exit "${code:-1}"')
+PARTIAL_CHARS = 1500
 
-    def run(command: str, kind: str, workspace: str):
-        runner = runner_from_config(cfg, home, Path(workspace))
+
+class ActionRunner:
+    """Runs an action a human approved, once, in the workspace, with only the block it asked to
+    lift: ``network`` gets a sandbox with network; anything else runs as the human approved it.
+    Its output is copied to a file of the org's as it comes (bound writable for that command
+    alone), and removed once the action ends: a file left behind is what an action cut by a crash
+    printed before it died (``partial_output``)."""
+
+    def __init__(self, cfg, home) -> None:
+        self.cfg, self.home = cfg, home
+
+    def log_dir(self, workspace: str) -> Path:
+        import hashlib
+        return self.home.run_dir / "actions" / hashlib.sha256(workspace.encode()).hexdigest()[:16]
+
+    def __call__(self, command: str, kind: str, workspace: str):
+        from roles.sandbox import BwrapRunner, runner_from_config
+        cfg = self.cfg
+        runner = runner_from_config(cfg, self.home, Path(workspace))
         if kind == "network" and isinstance(runner, BwrapRunner):
             runner.network = True
         elif kind != "network":
             from roles.sandbox import UnsandboxedRunner
             runner = UnsandboxedRunner(Path(workspace))
+        logs = self.log_dir(workspace)
         try:
-            result = runner.run(command, Path(workspace), float(cfg.sandbox.cpu_seconds), cfg.sandbox.output_bytes)
+            logs.mkdir(parents=True, exist_ok=True)
+            out = logs / "output"
+            result = runner.execute(["/bin/sh", "-c", _TEE, "sh", str(out), command], cwd=Path(workspace),
+                                    timeout_s=float(cfg.sandbox.cpu_seconds), max_output=cfg.sandbox.output_bytes,
+                                    writable=[logs])
         except Exception as exc:  # noqa: BLE001 - a refused sandbox is the action's result
             return None, f"error[{exc.code if isinstance(exc, OrgError) else 'sandbox_error'}]: {exc}"
+        (logs / "output").unlink(missing_ok=True)          # it ended: its result holds the output
         return (None if result.timed_out else result.exit_code), result.output
 
-    return run
+    def partial_output(self, workspace: str) -> str | None:
+        """The end of what an action cut while it ran had printed (None: nothing was kept); the
+        file is removed. Written by the action: read as hostile input."""
+        from roles.loop_agent.backends.exits import read_bounded
+        from state_db.text import clean
+        path = self.log_dir(workspace) / "output"
+        raw = read_bounded(path, PARTIAL_CHARS * 4, tail=True)
+        path.unlink(missing_ok=True)
+        text = clean(raw.decode("utf-8", "replace")).strip()
+        return text[-PARTIAL_CHARS:] if text else None
+
+
+def gate_runner(cfg, home) -> ActionRunner:
+    """The runner of actions a human approved (``ActionRunner``)."""
+    return ActionRunner(cfg, home)
 
 
 def current_tool_recorder(writer, work_id: str, log=None):

@@ -83,7 +83,7 @@ def load(conn: sqlite3.Connection, work: WorkItem, *, running_s: float = 0.0,
     largest_input, largest_cost = largest_doer_call(conn, work_id)
     # a continued run ('org continue') is judged for no_progress / repeated_failure on the
     # iterations after its latest continuation only: the ones before already ended it once
-    since = continued_after(conn, work_id)
+    since = max(continued_after(conn, work_id), work.ladder.since)     # a continuation, a ladder's climb
     progress = RunProgress(
         iterations=len(its), tokens=usage.budget_tokens, cost_usd=float(usage.cost_usd),
         elapsed_s=float(work.elapsed_s) + running_s,

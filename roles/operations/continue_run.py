@@ -27,12 +27,11 @@ caps are ``Caps``, and the flags named in errors are the submit's (``CAP_FLAGS``
 """
 from __future__ import annotations
 
-import math
 import uuid
 from dataclasses import dataclass
 
 from roles.operations import Result, human_writer, signed
-from roles.operations.submit import CAP_FLAGS
+from roles.operations.caps import CAP_FLAGS, CapsError, check_value
 from roles.operations.wake import Waker
 from state_db.config import Config
 from state_db.errors import NotFound, StateError
@@ -58,8 +57,8 @@ _FINAL_HINT = {
                    "'org show'), then submit it again",
 }
 
-# cap -> (its command-line flag, whether it is a whole number)
-CAPS = {k: (CAP_FLAGS[k], k in ("max_iterations", "budget_tokens")) for k in Caps.names()}
+# the caps, their flags and what a usable value is: roles/operations/caps.py (one table for submit and continue)
+CAPS = Caps.names()
 
 
 class ContinueError(StateError):
@@ -105,18 +104,18 @@ def raised_caps(old: dict, given: dict, spent: dict) -> dict:
     from before is used up (``cap_reached``: the run would end again at once).
     """
     for key, value in given.items():
-        flag, whole = CAPS[key]
-        ok = isinstance(value, int) if whole else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok or not math.isfinite(value) or value <= 0:
-            raise CapError(f"{flag} must be a positive {'whole ' if whole else ''}number (got {value!r})",
-                           hint=f"e.g. {flag} {int(spent[key]) + 10}")
+        flag = CAP_FLAGS[key]
+        try:
+            check_value(key, value)
+        except CapsError as exc:
+            raise CapError(exc.message, hint=f"e.g. {flag} {int(spent[key]) + 10}") from None
         if value <= spent[key]:
             raise CapError(f"{flag} {value} is not above what the run has used ({_shown(spent[key])})",
                            code="cap_not_raised", hint=f"give {flag} a value above {_shown(spent[key])}")
     caps = {**old, **given}
     for key, limit in caps.items():
         if key in CAPS and spent[key] >= limit:
-            flag = CAPS[key][0]
+            flag = CAP_FLAGS[key]
             raise CapError(f"the run has used {_shown(spent[key])} of its {key} cap {limit}; it would stop "
                            f"again at once", code="cap_reached", hint=f"raise it with {flag} N (N > {_shown(spent[key])})")
     return caps

@@ -12,7 +12,7 @@ from state_db.errors import NotFound, StateError
 from state_db.home import OrgHome
 from state_db.queries import decisions, work
 from state_db.queries.decisions import Decision
-from state_db.vocab import DecisionStatus as D, StopReason
+from state_db.vocab import DecisionKind, DecisionStatus as D, StopReason
 
 VERDICTS = {"approve": D.APPROVED, "reject": D.REJECTED, "edit": D.EDITED, "respond": D.RESPONDED}
 # Decisions whose approval confirms that the run ends, with the stop reason of the same name: the
@@ -54,7 +54,7 @@ def decide(home: OrgHome, cfg: Config, decision_id: str, verdict: str, text: str
         row = decisions.decision(tx.conn, decision_id)
         if row is None:
             raise NotFound(f"no decision {decision_id}", hint="see 'org decisions'")
-        if verdict == "edit" and row.kind in ENDS_RUN:       # there is no command to edit
+        if verdict == "edit" and (row.kind in ENDS_RUN or row.kind == DecisionKind.NEEDS_HUMAN):   # no command to edit
             raise DecideError(f"{decision_id} asks whether the run ends {row.kind}: there is no command to edit",
                               hint="approve (it ends), respond TEXT (it goes on with your text) or reject")
         tx.set_status("decisions", decision_id, VERDICTS[verdict], answer=text, stop_run=int(stop),

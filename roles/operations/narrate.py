@@ -4,7 +4,7 @@ from __future__ import annotations
 from state_db.queries import verdicts, work
 from state_db.queries.events import Event
 from state_db.queries.iterations import count
-from state_db.queries.usage import of_work
+from state_db.views import run_view
 from state_db.words import counted
 
 
@@ -42,9 +42,11 @@ def line_for(conn, ev: Event) -> str | None:
         item = work.item(conn, subject)
         if item is None:
             return None
-        used = of_work(conn, subject)
+        # the run's figures as every view shows them (state_db.views.run_view): org status, org show
+        run = run_view(conn, subject)
         return (f"{subject} ended by {ev.actor}: {item.stop_reason} — {item.stop_detail or ''}\n"
-                f"      {counted(count(conn, subject), 'iteration')}, {counted(used.tokens, 'token')}, ${used.cost_usd:.4f}")
+                f"      {counted(count(conn, subject), 'iteration')}, {run['tokens']['used']} budget tokens "
+                f"({run['tokens']['total']} in all), ${run['cost_usd']['used']:.4f}")
     if kind == "announce" and data.get("source") in ("role_instances.failed", "decisions.created", "reannounce",
                                                      "candidate_batches.created"):
         return f"coordinator: {data.get('text')}"

@@ -17,7 +17,7 @@ from state_db.queries import work
 from state_db.queries.processes import session as org_session
 from state_db.queries.verdicts import preflight as preflight_of
 from roles.operations.caps import CAP_FLAGS, resolve as resolve_caps
-from state_db.queries.work import FLAG, Caps
+from state_db.queries.work import FLAG, Caps, Ladder
 from state_db.vocab import WorkStatus
 
 BACKENDS = ("anthropic", "command")
@@ -39,6 +39,7 @@ class SubmitRequest:
     budget_usd: float | None = None
     timeout_s: float | None = None
     no_caps: tuple[str, ...] = ()         # caps removed on purpose (--no-timeout, ...): names as in Caps
+    ladder: tuple[str, ...] | None = None  # models, weakest first (None: [loop] ladder in org.toml)
     backend: str | None = None
     worktree: bool = False
     review: str | None = None             # review criteria for passes (default: [review] criteria in org.toml)
@@ -66,6 +67,22 @@ def _caps(req: SubmitRequest, cfg: Config) -> tuple[Caps, bool]:
     """The run's caps (roles/operations/caps.py) and whether none came from a flag."""
     caps = resolve_caps(cfg, {k: getattr(req, k) for k in CAP_FLAGS}, req.no_caps)
     return caps, all(source != FLAG for _, source in caps.sources)
+
+
+def _ladder(req: SubmitRequest, cfg: Config) -> dict:
+    """The run's model ladder (``Ladder``'s stored form; {} for none): ``--ladder``, else
+    ``[loop] ladder``. Raises SubmitError ``bad_ladder`` (an empty rung, one twice, one unpriced)."""
+    models = tuple(req.ladder) if req.ladder is not None else tuple(cfg.loop.ladder)
+    if not models:
+        return {}
+    if any(not m.strip() for m in models) or len(set(models)) != len(models):
+        raise SubmitError(f"--ladder {','.join(models)!r} has an empty or repeated rung", code="bad_ladder",
+                          hint="name each model once, weakest first, e.g. --ladder claude-haiku-4-5,claude-sonnet-4-5")
+    unpriced = [m for m in models if m not in cfg.prices]
+    if unpriced:
+        raise SubmitError(f"--ladder names {', '.join(unpriced)}, with no entry in [prices]", code="bad_ladder",
+                          hint="add [prices.\"MODEL\"] to org.toml for each rung")
+    return Ladder(models).encode()
 
 
 def _review(req: SubmitRequest, cfg: Config) -> dict:
@@ -289,6 +306,7 @@ def check(home: OrgHome, cfg: Config, req: SubmitRequest) -> Checked:
     _no_home_within(ws)
     caps, defaults_applied = _caps(req, cfg)
     _review(req, cfg)
+    _ladder(req, cfg)
     toolchain = _toolchain(req, ws)
     return Checked(ws, caps, defaults_applied, toolchain, _backend(req, cfg, home),
                    _verify_hidden(req, cfg, home, ws, toolchain))
@@ -357,6 +375,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
                 "worktree": int(req.worktree), "branch": branch, "created_by": signed(writer),
                 "toolchain": toolchain, "review": _review(req, cfg), "scope": list(req.scope),
                 "verify_hidden": checked.verify_hidden,
+                "ladder": _ladder(req, cfg),
                 "created_at": tx.now, "updated_at": tx.now, **(origin or {})})
             if not busy:
                 tx.insert("workspace_locks", {"workspace": str(workspace), "work_id": work_id, "acquired_at": tx.now})

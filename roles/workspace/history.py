@@ -331,6 +331,11 @@ class WorkspaceHistory(HistoryViews):
         self._set_ref(ref, commit, message.splitlines()[0], expect=None)
         return commit
 
+    def changed_in_workspace(self, since: str) -> list[str]:
+        """Paths the workspace has changed since commit ``since`` (recorded, not committed: no
+        ref moves). Raises WorkspaceMissing."""
+        return sorted(self._changed(self._tree_of(self._commit_of(since)), self._record()))
+
     def fingerprint_of_workspace(self) -> str:
         """Tree id of the workspace as it is now (same content -> same id). Cheap."""
         self._ws()

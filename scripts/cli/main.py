@@ -23,7 +23,7 @@ EXIT_INTERNAL = 70     # a bug: the traceback goes to logs/cli.log
 COMMANDS = ["status", "submit", "show", "cancel", "continue_run", "decisions", "decide", "diff", "export", "logs",
             "ping", "chat", "candidates", "skills", "knowledge", "suspend", "resume", "stop", "doctor", "config", "gc",
             "dashboard", "watch", "mcp", "schedule", "trigger", "discover", "migrate_store", "hosts", "join",
-            "git_shell", "dismiss", "apply", "cost"]
+            "git_shell", "dismiss", "apply", "cost", "revert"]
 
 
 class UsageError(OrgError):

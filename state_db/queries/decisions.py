@@ -8,6 +8,11 @@ from state_db.queries.base import columns, loads, scalar
 from state_db.vocab import DecisionStatus
 
 
+#: How the question of an action asked again after it was cut while it ran begins
+#: (roles/loop_agent/gate.py writes it; the front ends show such a question whole).
+ASKED_AGAIN = "ASKED AGAIN"
+
+
 @dataclass(frozen=True)
 class Decision:
     """One ``decisions`` row; ``action`` decoded (``{"kind", "command", "reason", ...}``)."""

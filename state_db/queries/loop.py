@@ -55,6 +55,18 @@ def pending_decisions(conn: sqlite3.Connection, work_id: str) -> tuple[str, ...]
         "SELECT id FROM decisions WHERE work_id = ? AND status = ? ORDER BY created_at", (work_id, D.PENDING)))
 
 
+#: Decisions that ask whether the run should end for a reason of its own: the goal judged
+#: impossible, an error the stop policy does not know (needs_human).
+ENDING_QUESTIONS = (DecisionKind.IMPOSSIBLE, DecisionKind.UNKNOWN_ERROR, DecisionKind.NEEDS_HUMAN)
+
+
+def pending_endings(conn: sqlite3.Connection, work_id: str) -> tuple[str, ...]:
+    """Ids of the run's pending decisions that ask whether it ends (``ENDING_QUESTIONS``)."""
+    return tuple(r[0] for r in conn.execute(
+        "SELECT id FROM decisions WHERE work_id = ? AND status = ? AND kind IN (?, ?, ?) ORDER BY created_at",
+        (work_id, D.PENDING, *ENDING_QUESTIONS)))
+
+
 def errors_asked(conn: sqlite3.Connection, work_id: str) -> set[str]:
     """The error classes this run already asked a human about (whatever the answer)."""
     return {r[0] for r in conn.execute(
@@ -69,6 +81,10 @@ def stop_confirmed(conn: sqlite3.Connection, work_id: str) -> str | None:
         """SELECT json_extract(action, '$.command') FROM decisions WHERE work_id = ? AND kind = ?
              AND (status IN (?, ?, ?, ?) OR (status = ? AND stop_run = 1)) ORDER BY decided_at LIMIT 1""",
         (work_id, UNKNOWN_ERROR, D.APPROVED, D.EDITED, D.EXECUTING, D.EXECUTED, D.REJECTED)).fetchone()
+    if row is None:         # the doer asked a human (needs_human), who stopped the run
+        row = conn.execute("SELECT 'the question the doer asked' FROM decisions WHERE work_id = ? AND kind = ? "
+                           "AND status = ? AND stop_run = 1 LIMIT 1",
+                           (work_id, DecisionKind.NEEDS_HUMAN, D.REJECTED)).fetchone()
     return None if row is None else (row[0] or "an unknown error")
 
 

@@ -73,6 +73,43 @@ class Caps:
 
 
 @dataclass(frozen=True)
+class Ladder:
+    """A run's model ladder (``work_items.ladder``): ``models`` weakest first, the ``rung`` it is
+    on (an index), the iterations committed when it climbed to it (``since``) and why (``why``)."""
+
+    models: tuple[str, ...] = ()
+    rung: int = 0
+    since: int = 0
+    why: str = ""
+
+    @classmethod
+    def parse(cls, raw: Any) -> "Ladder":
+        data = loads(raw, {}) or {}
+        if not isinstance(data, dict):
+            return cls()
+        models = tuple(str(m) for m in data.get("models") or () if isinstance(m, str) and m)
+        rung = data.get("rung") if isinstance(data.get("rung"), int) else 0
+        return cls(models, max(0, min(rung, len(models) - 1)) if models else 0, int(data.get("since") or 0),
+                   str(data.get("why") or ""))
+
+    def encode(self) -> dict[str, Any]:
+        return {"models": list(self.models), "rung": self.rung, "since": self.since, "why": self.why} \
+            if self.models else {}
+
+    @property
+    def model(self) -> str | None:
+        """The model of the rung it is on (None: no ladder)."""
+        return self.models[self.rung] if self.models else None
+
+    def can_climb(self) -> bool:
+        return self.rung + 1 < len(self.models)
+
+    def label(self) -> str:
+        """``rung 2 of 3: claude-opus-4`` (empty without a ladder)."""
+        return f"rung {self.rung + 1} of {len(self.models)}: {self.model}" if self.models else ""
+
+
+@dataclass(frozen=True)
 class WorkItem:
     """One ``work_items`` row, its JSON columns decoded."""
 
@@ -104,6 +141,7 @@ class WorkItem:
     scope: tuple[str, ...] = ()      # globs that widen its change scope (roles/eval_agent/scope.py)
     delivered: dict | None = None    # at goal_met: the verified tree delivered (roles/workspace/delivered.py)
     verify_hidden: str = ""          # the held-out checks folder copied into each snapshot ('' none)
+    ladder: "Ladder" = field(default_factory=lambda: Ladder())
 
     @classmethod
     def from_row(cls, row: sqlite3.Row | dict) -> "WorkItem":
@@ -116,6 +154,7 @@ class WorkItem:
         v["caps"] = Caps.parse(v.get("caps"))
         v["toolchain"] = loads(v.get("toolchain"), {}) or {}
         v["review"] = loads(v.get("review"), {}) or {}
+        v["ladder"] = Ladder.parse(v.get("ladder"))
         for flag in ("cancel_requested", "worktree", "default_protect"):
             if flag in v:
                 v[flag] = bool(v[flag])
@@ -246,3 +285,16 @@ def command_result(conn: sqlite3.Connection, key: str, command: str) -> dict | N
     """What the command ``command`` did under idempotency ``key`` (its stored result), or None."""
     row = conn.execute("SELECT result FROM idempotency WHERE key = ? AND command = ?", (key, command)).fetchone()
     return None if row is None else loads(row[0], {})
+
+
+#: The journal event of a human setting an ended run's workspace to one of its commits.
+WORKSPACE_SET = "work_items.workspace_set"
+
+
+def workspace_set(conn: sqlite3.Connection, work_id: str) -> str | None:
+    """The commit a human last set ``work_id``'s workspace to (``org revert`` / ``org apply``),
+    or None."""
+    raw = scalar(conn, "SELECT data FROM events WHERE kind = ? AND subject = ? ORDER BY id DESC LIMIT 1",
+                 (WORKSPACE_SET, work_id))
+    data = loads(raw, {}) or {}
+    return data.get("commit") if isinstance(data, dict) else None

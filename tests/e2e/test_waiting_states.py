@@ -220,7 +220,7 @@ def test_kill_9_while_an_approved_action_runs_asks_the_human_again_and_never_rer
     action has not run on its own, and the run goes on once the human decides."""
     script = gated_script(tmp_path, "network")
     script.write_text(script.read_text().replace("echo approved >> action.log",
-                                                 "sleep 4; echo approved >> action.log"))
+                                                 "echo pushing now; sleep 4; echo approved >> action.log"))
     wid, ws = submit(live_org, "killed-mid-action", script)
     d = wait_for(lambda: parked(live_org, wid), timeout=40, what=f"{wid} parked")
     cli(live_org, "decide", d["id"], "approve")
@@ -233,6 +233,9 @@ def test_kill_9_while_an_approved_action_runs_asks_the_human_again_and_never_rer
     control.start_background(live_org, timeout_s=20)
     again = wait_for(lambda: parked(live_org, wid), timeout=40, what="the decision to be a question again")
     assert again["id"] == d["id"] and "interrupted" in again["result"] and again["executor"] is None
+    # the question says what happened: approved before, started, what it printed, may have run partly
+    for said in ("ASKED AGAIN", "was approved by", "started at", "may have run partly", "pushing now"):
+        assert said in again["question"], again["question"]
     assert not (ws / "action.log").exists(), "the action must not run again on its own"
     cli(live_org, "decide", d["id"], "reject", "it was cut; go on without it")
     done = wait_for(lambda: (w := work(live_org, wid))["status"] == "ended" and w, timeout=60, what=f"{wid} to end")

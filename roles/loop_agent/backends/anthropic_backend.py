@@ -47,7 +47,7 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as _replace
 from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import urlparse
 
@@ -167,6 +167,15 @@ class AnthropicBackend:
         self._retrier = Retrier(config.retry, gate if gate is not None else MemoryRateGate(),
                                 clock=clock, sleep=sleep, rng=rng)
         self._client: Any = None
+
+    def with_model(self, model: str) -> "AnthropicBackend":
+        """This backend on ``model`` (a rung of the run's ladder). Raises BackendConfigError for a
+        model the price table lacks."""
+        import copy
+        other = copy.copy(self)
+        other.config = _replace(self.config, model=model)
+        other._price = self.prices.price(model)
+        return other
 
     def __repr__(self) -> str:
         return f"AnthropicBackend(model={self.config.model!r}, base_url={self.base_url!r})"

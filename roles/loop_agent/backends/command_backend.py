@@ -49,6 +49,7 @@ from urllib.parse import urlparse
 import structlog
 
 from roles import telemetry
+from roles.loop_agent.backends import exits
 from roles.loop_agent.backends.base import ActContext, ActOutcome, BackendConfigError, Usage
 from roles.loop_agent.pricing import PriceTable
 from roles.sandbox import Captured, SandboxError, clean_env
@@ -136,6 +137,15 @@ class CommandBackend:
         self.state_dir = Path(state_dir)
         self.refusals: Counter[str] = Counter()  # the endpoint's refusals over every act, by code
 
+    def with_model(self, model: str) -> "CommandBackend":
+        """This backend on ``model`` (``--model``; a rung of the run's ladder). Raises
+        BackendConfigError for a model the price table lacks."""
+        import copy
+        self.prices.price(model)
+        other = copy.copy(self)
+        other.config = replace(self.config, model=model)
+        return other
+
     def __repr__(self) -> str:
         return f"CommandBackend(binary={self.config.binary!r}, preset={self.config.preset!r}, upstream={self.upstream!r})"
 
@@ -156,6 +166,7 @@ class CommandBackend:
         try:
             home = self._private_home(ctx.work_id)
             sock_dir = _short_private_dir(self.state_dir)
+            exit_bin, exits_file = exits.prepare(home)     # its honest exits (backends/exits.py)
         except OSError as exc:
             return _end("model_error", "cli_setup", f"cannot prepare the CLI's private folders under "
                         f"{self.state_dir}: {exc.strerror or exc}")
@@ -205,7 +216,9 @@ class CommandBackend:
             with endpoint:
                 got = runner.execute(
                     argv, cwd=ctx.workspace, timeout_s=timeout_s, max_output=self.config.max_output_bytes,
-                    stdin=_prompt(ctx).encode("utf-8"), env=self._env(home, path), writable=[home, sock_dir],
+                    stdin=(_prompt(ctx) + exits.INSTRUCTIONS).encode("utf-8"),
+                    env={**self._env(home, f"{path}{os.pathsep}{exit_bin}"), exits.ENV: str(exits_file)},
+                    writable=[home, sock_dir],
                     readonly_binds=self._readonly(binary), separate_stderr=True,
                     limits=_cli_limits(runner, self.config.memory_mb), should_stop=should_stop,
                     poll_s=self.config.poll_s)
@@ -221,6 +234,11 @@ class CommandBackend:
         else:                                   # a plain CLI's account is its output
             ctx.record("text", {"text": got.output, "source": "cli"})
         outcome = self._outcome(got, stop_code, ledger, endpoint, budget_left, metered, timeout_s)
+        said = exits.read(exits_file)
+        if said and outcome.status in ("ok", "failed"):
+            calls, requests = exits.recorded(said)
+            outcome = replace(outcome, tool_calls=outcome.tool_calls + calls, requests=outcome.requests + requests)
+            log.info("cli exits recorded", kinds=[k for k, _ in said], next="after the iteration is committed", **fields)
         log.info("cli ended", status=outcome.status, error_code=outcome.error_code, exit_code=got.exit_code,
                  duration_s=round(got.duration_s, 2), requests=endpoint.requests, refused=endpoint.refused,
                  refusals=dict(endpoint.refusals), metered_tokens=sum(s.total_tokens for s in metered),

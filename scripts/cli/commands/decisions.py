@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from scripts.cli.output import add_json, emit_json, read_conn, table
 from state_db.queries import decisions
+from state_db.queries.decisions import ASKED_AGAIN
 from state_db.queries.base import plain
 from state_db.text import command_shown, one_line
 
@@ -33,5 +34,8 @@ def run(args) -> int:
             if d.command:
                 print(f"\n{d.id} runs this command ({len(d.command)} characters), exactly as shown:\n"
                       f"{command_shown(d.command)}")
+        for d in rows:       # an action asked again says what happened the first time: in whole
+            if d.status == "pending" and d.question.startswith(ASKED_AGAIN):
+                print(f"{d.id}: {d.question}")
         print("answer with: org decide ID approve | reject [--stop] [REASON] | edit NEW_COMMAND | respond TEXT")
     return 0

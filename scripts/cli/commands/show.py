@@ -11,7 +11,7 @@ from state_db.queries.base import plain
 from state_db.queries.iterations import attempts, of_work as iterations_of
 from state_db.queries import loop as loop_queries, review as review_queries
 from state_db.errors import NotFound
-from state_db.queries.work import Caps
+from state_db.queries.work import Caps, Ladder
 
 NAME = "show"
 HELP = "show one work item: status, stop reason, iterations with verdicts, tokens and cost"
@@ -101,6 +101,24 @@ def handoff_lines(handoff: dict) -> list[str]:
             f"  remains: {handoff['remains']}", f"  learned: {handoff['learned']}"]
 
 
+def left_in_workspace(args, work_id: str) -> str | None:
+    """What an ended run that did not meet its goal left in the workspace, and the way back."""
+    from roles.operations.restore import left, left_line
+    from scripts.cli.output import home_of
+    conn = read_conn(args)
+    try:
+        item = work.item(conn, work_id)
+        if item is None or not item.ended or item.stop_reason == "goal_met":
+            return None
+        try:
+            paths = left(home_of(args), conn, item)
+        except Exception:  # noqa: BLE001 - a history that cannot be read leaves the line out, never the show
+            return None
+        return left_line(paths, item)
+    finally:
+        conn.close()
+
+
 def run_line(run: dict) -> str:
     """Phase, iteration n of max, and what is used against each cap, in one line."""
     from scripts.cli.commands.status import progress_cells
@@ -167,11 +185,18 @@ def run(args) -> int:
               "it measures the skill: no knowledge comes of it and it is no use of the skill")
     elif origin.get("kind") not in (None, "human"):
         print(f"started by: {origin['kind']} {origin.get('id') or ''}".rstrip())
+    left = left_in_workspace(args, item["id"])
+    if left:
+        print(left)
     print(run_line(item["run"]))
     for line in now_lines(item["run"]):
         print(line)
     print(f"workspace: {item['workspace']}  backend: {item['backend']}  assigned: {item['assigned_to'] or '-'}")
     print(f"caps: {caps_line(Caps.parse(item['caps']))}")
+    ladder = Ladder.parse(item.get("ladder"))
+    if ladder.models:
+        print(f"ladder: {' → '.join(ladder.models)} ({ladder.label()}"
+              + (f", since iteration {ladder.since + 1}: {ladder.why[:200]})" if ladder.rung else ")"))
     print(f"used: {item['run']['tokens']['used']} budget tokens, "
           f"${item['run']['cost_usd']['used']:.4f}, "
           f"{item['elapsed_s']:.1f}s" + (f" ({item['discarded_s']:.1f}s of it in discarded attempts)"

@@ -61,7 +61,7 @@ def render(st: dict, now: float | None = None, *, transport: bool = False) -> st
     now = now or time.time()
     out = []
     session = st["session"]
-    out.append(f"session: {session['status'] if session else 'never started'}")
+    out.append(f"session: {session.get('line') or session['status'] if session else 'never started'}")
     if st["open_batches"]:
         out.append(f"** {len(st['open_batches'])} skill-candidate batch(es) waiting for review: 'org candidates' **")
     if st["pending_decisions"]:
@@ -75,7 +75,7 @@ def render(st: dict, now: float | None = None, *, transport: bool = False) -> st
         out.append(f"** failed role(s), not restarted: {', '.join(failed)} **")
     if st["roles"]:
         rows = [[r["instance"], r.get("activity", r["status"]), r["pid"], r["restarts"],
-                 _age(now, r["heartbeat_at"]), r["current_work"]] for r in st["roles"]]
+                 _age(now, r["heartbeat_at"]), r.get("work_id", r["current_work"])] for r in st["roles"]]
         out += ["", table(rows, ["ROLE", "STATUS", "PID", "RESTARTS", "HEARTBEAT", "WORK"])]
     work = st["work"]["active"] + st["work"]["recent_ended"]
     runs = {r["id"]: r for r in st["runs"]["running"] + st["runs"]["recent_ended"]} if "runs" in st else {}

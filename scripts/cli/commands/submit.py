@@ -36,6 +36,9 @@ def add_arguments(p) -> None:
         caps.add_argument(flag, dest="no_" + name, action="store_true",
                           help=f"no {name.replace('_', ' ')} cap at all (instead of the default)")
     p.add_argument("--backend", help="anthropic | command | scripted:FILE (default from org.toml)")
+    p.add_argument("--ladder", metavar="MODEL[,MODEL...]",
+                   help="models, weakest first: when repeated_failure or no_progress would stop the run, it goes on "
+                        "with the next one within the same caps (default: [loop] ladder in org.toml)")
     p.add_argument("--worktree", action="store_true", help="work in a new git worktree and branch of the workspace")
     p.add_argument("--review", metavar="CRITERIA",
                    help="after the verify commands pass, a model reviews the change against the goal and these "
@@ -75,7 +78,8 @@ def request_of(args) -> SubmitRequest:
         default_protect=not args.no_default_protect, scope=args.scope,
         max_iterations=args.max_iterations, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
         timeout_s=args.timeout, no_caps=tuple(k for k in NO_FLAGS if getattr(args, "no_" + k, False)),
-        backend=args.backend, worktree=args.worktree, review=args.review, no_review=args.no_review,
+        backend=args.backend, ladder=None if args.ladder is None else tuple(m.strip() for m in args.ladder.split(",")),
+        worktree=args.worktree, review=args.review, no_review=args.no_review,
         idempotency_key=args.idempotency_key, verify_hidden=args.verify_hidden)
 
 

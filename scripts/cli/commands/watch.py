@@ -212,6 +212,8 @@ def _cursor_key(screen: Screen):
 
 def _header(st: dict) -> str:
     session = (st["session"] or {}).get("status", "never started")
+    if (st["session"] or {}).get("alive") is False:
+        session = "not running (its processes are gone: scripts/start-org)"
     busy = [r for r in st["roles"] if r["activity"] == "busy"]
     u = st["usage"]
     return (f"[bold]org watch[/]  session {session} · {len(st['roles'])} roles, {len(busy)} busy · "
