@@ -126,9 +126,14 @@ def run_org(root: Path, replay: str) -> dict:
         _wait(lambda: all(r["status"] == "ended" for r in _q(home, "SELECT status FROM work_items WHERE id IN "
                                                                  f"({','.join('?' * len(every))})", every)),
               180, "the jobs to end")
+        # every ended job's retro written, then every pending candidate offered in a batch
+        _wait(lambda: not _q(home, "SELECT w.id FROM work_items w WHERE w.status = 'ended' AND NOT EXISTS "
+                                   "(SELECT 1 FROM events e WHERE e.subject = w.id AND e.kind IN "
+                                   "('retro.written', 'retro.skipped'))"), 120, "every run's retro")
         cands = _wait(lambda: (c := _q(home, "SELECT c.id, c.created_at, b.created_at AS batched, c.source_notes "
                                              "FROM skill_candidates c JOIN candidate_batches b ON b.id = c.batch_id"))
-                      and len(c) >= len(FAMILIES) and c, 300, "a batch for each family's candidate")
+                      and not _q(home, "SELECT id FROM skill_candidates WHERE status = 'pending' AND batch_id IS NULL")
+                      and c, 300, "every candidate offered in a batch")
         conn = connect(home.db_path, readonly=True)
         try:
             per = []
