@@ -85,7 +85,7 @@ def _job(root: Path, family: str, key: str, job: str, written: str, whole: int, 
     path = root / f"{family}-{job}.json"
     path.write_text(json.dumps(script))
     return {"goal": f"{job}: make settings.json pass {check} — {key} must be an integer",
-            "workspace": str(ws), "verify": [f"python3 {check}"], "protect": [check],
+            "workspace": str(ws), "verify": [f"python3 {check}"], "protect": [check], "scope": ["settings.json"],
             "backend": f"scripted:{path}", "max_iterations": 5}
 
 

@@ -81,7 +81,8 @@ def _request(item, home: OrgHome, cfg: Config, subject_id: str, source: str, arm
         usd = min(usd, share) if usd else share
     return SubmitRequest(
         goal=item.goal, workspace=str(workspace_of(home, subject_id, source, arm)), verify=list(item.verify),
-        protect=list(item.protect), default_protect=item.default_protect, max_iterations=caps.max_iterations,
+        protect=list(item.protect), default_protect=item.default_protect, scope=list(item.scope),
+        verify_hidden=item.verify_hidden or None, max_iterations=caps.max_iterations,
         budget_tokens=tokens, budget_usd=usd, timeout_s=caps.timeout_s, backend=item.backend,
         idempotency_key=f"replay:{subject_id}:{source}:{arm}", toolchain=dict(item.toolchain) or None)
 

@@ -100,7 +100,7 @@ def _edit(old, new, say: str) -> list[dict]:
 def learning_job(root: Path, service: str, timeout: str, seconds: int) -> dict:
     """One job of the learning demo: a workspace and a script that strips the unit (still a string),
     then writes a float, then the int — the same check fails the same way twice, then passes.
-    Returns the submit fields (goal, workspace, verify, protect, backend)."""
+    Returns the submit fields (goal, workspace, verify, protect, scope, backend)."""
     ws = root / f"ws-{service}"
     ws.mkdir(parents=True)
     shutil.copy(LEARNING_DIR / "validate_config.py", ws / "validate_config.py")
@@ -120,6 +120,7 @@ def learning_job(root: Path, service: str, timeout: str, seconds: int) -> dict:
     return {"goal": f"Service {service}: make settings.json pass validate_config.py — the timeout must be a whole "
                     "number of seconds",
             "workspace": str(ws), "verify": [LEARNING_CHECK], "protect": ["validate_config.py"],
+            "scope": ["settings.json"],      # the fix is to a settings file: outside the default (code) scope
             "backend": f"scripted:{script}"}
 
 
