@@ -141,6 +141,9 @@ def unrunnable_message(check: CheckResult, why: str, *, where: str) -> str:
         hint = "make the file executable (chmod +x), or run it through its interpreter (sh FILE, python FILE)"
     if check.timed_out:
         hint = "raise sandbox.cpu_seconds in org.toml, or verify with a faster command"
+    if check.code == LIMIT:
+        said = check.output_tail.rsplit("[eval-agent] ", 1)[-1]
+        hint = "the eval-agent could not verify it"
     return f"verify command `{check.command}` cannot run {where} ({why}): {said or 'no output'} — {hint}"
 
 
