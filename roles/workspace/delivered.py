@@ -18,8 +18,9 @@ Why no byte the user runs can differ from a byte the checks ran:
    first, apart, as a commit of their own (``refs/held/<n>``: ``org export ID --held`` writes
    them as a patch, ``org apply ID --held`` applies it).
 4. *It is proved, not assumed.* ``differences`` then reads every file of the workspace and
-   compares its git object id — a hash of its content — and its mode with the verified tree's
-   (not a stat: a file whose stat was kept while its content changed is caught). A workspace
+   compares its git object id — a hash of its content, read without following links or blocking
+   (``blob_id``) — and its mode with the verified tree's (not a stat: a file whose stat was kept
+   while its content changed is caught). A workspace
    that holds anything else is not delivered: the difference is recorded, and it is what
    ``org show`` reports.
 
@@ -33,6 +34,7 @@ checks never see either (a snapshot holds an empty folder there).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from dataclasses import asdict, dataclass
@@ -65,6 +67,31 @@ class Delivery:
 
     def encode(self) -> dict:
         return {**asdict(self), "proved": self.proved}
+
+
+def blob_id(path: bytes) -> str | None:
+    """The git object id of the regular file at ``path``, read from its content (opened without
+    following a link and without blocking: a sandboxed process may have put anything there);
+    None when it is not a regular file by the time it is opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        digest = hashlib.sha1(b"blob %d\0" % st.st_size)
+        left = st.st_size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                return None                     # shrank while read: not the file that was there
+            digest.update(chunk)
+            left -= len(chunk)
+        return digest.hexdigest() if not os.read(fd, 1) else None
+    finally:
+        os.close(fd)
 
 
 def differences(workspace: Path, repo: pygit2.Repository, tree: pygit2.Oid | str, *,
@@ -112,8 +139,7 @@ def differences(workspace: Path, repo: pygit2.Repository, tree: pygit2.Oid | str
                 same = mode == 0o120000 and pygit2.hash(os.readlink(entry.path)) == oid
             elif stat.S_ISREG(st.st_mode):
                 executable = bool(st.st_mode & stat.S_IXUSR)
-                same = (mode == (0o100755 if executable else 0o100644)
-                        and pygit2.hashfile(os.fsdecode(entry.path)) == oid)
+                same = mode == (0o100755 if executable else 0o100644) and blob_id(entry.path) == str(oid)
             else:
                 same = False                    # a fifo, a socket, a device: never part of a tree
             if not same:
