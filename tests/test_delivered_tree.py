@@ -68,3 +68,29 @@ def test_the_comparison_reads_content_not_stat(tmp_path, ws):
     assert differences(ws, hist._repo, hist.tree_id(base)) == ["extra.py", "pipe", "pkg/mod.py"]
     (ws / "data.json").unlink()
     assert "data.json" in differences(ws, hist._repo, hist.tree_id(base))
+
+
+def test_a_change_inside_a_repository_nested_at_the_baseline_is_seen(tmp_path, ws):
+    """The history records a nested repository as its HEAD only: a file the doer changes in its
+    work tree after the baseline is found by its ctime, which the writer cannot set back."""
+    import time
+
+    nested = ws / "vendor" / "lib"
+    subprocess.run(["git", "init", "-q", str(nested)], check=True)
+    (nested / "mod.py").write_text("x = 1\n")
+    git = ["git", "-C", str(nested), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    hist = _hist(tmp_path, ws)
+    hist.baseline()
+    time.sleep(2.1)                                 # past the baseline's second
+    c1 = hist.checkpoint(1)
+    (nested / "__pycache__").mkdir()
+    (nested / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"cache")   # a test run's cache: not a change
+    assert hist.nested_touched(c1) == []            # the control: untouched
+    st = os.stat(nested / "mod.py")
+    (nested / "mod.py").write_text("x = 2\n")
+    os.utime(nested / "mod.py", ns=(st.st_atime_ns, st.st_mtime_ns))     # mtime put back; ctime cannot be
+    c2 = hist.checkpoint(2)
+    assert hist.tree_id(c1) == hist.tree_id(c2)     # the history cannot tell
+    assert hist.nested_touched(c2) == ["vendor/lib/mod.py"]

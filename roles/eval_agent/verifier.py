@@ -303,11 +303,12 @@ class Verifier:
     def _unrecorded(self, history, commit: str) -> list[str]:
         """Paths where the live workspace differs from checkpoint ``commit``, read file by file
         (build caches aside: delivery removes them). What differs there was never recorded, so
-        never verified, and would still be in the user's workspace at goal_met. A history of
-        another host's workspace (``remote``) is not read from here."""
+        never verified, and would still be in the user's workspace at goal_met; so are files
+        changed inside a repository nested there at the baseline (its work tree is not recorded).
+        A history of another host's workspace (``remote``) is not read from here."""
         if getattr(history, "remote", None) or not Path(history.workspace).is_dir():
             return []
-        return history.workspace_differences(commit, skip_caches=True)
+        return history.workspace_differences(commit, skip_caches=True) + history.nested_touched(commit)
 
     def _construct(self, history, work: WorkItem, commit: str, n: int) -> tuple[str, scope_rules.Construction]:
         """The commit of the tree the checks of ``commit`` run on — the baseline plus the doer's

@@ -28,9 +28,11 @@ Before any of this, a pass needs the live workspace to hold what the checkpoint 
 the same way (``eval_agent.verifier``): a file the history could not record (a fifo, a file
 changed after the checkpoint was taken) makes the iteration fail instead of reaching goal_met.
 
-The one part of a workspace this does not read is the work tree of a repository nested in it at
-the baseline (recorded as its ``HEAD``, as git records it): the user's own checkout, which the
-checks never see either (a snapshot holds an empty folder there).
+The one part of a workspace the history does not record is the work tree of a repository nested
+in it at the baseline (recorded as its ``HEAD``, as git records it): the user's own checkout,
+which the checks never see either (a snapshot holds an empty folder there). Its files are not
+compared by content; instead any of them changed after the baseline was recorded — by its
+ctime, which an unprivileged process cannot set back — makes the pass fail (``touched_since``).
 """
 from __future__ import annotations
 
@@ -149,6 +151,31 @@ def differences(workspace: Path, repo: pygit2.Repository, tree: pygit2.Oid | str
     if len(found) < limit:
         found += sorted(p for p in want if p not in seen)[: limit - len(found)]
     return sorted(found)
+
+
+def touched_since(workspace: Path, folders: list[str], since_ns: int, *, limit: int = 20) -> list[str]:
+    """Files below ``folders`` (of ``workspace``; their ``.git`` aside) whose inode changed after
+    ``since_ns`` (ctime: set by the kernel on every write, rename or chmod, and not settable by
+    the process that wrote). Links are not followed."""
+    found: list[str] = []
+    top = os.fsencode(workspace)
+    stack = [os.fsencode(f) for f in folders]
+    while stack and len(found) < limit:
+        rel = stack.pop()
+        try:
+            entries = list(os.scandir(top + b"/" + rel))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for entry in entries:
+            if entry.name == b".git" or entry.name in shadow.CACHE_DIRS:
+                continue                        # build caches are removed at delivery
+            sub = rel + b"/" + entry.name
+            st = os.lstat(entry.path)
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(sub)               # a folder's ctime moves with its caches: its files say more
+            elif st.st_ctime_ns > since_ns:
+                found.append(os.fsdecode(sub))
+    return sorted(found)[:limit]
 
 
 def _nested_left(paths: list[str], tree: set[str]) -> list[str]:
