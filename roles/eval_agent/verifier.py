@@ -17,6 +17,13 @@ model call, with a message that names the command and quotes what it said. The b
 result is kept: later verdicts compare their test counts with it. A baseline that already passes
 asks a human (a pending ``baseline_passes`` decision) whether to go on.
 
+Every bound on the verification path fails closed: a runner report listing more tests than are
+compared, output cut past its bound where the pass would rest on it (``checks``), a change larger
+than the review reads (``review``) give an ``error`` verdict coded ``verify_limit`` or
+``review_too_large`` — "could not verify", the run ends for a human — never a pass and never a
+comparison skipped. A pass also needs the live workspace to hold what the checkpoint recorded,
+read file by file (``DELIVERED_CHECK``): what the history could not record was never verified.
+
 A check that cannot start during the run is never blamed on the doer: the verdict is ``error``,
 its check carries the code (``verify_unrunnable``, ``sandbox_failed``, ``verifier_error``), and
 the run ends ``verify_unrunnable`` in the same transaction (it does not pause for a decision: the
