@@ -7,6 +7,10 @@ For verification the eval-agent holds every such file to the baseline: the snaps
 has the baseline's version, or no file at all where the doer added one. The doer's version stays
 in the workspace and its checkpoints; it is only not what the verdict rests on.
 
+These rules are the second line. The first is the change scope (``scope``): the tree verified is
+built from the baseline and the doer's changes inside the run's scope, so most of these files
+never reach it; the rules below hold what the scope lets in (widened by ``--scope``, say).
+
 The kinds, and what happens to each (``HELD`` is the table, ``held_back`` applies it):
 
 | kind            | files                                                          | treatment          |
