@@ -146,3 +146,18 @@ def test_the_construction_restores_protected_files_and_holds_the_rest():
     assert built.protected == ("tests/test_m.py",)
     assert built.edits == {"tests/test_m.py": (0o100644, "t"), "tests/test_new.py": None, ".env": None}
     assert [(h.path, h.kind) for h in built.held] == [(".env", OUT_OF_SCOPE), ("tests/test_new.py", OUT_OF_SCOPE)]
+
+
+def test_a_pass_needs_the_workspace_to_hold_what_was_recorded(org_home, tmp_path):
+    """A fifo is never recorded (and so never verified): while the workspace holds one, the fix is
+    not a pass; the verdict names it. The control, the same fix without it, is goal_met."""
+    import os
+
+    def fix_and_leave_a_fifo(ws: Path) -> None:
+        _honest(ws)
+        os.mkfifo(ws / "calc" / "pipe")
+    v, _ = _verify(org_home, tmp_path, "w1", fix_and_leave_a_fifo)
+    assert v.outcome == "fail" and not v.goal_met
+    assert "not verified" in v.feedback and "calc/pipe" in v.feedback
+    control, _ = _verify(org_home, tmp_path / "control", "w2", _honest)
+    assert control.goal_met
