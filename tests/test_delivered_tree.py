@@ -94,3 +94,22 @@ def test_a_change_inside_a_repository_nested_at_the_baseline_is_seen(tmp_path, w
     c2 = hist.checkpoint(2)
     assert hist.tree_id(c1) == hist.tree_id(c2)     # the history cannot tell
     assert hist.nested_touched(c2) == ["vendor/lib/mod.py"]
+
+
+def test_a_host_without_the_verified_commit_makes_the_same_tree_again(tmp_path, ws):
+    """The eval-agent may verify on another host: the verdict's list of what was held makes the
+    same tree here (and a part-rewritten file, which cannot be made again, says so)."""
+    from roles.eval_agent.scope import Scope, construct
+    from roles.workspace.delivered import rebuild
+    hist = _hist(tmp_path, ws)
+    base = hist.baseline()
+    (ws / "pkg" / "mod.py").write_text("def f():\n    return 2\n")
+    (ws / "data.json").write_text("[2]\n")
+    (ws / "notes.txt").write_text("mine\n")
+    c1 = hist.checkpoint(1)
+    built = construct(hist.entries(base), hist.entries(c1), scope=Scope(), protected=[], commands=["pytest"],
+                      read_base=lambda p: hist.read_path(base, p), read_target=lambda p: hist.read_path(c1, p))
+    there = hist.derive(c1, built.edits, "verified")
+    here = rebuild(hist, c1, [h.encode() for h in built.held], 1)
+    assert hist.tree_id(here) == hist.tree_id(there) != hist.tree_id(c1)
+    assert rebuild(hist, c1, [{"path": "x", "kind": "mixed_config", "treatment": "sections"}], 1) is None

@@ -185,6 +185,27 @@ def _nested_left(paths: list[str], tree: set[str]) -> list[str]:
     return sorted(f for f in folders if f not in tree and not any(t.startswith(f + "/") for t in tree))
 
 
+# how a verdict says a held path was put in the verified tree (``eval_agent.held``'s treatments)
+_RESTORED, _REMOVED = "restored from the baseline", "left out (added by the doer)"
+
+
+def rebuild(history, checkpoint: str, held: list[dict], n: int) -> str | None:
+    """The verified commit of ``checkpoint`` made again from the verdict's list of what was held
+    (each path back to the baseline's version, or left out), for a host whose history lacks the
+    commit the eval-agent made on another. None when a held path was rewritten in part (test
+    sections of a mixed file): that cannot be made again here. Raises: UnknownCommit."""
+    base = history.entries(None)
+    edits: dict = {}
+    for h in held:
+        if h.get("treatment") == _RESTORED and h["path"] in base:
+            edits[h["path"]] = base[h["path"]]
+        elif h.get("treatment") == _REMOVED:
+            edits[h["path"]] = None
+        else:
+            return None
+    return history.derive(checkpoint, edits, f"loop-org verified tree\n\niteration: {n}")
+
+
 def deliver(history, verified: str, n: int) -> Delivery:
     """Make the workspace of ``history`` hold the verified commit ``verified`` of iteration ``n``
     and prove it: the doer's other changes are kept first as ``refs/held/<n>`` (idempotent: a

@@ -242,6 +242,13 @@ class HistoryViews:
         since = (self._repo[base].commit_time + 1) * 1_000_000_000
         return touched_since(Path(self.workspace), nested, since)
 
+    def tree_or_none(self, commit: str) -> str | None:
+        """The tree id of ``commit``, or None when this history does not hold it."""
+        try:
+            return str(self._tree_of(self._commit_of(commit)))
+        except HistoryError:
+            return None
+
     def parent_of(self, commit: str) -> str | None:
         """The first parent of ``commit`` (None for a root commit). Raises: UnknownCommit."""
         parents = self._repo[self._commit_of(commit)].parent_ids
