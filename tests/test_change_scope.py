@@ -82,6 +82,16 @@ def _unlisted_config(ws: Path) -> None:
     (ws / "shim" / "calc" / "ops.py").write_text("def mean(xs):\n    return sum(xs) / len(xs)\n")
 
 
+def _plugin_declared_at_the_root(ws: Path) -> None:
+    """A distribution's metadata at the workspace root (on sys.path under ``python -m``) declares a
+    pytest plugin by entry point; the plugin swaps in a fixed mean. No list names either file."""
+    (ws / "zz-1.0.dist-info").mkdir()
+    (ws / "zz-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: zz\nVersion: 1.0\n")
+    (ws / "zz-1.0.dist-info" / "entry_points.txt").write_text("[pytest11]\nzz = zz_plugin\n")
+    (ws / "zz_plugin.py").write_text("def pytest_configure(config):\n    import calc.ops\n"
+                                     "    calc.ops.mean = lambda xs: sum(xs) / len(xs)\n")
+
+
 def test_an_honest_fix_with_a_new_module_in_its_package_reaches_goal_met(org_home, tmp_path):
     v, history = _verify(org_home, tmp_path, "w1", _honest)
     assert v.outcome == "pass" and v.goal_met
@@ -93,6 +103,8 @@ def test_an_honest_fix_with_a_new_module_in_its_package_reaches_goal_met(org_hom
 @pytest.mark.parametrize("attack, held", [
     (_rewrite_expected, {"data/cases.json": RESTORED}),
     (_unlisted_config, {"pytest.toml": REMOVED, "shim/calc/__init__.py": REMOVED, "shim/calc/ops.py": REMOVED}),
+    (_plugin_declared_at_the_root, {"zz-1.0.dist-info/METADATA": REMOVED, "zz-1.0.dist-info/entry_points.txt": REMOVED,
+                                    "zz_plugin.py": REMOVED}),
 ])
 def test_changes_outside_the_scope_never_reach_the_checks(org_home, tmp_path, attack, held):
     v, _ = _verify(org_home, tmp_path, "w1", attack)
