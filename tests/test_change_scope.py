@@ -103,8 +103,6 @@ def test_an_honest_fix_with_a_new_module_in_its_package_reaches_goal_met(org_hom
 @pytest.mark.parametrize("attack, held", [
     (_rewrite_expected, {"data/cases.json": RESTORED}),
     (_unlisted_config, {"pytest.toml": REMOVED, "shim/calc/__init__.py": REMOVED, "shim/calc/ops.py": REMOVED}),
-    (_plugin_declared_at_the_root, {"zz-1.0.dist-info/METADATA": REMOVED, "zz-1.0.dist-info/entry_points.txt": REMOVED,
-                                    "zz_plugin.py": REMOVED}),
 ])
 def test_changes_outside_the_scope_never_reach_the_checks(org_home, tmp_path, attack, held):
     v, _ = _verify(org_home, tmp_path, "w1", attack)
@@ -158,6 +156,23 @@ def test_the_construction_restores_protected_files_and_holds_the_rest():
     assert built.protected == ("tests/test_m.py",)
     assert built.edits == {"tests/test_m.py": (0o100644, "t"), "tests/test_new.py": None, ".env": None}
     assert [(h.path, h.kind) for h in built.held] == [(".env", OUT_OF_SCOPE), ("tests/test_new.py", OUT_OF_SCOPE)]
+
+
+def test_a_plugin_declared_outside_site_packages_never_reaches_the_checks(org_home, tmp_path):
+    """Out of the default scope; widened to everything, the held rules' second line still holds the
+    entry point; and the control — the verify command run plainly in the attacked workspace — passes."""
+    import subprocess
+    v, _ = _verify(org_home, tmp_path, "w1", _plugin_declared_at_the_root)
+    assert not v.goal_met and {h["path"] for h in v.held_back} == {
+        "zz-1.0.dist-info/METADATA", "zz-1.0.dist-info/entry_points.txt", "zz_plugin.py"}
+    widened, _ = _verify(org_home, tmp_path / "widened", "w2", _plugin_declared_at_the_root, scope=["**"])
+    assert not widened.goal_met
+    assert [h["kind"] for h in widened.held_back] == ["runner_install"]
+    plain = _project(tmp_path / "plain")
+    _plugin_declared_at_the_root(plain)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=plain,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout[-500:]          # the attack works where nothing defends
 
 
 def test_a_pass_needs_the_workspace_to_hold_what_was_recorded(org_home, tmp_path):
