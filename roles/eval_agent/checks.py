@@ -17,6 +17,9 @@ from pathlib import Path
 from state_db.errors import OrgError
 
 OUTPUT_TAIL = 2000
+# said at the end of a check's output cut at its bound: a pass that rests on the output (no runner
+# report) cannot be read whole, so the verifier calls it "could not verify" (``verify_limit``)
+CUT = "\n[eval-agent] output cut at its bound of {} bytes\n"
 _NOISE = [
     (re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),
     (re.compile(r"\b\d+(\.\d+)?\s*(s|ms|us|µs|sec|seconds)\b"), "<time>"),
@@ -100,9 +103,6 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
     (VerifyUnavailable with code ``run_ended``). Without one it runs as a plain process in its
     own group, killed as a whole on timeout.
 
-    A pass whose output passed ``max_output`` and was cut, with no runner report to rest on, is
-    not a pass: it is coded ``verify_limit`` (could not verify).
-
     ``report`` is (the host's path, the same file's path as the command sees it) of a JUnit XML
     report pytest is asked to write (``PYTEST_ADDOPTS``, whatever runs pytest: ``pytest``,
     ``python -m pytest``, ``uv run``, a Makefile); what it holds becomes ``junit``.
@@ -120,7 +120,7 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
             else:
                 res = runner.run(command, cwd, timeout_s, max_output)
             code, text, timed_out = res.exit_code, res.output, res.timed_out
-            truncated = bool(getattr(res, "truncated", False))
+            text += CUT.format(max_output) if getattr(res, "truncated", False) else ""
         except Exception as exc:  # noqa: BLE001 - the verifier's own failure, not the doer's
             raise VerifyUnavailable(f"verify command could not run: {exc}",
                                     code=exc.code if isinstance(exc, OrgError) else "sandbox_error") from exc
@@ -138,21 +138,13 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
         text, code = out[-max_output:].decode("utf-8", "replace"), proc.returncode
-        truncated = len(out) > max_output
+        text += CUT.format(max_output) if len(out) > max_output else ""
     passed = code == 0 and not timed_out
     junit = None
     if report is not None:
         from roles.eval_agent.evidence import read_junit
         junit = read_junit(report[0])
         report[0].unlink(missing_ok=True)
-    if passed and truncated and junit is None:
-        # a pass that rests on what the command printed, of which a part was cut: could not verify
-        note = (f"\n[eval-agent] its output passed the bound of {max_output} bytes and was cut, so the pass it "
-                "prints cannot be read whole — have the runner print less (-q), or judge the change yourself")
-        return CheckResult(name=command, command=command, passed=False, exit_code=code, timed_out=False,
-                           signature="verify_limit", output_tail=(text[-OUTPUT_TAIL:] + note)[-OUTPUT_TAIL:],
-                           duration_ms=round((time.monotonic() - t0) * 1000, 2), tests=_summary(text, junit),
-                           code="verify_limit")
     return CheckResult(
         name=command, command=command, passed=passed, exit_code=None if timed_out else code, timed_out=timed_out,
         signature=None if passed else failure_signature(text, code, timed_out, cwd),

@@ -148,9 +148,6 @@ def unrunnable_message(check: CheckResult, why: str, *, where: str) -> str:
         hint = "make the file executable (chmod +x), or run it through its interpreter (sh FILE, python FILE)"
     if check.timed_out:
         hint = "raise sandbox.cpu_seconds in org.toml, or verify with a faster command"
-    if check.code == LIMIT:
-        said = check.output_tail.rsplit("[eval-agent] ", 1)[-1]
-        hint = "the eval-agent could not verify it"
     return f"verify command `{check.command}` cannot run {where} ({why}): {said or 'no output'} — {hint}"
 
 
@@ -495,6 +492,12 @@ def _judged(check: CheckResult, baseline: dict[str, CheckResult] | None) -> Chec
                 f"({len(over[0]['ids'])}), so whether every baseline test ran cannot be shown — verify a "
                 "subset of the tests per command (several --verify commands), or judge the change yourself")
         return replace(check, passed=False, code=LIMIT, evidence="tests", signature=LIMIT, junit=kept,
+                       output_tail=(check.output_tail + note)[-2000:])
+    if junit is None and "[eval-agent] output cut at its bound" in check.output_tail[-200:]:   # ``checks.CUT``
+        # a pass that rests on what the command printed, of which a part was cut: could not verify
+        note = ("\n[eval-agent] its output passed its bound and was cut, so the pass it prints cannot be read "
+                "whole — have the runner print less (-q), or judge the change yourself")
+        return replace(check, passed=False, code=LIMIT, signature=LIMIT, evidence=basis, junit=kept,
                        output_tail=(check.output_tail + note)[-2000:])
     ev = evidence.judge(counts, base.counts if base else None, baseline_known=base is not None,
                         junit=junit, baseline_junit=base.junit if base else None)

@@ -47,7 +47,6 @@ from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, P
                                     Step, WrapUp)
 from roles.loop_agent.stop import StopDecision
 from roles.workspace import delivered
-from roles.workspace.errors import HistoryError
 from state_db import ending
 from state_db.errors import Conflict, OrgError
 from state_db.queries import loop as loopq, work as work_q
@@ -401,8 +400,8 @@ class LoopEngine(Acting):
                 it = iteration_row(self.w.conn, self.work_id, verdict.iteration)
                 target = delivered.rebuild(self.history, it.checkpoint, list(verdict.held_back), verdict.iteration)
                 if target is None:
-                    raise HistoryError(f"the verified tree {verdict.verified} is not in this host's history and "
-                                       "cannot be made again here", code="verified_unknown")
+                    raise delivered.VerifiedUnknown(f"the verified tree {verdict.verified} is not in this host's "
+                                                    "history and cannot be made again here")
             record = delivered.deliver(self.history, target, verdict.iteration).encode()
         except OrgError as exc:
             record = {"verified": verdict.verified, "held": None, "held_paths": [], "differs": [], "proved": False,

@@ -46,10 +46,17 @@ import pygit2
 import structlog
 
 from roles.workspace import shadow
+from roles.workspace.errors import HistoryError
 
 log = structlog.get_logger("workspace.delivered")
 
 HELD_REF = "refs/held/{n}"
+
+
+class VerifiedUnknown(HistoryError):
+    """The verified commit is not in this host's history and cannot be made again here."""
+
+    code = "verified_unknown"
 
 
 @dataclass(frozen=True)

@@ -132,8 +132,7 @@ def submit(caller: Caller, a: dict) -> dict:
         default_protect=a.get("default_protect", True), max_iterations=a.get("max_iterations"),
         budget_tokens=a.get("budget_tokens"), budget_usd=a.get("budget_usd"), timeout_s=a.get("timeout_s"),
         backend=a.get("backend"), worktree=bool(a.get("worktree")), review=a.get("review"),
-        idempotency_key=a.get("idempotency_key"), via=caller.via, scope=a.get("scope") or [],
-        no_review=bool(a.get("no_review"))), wait_s=float(a.get("wait_s", 60))).as_data()
+        idempotency_key=a.get("idempotency_key"), via=caller.via), wait_s=float(a.get("wait_s", 60))).as_data()
 
 
 def cancel(caller: Caller, a: dict) -> dict:
@@ -180,9 +179,6 @@ TOOLS = [
               worktree={"type": "boolean", "description": "work in a new git worktree and branch"},
               review={**S, "description": "criteria a model reviews each passing change against; it may veto "
                                           "(default: [review] criteria in org.toml)"},
-              scope={"type": "array", "items": S, "description": "globs that widen the change scope (by default only "
-                                                                 "edits to code and new code files in its packages)"},
-              no_review={"type": "boolean", "description": "no model review of passes (it is on by default)"},
               wait_s={"type": "number", "minimum": 0, "maximum": 600,
                       "description": "seconds to wait for the verify preflight on the baseline (default 60; 0: none)"},
               idempotency_key=KEY, **CAPS), submit),
