@@ -82,6 +82,16 @@ def _unlisted_config(ws: Path) -> None:
     (ws / "shim" / "calc" / "ops.py").write_text("def mean(xs):\n    return sum(xs) / len(xs)\n")
 
 
+def _plugin_declared_at_the_root(ws: Path) -> None:
+    """A distribution's metadata at the workspace root (on sys.path under ``python -m``) declares a
+    pytest plugin by entry point; the plugin swaps in a fixed mean. No list names either file."""
+    (ws / "zz-1.0.dist-info").mkdir()
+    (ws / "zz-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: zz\nVersion: 1.0\n")
+    (ws / "zz-1.0.dist-info" / "entry_points.txt").write_text("[pytest11]\nzz = zz_plugin\n")
+    (ws / "zz_plugin.py").write_text("def pytest_configure(config):\n    import calc.ops\n"
+                                     "    calc.ops.mean = lambda xs: sum(xs) / len(xs)\n")
+
+
 def test_an_honest_fix_with_a_new_module_in_its_package_reaches_goal_met(org_home, tmp_path):
     v, history = _verify(org_home, tmp_path, "w1", _honest)
     assert v.outcome == "pass" and v.goal_met
@@ -146,3 +156,35 @@ def test_the_construction_restores_protected_files_and_holds_the_rest():
     assert built.protected == ("tests/test_m.py",)
     assert built.edits == {"tests/test_m.py": (0o100644, "t"), "tests/test_new.py": None, ".env": None}
     assert [(h.path, h.kind) for h in built.held] == [(".env", OUT_OF_SCOPE), ("tests/test_new.py", OUT_OF_SCOPE)]
+
+
+def test_a_plugin_declared_outside_site_packages_never_reaches_the_checks(org_home, tmp_path):
+    """Out of the default scope; widened to everything, the held rules' second line still holds the
+    entry point; and the control — the verify command run plainly in the attacked workspace — passes."""
+    import subprocess
+    v, _ = _verify(org_home, tmp_path, "w1", _plugin_declared_at_the_root)
+    assert not v.goal_met and {h["path"] for h in v.held_back} == {
+        "zz-1.0.dist-info/METADATA", "zz-1.0.dist-info/entry_points.txt", "zz_plugin.py"}
+    widened, _ = _verify(org_home, tmp_path / "widened", "w2", _plugin_declared_at_the_root, scope=["**"])
+    assert not widened.goal_met
+    assert [h["kind"] for h in widened.held_back] == ["runner_install"]
+    plain = _project(tmp_path / "plain")
+    _plugin_declared_at_the_root(plain)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=plain,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout[-500:]          # the attack works where nothing defends
+
+
+def test_a_pass_needs_the_workspace_to_hold_what_was_recorded(org_home, tmp_path):
+    """A fifo is never recorded (and so never verified): while the workspace holds one, the fix is
+    not a pass; the verdict names it. The control, the same fix without it, is goal_met."""
+    import os
+
+    def fix_and_leave_a_fifo(ws: Path) -> None:
+        _honest(ws)
+        os.mkfifo(ws / "calc" / "pipe")
+    v, _ = _verify(org_home, tmp_path, "w1", fix_and_leave_a_fifo)
+    assert v.outcome == "fail" and not v.goal_met
+    assert "not verified" in v.feedback and "calc/pipe" in v.feedback
+    control, _ = _verify(org_home, tmp_path / "control", "w2", _honest)
+    assert control.goal_met

@@ -68,3 +68,48 @@ def test_the_comparison_reads_content_not_stat(tmp_path, ws):
     assert differences(ws, hist._repo, hist.tree_id(base)) == ["extra.py", "pipe", "pkg/mod.py"]
     (ws / "data.json").unlink()
     assert "data.json" in differences(ws, hist._repo, hist.tree_id(base))
+
+
+def test_a_change_inside_a_repository_nested_at_the_baseline_is_seen(tmp_path, ws):
+    """The history records a nested repository as its HEAD only: a file the doer changes in its
+    work tree after the baseline is found by its ctime, which the writer cannot set back."""
+    import time
+
+    nested = ws / "vendor" / "lib"
+    subprocess.run(["git", "init", "-q", str(nested)], check=True)
+    (nested / "mod.py").write_text("x = 1\n")
+    git = ["git", "-C", str(nested), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    hist = _hist(tmp_path, ws)
+    hist.baseline()
+    time.sleep(2.1)                                 # past the baseline's second
+    c1 = hist.checkpoint(1)
+    (nested / "__pycache__").mkdir()
+    (nested / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"cache")   # a test run's cache: not a change
+    assert hist.nested_touched(c1) == []            # the control: untouched
+    st = os.stat(nested / "mod.py")
+    (nested / "mod.py").write_text("x = 2\n")
+    os.utime(nested / "mod.py", ns=(st.st_atime_ns, st.st_mtime_ns))     # mtime put back; ctime cannot be
+    c2 = hist.checkpoint(2)
+    assert hist.tree_id(c1) == hist.tree_id(c2)     # the history cannot tell
+    assert hist.nested_touched(c2) == ["vendor/lib/mod.py"]
+
+
+def test_a_host_without_the_verified_commit_makes_the_same_tree_again(tmp_path, ws):
+    """The eval-agent may verify on another host: the verdict's list of what was held makes the
+    same tree here (and a part-rewritten file, which cannot be made again, says so)."""
+    from roles.eval_agent.scope import Scope, construct
+    from roles.workspace.delivered import rebuild
+    hist = _hist(tmp_path, ws)
+    base = hist.baseline()
+    (ws / "pkg" / "mod.py").write_text("def f():\n    return 2\n")
+    (ws / "data.json").write_text("[2]\n")
+    (ws / "notes.txt").write_text("mine\n")
+    c1 = hist.checkpoint(1)
+    built = construct(hist.entries(base), hist.entries(c1), scope=Scope(), protected=[], commands=["pytest"],
+                      read_base=lambda p: hist.read_path(base, p), read_target=lambda p: hist.read_path(c1, p))
+    there = hist.derive(c1, built.edits, "verified")
+    here = rebuild(hist, c1, [h.encode() for h in built.held], 1)
+    assert hist.tree_id(here) == hist.tree_id(there) != hist.tree_id(c1)
+    assert rebuild(hist, c1, [{"path": "x", "kind": "mixed_config", "treatment": "sections"}], 1) is None

@@ -123,3 +123,15 @@ def test_a_truncated_baseline_report_is_never_compared_in_part():
     assert _judged(check, {"c": base}).code == "verify_limit"
     assert _judged(replace(check, junit={**junit, "truncated": False}), {"c": replace(check)}).code == "verify_limit"
     assert review_mod.DIFF_CHARS > 0
+
+
+def test_a_pass_whose_printed_output_was_cut_is_could_not_verify(tmp_path):
+    """No report to rest on and the output past its bound: never a pass (the control, within the
+    bound, is one)."""
+    from roles.eval_agent.checks import run_check
+    from roles.eval_agent.verifier import _judged
+    loud = f"{sys.executable} -c \"print('x' * 5000); print('1 passed in 0.01s')\""
+    cut = _judged(run_check(loud, tmp_path, timeout_s=30, max_output=1000), None)
+    assert not cut.passed and cut.code == "verify_limit" and "was cut" in cut.output_tail
+    whole = _judged(run_check(loud, tmp_path, timeout_s=30, max_output=100_000), None)
+    assert whole.passed and whole.code is None

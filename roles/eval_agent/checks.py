@@ -18,6 +18,9 @@ from state_db.errors import OrgError
 from state_db.text import clean
 
 OUTPUT_TAIL = 2000
+# said at the end of a check's output cut at its bound: a pass that rests on the output (no runner
+# report) cannot be read whole, so the verifier calls it "could not verify" (``verify_limit``)
+CUT = "\n[eval-agent] output cut at its bound of {} bytes\n"
 _NOISE = [
     (re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),
     (re.compile(r"\b\d+(\.\d+)?\s*(s|ms|us|µs|sec|seconds)\b"), "<time>"),
@@ -123,6 +126,7 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
             else:
                 res = runner.run(command, cwd, timeout_s, max_output)
             code, text, timed_out = res.exit_code, res.output, res.timed_out
+            text += CUT.format(max_output) if getattr(res, "truncated", False) else ""
         except Exception as exc:  # noqa: BLE001 - the verifier's own failure, not the doer's
             raise VerifyUnavailable(f"verify command could not run: {exc}",
                                     code=exc.code if isinstance(exc, OrgError) else "sandbox_error") from exc
@@ -140,6 +144,7 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
         text, code = out[-max_output:].decode("utf-8", "replace"), proc.returncode
+        text += CUT.format(max_output) if len(out) > max_output else ""
     passed = code == 0 and not timed_out
     junit, canary = None, None
     text = clean(text)

@@ -7,6 +7,10 @@ For verification the eval-agent holds every such file to the baseline: the snaps
 has the baseline's version, or no file at all where the doer added one. The doer's version stays
 in the workspace and its checkpoints; it is only not what the verdict rests on.
 
+These rules are the second line. The first is the change scope (``scope``): the tree verified is
+built from the baseline and the doer's changes inside the run's scope, so most of these files
+never reach it; the rules below hold what the scope lets in (widened by ``--scope``, say).
+
 The kinds, and what happens to each (``HELD`` is the table, ``held_back`` applies it):
 
 | kind            | files                                                          | treatment          |
@@ -35,7 +39,7 @@ The kinds, and what happens to each (``HELD`` is the table, ``held_back`` applie
 | runner_install  | the test runner as installed in an environment inside the      | held to baseline   |
 |                 | workspace (``site-packages/{pytest,_pytest,pluggy}``, pytest's |                    |
 |                 | own dist-info, ``node_modules/{jest,vitest,mocha,…}``), and any|                    |
-|                 | installed package's ``entry_points.txt`` (how pytest plugins   |                    |
+|                 | ``entry_points.txt`` of any distribution, wherever (how pytest  |                    |
 |                 | load themselves)                                               |                    |
 
 "Held to baseline" never fails an iteration by itself: the checks run without the doer's change,
@@ -69,7 +73,8 @@ ENV_FILES = ("**/.env", "**/.env.*", ".envrc", "**/.npmrc", "**/.yarnrc", "**/.y
              ".python-version", ".node-version", ".nvmrc", ".tool-versions")
 RUNNER_INSTALL = ("**/site-packages/_pytest/**", "**/site-packages/pytest/**", "**/site-packages/pluggy/**",
                   "**/site-packages/py.py", "**/site-packages/pytest-*.dist-info/**",
-                  "**/site-packages/*.dist-info/entry_points.txt", "**/site-packages/*.egg-info/entry_points.txt",
+                  # anywhere, not only under site-packages: any folder on sys.path is scanned for them
+                  "**/*.dist-info/entry_points.txt", "**/*.egg-info/entry_points.txt",
                   "**/node_modules/{jest,jest-cli,jest-runner,@jest,vitest,@vitest,mocha,ava,tap,c8,nyc}/**",
                   "**/node_modules/.bin/{jest,vitest,mocha,ava,tap}")
 _RUNNER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "unittest", "nose", "nose2", "coverage",

@@ -17,6 +17,13 @@ model call, with a message that names the command and quotes what it said. The b
 result is kept: later verdicts compare their test counts with it. A baseline that already passes
 asks a human (a pending ``baseline_passes`` decision) whether to go on.
 
+Every bound on the verification path fails closed: a runner report listing more tests than are
+compared, output cut past its bound where the pass would rest on it (``checks``), a change larger
+than the review reads (``review``) give an ``error`` verdict coded ``verify_limit`` or
+``review_too_large`` — "could not verify", the run ends for a human — never a pass and never a
+comparison skipped. A pass also needs the live workspace to hold what the checkpoint recorded,
+read file by file (``DELIVERED_CHECK``): what the history could not record was never verified.
+
 A check that cannot start during the run is never blamed on the doer: the verdict is ``error``,
 its check carries the code (``verify_unrunnable``, ``sandbox_failed``, ``verifier_error``), and
 the run ends ``verify_unrunnable`` in the same transaction (it does not pause for a decision: the
@@ -339,11 +346,12 @@ class Verifier:
     def _unrecorded(self, history, commit: str) -> list[str]:
         """Paths where the live workspace differs from checkpoint ``commit``, read file by file
         (build caches aside: delivery removes them). What differs there was never recorded, so
-        never verified, and would still be in the user's workspace at goal_met. A history of
-        another host's workspace (``remote``) is not read from here."""
+        never verified, and would still be in the user's workspace at goal_met; so are files
+        changed inside a repository nested there at the baseline (its work tree is not recorded).
+        A history of another host's workspace (``remote``) is not read from here."""
         if getattr(history, "remote", None) or not Path(history.workspace).is_dir():
             return []
-        return history.workspace_differences(commit, skip_caches=True)
+        return history.workspace_differences(commit, skip_caches=True) + history.nested_touched(commit)
 
     def _construct(self, history, work: WorkItem, commit: str, n: int) -> tuple[str, scope_rules.Construction]:
         """The commit of the tree the checks of ``commit`` run on — the baseline plus the doer's
@@ -548,6 +556,12 @@ def _judged(check: CheckResult, baseline: dict[str, CheckResult] | None) -> Chec
                 f"({len(over[0]['ids'])}), so whether every baseline test ran cannot be shown — verify a "
                 "subset of the tests per command (several --verify commands), or judge the change yourself")
         return replace(check, passed=False, code=LIMIT, evidence="tests", signature=LIMIT, junit=kept,
+                       output_tail=(check.output_tail + note)[-2000:])
+    if junit is None and "[eval-agent] output cut at its bound" in check.output_tail[-200:]:   # ``checks.CUT``
+        # a pass that rests on what the command printed, of which a part was cut: could not verify
+        note = ("\n[eval-agent] its output passed its bound and was cut, so the pass it prints cannot be read "
+                "whole — have the runner print less (-q), or judge the change yourself")
+        return replace(check, passed=False, code=LIMIT, signature=LIMIT, evidence=basis, junit=kept,
                        output_tail=(check.output_tail + note)[-2000:])
     ev = evidence.judge(counts, base.counts if base else None, baseline_known=base is not None,
                         junit=junit, baseline_junit=base.junit if base else None)

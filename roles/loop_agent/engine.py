@@ -442,7 +442,14 @@ class LoopEngine(Acting):
         if work.delivered or verdict is None or not verdict.verified:
             return
         try:
-            record = delivered.deliver(self.history, verdict.verified, verdict.iteration).encode()
+            target = verdict.verified
+            if self.history.tree_or_none(target) is None:     # made by an eval-agent on another host
+                it = iteration_row(self.w.conn, self.work_id, verdict.iteration)
+                target = delivered.rebuild(self.history, it.checkpoint, list(verdict.held_back), verdict.iteration)
+                if target is None:
+                    raise delivered.VerifiedUnknown(f"the verified tree {verdict.verified} is not in this host's "
+                                                    "history and cannot be made again here")
+            record = delivered.deliver(self.history, target, verdict.iteration).encode()
         except OrgError as exc:
             record = {"verified": verdict.verified, "held": None, "held_paths": [], "differs": [], "proved": False,
                       "error": exc.code, "detail": str(exc)[:400]}

@@ -18,8 +18,9 @@ Why no byte the user runs can differ from a byte the checks ran:
    first, apart, as a commit of their own (``refs/held/<n>``: ``org export ID --held`` writes
    them as a patch, ``org apply ID --held`` applies it).
 4. *It is proved, not assumed.* ``differences`` then reads every file of the workspace and
-   compares its git object id — a hash of its content — and its mode with the verified tree's
-   (not a stat: a file whose stat was kept while its content changed is caught). A workspace
+   compares its git object id — a hash of its content, read without following links or blocking
+   (``blob_id``) — and its mode with the verified tree's (not a stat: a file whose stat was kept
+   while its content changed is caught). A workspace
    that holds anything else is not delivered: the difference is recorded, and it is what
    ``org show`` reports.
 
@@ -27,12 +28,15 @@ Before any of this, a pass needs the live workspace to hold what the checkpoint 
 the same way (``eval_agent.verifier``): a file the history could not record (a fifo, a file
 changed after the checkpoint was taken) makes the iteration fail instead of reaching goal_met.
 
-The one part of a workspace this does not read is the work tree of a repository nested in it at
-the baseline (recorded as its ``HEAD``, as git records it): the user's own checkout, which the
-checks never see either (a snapshot holds an empty folder there).
+The one part of a workspace the history does not record is the work tree of a repository nested
+in it at the baseline (recorded as its ``HEAD``, as git records it): the user's own checkout,
+which the checks never see either (a snapshot holds an empty folder there). Its files are not
+compared by content; instead any of them changed after the baseline was recorded — by its
+ctime, which an unprivileged process cannot set back — makes the pass fail (``touched_since``).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from dataclasses import asdict, dataclass
@@ -42,10 +46,17 @@ import pygit2
 import structlog
 
 from roles.workspace import shadow
+from roles.workspace.errors import HistoryError
 
 log = structlog.get_logger("workspace.delivered")
 
 HELD_REF = "refs/held/{n}"
+
+
+class VerifiedUnknown(HistoryError):
+    """The verified commit is not in this host's history and cannot be made again here."""
+
+    code = "verified_unknown"
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,31 @@ class Delivery:
 
     def encode(self) -> dict:
         return {**asdict(self), "proved": self.proved}
+
+
+def blob_id(path: bytes) -> str | None:
+    """The git object id of the regular file at ``path``, read from its content (opened without
+    following a link and without blocking: a sandboxed process may have put anything there);
+    None when it is not a regular file by the time it is opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        digest = hashlib.sha1(b"blob %d\0" % st.st_size)
+        left = st.st_size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                return None                     # shrank while read: not the file that was there
+            digest.update(chunk)
+            left -= len(chunk)
+        return digest.hexdigest() if not os.read(fd, 1) else None
+    finally:
+        os.close(fd)
 
 
 def differences(workspace: Path, repo: pygit2.Repository, tree: pygit2.Oid | str, *,
@@ -112,8 +148,7 @@ def differences(workspace: Path, repo: pygit2.Repository, tree: pygit2.Oid | str
                 same = mode == 0o120000 and pygit2.hash(os.readlink(entry.path)) == oid
             elif stat.S_ISREG(st.st_mode):
                 executable = bool(st.st_mode & stat.S_IXUSR)
-                same = (mode == (0o100755 if executable else 0o100644)
-                        and pygit2.hashfile(os.fsdecode(entry.path)) == oid)
+                same = mode == (0o100755 if executable else 0o100644) and blob_id(entry.path) == str(oid)
             else:
                 same = False                    # a fifo, a socket, a device: never part of a tree
             if not same:
@@ -125,11 +160,57 @@ def differences(workspace: Path, repo: pygit2.Repository, tree: pygit2.Oid | str
     return sorted(found)
 
 
+def touched_since(workspace: Path, folders: list[str], since_ns: int, *, limit: int = 20) -> list[str]:
+    """Files below ``folders`` (of ``workspace``; their ``.git`` aside) whose inode changed after
+    ``since_ns`` (ctime: set by the kernel on every write, rename or chmod, and not settable by
+    the process that wrote). Links are not followed."""
+    found: list[str] = []
+    top = os.fsencode(workspace)
+    stack = [os.fsencode(f) for f in folders]
+    while stack and len(found) < limit:
+        rel = stack.pop()
+        try:
+            entries = list(os.scandir(top + b"/" + rel))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for entry in entries:
+            if entry.name == b".git" or entry.name in shadow.CACHE_DIRS:
+                continue                        # build caches are removed at delivery
+            sub = rel + b"/" + entry.name
+            st = os.lstat(entry.path)
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(sub)               # a folder's ctime moves with its caches: its files say more
+            elif st.st_ctime_ns > since_ns:
+                found.append(os.fsdecode(sub))
+    return sorted(found)[:limit]
+
+
 def _nested_left(paths: list[str], tree: set[str]) -> list[str]:
     """The folders of repositories the doer nested that are not part of ``tree`` (their ``.git``
     is what is left of them after a reset)."""
     folders = {p.split("/.git/", 1)[0] for p in paths if "/.git/" in p}
     return sorted(f for f in folders if f not in tree and not any(t.startswith(f + "/") for t in tree))
+
+
+# how a verdict says a held path was put in the verified tree (``eval_agent.held``'s treatments)
+_RESTORED, _REMOVED = "restored from the baseline", "left out (added by the doer)"
+
+
+def rebuild(history, checkpoint: str, held: list[dict], n: int) -> str | None:
+    """The verified commit of ``checkpoint`` made again from the verdict's list of what was held
+    (each path back to the baseline's version, or left out), for a host whose history lacks the
+    commit the eval-agent made on another. None when a held path was rewritten in part (test
+    sections of a mixed file): that cannot be made again here. Raises: UnknownCommit."""
+    base = history.entries(None)
+    edits: dict = {}
+    for h in held:
+        if h.get("treatment") == _RESTORED and h["path"] in base:
+            edits[h["path"]] = base[h["path"]]
+        elif h.get("treatment") == _REMOVED:
+            edits[h["path"]] = None
+        else:
+            return None
+    return history.derive(checkpoint, edits, f"loop-org verified tree\n\niteration: {n}")
 
 
 def deliver(history, verified: str, n: int) -> Delivery:

@@ -228,6 +228,27 @@ class HistoryViews:
         return differences(Path(self.workspace), self._repo, self._tree_of(self._commit_of(commit)),
                            skip_caches=skip_caches)
 
+    def nested_touched(self, commit: str) -> list[str]:
+        """Files inside the repositories nested in the workspace at the baseline (and still in
+        ``commit``) changed since the baseline was recorded (``delivered.touched_since``)."""
+        from roles.workspace.delivered import touched_since
+        base = self._commit_of(BASELINE_REF)
+        kept = {p for p, (mode, _) in shadow.files(self._repo, self._tree_of(self._commit_of(commit))).items()
+                if mode == 0o160000}
+        nested = sorted(p for p, (mode, _) in shadow.files(self._repo, self._tree_of(base)).items()
+                        if mode == 0o160000 and p in kept)
+        if not nested:
+            return []
+        since = (self._repo[base].commit_time + 1) * 1_000_000_000
+        return touched_since(Path(self.workspace), nested, since)
+
+    def tree_or_none(self, commit: str) -> str | None:
+        """The tree id of ``commit``, or None when this history does not hold it."""
+        try:
+            return str(self._tree_of(self._commit_of(commit)))
+        except HistoryError:
+            return None
+
     def parent_of(self, commit: str) -> str | None:
         """The first parent of ``commit`` (None for a root commit). Raises: UnknownCommit."""
         parents = self._repo[self._commit_of(commit)].parent_ids
