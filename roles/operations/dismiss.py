@@ -51,7 +51,7 @@ def dismiss(home: OrgHome, work_id: str, *, idempotency_key: str | None = None, 
         return {"id": work_id, "stop_reason": item.stop_reason, "by": signed(writer), "at": tx.now, "changed": True}
 
     try:
-        result, _ = writer.run_once(idempotency_key or uuid.uuid4().hex, "dismiss", do)
+        result, _ = writer.run_once(idempotency_key or uuid.uuid4().hex, "dismiss", do, args={"id": work_id})
     finally:
         writer.close()
     return Dismissed(**result)

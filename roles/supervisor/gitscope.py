@@ -44,25 +44,16 @@ class Scope:
                              hint="a host fetches only the histories of work items it holds or held")
 
 
-def _instances(conn, host: str) -> dict[str, str]:
-    rows = conn.execute("SELECT instance, role FROM peers WHERE host = ?", (host,)).fetchall()
-    return {r[0]: r[1] for r in rows}
-
-
 def scope_of(conn, host: str, work_id: str, *, heartbeat_timeout_s: float = 10.0) -> Scope:
     """The scope of ``host`` on ``work_id`` as the store has it now (read-only)."""
-    mine = _instances(conn, host)
-    row = conn.execute("SELECT assigned_to, status FROM work_items WHERE id = ?", (work_id,)).fetchone()
-    last = conn.execute("SELECT MAX(n) FROM iterations WHERE work_id = ?", (work_id,)).fetchone()
-    nxt = int((last[0] if last and last[0] is not None else 0)) + 1
+    from state_db.queries.peers import host_touch, instances_of_host
+    mine = instances_of_host(conn, host)
+    touch = host_touch(conn, work_id, mine)
+    row, nxt = touch["item"], touch["next"]
     if not mine or row is None:
         return Scope(host, work_id, False, False, nxt)
     holds = row[0] in mine and row[1] != "ended"
-    marks = ",".join("?" * len(mine))
-    ran = conn.execute(f"SELECT 1 FROM attempts WHERE work_id = ? AND instance IN ({marks}) LIMIT 1",
-                       (work_id, *mine)).fetchone() is not None
-    judged = conn.execute(f"SELECT 1 FROM verdicts WHERE work_id = ? AND written_by IN ({marks}) LIMIT 1",
-                          (work_id, *mine)).fetchone() is not None
+    ran, judged = touch["ran"], touch["judged"]
     verifies = False
     if not (holds or ran or judged) and "eval-agent" in mine.values():
         from roles.instances import stored_eval_agents

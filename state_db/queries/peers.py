@@ -88,3 +88,26 @@ def live_eval_agents(conn: sqlite3.Connection, *, heartbeat_timeout_s: float, no
                              AND r.heartbeat_at IS NOT NULL AND r.heartbeat_at >= ?
                            ORDER BY p.instance""", (now - heartbeat_timeout_s,))
     return [Peer.from_row(r) for r in rows]
+
+
+def instances_of_host(conn, host: str) -> dict[str, str]:
+    """The instances registered for ``host``: instance -> role."""
+    return {r[0]: r[1] for r in conn.execute("SELECT instance, role FROM peers WHERE host = ?", (host,)).fetchall()}
+
+
+def host_touch(conn, work_id: str, instances) -> dict:
+    """What a host's ``instances`` have to do with ``work_id``: ``assigned_to`` and ``status`` of
+    the item (None when it does not exist), the next iteration's number, whether one of them ran
+    an attempt of it (``ran``) and whether one of them wrote a verdict on it (``judged``)."""
+    row = conn.execute("SELECT assigned_to, status FROM work_items WHERE id = ?", (work_id,)).fetchone()
+    last = conn.execute("SELECT MAX(n) FROM iterations WHERE work_id = ?", (work_id,)).fetchone()
+    out = {"item": None if row is None else (row[0], row[1]),
+           "next": int((last[0] if last and last[0] is not None else 0)) + 1, "ran": False, "judged": False}
+    mine = list(instances)
+    if mine:
+        marks = ",".join("?" * len(mine))
+        out["ran"] = conn.execute(f"SELECT 1 FROM attempts WHERE work_id = ? AND instance IN ({marks}) LIMIT 1",
+                                  (work_id, *mine)).fetchone() is not None
+        out["judged"] = conn.execute(f"SELECT 1 FROM verdicts WHERE work_id = ? AND written_by IN ({marks}) LIMIT 1",
+                                     (work_id, *mine)).fetchone() is not None
+    return out
