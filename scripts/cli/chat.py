@@ -199,11 +199,17 @@ def line_reader(history: Path | None, interactive: bool) -> Callable[[], str | N
         atexit.register(save)
 
     def read_typed() -> str | None:
+        # input() edits the line with readline only while sys.stdout is the terminal itself: the
+        # prompt is ours, so it is read with the real streams, and what is printed stays neutralised
+        shown_out, shown_err = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         try:
             return input(PROMPT)
         except EOFError:
             print()
             return None
+        finally:
+            sys.stdout, sys.stderr = shown_out, shown_err
     return read_typed
 
 
