@@ -10,11 +10,10 @@ import pytest
 
 from roles.eval_agent import canaries
 from roles.eval_agent.verifier import Verifier
-from roles.workspace.history import WorkspaceHistory
 from state_db.queries import work as work_q
 from state_db.vocab import Actor, StopReason
 from state_db.writer import StateWriter
-from tests.support.loop import submit
+from tests.support.loop import commit_iteration, submit
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -77,12 +76,7 @@ def _verify(org_home, ws, change, *, verify=(PYTEST,), canaries_on=True, wid="w1
                         canaries=canaries_on)
     pre = verifier.verify(wid, 0)
     change(ws)
-    checkpoint = WorkspaceHistory(org_home.history_dir / f"{wid}.git", ws).checkpoint(1)
-    lw = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
-    with lw.transaction() as tx:
-        tx.insert("iterations", {"work_id": wid, "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
-                                 "checkpoint": checkpoint, "committed_at": tx.now})
-    lw.close()
+    commit_iteration(org_home, ws, wid)
     v = verifier.verify(wid, 1)
     return pre, v, work_q.item(verifier.writer.conn, wid)
 

@@ -12,11 +12,10 @@ import pytest
 from roles.eval_agent import runnable
 from roles.eval_agent.checks import CheckResult
 from roles.eval_agent.verifier import Verifier
-from roles.workspace.history import WorkspaceHistory
 from state_db.queries import work as work_q
 from state_db.vocab import Actor, StopReason
 from state_db.writer import StateWriter
-from tests.support.loop import submit
+from tests.support.loop import commit_iteration, submit
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -129,12 +128,7 @@ def test_an_installed_package_that_lost_its_module_during_the_run_is_the_machine
     assert verifier.verify("w1", 0).outcome == "ready"
     (site / "helperdep.py").unlink()
     (ws / "calc.py").write_text(FIXED)
-    checkpoint = WorkspaceHistory(org_home.history_dir / "w1.git", ws).checkpoint(1)
-    lw = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
-    with lw.transaction() as tx:
-        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
-                                 "checkpoint": checkpoint, "committed_at": tx.now})
-    lw.close()
+    commit_iteration(org_home, ws, "w1")
     v = verifier.verify("w1", 1)
     work = work_q.item(verifier.writer.conn, "w1")
     assert v.outcome == "error" and v.checks[0].code == "environment_failed"
@@ -163,12 +157,7 @@ def test_forced_colour_reaches_no_verdict_feedback_or_prompt(org_home, tmp_path)
     pre = verifier.verify("w1", 0)
     assert pre.outcome == "ready" and "\x1b" not in pre.checks[0].output_tail
     (ws / "calc.py").write_text(CALC + "\n# still wrong\n")
-    checkpoint = WorkspaceHistory(org_home.history_dir / "w1.git", ws).checkpoint(1)
-    lw = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
-    with lw.transaction() as tx:
-        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
-                                 "checkpoint": checkpoint, "committed_at": tx.now})
-    lw.close()
+    commit_iteration(org_home, ws, "w1")
     v = verifier.verify("w1", 1)
     assert v.outcome == "fail" and "assert" in v.feedback and "\x1b" not in v.feedback
     prompt = assemble("fix \x1b[31mmean\x1b[0m", "instructions", [], [("k1", "note \x1b]52;c;eA==\x07")], [], [],

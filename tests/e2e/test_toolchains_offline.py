@@ -114,3 +114,24 @@ def test_tox_with_an_environment_created_before_the_run(org, wheels, tox_tool, t
     subprocess.run(["tox", "-e", "py", "--notest"], cwd=ws, check=True, capture_output=True, timeout=300,
                    env={**env, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)})
     run_to_goal(org, ws, "tox -e py", fix_script(tmp_path, "calc.py", "a - b", "a + b"), env)
+
+
+def test_nox_reusing_a_session_environment_created_before_the_run(org, wheels, tmp_path):  # noqa: F811
+    """nox in its own virtual environment named by path; ``-R`` reuses the session's environment
+    and installs nothing (offline)."""
+    got = subprocess.run([PY, "-m", "pip", "download", "-q", "-d", str(wheels), "nox"], capture_output=True,
+                         text=True, timeout=180)
+    if got.returncode != 0:
+        pytest.skip(f"cannot fetch nox's wheels: {got.stderr.strip()[-300:]}")
+    venv = tmp_path / "nox-venv"
+    subprocess.run([str(BASE / "bin" / "python3"), "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--find-links",
+                    str(wheels), "nox"], check=True, capture_output=True, timeout=180)
+    ws = python_project(tmp_path, "nox-project", {
+        ".gitignore": ".nox/\n",
+        "noxfile.py": "import nox\n\n\n@nox.session\ndef tests(session):\n    session.install('pytest')\n"
+                      "    session.run('pytest', '-q')\n"})
+    env = submitter([venv / "bin", "/usr/bin", "/bin"])
+    subprocess.run([str(venv / "bin" / "nox"), "-s", "tests", "--install-only"], cwd=ws, check=True,
+                   capture_output=True, timeout=300, env={**env, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)})
+    run_to_goal(org, ws, f"{venv}/bin/nox -s tests -R", fix_script(tmp_path, "calc.py", "a - b", "a + b"), env)
