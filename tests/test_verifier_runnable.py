@@ -163,3 +163,14 @@ def test_forced_colour_reaches_no_verdict_feedback_or_prompt(org_home, tmp_path)
     prompt = assemble("fix \x1b[31mmean\x1b[0m", "instructions", [], [("k1", "note \x1b]52;c;eA==\x07")], [], [],
                       "\x1b[1mFAILED\x1b[0m test_mean", 2)
     assert "\x1b" not in prompt.variable and "\x07" not in prompt.variable and "FAILED test_mean" in prompt.variable
+
+
+def test_a_runtime_the_memory_bound_stopped_before_any_test_is_the_machines():
+    """vitest's bundler under the sandbox's address-space limit: no summary, the runtime's words."""
+    wasm = _check("RangeError: WebAssembly.instantiate(): Out of memory: Cannot allocate Wasm memory for new "
+                  "instance\n\nNode.js v20.20.2\n", exit_code=1, command="npm test")
+    what, hint = runnable.why_not_ran(wasm, dependencies=set(), workspace_modules=set())
+    assert what.startswith("the sandbox's memory bound stopped it (") and "sandbox.memory_mb" in hint
+    ran = _check("Cannot allocate memory\nTests:       1 failed, 1 total\n", exit_code=1, command="npm test",
+                 tests={"runner": "jest", "failed": 1})
+    assert runnable.why_not_ran(ran, dependencies=set(), workspace_modules=set()) is None
