@@ -173,3 +173,28 @@ def test_npm_test_with_vitest_or_jest(org, node_modules, tmp_path, runner, scrip
     subprocess.run(["cp", "-a", str(node_modules), str(ws / "node_modules")], check=True, timeout=120)
     env = submitter([Path(shutil.which("npm")).parent, "/usr/bin", "/bin"])
     run_to_goal(org, ws, "npm test", fix_script(tmp_path, "calc.js", "a - b", "a + b"), env)
+
+
+def test_poetry_run_pytest_with_the_projects_in_project_environment(org, wheels, tmp_path):  # noqa: F811
+    """poetry installed pipx-style; the project's environment in ``.venv`` (poetry.toml's
+    ``virtualenvs.in-project``), made before the run."""
+    got = subprocess.run([PY, "-m", "pip", "download", "-q", "-d", str(wheels), "poetry"], capture_output=True,
+                         text=True, timeout=240)
+    if got.returncode != 0:
+        pytest.skip(f"cannot fetch poetry's wheels: {got.stderr.strip()[-300:]}")
+    tools = tmp_path / "pipx"
+    subprocess.run([str(BASE / "bin" / "python3"), "-m", "venv", str(tools / "venvs" / "poetry")], check=True,
+                   timeout=120)
+    subprocess.run([str(tools / "venvs" / "poetry" / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
+                    "--find-links", str(wheels), "poetry"], check=True, capture_output=True, timeout=300)
+    (tools / "bin").mkdir()
+    (tools / "bin" / "poetry").symlink_to(tools / "venvs" / "poetry" / "bin" / "poetry")
+    ws = python_project(tmp_path, "poetry-project", {
+        ".gitignore": ".venv/\n", "poetry.toml": "[virtualenvs]\nin-project = true\n",
+        "pyproject.toml": '[tool.poetry]\nname = "calc"\nversion = "0.1.0"\ndescription = ""\nauthors = []\n'
+                          'package-mode = false\n\n[tool.poetry.dependencies]\npython = "^3.11"\n\n'
+                          '[tool.poetry.group.dev.dependencies]\npytest = "*"\n'})
+    subprocess.run([str(BASE / "bin" / "python3"), "-m", "venv", "--without-pip", str(ws / ".venv")], check=True)
+    install_pytest(ws / ".venv" / "bin" / "python", wheels)
+    env = submitter([tools / "bin", "/usr/bin", "/bin"])
+    run_to_goal(org, ws, "poetry run pytest -q", fix_script(tmp_path, "calc.py", "a - b", "a + b"), env)
