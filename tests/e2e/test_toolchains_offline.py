@@ -198,3 +198,24 @@ def test_poetry_run_pytest_with_the_projects_in_project_environment(org, wheels,
     install_pytest(ws / ".venv" / "bin" / "python", wheels)
     env = submitter([tools / "bin", "/usr/bin", "/bin"])
     run_to_goal(org, ws, "poetry run pytest -q", fix_script(tmp_path, "calc.py", "a - b", "a + b"), env)
+
+
+def test_hatch_run_with_an_environment_created_before_the_run(org, wheels, tmp_path):  # noqa: F811
+    got = subprocess.run([PY, "-m", "pip", "download", "-q", "-d", str(wheels), "hatch"], capture_output=True,
+                         text=True, timeout=240)
+    if got.returncode != 0:
+        pytest.skip(f"cannot fetch hatch's wheels: {got.stderr.strip()[-300:]}")
+    venv = tmp_path / "hatch-venv"
+    subprocess.run([str(BASE / "bin" / "python3"), "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--find-links",
+                    str(wheels), "hatch"], check=True, capture_output=True, timeout=300)
+    ws = python_project(tmp_path, "hatch-project", {
+        ".gitignore": ".venv/\n",
+        "pyproject.toml": '[project]\nname = "calc"\nversion = "0.1.0"\nrequires-python = ">=3.11"\n\n'
+                          '[tool.hatch.envs.default]\npath = ".venv"\nskip-install = true\ndependencies = ["pytest"]\n'
+                          '[tool.hatch.envs.default.scripts]\ntest = "pytest -q"\n'})
+    env = submitter([venv / "bin", "/usr/bin", "/bin"])
+    subprocess.run([str(venv / "bin" / "hatch"), "env", "create"], cwd=ws, check=True, capture_output=True,
+                   timeout=300, env={**env, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels),
+                                     "UV_OFFLINE": "1", "UV_FIND_LINKS": str(wheels)})
+    run_to_goal(org, ws, "hatch run test", fix_script(tmp_path, "calc.py", "a - b", "a + b"), env)
