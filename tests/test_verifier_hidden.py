@@ -134,3 +134,18 @@ def test_copy_into_replaces_links_on_the_way_and_refuses_links_in_the_folder(tmp
     (folder / "tests" / "link.py").symlink_to("/etc/hostname")
     with pytest.raises(hidden.HiddenError):
         hidden.copy_into(snap, str(folder))
+
+
+def test_verify_hidden_in_org_toml_is_every_submits_default_and_the_flag_overrides_it(org_home, tmp_path,
+                                                                                    monkeypatch):
+    from state_db.config import Config
+    ws, folder = _setup(tmp_path)
+    other = tmp_path / "other-held-out"
+    other.mkdir()
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-not-used")
+    cfg = Config({"verify": {"hidden": str(folder)}})
+    plain = SubmitRequest(goal="g", workspace=str(ws), verify=[PYTEST])
+    assert check(org_home, cfg, plain).verify_hidden == str(folder.resolve())
+    flagged = SubmitRequest(goal="g", workspace=str(ws), verify=[PYTEST], verify_hidden=str(other))
+    assert check(org_home, cfg, flagged).verify_hidden == str(other.resolve())
+    assert check(org_home, Config({}), plain).verify_hidden == ""
