@@ -174,3 +174,30 @@ def test_a_runtime_the_memory_bound_stopped_before_any_test_is_the_machines():
     ran = _check("Cannot allocate memory\nTests:       1 failed, 1 total\n", exit_code=1, command="npm test",
                  tests={"runner": "jest", "failed": 1})
     assert runnable.why_not_ran(ran, dependencies=set(), workspace_modules=set()) is None
+
+
+def test_an_environment_failure_during_a_run_is_no_lesson_and_no_repeated_failure(org_home, tmp_path):
+    """Through the loop engine: the doer's act fixes the code while the environment loses a module
+    an installed package imports; the verdict is the machine's error, the run ends
+    verify_unrunnable, and the iteration carries no lesson."""
+    from tests.support.loop import BUGGY, FIXED, ScriptedActs, engine, make_workspace
+    from tests.support.org import query
+    site = tmp_path / "env" / "lib" / "site-packages"
+    (site / "helperlib").mkdir(parents=True)
+    (site / "helperlib" / "__init__.py").write_text("import helperdep\n")
+    (site / "helperdep.py").write_text("X = 1\n")
+    ws = make_workspace(tmp_path)
+    (ws / "tests" / "test_lib.py").write_text("import helperlib\n\n\ndef test_lib():\n    pass\n")
+    submit(org_home, ws, verify=(f"cd {ws} && PYTHONPATH={site}:{ws} {PYTEST}",))
+
+    class LosesItsEnvironment(ScriptedActs):
+        def act(self, ctx, *, on_usage, budget_left):
+            (site / "helperdep.py").unlink(missing_ok=True)
+            return super().act(ctx, on_usage=on_usage, budget_left=budget_left)
+    assert (ws / "calc.py").read_text() == BUGGY
+    decision = engine(org_home, "w1", LosesItsEnvironment([[{"write": {"calc.py": FIXED}}]])).run()
+    assert decision.reason == StopReason.VERIFY_UNRUNNABLE
+    rows = query(org_home, "SELECT n, lesson FROM iterations WHERE work_id='w1'")
+    assert rows == [{"n": 1, "lesson": None}]
+    verdict = query(org_home, "SELECT outcome, checks FROM verdicts WHERE work_id='w1'")[0]
+    assert verdict["outcome"] == "error" and "environment_failed" in verdict["checks"]
