@@ -227,3 +227,13 @@ def test_canary_names_avoid_the_words_of_a_k_expression_so_selection_depends_on_
         planted = canaries.plant(tmp_path, ["test_x.py"], {"test_x.py": b"def test_a():\n    pass\n"},
                                  random.Random(seed), avoid=avoid)
         assert planted.canaries and not any(w in c.name for c in planted.canaries for w in avoid)
+
+
+def test_a_k_in_the_projects_pytest_addopts_is_avoided_too(org_home, tmp_path):
+    """``addopts = -k "parse or keeps"`` in pytest.ini: the canaries' names avoid its words, so
+    the ones the baseline ran run at every verification, and an honest fix passes."""
+    ws = _repo(tmp_path)
+    (ws / "pytest.ini").write_text('[pytest]\naddopts = -k "mean or single or other or parse or keeps"\n')
+    pre, v, work = _verify(org_home, ws, _fix)
+    assert pre.checks[0].canary["hosts"] == ["tests/test_other.py"]       # "other" selects that file's tests
+    assert v.goal_met and v.checks[0].canary == {"planted": 2, "forged": None}
