@@ -10,11 +10,10 @@ import pytest
 
 from roles.eval_agent import canaries
 from roles.eval_agent.verifier import Verifier
-from roles.workspace.history import WorkspaceHistory
 from state_db.queries import work as work_q
 from state_db.vocab import Actor, StopReason
 from state_db.writer import StateWriter
-from tests.support.loop import submit
+from tests.support.loop import commit_iteration, submit
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -78,12 +77,7 @@ def _verify(org_home, ws, change, *, verify=(PYTEST,), canaries_on=True, wid="w1
                         canaries=canaries_on)
     pre = verifier.verify(wid, 0)
     change(ws)
-    checkpoint = WorkspaceHistory(org_home.history_dir / f"{wid}.git", ws).checkpoint(1)
-    lw = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
-    with lw.transaction() as tx:
-        tx.insert("iterations", {"work_id": wid, "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
-                                 "checkpoint": checkpoint, "committed_at": tx.now})
-    lw.close()
+    commit_iteration(org_home, ws, wid)
     v = verifier.verify(wid, 1)
     return pre, v, work_q.item(verifier.writer.conn, wid)
 
@@ -235,3 +229,13 @@ def test_canary_names_avoid_the_words_of_a_k_expression_so_selection_depends_on_
         planted = canaries.plant(tmp_path, ["test_x.py"], {"test_x.py": b"def test_a():\n    pass\n"},
                                  random.Random(seed), avoid=avoid)
         assert planted.canaries and not any(w in c.name for c in planted.canaries for w in avoid)
+
+
+def test_a_k_in_the_projects_pytest_addopts_is_avoided_too(org_home, tmp_path):
+    """``addopts = -k "parse or keeps"`` in pytest.ini: the canaries' names avoid its words, so
+    the ones the baseline ran run at every verification, and an honest fix passes."""
+    ws = _repo(tmp_path)
+    (ws / "pytest.ini").write_text('[pytest]\naddopts = -k "mean or single or other or parse or keeps"\n')
+    pre, v, work = _verify(org_home, ws, _fix)
+    assert pre.checks[0].canary["hosts"] == ["tests/test_other.py"]       # "other" selects that file's tests
+    assert v.goal_met and v.checks[0].canary == {"planted": 2, "forged": None}

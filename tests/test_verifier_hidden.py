@@ -12,12 +12,11 @@ import pytest
 from roles.eval_agent import hidden
 from roles.eval_agent.verifier import Verifier
 from roles.operations.submit import SubmitError, SubmitRequest, check
-from roles.workspace.history import WorkspaceHistory
 from state_db.config import load_config
 from state_db.queries import work as work_q
 from state_db.vocab import Actor, StopReason
 from state_db.writer import StateWriter
-from tests.support.loop import submit
+from tests.support.loop import commit_iteration, submit
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -52,12 +51,7 @@ def _verify(org_home, ws, folder, change):
     verifier = Verifier(org_home, StateWriter(org_home.db_path, Actor.EVAL_AGENT, "eval-agent"), timeout_s=120)
     pre = verifier.verify("w1", 0)
     change(ws)
-    checkpoint = WorkspaceHistory(org_home.history_dir / "w1.git", ws).checkpoint(1)
-    lw = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
-    with lw.transaction() as tx:
-        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
-                                 "checkpoint": checkpoint, "committed_at": tx.now})
-    lw.close()
+    commit_iteration(org_home, ws, "w1")
     return pre, verifier.verify("w1", 1), work_q.item(verifier.writer.conn, "w1")
 
 
@@ -140,3 +134,18 @@ def test_copy_into_replaces_links_on_the_way_and_refuses_links_in_the_folder(tmp
     (folder / "tests" / "link.py").symlink_to("/etc/hostname")
     with pytest.raises(hidden.HiddenError):
         hidden.copy_into(snap, str(folder))
+
+
+def test_verify_hidden_in_org_toml_is_every_submits_default_and_the_flag_overrides_it(org_home, tmp_path,
+                                                                                    monkeypatch):
+    from state_db.config import Config
+    ws, folder = _setup(tmp_path)
+    other = tmp_path / "other-held-out"
+    other.mkdir()
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-not-used")
+    cfg = Config({"verify": {"hidden": str(folder)}})
+    plain = SubmitRequest(goal="g", workspace=str(ws), verify=[PYTEST])
+    assert check(org_home, cfg, plain).verify_hidden == str(folder.resolve())
+    flagged = SubmitRequest(goal="g", workspace=str(ws), verify=[PYTEST], verify_hidden=str(other))
+    assert check(org_home, cfg, flagged).verify_hidden == str(other.resolve())
+    assert check(org_home, Config({}), plain).verify_hidden == ""

@@ -12,11 +12,10 @@ import pytest
 from roles.eval_agent import runnable
 from roles.eval_agent.checks import CheckResult
 from roles.eval_agent.verifier import Verifier
-from roles.workspace.history import WorkspaceHistory
 from state_db.queries import work as work_q
 from state_db.vocab import Actor, StopReason
 from state_db.writer import StateWriter
-from tests.support.loop import submit
+from tests.support.loop import commit_iteration, submit
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -129,12 +128,7 @@ def test_an_installed_package_that_lost_its_module_during_the_run_is_the_machine
     assert verifier.verify("w1", 0).outcome == "ready"
     (site / "helperdep.py").unlink()
     (ws / "calc.py").write_text(FIXED)
-    checkpoint = WorkspaceHistory(org_home.history_dir / "w1.git", ws).checkpoint(1)
-    lw = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
-    with lw.transaction() as tx:
-        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
-                                 "checkpoint": checkpoint, "committed_at": tx.now})
-    lw.close()
+    commit_iteration(org_home, ws, "w1")
     v = verifier.verify("w1", 1)
     work = work_q.item(verifier.writer.conn, "w1")
     assert v.outcome == "error" and v.checks[0].code == "environment_failed"
@@ -163,14 +157,47 @@ def test_forced_colour_reaches_no_verdict_feedback_or_prompt(org_home, tmp_path)
     pre = verifier.verify("w1", 0)
     assert pre.outcome == "ready" and "\x1b" not in pre.checks[0].output_tail
     (ws / "calc.py").write_text(CALC + "\n# still wrong\n")
-    checkpoint = WorkspaceHistory(org_home.history_dir / "w1.git", ws).checkpoint(1)
-    lw = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
-    with lw.transaction() as tx:
-        tx.insert("iterations", {"work_id": "w1", "n": 1, "attempt": 1, "act_status": "ok", "act_summary": "",
-                                 "checkpoint": checkpoint, "committed_at": tx.now})
-    lw.close()
+    commit_iteration(org_home, ws, "w1")
     v = verifier.verify("w1", 1)
     assert v.outcome == "fail" and "assert" in v.feedback and "\x1b" not in v.feedback
     prompt = assemble("fix \x1b[31mmean\x1b[0m", "instructions", [], [("k1", "note \x1b]52;c;eA==\x07")], [], [],
                       "\x1b[1mFAILED\x1b[0m test_mean", 2)
     assert "\x1b" not in prompt.variable and "\x07" not in prompt.variable and "FAILED test_mean" in prompt.variable
+
+
+def test_a_runtime_the_memory_bound_stopped_before_any_test_is_the_machines():
+    """vitest's bundler under the sandbox's address-space limit: no summary, the runtime's words."""
+    wasm = _check("RangeError: WebAssembly.instantiate(): Out of memory: Cannot allocate Wasm memory for new "
+                  "instance\n\nNode.js v20.20.2\n", exit_code=1, command="npm test")
+    what, hint = runnable.why_not_ran(wasm, dependencies=set(), workspace_modules=set())
+    assert what.startswith("the sandbox's memory bound stopped it (") and "sandbox.memory_mb" in hint
+    ran = _check("Cannot allocate memory\nTests:       1 failed, 1 total\n", exit_code=1, command="npm test",
+                 tests={"runner": "jest", "failed": 1})
+    assert runnable.why_not_ran(ran, dependencies=set(), workspace_modules=set()) is None
+
+
+def test_an_environment_failure_during_a_run_is_no_lesson_and_no_repeated_failure(org_home, tmp_path):
+    """Through the loop engine: the doer's act fixes the code while the environment loses a module
+    an installed package imports; the verdict is the machine's error, the run ends
+    verify_unrunnable, and the iteration carries no lesson."""
+    from tests.support.loop import BUGGY, FIXED, ScriptedActs, engine, make_workspace
+    from tests.support.org import query
+    site = tmp_path / "env" / "lib" / "site-packages"
+    (site / "helperlib").mkdir(parents=True)
+    (site / "helperlib" / "__init__.py").write_text("import helperdep\n")
+    (site / "helperdep.py").write_text("X = 1\n")
+    ws = make_workspace(tmp_path)
+    (ws / "tests" / "test_lib.py").write_text("import helperlib\n\n\ndef test_lib():\n    pass\n")
+    submit(org_home, ws, verify=(f"cd {ws} && PYTHONPATH={site}:{ws} {PYTEST}",))
+
+    class LosesItsEnvironment(ScriptedActs):
+        def act(self, ctx, *, on_usage, budget_left):
+            (site / "helperdep.py").unlink(missing_ok=True)
+            return super().act(ctx, on_usage=on_usage, budget_left=budget_left)
+    assert (ws / "calc.py").read_text() == BUGGY
+    decision = engine(org_home, "w1", LosesItsEnvironment([[{"write": {"calc.py": FIXED}}]])).run()
+    assert decision.reason == StopReason.VERIFY_UNRUNNABLE
+    rows = query(org_home, "SELECT n, lesson FROM iterations WHERE work_id='w1'")
+    assert rows == [{"n": 1, "lesson": None}]
+    verdict = query(org_home, "SELECT outcome, checks FROM verdicts WHERE work_id='w1'")[0]
+    assert verdict["outcome"] == "error" and "environment_failed" in verdict["checks"]

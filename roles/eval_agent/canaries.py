@@ -352,6 +352,19 @@ def scrub(text: str, planted: Planted, seen: Mapping[str, str] | None = None) ->
 FORGED_SIGNATURE = "evidence:forged"
 
 
+_ADDOPTS = re.compile(r"^\s*addopts\s*=\s*(.+)$", re.MULTILINE)
+_CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini")
+
+
+def _selections(history, commands: Iterable[str]) -> list[str]:
+    """The verify commands and the baseline's pytest ``addopts`` (where a ``-k`` may stand too)."""
+    found = list(commands)
+    for name in _CONFIGS:
+        text = (history.read_path(None, name) or b"").decode("utf-8", "replace")
+        found += [m.group(1).strip().strip("'\"[]") for m in _ADDOPTS.finditer(text)]
+    return found
+
+
 def for_preflight(history, snapshot: Path, commands: Iterable[str] = (), rng: random.Random | None = None
                   ) -> Planted:
     """Canaries in up to ``MAX_HOSTS`` of the baseline's test files (chosen at random), written
@@ -361,7 +374,7 @@ def for_preflight(history, snapshot: Path, commands: Iterable[str] = (), rng: ra
     hosts = sorted(rng.sample(hosts, min(MAX_HOSTS, len(hosts))))
     # a must-fail canary in every host: the baseline learns of each host whether it fails there
     return plant(snapshot, hosts, {h: history.read_path(None, h) for h in hosts}, rng, failing=len(hosts),
-                 avoid=keyword_words(commands))
+                 avoid=keyword_words(_selections(history, commands)))
 
 
 def calibrated(checks: list, planted: Planted) -> tuple[list, bool]:
@@ -388,7 +401,7 @@ def for_iteration(history, snapshot: Path, baseline_checks: Mapping | None, comm
     if not hosts:
         return Planted(), by_command
     return plant(snapshot, hosts, {h: history.read_path(None, h) for h in hosts}, rng,
-                 avoid=keyword_words(commands)), by_command
+                 avoid=keyword_words(_selections(history, commands))), by_command
 
 
 def judged(check, planted: Planted, calibration: Mapping | None):

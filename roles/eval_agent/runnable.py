@@ -43,6 +43,10 @@ _NETWORK = re.compile(r"temporary failure in name resolution|name or service not
                       r"getaddrinfo (?:ENOTFOUND|EAI_AGAIN)|\bEAI_AGAIN\b|no route to host|"
                       r"failed to establish a new connection|connection (?:timed out|reset)|"
                       r"error sending request|could not connect to|unable to access 'https?://", re.IGNORECASE)
+# the sandbox's memory bound (an address-space limit) refused the runtime before any test ran
+_MEMORY = re.compile(r"Cannot allocate Wasm memory|JavaScript heap out of memory|"
+                     r"^(?:\S*Error: )?(?:MemoryError|std::bad_alloc)\b|fatal error: runtime: out of memory|"
+                     r"Cannot allocate memory", re.IGNORECASE | re.MULTILINE)
 _MISSING = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'")
 # a traceback's frame: Python's ('File "/x.py", line 3, in m') or pytest's ('/x.py:3: in m')
 _FRAME = re.compile(r"^\s*(?:File \"([^\"]+)\", line \d+|(\S+\.py):\d+: in )", re.MULTILINE)
@@ -154,6 +158,10 @@ def why_not_ran(check, *, dependencies: set[str], workspace_modules: set[str]) -
             hint = ("uv cannot reach the network in the sandbox: use 'uv run --frozen --no-sync …' (or "
                     "'--offline') with an environment synced before the run")
         return f"it needed the network ({_said(out, _NETWORK)})", hint
+    if _MEMORY.search(out):
+        return (f"the sandbox's memory bound stopped it ({_said(out, _MEMORY)})",
+                "raise sandbox.memory_mb in org.toml (an address-space limit: WebAssembly and some runtimes "
+                "reserve far more than they use)")
     status = _PYTEST_STATUS.get(check.exit_code or 0)
     if status and (_PYTEST_SAID.search(out) or check.junit is not None):
         return (f"{status} ({_said(out, _PYTEST_SAID) or 'exit ' + str(check.exit_code)})",
@@ -179,6 +187,6 @@ def environment_failed(check, baseline, *, workspace_modules: set[str]) -> str |
     if found is None:
         return None
     what, _ = found
-    if not (what.startswith("it needed the network") or what.startswith("the interpreter lacks")):
+    if not what.startswith(("it needed the network", "the interpreter lacks", "the sandbox's memory bound")):
         return None                        # a runner called wrongly now: the doer's change did that
     return what

@@ -6,7 +6,9 @@ Given the ``PATH`` recorded when the work item was submitted (and the submitter'
 - a symbolic link's real target and the prefix it lives in (``~/.local/bin/poetry`` → the
   virtual environment under ``~/.local/share/pypoetry``), a script's ``#!`` interpreter and its
   prefix, a virtual environment's base interpreter (``pyvenv.cfg``'s ``home``);
-- known layouts: pyenv (the root behind ``shims``: ``versions``, ``libexec``), nvm (the node
+- known layouts: a virtual environment whose ``bin`` is on PATH (pipx's, a tool's own, an
+  activated one: its libraries, not only its scripts), pyenv (the root behind ``shims``:
+  ``versions``, ``libexec``), nvm (the node
   versions), cargo and rustup, a Go root, conda, uv's managed interpreters under
   ``~/.local/share/uv/python``;
 - and the variables those tools read to find their root, since ``HOME`` inside the sandbox is
@@ -179,6 +181,10 @@ class _Found:
         for root in (folder, *folder.parents):
             if str(root) in ("/", *self.homes):
                 break
+            if (root / "pyvenv.cfg").is_file():    # a virtual environment's bin/ on PATH: its libraries too
+                if self.add(str(root), f"virtual environment behind {folder}"):
+                    self._venv_base(root, f"virtual environment behind {folder}")
+                return
             if (root / "libexec" / "pyenv").exists() and (root / "versions").is_dir():
                 if self.add(str(root), "pyenv root (versions behind its shims)"):
                     self.env.setdefault("PYENV_ROOT", str(root))

@@ -105,3 +105,16 @@ def engine(home, work_id, backend, instance="loop-agent-1", settings=None, inter
 
 def acts_json(acts) -> str:
     return json.dumps(acts)
+
+
+def commit_iteration(home, ws: Path, work_id: str = "w1", n: int = 1) -> str:
+    """Checkpoint ``ws`` as iteration ``n`` of ``work_id`` and commit the iteration as its
+    loop-agent would (for verifier tests that act on the workspace themselves)."""
+    from roles.workspace.history import WorkspaceHistory
+    checkpoint = WorkspaceHistory(home.history_dir / f"{work_id}.git", ws).checkpoint(n)
+    writer = StateWriter(home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
+    with writer.transaction() as tx:
+        tx.insert("iterations", {"work_id": work_id, "n": n, "attempt": 1, "act_status": "ok", "act_summary": "",
+                                 "checkpoint": checkpoint, "committed_at": tx.now})
+    writer.close()
+    return checkpoint
