@@ -139,10 +139,11 @@ def gated_demo_script(folder: Path) -> Path:
     return path
 
 
-def submit_demo(home, script: Path, name: str) -> tuple[str, Path]:
-    """Submit the demo goal on a fresh copy of the demo project; returns (work id, workspace)."""
+def submit_demo(home, script: Path, name: str, *flags: str) -> tuple[str, Path]:
+    """Submit the demo goal on a fresh copy of the demo project, with 5 iterations and the default other caps
+    (``flags`` adds more, e.g. ``--no-budget-tokens``); returns (work id, workspace)."""
     ws = home.root.parent / name
     shutil.copytree(DEMO / "project", ws)
     out = cli(home, "submit", "make word_count right", "--workspace", str(ws), "--verify", "python3 -m unittest -q",
-              "--backend", f"scripted:{script}", "--max-iterations", "5", "--no-wait", "--json")
+              "--backend", f"scripted:{script}", "--max-iterations", "5", *flags, "--no-wait", "--json")
     return json.loads(out.stdout)["id"], ws

@@ -25,8 +25,9 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(scope="module")
 def ended(org):
-    """A scripted demo run that failed once, then reached goal_met."""
-    wid, _ = dd.submit_demo(org, dd.DEMO / "script.json", "pages-ws")
+    """A scripted demo run that failed once, then reached goal_met; its only cap is 5 iterations."""
+    wid, _ = dd.submit_demo(org, dd.DEMO / "script.json", "pages-ws",
+                            "--no-budget-tokens", "--no-budget-usd", "--no-timeout")
     wait_for(lambda: query(org, "SELECT status FROM work_items WHERE id = ?", (wid,))[0]["status"] == "ended",
              timeout=60, what=f"{wid} to end")
     return wid

@@ -41,6 +41,7 @@ def texts(driver, css):
 def test_an_ended_run_never_says_yet_and_plot_labels_are_whole_and_readable(ended):
     assert WHY_NOT is None, f"CI=true needs the browser: {WHY_NOT}"
     with dd.dashboard(ended) as board, dd.chromium() as browser:
+        board.open(browser)                                 # the printed link: its ticket becomes the session
         browser.get(board.url("/runs/w-0"))
         wait_for(lambda: texts(browser, "#verdict div") and texts(browser, "svg.plot[data-plot='run-tokens'] text"),
                  timeout=20, what="the run page drawn")

@@ -266,7 +266,8 @@
     section("verdict", "Latest verdict", last, v => v ? [h("div", {}, `iteration ${v.iteration}: `, pill(v.outcome), h("span", { class: "muted", text: ` by ${v.written_by}` })),
       v.feedback ? h("pre", { class: "feedback", text: v.feedback }) : ""] : h("div", { class: "muted", text: ended ? never("never verified") : "not verified yet" }));
 
-    section("transcript", "Transcript: what the doer did", transcript, t => DashPages.transcript(D, t), "wide");
+    section("transcript", "Transcript: what the doer did", transcript, t => DashPages.transcript(D, t,
+      ended ? never("the doer never acted") : "no act yet"), "wide");
   }
 
   // ---- the cost and knowledge pages ---------------------------------------------------

@@ -57,10 +57,11 @@ window.DashPages = (function () {
   }
 
   // the run page's timeline: per iteration, its attempts (discarded ones marked), each act's
-  // turns and tool calls, the verdict with its failing output, the lesson, the iteration's diff
-  function transcript(D, data) {
+  // turns and tool calls, the verdict with its failing output, the lesson, the iteration's diff;
+  // ``empty`` says what no attempt means (an ended run's page never says "yet")
+  function transcript(D, data, empty) {
     const h = D.h;
-    if (!data.attempts.length) return h("div", { class: "muted", text: "no act yet" });
+    if (!data.attempts.length) return h("div", { class: "muted", text: empty || "no act yet" });
     const byIteration = [];
     data.attempts.forEach(a => {
       let g = byIteration.find(x => x.n === a.iteration);
