@@ -53,8 +53,6 @@ def test_node_test_runs_the_projects_tests(org, tmp_path):  # noqa: F811
     run_to_goal(org, ws, "node --test", fix_script(tmp_path, "calc.js", "a - b", "a + b"), env)
 
 
-@pytest.mark.xfail(strict=True, reason="held.invoked_files still holds a verify command's data operand "
-                                       "(calc.py) to the baseline as an invoked script")
 def test_a_file_the_check_reads_is_the_doers_to_write(org, tmp_path):  # noqa: F811
     """``python check.py data.txt``-style operands: the data file the goal is about is not held
     to the baseline (only what the command executes is)."""
