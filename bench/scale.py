@@ -212,7 +212,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
         for ws in spaces:
             ids.append(submit(home, cfg, SubmitRequest(
                 goal="make answer.txt say right", workspace=str(ws), verify=[workload.VERIFY],
-                max_iterations=iterations, backend=f"scripted:{spec}"))["id"])
+                scope=list(workload.SCOPE), max_iterations=iterations, backend=f"scripted:{spec}"))["id"])
         workload.wait(lambda: not workload.unfinished(home, ids), 60 + 3 * iterations * items_per_agent * n,
                       f"{len(ids)} items to end", interval=0.1)
         probe.stop.set()

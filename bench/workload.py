@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 VERIFY = 'a=$(cat answer.txt); [ "$a" = right ] || { echo "FAIL: the answer is $a"; exit 1; }'
+SCOPE = ("answer.txt",)   # the fix edits a data file: outside the default (code only) change scope
 NOTES = "".join(f"line {i}: the answer must be the word right, on its own line.\n" for i in range(60))
 CAPS = {"pass": 6, "never": 3, "same": 5, "gated": 6}
 EXPECTED_STOP = {"pass": "goal_met", "never": "max_iterations", "same": "repeated_failure", "gated": "goal_met"}
@@ -150,7 +151,8 @@ def submit_item(home, cfg, template: Path, workspace: Path, script: Path, spec: 
 
     shutil.copytree(template, workspace)
     req = SubmitRequest(goal=f"make answer.txt say right ({spec.name})", workspace=str(workspace),
-                        verify=[VERIFY], max_iterations=spec.max_iterations, backend=f"scripted:{script}")
+                        verify=[VERIFY], scope=list(SCOPE), max_iterations=spec.max_iterations,
+                        backend=f"scripted:{script}")
     return submit(home, cfg, req)["id"]
 
 

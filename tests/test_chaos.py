@@ -86,7 +86,7 @@ def replay_once(tmp_path, monkeypatch, *, reset: bool) -> dict:
     home = OrgHome(tmp_path / "org")
     init_home(home)
     ws = workload.make_template(tmp_path / "ws")
-    wid = submit(home, ws, work_id="w-trail", verify=(workload.VERIFY,))
+    wid = submit(home, ws, work_id="w-trail", verify=(workload.VERIFY,), scope=workload.SCOPE)
     if not reset:
         monkeypatch.setattr(WorkspaceHistory, "reset_to", lambda self, commit: None)
     log = home.logs_dir / "scripted-loop-agent-1.jsonl"

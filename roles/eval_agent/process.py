@@ -58,6 +58,9 @@ class EvalAgentProcess(RoleProcess):
         self.in_flight: dict[str, tuple[int, float, str]] = {}
         self.stuck: dict[str, str] = {}          # work id -> the worker left with it (cut at its bound)
         self.flight_lock = threading.Lock()
+        # (work, n) -> (failed tries, next try at), shared by the workers: a retry is counted once
+        # whichever worker makes it (the bound is per verification, not per worker)
+        self.failures: dict[tuple[str, int], tuple[int, float]] = {}
         self.locks = WorkLocks(self.home.run_dir / "verify.lock")
         self._shown_busy: str | None = None
         self._cutter = None
@@ -196,22 +199,29 @@ class EvalAgentProcess(RoleProcess):
         sender = self.transport.thread_sender()
         agents = OrgEvalAgents(self.cfg, writer.conn)
         verifier = self.make_verifier(writer)
-        failures: dict[tuple[str, int], tuple[int, float]] = {}   # (work, n) -> (failed tries, next try at)
+        failures = self.failures
         me = threading.current_thread().name
         try:
             while not self.stopping:
                 with self.flight_lock:
                     if me in self.stuck.values():
                         break                       # cut while it hung: a new worker took its place
-                soonest = min((at for _, at in failures.values()), default=None)
+                with self.flight_lock:
+                    soonest = min((at for _, at in failures.values()), default=None)
                 self.more.wait(1.0 if soonest is None else min(1.0, max(0.05, soonest - time.monotonic())))
                 self.more.clear()
                 for row in [r for r in due(writer.conn) if self._owns(agents, r)]:
                     if self.stopping:
                         break
                     key = (row.work_id, row.n)
-                    tries, next_at = failures.get(key, (0, 0.0))
+                    with self.flight_lock:
+                        _, next_at = failures.get(key, (0, 0.0))
                     if time.monotonic() < next_at or not self._claim(row):
+                        continue
+                    with self.flight_lock:          # again once claimed: another worker may have just tried
+                        tries, next_at = failures.get(key, (0, 0.0))
+                    if time.monotonic() < next_at:
+                        self._let_go(row)
                         continue
                     self.more.set()                 # the other workers look for work of their own
                     self._show_busy(writer)
@@ -239,16 +249,19 @@ class EvalAgentProcess(RoleProcess):
             if code == "run_ended":      # cancelled or ended while its check ran
                 self.log.info("verify_abandoned", work_id=row.work_id, iteration=row.n,
                               next="nothing: the run is over")
-                failures.pop(key, None)
+                with self.flight_lock:
+                    failures.pop(key, None)
                 return None
             tries += 1
             if tries < RETRIES:
                 delay = BACKOFF_S * 2 ** (tries - 1)
-                failures[key] = (tries, time.monotonic() + delay)
+                with self.flight_lock:
+                    failures[key] = (tries, time.monotonic() + delay)
                 self.log.error("verify_failed", work_id=row.work_id, iteration=row.n, error=str(exc),
                                code=code, attempt=tries, of=RETRIES, next=f"retry in {delay:.1f} s")
                 return None
-            failures.pop(key, None)
+            with self.flight_lock:
+                failures.pop(key, None)
             # an error verdict keeps the machine's codes (never the doer's); any other is verifier_error
             code = code if code in MACHINE_CODES else "verifier_error"
             self.log.error("verify_gave_up", work_id=row.work_id, iteration=row.n, error=str(exc),
@@ -258,7 +271,8 @@ class EvalAgentProcess(RoleProcess):
             except Exception as again:  # noqa: BLE001 - e.g. the run ended meanwhile
                 self.log.error("error_verdict_failed", work_id=row.work_id, error=str(again))
                 return None
-        failures.pop(key, None)
+        with self.flight_lock:
+            failures.pop(key, None)
         return result
 
     def _announce(self, sender, row: Due, result) -> None:

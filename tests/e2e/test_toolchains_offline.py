@@ -54,15 +54,46 @@ def test_node_test_runs_the_projects_tests(org, tmp_path):  # noqa: F811
     run_to_goal(org, ws, "node --test", fix_script(tmp_path, "calc.js", "a - b", "a + b"), env)
 
 
-@pytest.mark.xfail(strict=True, reason="held.invoked_files still holds a verify command's data operand "
-                                       "(calc.py) to the baseline as an invoked script")
 def test_a_file_the_check_reads_is_the_doers_to_write(org, tmp_path):  # noqa: F811
-    """``python check.py data.txt``-style operands: the data file the goal is about is not held
-    to the baseline (only what the command executes is)."""
+    """``python check.py data.txt``-style operands: the file the goal is about is not held to the
+    baseline as an invoked script (only what the command executes is); here it is code the
+    baseline had, in the default change scope."""
     ws = project(tmp_path / "operand-project", {"calc.py": BROKEN, "check_add.py":
                  "import sys\nsys.path.insert(0, '.')\nfrom calc import add\nassert add(2, 3) == 5\n"})
     env = submitter([VENV_BIN, "/usr/bin", "/bin"])
     run_to_goal(org, ws, f"{PY} check_add.py calc.py", fix_script(tmp_path, "calc.py", "a - b", "a + b"), env)
+
+
+def _ended_run(home, ws: Path, verify: str, script: Path, env: dict, *flags: str) -> tuple[dict, list[dict]]:
+    argv = [PY, "-m", "scripts.cli.main", "submit", "fix the answer", "--workspace", str(ws), "--verify", verify,
+            "--backend", f"scripted:{script}", "--max-iterations", "2", "--json", *flags]
+    got = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
+                         env={**env, "ORG_HOME": str(home.root)})
+    assert got.returncode == 0, got.stderr
+    wid = json.loads(got.stdout)["id"]
+    row = wait_for(lambda: (r := query(home, "SELECT * FROM work_items WHERE id=?", (wid,))[0])["status"] == "ended"
+                   and r, timeout=60, what=f"{wid} to end")
+    return row, query(home, "SELECT outcome, held_back FROM verdicts WHERE work_id=? ORDER BY at", (wid,))
+
+
+def test_a_data_operand_the_baseline_had_reaches_the_checks_only_when_the_human_scopes_it(org, tmp_path):  # noqa: F811
+    """A data file the check reads that the baseline already had may be the check's oracle
+    (``diff out.txt expected.txt``): the doer's edit is held out of the default (code only) change
+    scope and never verified — and ``--scope FILE`` at submit is how the honest user lets it through."""
+    files = {"answer.txt": "wrong\n", "calc.py": BROKEN}
+    verify = "grep -qx right answer.txt"
+    env = submitter([VENV_BIN, "/usr/bin", "/bin"])
+    ws = project(tmp_path / "unscoped", files)
+    row, verdicts = _ended_run(org, ws, verify, fix_script(tmp_path, "answer.txt", "wrong", "right"), env)
+    assert row["stop_reason"] != "goal_met", row
+    held = json.loads(verdicts[0]["held_back"])
+    assert verdicts[0]["outcome"] == "fail" and [(h["path"], h["kind"]) for h in held] == [("answer.txt", "out_of_scope")]
+    ws = project(tmp_path / "scoped", files)
+    row, verdicts = _ended_run(org, ws, verify, fix_script(tmp_path, "answer.txt", "wrong", "right"), env,
+                               "--scope", "answer.txt")
+    assert row["stop_reason"] == "goal_met", (row["stop_detail"], verdicts)
+    assert verdicts[-1]["outcome"] == "pass" and json.loads(verdicts[-1]["held_back"]) == []
+    assert (ws / "answer.txt").read_text() == "right\n"
 
 
 def test_uv_run_that_must_resolve_over_the_network_is_unrunnable_before_any_model_request(org, tmp_path):  # noqa: F811
