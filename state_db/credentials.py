@@ -117,8 +117,9 @@ def store_password(home_root: Path, url: str, password: str) -> str:
 def secret_files(home) -> list[Path]:
     """The files of an org home that hold a secret (those present)."""
     root = Path(home.root)
-    candidates = [home.config_path, root / PASSFILE, home.db_path,
-                  Path(f"{home.db_path}-wal"), Path(f"{home.db_path}-shm")]
+    candidates = [home.config_path, root / PASSFILE]
+    if not home.store_url:      # a PostgreSQL store is a URL, no file of the home's
+        candidates += [Path(home.db_path), Path(f"{home.db_path}-wal"), Path(f"{home.db_path}-shm")]
     keys = Path(home.run_dir)
     if keys.is_dir():
         candidates += sorted(p for p in keys.rglob("*") if p.is_file() and "key" in p.name)

@@ -151,7 +151,9 @@ def test_the_real_cli_fixes_the_bug_with_its_own_tools_in_a_two_iteration_loop(
     with RecordingServer(script, tmp_path / "scripted.jsonl") as server:
         built = org_backend(org_home, server.base_url, claude_cli, monkeypatch)
         outcomes = _recording(built.backend)
-        submit(org_home, ws, verify=(CHECK,))
+        # the probe's files are in a dot folder, outside the default change scope: widened to it so
+        # that the delivered workspace holds them
+        submit(org_home, ws, verify=(CHECK,), scope=(".probe/**",))
         with structlog.testing.capture_logs() as logs:
             decision = engine(org_home, "w1", built.backend).run()
     assert decision.reason == "goal_met", (decision, outcomes)

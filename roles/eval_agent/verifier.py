@@ -50,7 +50,7 @@ from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
 from state_db.ending import StopDecision, end_run, goal_met as goal_met_rule
 from state_db.errors import NotFound, OrgError, StateError
 from state_db.home import OrgHome
-from state_db.queries import verdicts, work as work_q
+from state_db.queries import peers, verdicts, work as work_q
 from state_db.queries.decisions import action_checkpoints
 from state_db.queries.iterations import iteration, last_n
 from state_db.queries.review import claim_of, pending_decision
@@ -176,7 +176,8 @@ class Verifier:
     """
 
     def __init__(self, home: OrgHome, writer: StateWriter, *, timeout_s: float = 300.0, history_factory=None,
-                 runner_factory=None, reviewer=None, scope: tuple[str, ...] = (), canaries: bool = True):
+                 runner_factory=None, reviewer=None, scope: tuple[str, ...] = (), canaries: bool = True,
+                 host: str = ""):
         if history_factory is None:
             from roles.workspace.history import WorkspaceHistory as history_factory
         self.home = home
@@ -187,6 +188,7 @@ class Verifier:
         self.reviewer = reviewer
         self.scope = tuple(scope)
         self.canaries = canaries
+        self.host = host
         self._histories: OrderedDict[tuple[str, str], object] = OrderedDict()
         ReportFile.sweep(home.root / "eval-reports")      # what a killed eval-agent left
 
@@ -316,7 +318,7 @@ class Verifier:
                                end_detail=f"iteration {n} could not be verified: `{c.command}` did not reach its "
                                           f"tests ({why}) where the baseline's run did — the machine's failure, "
                                           "not the doer's; fix the environment (see 'org doctor')")
-        if all(c.passed for c in checks) and (unrecorded := self._unrecorded(history, it.checkpoint)):
+        if all(c.passed for c in checks) and (unrecorded := self._unrecorded(history, it)):
             checks.append(CheckResult(
                 name=DELIVERED_CHECK, command="(compare the workspace with the checkpoint, file by file)",
                 passed=False, exit_code=None, timed_out=False, signature="unrecorded:" + ",".join(unrecorded[:20]),
@@ -343,15 +345,29 @@ class Verifier:
         diff = history.diff(history.baseline_commit(), it.checkpoint)
         return self.reviewer.review(work, it.n, diff=diff, checks=checks, claim=claim, held=held)
 
-    def _unrecorded(self, history, commit: str) -> list[str]:
-        """Paths where the live workspace differs from checkpoint ``commit``, read file by file
-        (build caches aside: delivery removes them). What differs there was never recorded, so
+    def _unrecorded(self, history, it) -> list[str]:
+        """Paths where the live workspace differs from iteration ``it``'s checkpoint, read file by
+        file (build caches aside: delivery removes them). What differs there was never recorded, so
         never verified, and would still be in the user's workspace at goal_met; so are files
         changed inside a repository nested there at the baseline (its work tree is not recorded).
-        A history of another host's workspace (``remote``) is not read from here."""
+        A history of another host's workspace (``remote``) is not read from here, nor is the
+        workspace of a run a loop-agent of another host committed: it works in a copy of its own,
+        and the workspace here is not the one it delivers to."""
         if getattr(history, "remote", None) or not Path(history.workspace).is_dir():
             return []
+        if self._committed_elsewhere(it):
+            return []
+        commit = it.checkpoint
         return history.workspace_differences(commit, skip_caches=True) + history.nested_touched(commit)
+
+    def _committed_elsewhere(self, it) -> bool:
+        """Whether iteration ``it`` was committed by a loop-agent registered on another host."""
+        if not self.host:
+            return False
+        row = self.writer.conn.execute("SELECT instance FROM attempts WHERE work_id = ? AND attempt = ?",
+                                       (it.work_id, it.attempt)).fetchone()
+        committer = peers.peer(self.writer.conn, row[0]) if row is not None else None
+        return committer is not None and committer.host != self.host
 
     def _construct(self, history, work: WorkItem, commit: str, n: int) -> tuple[str, scope_rules.Construction]:
         """The commit of the tree the checks of ``commit`` run on — the baseline plus the doer's
