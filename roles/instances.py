@@ -139,3 +139,9 @@ class OrgEvalAgents:
         eval-agent in the store, the configured owner (a request is only a wake-up: the owner
         finds the work in the store on its tick whatever it was sent)."""
         return self.current().owner(work_id, n) or self._fixed.owner(work_id, n) or "eval-agent"
+
+
+def host_name(cfg) -> str:
+    """This host's name among the org's hosts: ``[hosts] name``, else the machine's short name."""
+    import socket
+    return cfg.hosts.name or socket.gethostname().split(".")[0] or "host"

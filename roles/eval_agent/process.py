@@ -104,7 +104,7 @@ class EvalAgentProcess(RoleProcess):
         from roles.eval_agent.review import Reviewer, ReviewSettings
         from roles.eval_agent.verifier import Verifier
         from roles.sandbox import runner_from_config
-        from roles.supervisor.hosts import host_name
+        from roles.instances import host_name
         return Verifier(self.home, writer, timeout_s=float(self.cfg.sandbox.cpu_seconds),
                         history_factory=remote_histories(self.home, writer.conn) if self.joined else None,
                         runner_factory=lambda snapshot, workspace: runner_from_config(self.cfg, self.home, snapshot,

@@ -16,9 +16,8 @@ every role reconciles on its tick.
 """
 from __future__ import annotations
 
-import socket
 
-from roles.instances import InstanceSpec
+from roles.instances import InstanceSpec, host_name
 from state_db.config import Config
 from state_db.errors import Conflict, StateError
 from state_db.home import OrgHome
@@ -28,10 +27,6 @@ from state_db.writer import StateWriter
 
 class JoinError(StateError):
     code = "join_refused"
-
-
-def host_name(cfg: Config) -> str:
-    return cfg.hosts.name or socket.gethostname().split(".")[0] or "host"
 
 
 def is_tcp(cfg: Config) -> bool:
