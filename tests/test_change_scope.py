@@ -15,7 +15,7 @@ from roles.eval_agent.verifier import Verifier
 from roles.workspace.history import WorkspaceHistory
 from state_db.vocab import Actor
 from state_db.writer import StateWriter
-from tests.support.loop import commit_iteration, submit
+from tests.support.loop import record_iteration, submit
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,7 +58,7 @@ def _verify(org_home, root: Path, wid: str, change, scope=()):
     change(ws)
     history = WorkspaceHistory(org_home.history_dir / f"{wid}.git", ws)
     checkpoint = history.checkpoint(1)
-    commit_iteration(org_home, wid, checkpoint)
+    record_iteration(org_home, wid, checkpoint)
     return verifier.verify(wid, 1), history
 
 

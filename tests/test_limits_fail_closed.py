@@ -21,7 +21,7 @@ from state_db.config import DEFAULT_PRICES
 from state_db.queries.work import WorkItem
 from state_db.vocab import Actor
 from state_db.writer import StateWriter
-from tests.support.loop import commit_iteration, submit
+from tests.support.loop import record_iteration, submit
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,7 +41,7 @@ def _verify(org_home, root: Path, wid: str):
     verifier.verify(wid, 0)
     (ws / "calc.py").write_text(CALC_FIXED)
     checkpoint = WorkspaceHistory(org_home.history_dir / f"{wid}.git", ws).checkpoint(1)
-    commit_iteration(org_home, wid, checkpoint)
+    record_iteration(org_home, wid, checkpoint)
     v = verifier.verify(wid, 1)
     row = StateWriter(org_home.db_path, Actor.COORDINATOR).conn.execute(
         "SELECT stop_reason, stop_detail FROM work_items WHERE id=?", (wid,)).fetchone()

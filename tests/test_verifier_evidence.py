@@ -14,7 +14,7 @@ from roles.eval_agent import evidence, held
 from roles.eval_agent.checks import failure_signature
 from roles.eval_agent.verifier import Verifier
 from state_db.vocab import Actor
-from tests.support.loop import commit_iteration, submit
+from tests.support.loop import record_iteration, submit
 from state_db.writer import StateWriter
 
 CALC = "def mean(xs):\n    return sum(xs) / (len(xs) + 1)\n"
@@ -202,7 +202,7 @@ def _verify(org_home, ws, wid, change, *, protect=(), default_protect=True, scop
     from roles.workspace.history import WorkspaceHistory
     history = WorkspaceHistory(org_home.history_dir / f"{wid}.git", ws)
     checkpoint = history.checkpoint(1)
-    commit_iteration(org_home, wid, checkpoint)
+    record_iteration(org_home, wid, checkpoint)
     return pre, verifier.verify(wid, 1)
 
 

@@ -107,6 +107,15 @@ def acts_json(acts) -> str:
     return json.dumps(acts)
 
 
+def record_iteration(home, work_id: str, checkpoint: str, n: int = 1) -> None:
+    """Record iteration ``n`` of ``work_id`` with a ``checkpoint`` the test made, as its loop-agent would."""
+    lw = StateWriter(home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
+    with lw.transaction() as tx:
+        tx.insert("iterations", {"work_id": work_id, "n": n, "attempt": 1, "act_status": "ok", "act_summary": "",
+                                 "checkpoint": checkpoint, "committed_at": tx.now})
+    lw.close()
+
+
 def commit_iteration(home, ws: Path, work_id: str = "w1", n: int = 1) -> str:
     """Checkpoint ``ws`` as iteration ``n`` of ``work_id`` and commit the iteration as its
     loop-agent would (for verifier tests that act on the workspace themselves)."""
