@@ -364,9 +364,9 @@ class Verifier:
         """Whether iteration ``it`` was committed by a loop-agent registered on another host."""
         if not self.host:
             return False
-        row = self.writer.conn.execute("SELECT instance FROM attempts WHERE work_id = ? AND attempt = ?",
-                                       (it.work_id, it.attempt)).fetchone()
-        committer = peers.peer(self.writer.conn, row[0]) if row is not None else None
+        from state_db.queries.iterations import attempt_instance
+        instance = attempt_instance(self.writer.conn, it.work_id, it.attempt)
+        committer = peers.peer(self.writer.conn, instance) if instance is not None else None
         return committer is not None and committer.host != self.host
 
     def _construct(self, history, work: WorkItem, commit: str, n: int) -> tuple[str, scope_rules.Construction]:

@@ -120,6 +120,12 @@ def skill_first_uses(conn: sqlite3.Connection) -> list[tuple[str, str, float]]:
 
 # -- attempts ------------------------------------------------------------------------------------
 
+def attempt_instance(conn: sqlite3.Connection, work_id: str, attempt: int) -> str | None:
+    """The instance that ran attempt ``attempt`` of ``work_id`` (None: no such attempt)."""
+    row = conn.execute("SELECT instance FROM attempts WHERE work_id = ? AND attempt = ?", (work_id, attempt)).fetchone()
+    return row[0] if row is not None else None
+
+
 def attempts(conn: sqlite3.Connection, work_id: str) -> list[Attempt]:
     """Every attempt of ``work_id`` (acts, committed or discarded), in order."""
     return [Attempt.from_row(r) for r in conn.execute(
