@@ -55,7 +55,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from roles.loop_agent.scripted.server import Exchange, MessagesServer, error_body, message_body  # noqa: E402
+from roles.workbench.scripted.server import Exchange, MessagesServer, error_body, message_body  # noqa: E402
 
 MODEL, MODEL_STRONG = "claude-caps", "claude-caps-strong"
 PRICE = {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.3}
@@ -209,7 +209,7 @@ def run_cases(root: Path, *, timeout_s: float = 3.0, budget_tokens: int = 300_00
     from roles.operations.submit import SubmitRequest, submit
     from roles.supervisor import control
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
     from transport.probe import wait_until
 
     server = CapsServer()

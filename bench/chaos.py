@@ -66,7 +66,7 @@ def passes(figures: dict, kills: int, suspends: int) -> dict:
 # -- recovery -----------------------------------------------------------------------------------
 
 def _wanted(home) -> list[str]:
-    from roles.instances import org_instances
+    from roles.base.instances import org_instances
 
     return [s.instance for s in org_instances(LOOP_AGENTS)]
 
@@ -345,7 +345,7 @@ def main(argv=None) -> int:
                       gated=args.gated, store_url=url)
         figures["store"] = args.store
     finally:
-        from state_db.home import OrgHome
+        from state_db.kernel.home import OrgHome
         workload.kill_everything(OrgHome(root / "org"))
         if server is not None:
             server.stop()

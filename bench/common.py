@@ -22,7 +22,7 @@ def quiet_logs() -> None:
     """Library logs go nowhere below warnings: the figures are the output."""
     import logging
 
-    from state_db.logsetup import configure
+    from state_db.kernel.logsetup import configure
     configure(None, "bench", "bench")
     logging.getLogger().setLevel(logging.WARNING)
 

@@ -73,7 +73,7 @@ def terminal_probes() -> tuple[dict, dict]:
     """Each front end in a pseudo-terminal; returns ({front end: payloads that reached it},
     {"diff --raw": payloads}) — the second is the same-run baseline."""
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
     from tests.e2e.test_terminal_doors import make_hostile_run, run_in_pty
 
     corpus = " ".join(p for p, _ in PAYLOADS.values())

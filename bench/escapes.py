@@ -90,10 +90,10 @@ PROBES = {
 def run_probes() -> tuple[dict, dict]:
     """Each probe as a plain process and in the sandbox; returns (unsandboxed, sandboxed) verdicts."""
     from bench.common import unix_listener
-    from roles.sandbox import UnsandboxedRunner, runner_from_config
-    from state_db import config as config_mod
+    from roles.workbench.sandbox import UnsandboxedRunner, runner_from_config
+    from state_db.kernel import config as config_mod
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
 
     root = Path(tempfile.mkdtemp(prefix="esc-", dir="/var/tmp"))
     try:

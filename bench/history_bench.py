@@ -1,4 +1,4 @@
-"""Timing of the workspace history (libgit2, ``roles/workspace``) on a large workspace (called by
+"""Timing of the workspace history (libgit2, ``roles/workbench/workspace``) on a large workspace (called by
 ``bench/loop.py`` and ``bench/org.py``)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import statistics
 import time
 from pathlib import Path
 
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.workspace.history import WorkspaceHistory
 
 
 def bench_checkpoint(tmpdir: Path, files: int = 10_000, repeats: int = 7) -> dict[str, float]:

@@ -107,8 +107,8 @@ class Lab:
     """A workspace, a host secret outside it, and a sandbox runner over the workspace."""
 
     def __init__(self, base: Path) -> None:
-        from roles.sandbox import BwrapRunner, Limits
-        from roles.sandbox.mode import default_visible
+        from roles.workbench.sandbox import BwrapRunner, Limits
+        from roles.workbench.sandbox.mode import default_visible
         self.base = base
         self.secret = base / "host" / "secret.txt"
         self.secret.parent.mkdir(parents=True)
@@ -125,7 +125,7 @@ class Lab:
 
 
 def _report(lab: Lab, kind: str) -> dict:
-    from roles.sandbox.reports import ReportFile
+    from roles.workbench.sandbox.reports import ReportFile
     report = ReportFile.create(lab.base / "home" / "eval-reports", lab.runner)
     lab.runner.execute(KINDS[kind], cwd=lab.ws, timeout_s=60, binds=report.binds,
                        env={"S": str(lab.secret), "T": str(report.inside)})
@@ -143,7 +143,7 @@ def _report(lab: Lab, kind: str) -> dict:
 
 
 def _output(lab: Lab, kind: str) -> dict:
-    from roles.sandbox.hostile import read_regular
+    from roles.workbench.sandbox.hostile import read_regular
     target = lab.ws / f"out-{kind}" / lab.secret.name
     target.parent.mkdir()
     lab.leave(kind, str(target))
@@ -155,7 +155,7 @@ def _output(lab: Lab, kind: str) -> dict:
 
 
 def _checkpoint(lab: Lab, kind: str) -> dict:
-    from roles.workspace.history import WorkspaceHistory
+    from roles.workbench.workspace.history import WorkspaceHistory
     ws = lab.base / f"ws-{kind}"
     ws.mkdir()
     (ws / "code.py").write_text("x = 1\n")
@@ -184,7 +184,7 @@ def _checkpoint(lab: Lab, kind: str) -> dict:
 def _record(history, ws: Path):
     """What the loop-agent does with an act's workspace (``acting._within_quota``): measure it
     against the quota first, record it only when it fits (else it is reset, never hashed)."""
-    from roles.sandbox.limits import Limits, over_quota
+    from roles.workbench.sandbox.limits import Limits, over_quota
     if over_quota(ws, Limits(disk_mb=64)) is not None:
         return "refused: over the quota"
     return history.checkpoint(1)
@@ -200,7 +200,7 @@ def _blobs(repo, tree):
 
 
 def _quota(lab: Lab, kind: str) -> dict:
-    from roles.sandbox.limits import Limits, over_quota
+    from roles.workbench.sandbox.limits import Limits, over_quota
     ws = lab.base / f"q-{kind}"
     ws.mkdir()
     runner = type(lab.runner)(ws, readonly_binds=lab.runner.readonly_binds, limits=lab.runner.limits)
@@ -217,10 +217,10 @@ def _quota(lab: Lab, kind: str) -> dict:
 
 def _homes(base: Path, where: str) -> dict:
     """A second org's home, not registered here, at ``where`` within the sandbox's reach."""
-    from roles.sandbox import runner_from_config, view
+    from roles.workbench.sandbox import runner_from_config, view
     from state_db.bootstrap import init_home
-    from state_db.config import Config, defaults
-    from state_db.home import OrgHome
+    from state_db.kernel.config import Config, defaults
+    from state_db.kernel.home import OrgHome
     ws = base / f"home-ws-{where}"
     shared = base / f"shared-{where}"
     ws.mkdir()
@@ -255,7 +255,7 @@ def _homes(base: Path, where: str) -> dict:
 
 
 def run(quick: bool = False) -> dict:
-    from roles.sandbox import bubblewrap
+    from roles.workbench.sandbox import bubblewrap
     if bubblewrap() is None:
         raise SystemExit("error[no_bubblewrap]: bubblewrap (bwrap) is not installed — apt-get install bubblewrap")
     attempts = []

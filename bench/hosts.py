@@ -3,7 +3,7 @@ coordinator host's history over git://, beside a local checkpoint in the same ru
 
 Usage: ``bench/hosts.py --json [--checkpoints N]``.
 
-A real ``git daemon`` (``roles.supervisor.gitserve``) on 127.0.0.1 serves a coordinator-side
+A real ``git daemon`` (``roles.workbench.serve.gitserve``) on 127.0.0.1 serves a coordinator-side
 history whose baseline a ``WorkspaceHistory`` recorded; a ``RemoteHistory`` fetches it and
 records N checkpoints of one changed file, each pushed before it returns, and a plain local
 ``WorkspaceHistory`` records the same N as the baseline.
@@ -36,9 +36,9 @@ def _free_port() -> int:
 
 
 def bench(root: Path, checkpoints: int) -> dict:
-    from roles.supervisor.gitserve import GitServer
-    from roles.workspace.history import WorkspaceHistory
-    from roles.workspace.remote import RemoteHistory
+    from roles.workbench.serve.gitserve import GitServer
+    from roles.workbench.workspace.history import WorkspaceHistory
+    from roles.workbench.workspace.remote import RemoteHistory
 
     ws = root / "coordinator" / "ws"
     (ws / "src").mkdir(parents=True)

@@ -198,7 +198,7 @@ def generate_notes(seed: int, total: int) -> list[Run]:
 
 def fresh_home(root: Path):
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
 
     home = OrgHome(root)
     home.root.mkdir(parents=True)

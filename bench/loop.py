@@ -101,9 +101,9 @@ def bench_loop(root: Path, iterations: int) -> dict:
     from roles.eval_agent.verifier import Verifier
     from roles.loop_agent.backends.factory import build
     from roles.loop_agent.engine import LoopEngine, LoopSettings
-    from roles.workspace.history import WorkspaceHistory
+    from roles.workbench.workspace.history import WorkspaceHistory
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
     from state_db.writer import StateWriter
 
     home = OrgHome(root / "org")
@@ -169,7 +169,7 @@ def bench_loop(root: Path, iterations: int) -> dict:
     engine = LoopEngine(writer, "b1", TimedBackend(), verify, history,
                         LoopSettings(no_progress=(iterations + 1, iterations + 1)))
     import gc
-    gc.freeze()         # as a role process does once it is ready (roles/runtime.py)
+    gc.freeze()         # as a role process does once it is ready (roles/base/runtime.py)
     t_start = time.perf_counter()
     decision = engine.run()
     built.close()

@@ -128,7 +128,7 @@ def bench_traced(root: Path, iterations: int) -> dict:
     from bench.loop import make_script
     from roles.supervisor import control
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
 
     home = OrgHome(root / "org")
     home.root.mkdir(parents=True)
@@ -152,7 +152,7 @@ def bench_org(root: Path, iterations: int, items: int) -> dict:
     from roles.operations.submit import SubmitRequest, submit
     from roles.supervisor import control
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
 
     home = OrgHome(root / "org")
     home.root.mkdir(parents=True)

@@ -109,7 +109,7 @@ def run_org(root: Path, replay: str) -> dict:
     from skills.replay import of_subject
     from state_db.bootstrap import init_home
     from state_db.connection import connect
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
 
     home = OrgHome(root / "org")
     home.root.mkdir(parents=True)
@@ -160,7 +160,7 @@ def submit_cost(home, runs: int = 5) -> list[float]:
     """Time ``submit_run`` on the stopped org: a new subject replaying its ended jobs."""
     from roles.operations import replays
     from skills.replay import Subject
-    from state_db.config import load_config
+    from state_db.kernel.config import load_config
     from state_db.queries.replays import ended_items
     from state_db.vocab import Actor
     from state_db.writer import StateWriter

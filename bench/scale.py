@@ -245,7 +245,7 @@ def default_startups(root: Path, runs: int) -> list[float]:
     fresh home started cold and stopped: start-org to every role ready, in ms."""
     from roles.supervisor import control
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
 
     out = []
     for k in range(runs):

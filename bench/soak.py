@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     try:
         figures = soak(root, args.seconds, args.gc_every, not args.keep_history, args.seed, args.warmup)
     finally:
-        from state_db.home import OrgHome
+        from state_db.kernel.home import OrgHome
         workload.kill_everything(OrgHome(root / "org"))
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

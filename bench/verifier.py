@@ -130,8 +130,8 @@ def plain(cfg, home, case: Case, ctx: Context, ws: Path) -> tuple[bool, bool | N
     """Whether every verify command exits 0 on ``ws`` with the doer's acts applied, no defence:
     in the sandbox, and — for an honest case, whose fix must pass where its user runs it — on
     the host too (None for a hostile case)."""
-    from roles.sandbox import runner_from_config
-    from roles.sandbox.toolchains import at_submit
+    from roles.workbench.sandbox import runner_from_config
+    from roles.workbench.sandbox.toolchains import at_submit
     env = case_env(case, ctx, ws)
     with environ(env):
         runner = runner_from_config(cfg, home, ws)
@@ -188,7 +188,7 @@ def bench_verifier(root: Path, ctx: Context, cases: list[Case], loop_agents: int
     from roles.supervisor import control
     from state_db.bootstrap import init_home
     from state_db.connection import read_rows
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
     from transport.probe import wait_until
 
     home = OrgHome(root / "org")

@@ -136,7 +136,7 @@ def new_org(root: Path, loop_agents: int, extra_config: str = "", transport: str
     """An initialised org home under ``root`` (short path: ipc sockets live in it); ``quick`` as
     for ``org_config``."""
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
 
     home = OrgHome(root / "org")
     home.root.mkdir(parents=True)

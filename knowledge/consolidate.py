@@ -20,7 +20,7 @@ from knowledge.errors import ConsolidationRaced
 from knowledge.grouping import group
 from knowledge.similarity import vectorize
 from knowledge.thresholds import Thresholds
-from state_db.errors import Conflict, IllegalTransition
+from state_db.kernel.errors import Conflict, IllegalTransition
 from state_db.queries import knowledge as Q
 from state_db.queries.knowledge import CuratedNote, RawNote
 from state_db.vocab import NoteStatus

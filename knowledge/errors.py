@@ -1,7 +1,7 @@
 """Errors of the knowledge pipeline. Each carries a machine-readable ``code`` and says what to do."""
 from __future__ import annotations
 
-from state_db.errors import StateError
+from state_db.kernel.errors import StateError
 
 
 class KnowledgeError(StateError):

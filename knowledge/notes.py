@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from knowledge.errors import NoteInvalid, RetroExists, RunNotEnded
-from state_db.errors import Conflict
+from state_db.kernel.errors import Conflict
 from state_db.queries import knowledge as Q
 from state_db.queries import work
 from state_db.queries.knowledge import RawNote, note_id, note_kind  # noqa: F401 - the note types live with their queries

@@ -27,7 +27,7 @@ class Thresholds:
 
     @classmethod
     def from_config(cls, cfg) -> "Thresholds":
-        """Read ``knowledge.*`` from a ``state_db.config.Config`` (validated there)."""
+        """Read ``knowledge.*`` from a ``state_db.kernel.config.Config`` (validated there)."""
         return cls(raw_notes_to_consolidate=cfg.knowledge.raw_notes_to_consolidate,
                    notes_per_pattern=cfg.knowledge.notes_per_pattern,
                    candidates_per_batch=cfg.knowledge.candidates_per_batch,

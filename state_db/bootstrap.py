@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 
-from state_db import config as config_mod
-from state_db.home import OrgHome, require_linux
+from state_db.kernel import config as config_mod
+from state_db.kernel.home import OrgHome, require_linux
 from state_db.migrations import migrate
 
 

@@ -5,7 +5,7 @@ import sqlite3
 from pathlib import Path
 
 from state_db import store
-from state_db.errors import HomeNotFound, StateError
+from state_db.kernel.errors import HomeNotFound, StateError
 
 BUSY_TIMEOUT_MS = 10_000
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from state_db.errors import NotFound
+from state_db.kernel.errors import NotFound
 from state_db.queries.work import WorkItem, item
 from state_db.vocab import StopReason, WorkStatus
 

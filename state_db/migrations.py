@@ -15,7 +15,7 @@ from pathlib import Path
 
 from state_db import pg_schema, store
 from state_db.connection import connect
-from state_db.errors import MigrationFailed, SchemaTooNew
+from state_db.kernel.errors import MigrationFailed, SchemaTooNew
 from state_db.schema import MIGRATIONS
 
 VOCABULARY_MIGRATION = "0006_vocabulary"     # installs the triggers vocab_guard keeps in step

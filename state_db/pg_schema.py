@@ -34,7 +34,7 @@ from typing import Callable
 import orjson
 
 from state_db.connection import connect as connect_any
-from state_db.errors import StateError
+from state_db.kernel.errors import StateError
 from state_db.schema import MIGRATIONS, STOP_HISTORY
 from state_db.store import PgConnection
 from state_db.store import connect as store_connect

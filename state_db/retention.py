@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from state_db.errors import NotAllowed
+from state_db.kernel.errors import NotAllowed
 from state_db.rules import RETENTION_WRITERS
 from state_db.writer import StateWriter
 

@@ -226,7 +226,7 @@ ALTER TABLE work_items ADD COLUMN default_protect INTEGER NOT NULL DEFAULT 1;
 """
 
 # The submitter's toolchain (PATH, HOME, paths the work item names): what the sandbox shows
-# its commands (roles/sandbox/toolchains.py).
+# its commands (roles/workbench/sandbox/toolchains.py).
 SANDBOX_PATH = """
 ALTER TABLE work_items ADD COLUMN toolchain TEXT NOT NULL DEFAULT '{}';
 """
@@ -485,7 +485,7 @@ ALTER TABLE iterations ADD COLUMN model TEXT;
 # The change scope (roles/eval_agent/scope.py): the globs that widen a work item's scope (--scope
 # at submit, and each widening a human approved during the run), and on each verdict the commit
 # of the tree its checks ran on; at goal_met the workspace is made to hold that tree, and
-# ``delivered`` says how that went (roles/workspace/delivered.py: the commit, the changes kept
+# ``delivered`` says how that went (roles/workbench/workspace/delivered.py: the commit, the changes kept
 # apart, and whether the content comparison proved it; NULL until then).
 SCOPE = """
 ALTER TABLE work_items ADD COLUMN scope TEXT NOT NULL DEFAULT '[]';

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from state_db import queries
 from state_db.connection import connect
-from state_db.errors import StateError
+from state_db.kernel.errors import StateError
 from state_db.store import is_postgres, location
 
 HEADER = "<!-- generated from state.db; last event {event_id} -->"

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 from urllib.parse import unquote, urlsplit
 
-from state_db.errors import StateError
+from state_db.kernel.errors import StateError
 from state_db.vocab_guard import GUARDED, PREFIX, allowed
 
 SCHEMES = ("postgresql://", "postgres://")

@@ -35,8 +35,8 @@ from state_db.queries.review import review_usage
 from state_db.queries.verdicts import latest_eval_verdict
 from state_db.queries.work import Caps, Ladder
 from state_db.stop_hints import hint as stop_hint
-from state_db.errors import NotFound
-from state_db.processes import is_alive
+from state_db.kernel.errors import NotFound
+from state_db.kernel.processes import is_alive
 from state_db.vocab import RoleStatus, StopReason, WorkStatus
 
 

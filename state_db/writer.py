@@ -19,10 +19,10 @@ from typing import Any, Callable, Iterator
 import orjson
 
 from state_db.connection import connect
-from state_db.errors import Conflict, IllegalTransition, NotAllowed, NotFound, StateError
+from state_db.kernel.errors import Conflict, IllegalTransition, NotAllowed, NotFound, StateError
 from state_db.migrations import check_version
 from state_db.queries.verdicts import latest_iteration_passed
-from state_db.secrets import redact_text, secret_values
+from state_db.kernel.secrets import redact_text, secret_values
 from state_db.store import location
 from state_db.rules import CONTINUERS, KEYS, RAW_WRITABLE, RESERVED, WRITERS, allowed_transition
 from state_db.vocab import Actor, StopReason, WorkStatus

@@ -85,7 +85,7 @@ def pytest_unconfigure(config):
 def org_home(tmp_path, monkeypatch):
     """A fresh, migrated org home; ORG_HOME points at it for code that resolves the home."""
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
 
     home = OrgHome(tmp_path / "org")
     init_home(home)

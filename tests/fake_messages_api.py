@@ -15,7 +15,7 @@ from collections import deque
 from itertools import islice
 from typing import Any, Callable
 
-from roles.loop_agent.scripted.server import Exchange, MessagesServer, error_body, message_body, sse_events
+from roles.workbench.scripted.server import Exchange, MessagesServer, error_body, message_body, sse_events
 
 Behaviour = Callable[[Exchange, "FakeMessagesAPI"], None]
 DEFAULT_USAGE = {"input_tokens": 10, "output_tokens": 5}

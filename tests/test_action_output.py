@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from roles.loop_agent.process import ActionRunner
-from state_db import config as config_mod
+from state_db.kernel import config as config_mod
 from tests.support.org import wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -35,7 +35,7 @@ def test_an_action_cut_by_a_crash_leaves_what_it_printed_and_nothing_else_runs(o
     ws = tmp_path / "ws"
     ws.mkdir()
     script = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-              "from pathlib import Path; from state_db import config; from state_db.home import OrgHome\n"
+              "from pathlib import Path; from state_db.kernel import config; from state_db.kernel.home import OrgHome\n"
               "from roles.loop_agent.process import ActionRunner\n"
               f"home = OrgHome(Path({str(org_home.root)!r}))\n"
               f"ActionRunner(config.load_config(home), home)('echo pushed half of it; sleep 30; echo the rest > rest.txt', "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from roles.sandbox import bubblewrap
+from roles.workbench.sandbox import bubblewrap
 
 
 @pytest.mark.skipif(bubblewrap() is None, reason="bubblewrap (bwrap) is not installed")

@@ -9,7 +9,7 @@ import pytest
 from bench.verifier import bench_verifier, figures
 from bench.verifier_attacks import PKG, V_PKG, attacks
 from bench.verifier_cases import HONEST, HOSTILE, PYTHON, Case, Context, edit
-from roles.sandbox import bubblewrap
+from roles.workbench.sandbox import bubblewrap
 
 ROOT = Path(__file__).resolve().parents[1]
 

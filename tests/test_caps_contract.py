@@ -11,7 +11,7 @@ import pytest
 from roles.loop_agent.engine import LoopSettings, policy_for
 from roles.operations.caps import CapsError, resolve
 from roles.operations.submit import SubmitRequest, submit
-from state_db import config as config_mod
+from state_db.kernel import config as config_mod
 from state_db.connection import connect
 from state_db.queries import work as work_q
 from state_db.queries.work import Caps

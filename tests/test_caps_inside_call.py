@@ -24,7 +24,7 @@ from roles.loop_agent.backends.base import ActContext, Remaining
 from roles.loop_agent.backends.retry import Failure, MemoryRateGate, Retrier, RetryPolicy
 from roles.loop_agent.commands import SubprocessRunner
 from roles.loop_agent.pricing import Price
-from roles.loop_agent.scripted.server import message_body, sse_event
+from roles.workbench.scripted.server import message_body, sse_event
 from roles.loop_agent.tools import WorkspaceTools
 from tests.fake_messages_api import FakeMessagesAPI, text_turn
 

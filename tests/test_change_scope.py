@@ -12,7 +12,7 @@ import pytest
 from roles.eval_agent.held import REMOVED, RESTORED
 from roles.eval_agent.scope import OUT_OF_SCOPE, Scope, construct, is_code
 from roles.eval_agent.verifier import Verifier
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.workspace.history import WorkspaceHistory
 from state_db.vocab import Actor
 from state_db.writer import StateWriter
 from tests.support.loop import record_iteration, submit

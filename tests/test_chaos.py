@@ -21,7 +21,7 @@ from bench.chaos_audit import audit
 from roles.loop_agent.backends.base import ActOutcome, Usage
 from roles.loop_agent.engine import INTERRUPTED
 from state_db.bootstrap import init_home
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 from tests.support.loop import engine, submit
 from tests.support.org import cleanup, short_home_dir, wait_for
 
@@ -81,7 +81,7 @@ class TrailActs:
 def replay_once(tmp_path, monkeypatch, *, reset: bool) -> dict:
     import threading
 
-    from roles.workspace.history import WorkspaceHistory
+    from roles.workbench.workspace.history import WorkspaceHistory
 
     home = OrgHome(tmp_path / "org")
     init_home(home)
@@ -186,7 +186,7 @@ def _sweep_like_a_starting_role(home, ledger_cls) -> None:
     """What a role does at start for its outbox (orphan age 0 here; the org waits a minute)."""
     from transport.keys import Keyring
     from transport.receiver import Receiver
-    from roles.transport_link import keyring_file
+    from roles.base.transport_link import keyring_file
 
     keyring = Keyring.create(keyring_file(home))
     receiver = Receiver("coordinator", run_dir=home.run_dir, outbox_root=home.outbox_dir, keyring=keyring,
@@ -215,7 +215,7 @@ def test_a_snapshot_temp_file_left_by_a_killed_writer_is_removed_by_the_next_ren
 
 
 def test_resume_after_a_supervisor_crash_waits_for_the_new_processes(tmp_path):
-    from roles.instances import org_instances
+    from roles.base.instances import org_instances
     from roles.supervisor import control
     from state_db.writer import StateWriter
 

@@ -77,7 +77,7 @@ def test_schedules_and_triggers_are_listed_by_a_slash_command_and_a_tool(org_hom
     from roles.operations import schedules as ops
     from roles.operations.submit import SubmitRequest
     from scripts.cli.chat import TOOLS
-    from state_db import config as config_mod
+    from state_db.kernel import config as config_mod
 
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -26,11 +26,11 @@ import structlog
 
 from roles.loop_agent.backends.base import ActContext
 from roles.loop_agent.backends.factory import build
-from roles.loop_agent.scripted.script import parse_script
-from roles.loop_agent.scripted.server import ScriptedServer
-from roles.sandbox import bubblewrap, clean_env
-from roles.sandbox.endpoint import ModelEndpoint
-from state_db.config import load
+from roles.workbench.scripted.script import parse_script
+from roles.workbench.scripted.server import ScriptedServer
+from roles.workbench.sandbox import bubblewrap, clean_env
+from roles.workbench.relay.endpoint import ModelEndpoint
+from state_db.kernel.config import load
 from tests.fake_messages_api import FakeMessagesAPI, server_error
 from tests.support.loop import BUGGY, CHECK, FIXED, engine, make_workspace, submit
 from tests.support.org import query

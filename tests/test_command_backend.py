@@ -19,9 +19,9 @@ import pytest
 
 from roles.loop_agent.backends.base import ActContext, BackendConfigError
 from roles.loop_agent.backends.command_backend import CommandBackend, CommandConfig, claude_outcome, parse_result
-from roles.sandbox import RefusingRunner, SandboxUnavailable, bubblewrap, runner_from_config
-from roles.sandbox.endpoint import ModelEndpoint
-from state_db.config import Config, defaults
+from roles.workbench.sandbox import RefusingRunner, SandboxUnavailable, bubblewrap, runner_from_config
+from roles.workbench.relay.endpoint import ModelEndpoint
+from state_db.kernel.config import Config, defaults
 from tests.fake_messages_api import FakeMessagesAPI, text_turn
 
 PY = sys.executable
@@ -346,7 +346,7 @@ def test_a_cli_in_a_hidden_folder_runs_once_org_toml_shows_it(org, api, fake_cli
     import shutil as _shutil
 
     from roles.loop_agent.backends.factory import build
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
 
     source = fake_cli()
     hidden = org[0] / "tools" / "bin"

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from scripts.cli import main as cli
-from state_db import config
-from state_db.errors import ConfigError
+from state_db.kernel import config
+from state_db.kernel.errors import ConfigError
 
 
 @pytest.mark.parametrize("text, key", [

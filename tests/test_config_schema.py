@@ -11,8 +11,8 @@ import tomllib
 import pytest
 
 from scripts.cli import main as cli
-from state_db import config as config_mod
-from state_db.config import ConfigKeyError, line_of
+from state_db.kernel import config as config_mod
+from state_db.kernel.config import ConfigKeyError, line_of
 
 jsonschema = pytest.importorskip("jsonschema")
 

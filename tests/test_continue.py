@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from roles.operations.continue_run import CONTINUABLE, ContinueRequest, continue_run
-from state_db import config as config_mod
-from state_db.errors import IllegalTransition, NotFound, StateError
+from state_db.kernel import config as config_mod
+from state_db.kernel.errors import IllegalTransition, NotFound, StateError
 from state_db.vocab import Actor, StopReason, WorkStatus
 from state_db.writer import StateWriter
 from tests.support.loop import ScriptedActs, engine, make_workspace, submit

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from roles.sandbox import view
-from roles.sandbox.toolchains import Exposure, Toolchain
+from roles.workbench.sandbox import view
+from roles.workbench.sandbox.toolchains import Exposure, Toolchain
 
 
 def _under_any_by_hand(path: str, tops) -> bool:

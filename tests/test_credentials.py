@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from state_db.credentials import exposed, password_in, store_password, without_password, write_private
-from state_db.home import OrgHome
+from state_db.kernel.credentials import exposed, password_in, store_password, without_password, write_private
+from state_db.kernel.home import OrgHome
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "rq1*Sgb8x-UP5/n&E5(0hwdZ0%(F1a[J0xLTx8@="         # a Z85 CURVE key (40 characters)

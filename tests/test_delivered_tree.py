@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from roles.workspace.delivered import deliver, differences
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.workspace.delivered import deliver, differences
+from roles.workbench.workspace.history import WorkspaceHistory
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,7 +100,7 @@ def test_a_host_without_the_verified_commit_makes_the_same_tree_again(tmp_path, 
     """The eval-agent may verify on another host: the verdict's list of what was held makes the
     same tree here (and a part-rewritten file, which cannot be made again, says so)."""
     from roles.eval_agent.scope import Scope, construct
-    from roles.workspace.delivered import rebuild
+    from roles.workbench.workspace.delivered import rebuild
     hist = _hist(tmp_path, ws)
     base = hist.baseline()
     (ws / "pkg" / "mod.py").write_text("def f():\n    return 2\n")

@@ -20,7 +20,7 @@ from roles.operations import discover as D
 from roles.operations import proposals as P
 from scripts.cli.dashboard import data
 from scripts.cli.main import main
-from state_db import config as config_mod
+from state_db.kernel import config as config_mod
 from state_db.connection import connect, read_rows
 from state_db.writer import StateWriter
 from tests.support.org import ONE_AGENT, query, running_org, wait_for

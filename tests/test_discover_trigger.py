@@ -18,7 +18,7 @@ from roles.coordinator import schedules as S
 from roles.coordinator import triggers as T
 from roles.operations import schedules as ops
 from roles.operations.submit import SubmitRequest
-from state_db import config as config_mod
+from state_db.kernel import config as config_mod
 from state_db.connection import connect, read_rows
 from state_db.queries import schedules as q
 from state_db.vocab import Actor, StopReason, WorkStatus

@@ -9,7 +9,7 @@ import pytest
 
 from roles.coordinator import dispatch as D
 from roles.coordinator.process import CoordinatorProcess
-from state_db import config as config_mod
+from state_db.kernel import config as config_mod
 from state_db.connection import read_rows
 from state_db.vocab import Actor, WorkStatus
 from state_db.writer import StateWriter

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from roles.loop_agent.engine import LoopSettings
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.workspace.history import WorkspaceHistory
 from tests.support.loop import BUGGY, FIXED, ScriptedActs, engine, make_workspace, submit
 from tests.support.org import query
 

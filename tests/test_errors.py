@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from state_db.errors import OrgError
+from state_db.kernel.errors import OrgError
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("state_db", "transport", "roles", "knowledge", "skills", "scripts")

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from roles.loop_agent.tools import WorkspaceTools
-from roles.sandbox import bubblewrap, runner_from_config
+from roles.workbench.sandbox import bubblewrap, runner_from_config
 from state_db.bootstrap import init_home
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 from tests.support.org import short_home_dir
 
 pytestmark = pytest.mark.skipif(bubblewrap() is None, reason="bubblewrap (bwrap) is not installed; "
@@ -175,7 +175,7 @@ def test_sleep_past_the_time_limit_is_killed(world):
 def test_the_real_home_shows_only_the_read_only_toolchain(world):
     from pathlib import Path
 
-    from roles.sandbox.view import build
+    from roles.workbench.sandbox.view import build
     home = Path.home()
     shown = [Path(e.path) for e in build(None, own_home=world["home"].root).readonly]
     allowed = {p.relative_to(home).parts[0] for p in shown if p.is_relative_to(home)}

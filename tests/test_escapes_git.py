@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from roles.operations.submit import SubmitError, SubmitRequest, submit
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.workspace.history import WorkspaceHistory
 from state_db.bootstrap import init_home
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 
 pytestmark = pytest.mark.timeout(30)
 

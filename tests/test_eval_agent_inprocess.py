@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from roles.eval_agent.process import EvalAgentProcess
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.workspace.history import WorkspaceHistory
 from state_db.connection import read_rows
 from state_db.vocab import Actor
 from state_db.writer import StateWriter
@@ -125,7 +125,7 @@ def test_a_joined_eval_agent_that_cannot_reach_the_coordinator_host_gets_a_coded
     from roles.eval_agent.codes import MACHINE_CODES
     from roles.eval_agent.process import remote_histories
     from roles.eval_agent.verifier import Verifier
-    from state_db.errors import OrgError
+    from state_db.kernel.errors import OrgError
     from state_db.queries import peers as peer_q
 
     _committed(org_home, ws, "ab" * 20)
@@ -197,10 +197,10 @@ def test_a_machine_without_bubblewrap_is_named_in_the_error_verdict_not_a_generi
     verify_unrunnable, never charged to the doer."""
     import json
 
-    from roles import sandbox
+    from roles.workbench import sandbox
     from roles.eval_agent.codes import MACHINE_CODES, UNRUNNABLE_CODES
-    from roles.sandbox.mode import RefusingRunner
-    from roles.sandbox.errors import SandboxUnavailable
+    from roles.workbench.sandbox.mode import RefusingRunner
+    from roles.workbench.sandbox.errors import SandboxUnavailable
 
     monkeypatch.setattr(sandbox, "runner_from_config", lambda *a, **k: RefusingRunner(SandboxUnavailable(
         "bubblewrap (bwrap) is not installed, so agent commands are refused; install the 'bubblewrap' package")))

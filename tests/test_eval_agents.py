@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from roles.instances import eval_agent_for, eval_agent_names, eval_agent_shard, org_instances, shard_of
+from roles.base.instances import eval_agent_for, eval_agent_names, eval_agent_shard, org_instances, shard_of
 from tests.support.org import query, roles, running_org, wait_for
 from tests.test_org_e2e import demo_workspace, ended, submit
 
@@ -109,8 +109,8 @@ def _store_with_eval_agents(home, rows):
 
 
 def test_over_tcp_the_eval_agent_list_is_the_stores_and_preflights_stay_on_the_coordinator_host(org_home):
-    from roles.instances import EvalAgents, OrgEvalAgents, stored_eval_agents
-    from state_db.config import Config
+    from roles.base.instances import EvalAgents, OrgEvalAgents, stored_eval_agents
+    from state_db.kernel.config import Config
     from state_db.connection import connect
 
     _store_with_eval_agents(org_home, [("eval-agent", "coordinator-host", "ready", 0.5),
@@ -140,8 +140,8 @@ def test_over_tcp_the_eval_agent_list_is_the_stores_and_preflights_stay_on_the_c
 
 
 def test_over_ipc_the_list_is_the_configured_one_and_the_store_is_not_read():
-    from roles.instances import OrgEvalAgents
-    from state_db.config import Config
+    from roles.base.instances import OrgEvalAgents
+    from state_db.kernel.config import Config
 
     class NoStore:
         def execute(self, *a, **k):
@@ -157,8 +157,8 @@ def test_over_ipc_the_list_is_the_configured_one_and_the_store_is_not_read():
 
 
 def test_with_no_live_eval_agent_in_the_store_a_request_goes_to_the_configured_owner(org_home):
-    from roles.instances import OrgEvalAgents
-    from state_db.config import Config
+    from roles.base.instances import OrgEvalAgents
+    from state_db.kernel.config import Config
     from state_db.connection import connect
 
     conn = connect(org_home.db_path, readonly=True)

@@ -14,7 +14,7 @@ import pytest
 from roles.supervisor import control, procs
 from roles.supervisor.forkserver import ForkServer
 from state_db.bootstrap import init_home
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 from tests.support.org import cleanup, query, roles, short_home_dir, wait_for, write_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -202,7 +202,7 @@ def _left_to_init(org, tmp_path, spawn: str) -> tuple[list[str], dict]:
     import subprocess
     import sys
     from roles.operations.submit import SubmitRequest, submit
-    from state_db.config import load_config
+    from state_db.kernel.config import load_config
 
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -21,7 +21,7 @@ from roles.operations.submit import SubmitRequest, submit
 from scripts.cli.main import EXIT_INTERNAL, main
 from state_db.bootstrap import init_home
 from state_db.connection import connect
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 
 READ_ONLY = {"status", "show", "decisions", "diff", "export", "logs", "doctor", "config"}
 CODED_LINE = re.compile(r"^error\[[a-z_]+\]: \S")

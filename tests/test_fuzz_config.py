@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from state_db import config as config_mod
-from state_db.errors import ConfigError
+from state_db.kernel import config as config_mod
+from state_db.kernel.errors import ConfigError
 
 SECTIONS = sorted({k.split(".")[0] for k in config_mod.SCHEMA} | {"prices", "nonsense"})
 KEYS = sorted({k.split(".")[1] for k in config_mod.SCHEMA} | set(config_mod.PRICE_KEYS) | {"typo"})

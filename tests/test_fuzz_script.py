@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.loop_agent.scripted.script import Script, ScriptError, parse_script, step_of_request
+from roles.workbench.scripted.script import Script, ScriptError, parse_script, step_of_request
 
 CODES = {"script_unreadable", "script_syntax", "script_field", "bad_request", "script_exhausted"}
 VALID = {"version": 1, "acts": [[{"text": "read", "tool_uses": [{"name": "read_file", "input": {"path": "a"}}]},

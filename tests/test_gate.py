@@ -12,7 +12,7 @@ import pytest
 from roles.loop_agent import gate
 from roles.loop_agent.engine import LoopSettings
 from roles.operations.decide import decide
-from state_db import config
+from state_db.kernel import config
 from tests.support.loop import FIXED, ScriptedActs, engine, make_workspace, submit
 from scripts.cli import main as cli_main
 from state_db.queries.decisions import Decision
@@ -136,7 +136,7 @@ def test_a_marker_held_by_another_live_process_is_not_asked_again(org_home, ws):
     """Only a dead executor's marker becomes a question: a live one is still running the action."""
     import subprocess
     import sys as _sys
-    from state_db.processes import identity
+    from state_db.kernel.processes import identity
     submit(org_home, ws)
     assert engine(org_home, "w1", ScriptedActs([[ASK], [GOOD]])).run() is None
     did = query(org_home, "SELECT id FROM decisions")[0]["id"]
@@ -158,7 +158,7 @@ def test_a_marker_held_by_another_live_process_is_not_asked_again(org_home, ws):
 def test_the_approved_action_runs_after_the_crash_reset_and_its_effect_is_checkpointed(org_home, ws):
     """The action's effect survives: the reset comes first, the action's checkpoint is the state
     the next act starts from, and org diff shows it."""
-    from roles.workspace.history import WorkspaceHistory
+    from roles.workbench.workspace.history import WorkspaceHistory
 
     def runner(command, kind, workspace):
         (Path(workspace) / "fetched.txt").write_text("from upstream\n")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from roles.supervisor.gitscope import ScopeError, scope_of
+from roles.workbench.serve.gitscope import ScopeError, scope_of
 from state_db.connection import connect
 from state_db.vocab import Actor, WorkStatus
 from tests.support.state import assign_and_run, commit_iteration, submit, verdict

@@ -1,5 +1,5 @@
 """Workspace histories over ssh://: a real OpenSSH server on 127.0.0.1 whose only authorized key
-runs the forced command ``org git-shell`` (``roles.supervisor.gitshell``), a worker's
+runs the forced command ``org git-shell`` (``roles.workbench.serve.gitshell``), a worker's
 ``RemoteHistory`` and plain ``git`` as clients. The hostile cases of the git daemon's tests
 (tests/test_remote_history.py) hold over ssh as well: the baseline, deletions, refs outside the
 list and a repository's own hooks are guarded the same way, and nothing outside the history
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from roles.supervisor.githooks import hook_text, hooks_dir_for, receive_config
-from roles.supervisor.gitserve import GitServer
-from roles.supervisor.gitshell import GitShellError, authorized_keys_line, command, parse, prepare, resolve
-from roles.workspace.history import WorkspaceHistory
-from roles.workspace.remote import RemoteHistory, git_env
-from roles.workspace.views import BASELINE_REF, HEAD_REF
+from roles.workbench.serve.githooks import hook_text, hooks_dir_for, receive_config
+from roles.workbench.serve.gitserve import GitServer
+from roles.workbench.serve.gitshell import GitShellError, authorized_keys_line, command, parse, prepare, resolve
+from roles.workbench.workspace.history import WorkspaceHistory
+from roles.workbench.workspace.remote import RemoteHistory, git_env
+from roles.workbench.workspace.views import BASELINE_REF, HEAD_REF
 from tests.support import install_current
 from tests.test_remote_history import (files_of, free_port, fsck, git, plant_own_hooks, remote_ref,
                                        weakened_repository)
@@ -221,7 +221,7 @@ def test_a_worker_fetches_and_pushes_over_ssh_end_to_end(tmp_path, over_ssh):
 def test_the_url_a_coordinator_advertises_reaches_git_shell(tmp_path, over_ssh):
     """``[hosts] git_url = "ssh://user@host:port/"``: the registered URL plus ``/<id>.git``."""
     from roles.supervisor.hosts import git_url
-    from state_db import config
+    from state_db.kernel import config
     sshd = over_ssh[2]
     (tmp_path / "org.toml").write_text(f'[hosts]\ngit_url = "{sshd.url("/")}"\ngit_listen = "127.0.0.1:9418"\n')
     advertised = git_url(config.load(tmp_path / "org.toml", env={}))
@@ -498,8 +498,8 @@ def test_the_authorized_keys_line(tmp_path, capsys):
 
 def test_git_url_prefers_the_advertised_url_and_checks_its_scheme(tmp_path):
     from roles.supervisor.hosts import git_url
-    from state_db import config
-    from state_db.errors import ConfigError
+    from state_db.kernel import config
+    from state_db.kernel.errors import ConfigError
     path = tmp_path / "org.toml"
     for text, want in (("", ""), ('git_listen = "10.0.0.5:9418"', "git://10.0.0.5:9418"),
                        ('git_listen = "10.0.0.5:9418"\ngit_url = "ssh://org@10.0.0.5:2222/"', "ssh://org@10.0.0.5:2222"),
@@ -526,7 +526,7 @@ def test_git_shell_starts_without_the_heavy_imports(tmp_path):
 
 
 def test_the_env_of_the_served_git(monkeypatch):
-    from roles.supervisor.githooks import serve_env
+    from roles.workbench.serve.githooks import serve_env
     env = serve_env({"PATH": "/usr/bin", "GIT_DIR": "/x", "GIT_CONFIG_PARAMETERS": "'core.hooksPath'='/tmp'",
                      "GIT_PROTOCOL": "version=2"}, keep_protocol=True)
     assert env["GIT_PROTOCOL"] == "version=2" and "GIT_DIR" not in env and "GIT_CONFIG_PARAMETERS" not in env

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from roles.workspace.history import (
+from roles.workbench.workspace.history import (
     HistoryError, NoBaseline, UnknownCommit, WorkspaceHistory, WorkspaceMissing,
 )
 from bench.history_bench import bench_checkpoint
-from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
+from roles.workbench.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
 
 GIT_ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},
            "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
@@ -323,7 +323,7 @@ _SNAPSHOT_WRITER = """
 import sys
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.workspace.history import WorkspaceHistory
 hist = WorkspaceHistory(Path({git_dir!r}), Path({ws!r}), on_step=lambda step: print(step, flush=True))
 hist.materialize({commit!r}, Path({snap!r}))
 print("done", flush=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from roles.workspace import shadow
-from roles.workspace.history import HEAD_REF, WorkspaceHistory, iteration_ref
+from roles.workbench.workspace import shadow
+from roles.workbench.workspace.history import HEAD_REF, WorkspaceHistory, iteration_ref
 from tests.test_history_fast import GIT_ENV, files_of, git, git_tree_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def test_a_running_loops_checkpoints_are_gits_own_at_once(tmp_path, ws):
     # another process (the eval-agent, org diff) reads them, with the writer's index not yet out
     out = _in_child(f"""
         from pathlib import Path
-        from roles.workspace.history import WorkspaceHistory
+        from roles.workbench.workspace.history import WorkspaceHistory
         h = WorkspaceHistory(Path({str(writer.git_dir)!r}), Path({str(ws)!r}))
         print(h.iteration_commit(2), h.fingerprint_of_workspace(), h.changed_paths({commits[0]!r}, {commits[1]!r}))
         h.materialize({commits[-1]!r}, Path({str(tmp_path / "snap")!r}))
@@ -76,7 +76,7 @@ def test_a_running_loops_checkpoints_are_gits_own_at_once(tmp_path, ws):
     (ws / "README").write_text("after the stop\n")
     out = _in_child(f"""
         from pathlib import Path
-        from roles.workspace.history import WorkspaceHistory
+        from roles.workbench.workspace.history import WorkspaceHistory
         print(WorkspaceHistory(Path({str(writer.git_dir)!r}), Path({str(ws)!r})).fingerprint_of_workspace())
     """)
     assert out.split()[-1] == git_tree_of(ws, tmp_path)
@@ -88,7 +88,7 @@ def test_a_killed_deferred_writer_leaves_what_the_next_one_reads(tmp_path, ws):
         import os, signal, sys
         sys.path.insert(0, {str(ROOT)!r})
         from pathlib import Path
-        from roles.workspace.history import WorkspaceHistory
+        from roles.workbench.workspace.history import WorkspaceHistory
         ws = Path({str(ws)!r})
         h = WorkspaceHistory(Path({str(git_dir)!r}), ws, defer=True)
         h.baseline()
@@ -120,7 +120,7 @@ _LOOP = """
 import sys
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.workspace.history import WorkspaceHistory
 ws = Path({ws!r})
 h = WorkspaceHistory(Path({git_dir!r}), ws, defer=True)
 h.baseline()

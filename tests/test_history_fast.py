@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roles.workspace import shadow
-from roles.workspace.errors import HistoryError
-from roles.workspace.history import HEAD_REF, WorkspaceHistory
+from roles.workbench.workspace import shadow
+from roles.workbench.workspace.errors import HistoryError
+from roles.workbench.workspace.history import HEAD_REF, WorkspaceHistory
 
 ROOT = Path(__file__).resolve().parents[1]
 GIT_ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},
@@ -317,7 +317,7 @@ def test_an_index_written_by_one_process_is_read_by_the_next(tmp_path, ws):
         last = hist.checkpoint(n)
     hist.flush_pending()
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path; "
-            f"from roles.workspace.history import WorkspaceHistory; "
+            f"from roles.workbench.workspace.history import WorkspaceHistory; "
             f"print(WorkspaceHistory(Path({str(hist.git_dir)!r}), Path({str(ws)!r})).fingerprint_of_workspace())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
     assert out.stdout.split()[-1] == hist.tree_id(last) == git_tree_of(ws, tmp_path)
@@ -471,7 +471,7 @@ _BLOCKED_WRITER = """
 import sys
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.workspace.history import WorkspaceHistory
 
 def step(name):
     if name == "snapshot_writing":
@@ -511,7 +511,7 @@ _CRASHER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {root!r})
     from pathlib import Path
-    from roles.workspace.history import WorkspaceHistory
+    from roles.workbench.workspace.history import WorkspaceHistory
 
     def step(name):
         if name == {at!r}:
@@ -564,7 +564,7 @@ def test_a_baseline_killed_between_its_refs_is_taken_again(tmp_path, ws):
 def test_what_a_snapshot_checks_out_is_in_its_index_with_the_stat_it_was_written_with(hist, ws, tmp_path):
     """libgit2's checkout puts each file it writes in the snapshot's index, stat included, so
     the next snapshot reads none of them again (nothing re-adds them after the checkout)."""
-    from roles.workspace import snapshot
+    from roles.workbench.workspace import snapshot
     hist.baseline()
     dest = tmp_path / "snap"
     for n in range(1, 4):

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from roles.operations.decide import decide
-from state_db import config
+from state_db.kernel import config
 from state_db.vocab import Actor, DecisionStatus, StopReason, WorkStatus
 from state_db.writer import StateWriter
 from tests.support.loop import ScriptedActs, engine, make_workspace, submit

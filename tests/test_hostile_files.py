@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from roles.eval_agent.checks import run_check
-from roles.sandbox import BwrapRunner, Limits, bubblewrap
-from roles.sandbox.hostile import HostileFile, read_regular
-from roles.sandbox.mode import UnsandboxedRunner, default_visible
-from roles.sandbox.reports import ReportFile
+from roles.workbench.sandbox import BwrapRunner, Limits, bubblewrap
+from roles.workbench.sandbox.hostile import HostileFile, read_regular
+from roles.workbench.sandbox.mode import UnsandboxedRunner, default_visible
+from roles.workbench.sandbox.reports import ReportFile
 
 needs_bwrap = pytest.mark.skipif(bubblewrap() is None,
                                  reason="bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap")
@@ -140,7 +140,7 @@ def test_the_sandboxed_report_is_a_host_file_the_command_can_write_but_not_repla
 @needs_bwrap
 @pytest.mark.timeout(90)
 def test_a_report_past_its_bound_fails_the_check_whatever_the_exit_code(tmp_path, monkeypatch):
-    import roles.sandbox.reports as reports
+    import roles.workbench.sandbox.reports as reports
     monkeypatch.setattr(reports, "MAX_REPORT_BYTES", 4096)
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from roles.instances import EvalAgents
+from roles.base.instances import EvalAgents
 from tests.support.org import query, wait_for
 from tests.support.pg import pg_server, pg_url  # noqa: F401 - fixtures
 from tests.test_hosts import ROOT, Worker, _ended, _unshare, coordinator_host  # noqa: F401 - a fixture

@@ -11,7 +11,7 @@ import pytest
 from roles.loop_agent.backends.anthropic_backend import AnthropicBackend, AnthropicConfig
 from roles.loop_agent.backends.retry import MemoryRateGate, RetryPolicy
 from roles.operations.submit import SubmitError, SubmitRequest, submit
-from state_db import config as config_mod
+from state_db.kernel import config as config_mod
 from state_db.vocab import Actor, WorkStatus
 from state_db.writer import StateWriter
 from tests.fake_messages_api import FakeMessagesAPI, text_turn, tool_use_turn

@@ -22,10 +22,10 @@ NEVER = [
     ("roles.coordinator", "roles.loop_agent", "roles meet only through transport and state"),
     ("roles", "scripts", "roles never import the CLI"),
     ("roles.operations", "roles.loop_agent", "commands do not reach into a role"),
-    ("roles.workspace", "roles.loop_agent", "the workbench knows no role"),
-    ("roles.workspace", "roles.eval_agent", "the workbench knows no role"),
-    ("roles.sandbox", "roles.loop_agent", "the workbench knows no role"),
-    ("roles.sandbox", "roles.eval_agent", "the workbench knows no role"),
+    ("roles.workbench.workspace", "roles.loop_agent", "the workbench knows no role"),
+    ("roles.workbench.workspace", "roles.eval_agent", "the workbench knows no role"),
+    ("roles.workbench.sandbox", "roles.loop_agent", "the workbench knows no role"),
+    ("roles.workbench.sandbox", "roles.eval_agent", "the workbench knows no role"),
 ]
 # Known and tracked: each entry must still exist (so the list stays true) until it is removed.
 KNOWN: set[tuple[str, str]] = set()

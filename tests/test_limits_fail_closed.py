@@ -15,9 +15,9 @@ from roles.eval_agent import review as review_mod
 from roles.eval_agent.checks import CheckResult
 from roles.eval_agent.review import DIFF_CHARS, Reviewer, ReviewFailed, ReviewSettings
 from roles.eval_agent.verifier import Verifier
-from roles.sandbox import reports
-from roles.workspace.history import WorkspaceHistory
-from state_db.config import DEFAULT_PRICES
+from roles.workbench.sandbox import reports
+from roles.workbench.workspace.history import WorkspaceHistory
+from state_db.kernel.config import DEFAULT_PRICES
 from state_db.queries.work import WorkItem
 from state_db.vocab import Actor
 from state_db.writer import StateWriter

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from state_db import logsetup
+from state_db.kernel import logsetup
 
 
 @pytest.fixture

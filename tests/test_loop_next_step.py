@@ -20,12 +20,13 @@ from roles.loop_agent.backends.retry import MemoryRateGate, RetryPolicy
 from roles.loop_agent.engine import LoopSettings, policy_for
 from roles.loop_agent.policy import policy_from_caps
 from roles.loop_agent.progress import load
-from roles.loop_agent.scripted.server import ScriptedServer
+from roles.workbench.scripted.server import ScriptedServer
 from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, Parked, Paused, Preflight, Reflect,
                                     WrapUp)
 from roles.loop_agent.stop import RunProgress, StopDecision
 from roles.operations.decide import decide
-from state_db import config, ending
+from state_db.kernel import config
+from state_db import ending
 from state_db.connection import connect
 from state_db.queries.work import WorkItem
 from state_db.vocab import Actor, StopReason, WorkStatus
@@ -140,7 +141,7 @@ def test_goal_met_ends_through_the_policy_and_the_verdicts_one_rule(org_home, ws
 
 
 def test_end_run_keeps_the_first_ending_and_refuses_goal_met_to_the_doer(org_home, ws):
-    from state_db.errors import NotAllowed
+    from state_db.kernel.errors import NotAllowed
     submit(org_home, ws)
     la = StateWriter(org_home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
     with pytest.raises(NotAllowed), la.transaction() as tx:

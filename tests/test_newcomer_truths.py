@@ -15,7 +15,7 @@ import pytest
 
 from roles.loop_agent.conditions import MaxIterations, NoProgress
 from roles.loop_agent.stop import RunProgress
-from roles.sandbox.environment import CACHES, clean_env
+from roles.workbench.sandbox.environment import CACHES, clean_env
 from state_db.words import counted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,8 +78,8 @@ def _cache_dir(tool: str, env: dict) -> str | None:
 
 
 def test_the_tmp_caches_doctor_and_the_readme_name_are_those_that_land_in_the_private_tmp(org_home):
-    from roles.sandbox.view import exposed
-    from state_db.config import load_config
+    from roles.workbench.sandbox.view import exposed
+    from state_db.kernel.config import load_config
 
     tmp_line = dict(exposed(load_config(org_home), org_home))["/tmp"]
     assert tmp_line.endswith(f"(caches: {', '.join(CACHES)})")
@@ -94,7 +94,7 @@ def test_the_tmp_caches_doctor_and_the_readme_name_are_those_that_land_in_the_pr
 
 
 def test_the_readme_says_where_the_org_home_is_by_default_and_the_code_agrees(monkeypatch):
-    from state_db.home import ENV_HOME, project_root, resolve_home
+    from state_db.kernel.home import ENV_HOME, project_root, resolve_home
 
     monkeypatch.delenv(ENV_HOME, raising=False)
     assert resolve_home().root == project_root() / ".org"

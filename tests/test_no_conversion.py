@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from roles.workspace import shadow
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.workspace import shadow
+from roles.workbench.workspace.history import WorkspaceHistory
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,8 +24,8 @@ from scripts.cli.commands.resume import resume
 from scripts.cli.commands.stop import stop
 from scripts.cli.commands.suspend import suspend
 from scripts.cli.mcp_tools import Caller, call as mcp_call
-from state_db import config as config_mod
-from state_db.errors import OrgError
+from state_db.kernel import config as config_mod
+from state_db.kernel.errors import OrgError
 from state_db.vocab import Actor, DecisionStatus
 from state_db.writer import StateWriter
 from tests.support.loop import ScriptedActs, engine, make_workspace, submit as insert_item
@@ -226,7 +226,7 @@ def test_suspend_resume_and_stop_of_a_running_org(capsys):
 
 
 def test_an_entry_point_prints_an_org_error_as_one_line_and_lets_a_bug_through(capsys, tmp_path):
-    from roles import runtime
+    from roles.base import runtime
 
     class Refuses:
         __module__ = "roles.probe"

@@ -10,11 +10,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from roles.operations.submit import SubmitError, SubmitRequest, check
-from roles.sandbox import bubblewrap, runner_from_config
-from roles.sandbox.homes import homes_within
+from roles.workbench.sandbox import bubblewrap, runner_from_config
+from roles.workbench.sandbox.homes import homes_within
 from state_db.bootstrap import init_home
-from state_db.config import Config, defaults
-from state_db.home import HOME_MARKER, OrgHome, known_homes
+from state_db.kernel.config import Config, defaults
+from state_db.kernel.home import HOME_MARKER, OrgHome, known_homes
 
 pytestmark = pytest.mark.skipif(bubblewrap() is None, reason="bubblewrap (bwrap) is not installed")
 SECRET = "sk-ant-secret-of-org-b"

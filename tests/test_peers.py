@@ -12,8 +12,8 @@ import pytest
 import zmq
 
 from roles.supervisor import hosts
-from state_db import config as config_mod
-from state_db.errors import Conflict
+from state_db.kernel import config as config_mod
+from state_db.kernel.errors import Conflict
 from state_db.queries import peers as peer_q
 from state_db.vocab import Actor
 from state_db.writer import StateWriter

@@ -25,11 +25,11 @@ import tests.test_read_model as read_model_tests
 import tests.test_state_db_infra as infra_tests
 import tests.test_state_writer as writer_tests
 import tests.test_vocab_guard as vocab_tests
-from state_db import config as config_mod
+from state_db.kernel import config as config_mod
 from state_db import pg_schema, store
 from state_db.connection import connect
-from state_db.errors import MigrationFailed, SchemaTooNew
-from state_db.home import OrgHome
+from state_db.kernel.errors import MigrationFailed, SchemaTooNew
+from state_db.kernel.home import OrgHome
 from state_db.migrations import migrate
 from state_db.schema import MIGRATIONS
 from state_db.vocab import Actor, WorkStatus

@@ -9,10 +9,10 @@ import pytest
 
 from roles.loop_agent.backends.base import ActOutcome, Usage
 from roles.loop_agent.engine import LoopSettings
-from roles.sandbox import BwrapRunner, Limits, bubblewrap
-from roles.sandbox.limits import over_quota
-from roles.sandbox.mode import default_visible
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.sandbox import BwrapRunner, Limits, bubblewrap
+from roles.workbench.sandbox.limits import over_quota
+from roles.workbench.sandbox.mode import default_visible
+from roles.workbench.workspace.history import WorkspaceHistory
 from tests.support.loop import FIXED, engine, make_workspace, submit
 from tests.support.org import query
 
@@ -79,7 +79,7 @@ def test_an_approved_action_that_leaves_the_workspace_over_quota_is_not_recorded
     """The action ran (a human approved it) but its effect past the quota is dropped, and its
     result says so to the doer."""
     from roles.operations.decide import decide
-    from state_db import config
+    from state_db.kernel import config
     from tests.support.loop import ScriptedActs
     from tests.test_gate import redispatch
     ws = make_workspace(tmp_path)

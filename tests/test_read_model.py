@@ -13,7 +13,7 @@ import pytest
 
 from roles.coordinator.dispatch import reconcile
 from roles.operations.retention import collect
-from state_db import config as config_mod
+from state_db.kernel import config as config_mod
 from state_db.connection import connect
 from state_db.queries import decisions, processes, verdicts, work
 from state_db.queries.base import plain

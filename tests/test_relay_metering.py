@@ -27,9 +27,9 @@ import pytest
 import structlog
 
 from roles.loop_agent.backends.base import ActContext, Remaining
-from roles.loop_agent.scripted.server import Exchange, MessagesServer, error_body, message_body, sse_event, sse_events
-from roles.sandbox import bubblewrap
-from roles.sandbox.metering import Ledger, Rates, UsageReader
+from roles.workbench.scripted.server import Exchange, MessagesServer, error_body, message_body, sse_event, sse_events
+from roles.workbench.sandbox import bubblewrap
+from roles.workbench.relay.metering import Ledger, Rates, UsageReader
 from tests.support.loop import make_workspace, submit
 from tests.support.loop import engine as loop_engine
 from tests.support.org import query

@@ -1,5 +1,5 @@
 """Workspace histories across hosts: a worker's RemoteHistory against the coordinator's history
-served by a real ``git daemon`` on 127.0.0.1 (``roles.supervisor.gitserve``). The coordinator
+served by a real ``git daemon`` on 127.0.0.1 (``roles.workbench.serve.gitserve``). The coordinator
 and the worker share no path: everything goes through git's protocol."""
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from roles.supervisor.gitserve import GitServeError, GitServer
-from roles.workspace import shadow
-from roles.workspace.errors import HistoryError
-from roles.workspace.history import WorkspaceHistory
-from roles.workspace.remote import RemoteHistory, git_env
-from roles.workspace.views import BASELINE_REF, HEAD_REF
+from roles.workbench.serve.gitserve import GitServeError, GitServer
+from roles.workbench.workspace import shadow
+from roles.workbench.workspace.errors import HistoryError
+from roles.workbench.workspace.history import WorkspaceHistory
+from roles.workbench.workspace.remote import RemoteHistory, git_env
+from roles.workbench.workspace.views import BASELINE_REF, HEAD_REF
 
 
 def free_port() -> int:

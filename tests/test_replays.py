@@ -18,11 +18,11 @@ import pytest
 
 from knowledge import findings
 from knowledge.record import Check
-from roles.loop_agent.scripted.script import ScriptError, parse_script, request_text
+from roles.workbench.scripted.script import ScriptError, parse_script, request_text
 from skills import batches
 from skills.drafting import merge_near
 from skills.replay import Subject, enabled, line, summarise
-from state_db.config import Config
+from state_db.kernel.config import Config
 from state_db.queries.replays import Replay, unmeasured_candidates
 from state_db.vocab import Actor
 from tests.test_skills_candidates import draft, propose
@@ -117,10 +117,10 @@ def test_a_candidate_with_nothing_to_replay_is_not_held_back_and_one_waiting_is(
 
 
 def test_a_replay_workspace_is_the_recorded_baseline_exactly(tmp_path):
-    from roles.workspace.copy import write_commit
-    from roles.workspace.errors import HistoryError
-    from roles.workspace.history import WorkspaceHistory
-    from roles.workspace.views import BASELINE_REF
+    from roles.workbench.workspace.copy import write_commit
+    from roles.workbench.workspace.errors import HistoryError
+    from roles.workbench.workspace.history import WorkspaceHistory
+    from roles.workbench.workspace.views import BASELINE_REF
     ws = tmp_path / "ws"
     (ws / "pkg").mkdir(parents=True)
     (ws / "pkg" / "mod.py").write_text("x = 1\n")

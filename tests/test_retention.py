@@ -8,7 +8,7 @@ import pytest
 from scripts.cli import main as cli
 from state_db import queries
 from state_db.connection import connect
-from state_db.errors import NotAllowed
+from state_db.kernel.errors import NotAllowed
 from state_db.retention import DAY, prune
 from state_db.writer import StateWriter
 
@@ -100,7 +100,7 @@ def test_a_joined_host_removes_its_own_copies_of_ended_runs_and_prunes_no_shared
     own files are not anyone else's to remove: the eval-agent's history copies and snapshots of
     runs that ended long enough ago go, those of live runs stay."""
     from roles.operations.retention import collect
-    from state_db.config import load_config
+    from state_db.kernel.config import load_config
 
     _seed(org_home, time.time() - 40 * DAY)
     made = {}

@@ -35,7 +35,7 @@ import pytest
 
 from roles.eval_agent.checks import CheckResult
 from roles.eval_agent.review import Review, ReviewFailed, Reviewer, ReviewSettings, default_model, judged
-from state_db.config import DEFAULT_PRICES
+from state_db.kernel.config import DEFAULT_PRICES
 from state_db.queries.review import review_usage
 from state_db.queries.work import WorkItem
 from state_db.vocab import Actor, ReviewVerdict, VerdictOutcome, WorkStatus
@@ -60,7 +60,7 @@ def review_server(folder: Path, reviews: list):
     folder.mkdir(parents=True, exist_ok=True)
     script, log = folder / "reviews.json", folder / "reviews.jsonl"
     script.write_text(json.dumps({"version": 1, "acts": [], "reviews": reviews}))
-    proc = subprocess.Popen([sys.executable, "-m", "roles.loop_agent.scripted.server", "--script", str(script),
+    proc = subprocess.Popen([sys.executable, "-m", "roles.workbench.scripted.server", "--script", str(script),
                              "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         url = proc.stdout.readline().strip()

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from roles.runtime import RoleProcess
+from roles.base.runtime import RoleProcess
 from state_db.bootstrap import init_home
-from state_db.config import load_config
-from state_db.home import OrgHome
+from state_db.kernel.config import load_config
+from state_db.kernel.home import OrgHome
 from state_db.vocab import Actor
 from state_db.writer import StateWriter
 from tests.support.org import short_home_dir
@@ -75,7 +75,7 @@ def test_a_stop_requested_from_another_thread_ends_the_wait(role):
 def test_a_message_still_ends_the_wait_and_is_handled(role):
     got = []
     role.handle = got.append
-    from roles.transport_link import TransportLink
+    from roles.base.transport_link import TransportLink
     other = TransportLink(role.home, "coordinator", role.cfg)
     try:
         _after(0.3, lambda: other.send("loop-agent-1", "wake", {"work_id": "w1"}))

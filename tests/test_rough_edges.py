@@ -75,7 +75,7 @@ def test_start_org_refuses_a_bad_home_or_flag_with_one_coded_line(tmp_path, case
     argv, code = {"missing_parent": (["--home", "/proc/nope"], "bad_home"),
                   "a_file": (["--home", str(a_file)], "bad_home"),
                   "unknown_flag": (["--bogus"], "bad_arguments")}[case]
-    out = subprocess.run([sys.executable, "-m", "roles.supervisor.start", *argv], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "scripts.cli.start_org", *argv], capture_output=True, text=True,
                          cwd=ROOT, timeout=30, env=_env(tmp_path / "unused", tmp_path))
     assert out.returncode != 0 and coded(out.stderr) == code, out.stderr
     assert "usage:" not in out.stdout + out.stderr
@@ -106,7 +106,7 @@ def test_logs_for_an_unknown_role_names_the_known_ones(org_home, tmp_path):
 
 def test_ping_of_a_suspended_org_leaves_no_outbox_files(tmp_path):
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
     from tests.support.org import short_home_dir
     from transport.keys import Keyring, keyring_path
 

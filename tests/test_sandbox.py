@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from roles.loop_agent.tools import WorkspaceTools
-from roles.sandbox import (BwrapRunner, Limits, RefusingRunner, SandboxFailed, SandboxUnavailable, UnsandboxedRunner,
+from roles.workbench.sandbox import (BwrapRunner, Limits, RefusingRunner, SandboxFailed, SandboxUnavailable, UnsandboxedRunner,
                            bubblewrap, default_hidden, default_visible, describe_mode, process_limit_kind,
                            run_sandboxed, runner_from_config)
-from roles.sandbox import mode as sandbox_mode
-from roles.sandbox.bwrap import mount_args
-from roles.sandbox.toolchains import Exposure
-from roles.sandbox.view import View
-from state_db.config import Config, defaults
+from roles.workbench.sandbox import mode as sandbox_mode
+from roles.workbench.sandbox.bwrap import mount_args
+from roles.workbench.sandbox.toolchains import Exposure
+from roles.workbench.sandbox.view import View
+from state_db.kernel.config import Config, defaults
 from tests.support.org import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def test_only_the_workspace_is_writable(org, tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root's own files are at stake: run as root")
 def test_root_private_paths_are_found_by_their_mode_bits(tmp_path):
-    from roles.sandbox.mode import root_private_paths
+    from roles.workbench.sandbox.mode import root_private_paths
     top = tmp_path / "etc"
     (top / "ssl" / "private").mkdir(parents=True)
     (top / "ssl" / "private").chmod(0o700)
@@ -317,7 +317,7 @@ def _sandboxed_sleeper_parent(ws: Path, half: str) -> subprocess.Popen:
         import sys
         sys.path.insert(0, {str(ROOT)!r})
         from pathlib import Path
-        from roles.sandbox import run_sandboxed
+        from roles.workbench.sandbox import run_sandboxed
         run_sandboxed([{PY!r}, "-c", "import time; time.sleep(60)", "tok-" + {half!r}],
                       workspace=Path({str(ws)!r}), timeout_s=60)
     """)
@@ -419,7 +419,7 @@ def test_an_unsandboxed_command_dies_with_the_process_that_runs_it(tmp_path):
     import sys
     import time
     pidfile = tmp_path / "child.pid"
-    code = ("import sys; from pathlib import Path; from roles.sandbox.mode import UnsandboxedRunner; "
+    code = ("import sys; from pathlib import Path; from roles.workbench.sandbox.mode import UnsandboxedRunner; "
             f"UnsandboxedRunner(Path({str(tmp_path)!r})).run('sleep 30 & echo $! > {pidfile}; wait', "
             f"Path({str(tmp_path)!r}), 60, 1000)")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1])

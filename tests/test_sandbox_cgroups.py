@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from roles.sandbox import limits
-from roles.sandbox.limits import Limits, PidsCgroup
+from roles.workbench.sandbox import limits
+from roles.workbench.sandbox.limits import Limits, PidsCgroup
 
 
 @pytest.mark.timeout(30)

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from bench.common import unix_listener
-from roles.sandbox import Toolchain, bubblewrap, exposed, runner_from_config
+from roles.workbench.sandbox import Toolchain, bubblewrap, exposed, runner_from_config
 from state_db.bootstrap import init_home
-from state_db.config import Config, ConfigError, defaults, load
-from state_db.home import OrgHome
+from state_db.kernel.config import Config, ConfigError, defaults, load
+from state_db.kernel.home import OrgHome
 from tests.support.pg import pg_server  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.skipif(bubblewrap() is None, reason="bubblewrap (bwrap) is not installed")
@@ -354,7 +354,7 @@ def test_doctor_lists_what_the_sandbox_shows_and_hides_with_reasons(tmp_path, or
 
 def test_a_verify_command_run_from_a_venv_outside_the_workspace_sees_that_venv(tmp_path, org_b):
     """The work item names /…/venv/bin/python; that venv (under the private /tmp otherwise) is shown."""
-    from roles.sandbox.toolchains import at_submit
+    from roles.workbench.sandbox.toolchains import at_submit
     venv = tmp_path / "venv"
     subprocess.run([PY, "-m", "venv", "--without-pip", str(venv)], check=True)
     home, ws = org_b
@@ -372,9 +372,9 @@ def test_org_show_lists_what_a_runs_sandbox_shows_and_hides(tmp_path):
     import subprocess
     import sys
     from roles.operations.submit import SubmitRequest, submit
-    from state_db import config as config_mod
+    from state_db.kernel import config as config_mod
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
     home = OrgHome(tmp_path / "org")
     init_home(home)
     ws = tmp_path / "ws"
@@ -396,7 +396,7 @@ def test_org_show_lists_what_a_runs_sandbox_shows_and_hides(tmp_path):
 def test_socket_paths_are_resolved_as_realpath_resolves_them(tmp_path):
     """host_sockets resolves each folder once; a path through a linked folder, a socket's name
     that is itself a link, and a '..' still resolve exactly as os.path.realpath does."""
-    from roles.sandbox.view import host_sockets
+    from roles.workbench.sandbox.view import host_sockets
     real = tmp_path / "real"
     (real / "s").mkdir(parents=True)
     (tmp_path / "linked").symlink_to(real)

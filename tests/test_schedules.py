@@ -12,7 +12,7 @@ import pytest
 from roles.coordinator import schedules as S
 from roles.operations import schedules as ops
 from roles.operations.submit import SubmitRequest
-from state_db import config as config_mod
+from state_db.kernel import config as config_mod
 from state_db.connection import read_rows
 from state_db.queries import schedules as q
 from state_db.vocab import Actor, StopReason, WorkStatus
@@ -184,7 +184,7 @@ def test_a_human_submit_does_not_count_against_the_daily_cap(org_home, cfg, ws, 
 
 
 def test_a_human_cannot_sign_a_work_item_as_a_schedule(org_home, writer_for):
-    from state_db.errors import NotAllowed
+    from state_db.kernel.errors import NotAllowed
     from tests.support.state import submit
     with pytest.raises(NotAllowed):
         submit(writer_for, "w-x", "/tmp/x", origin="schedule")

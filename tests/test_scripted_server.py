@@ -11,8 +11,8 @@ import pytest
 from roles.loop_agent.backends.anthropic_backend import AnthropicBackend, AnthropicConfig
 from roles.loop_agent.backends.base import ActContext
 from roles.loop_agent.backends.retry import RetryPolicy
-from roles.loop_agent.scripted.script import ScriptError, parse_script, step_of_request
-from roles.loop_agent.scripted.server import ScriptedServer
+from roles.workbench.scripted.script import ScriptError, parse_script, step_of_request
+from roles.workbench.scripted.server import ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "demo-model"
@@ -159,7 +159,7 @@ def test_cli_serves_a_script_and_prints_its_url(script_file, tmp_path):
     import anthropic
 
     log_path = tmp_path / "cli.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "roles.loop_agent.scripted.server", "--script", str(script_file),
+    proc = subprocess.Popen([sys.executable, "-m", "roles.workbench.scripted.server", "--script", str(script_file),
                              "--log", str(log_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -179,7 +179,7 @@ def test_cli_serves_a_script_and_prints_its_url(script_file, tmp_path):
 def test_cli_rejects_a_bad_script_with_one_line(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"acts": 3}')
-    done = subprocess.run([sys.executable, "-m", "roles.loop_agent.scripted.server", "--script", str(bad),
+    done = subprocess.run([sys.executable, "-m", "roles.workbench.scripted.server", "--script", str(bad),
                            "--log", str(tmp_path / "l.jsonl")], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and done.stderr.strip().startswith("error (script_field)")
     assert len(done.stderr.strip().splitlines()) == 1
@@ -192,7 +192,7 @@ def test_a_bad_script_is_an_unbuildable_backend_whoever_submitted_it(tmp_path, o
     import pytest as _pytest
     from roles.loop_agent.backends.base import BackendConfigError
     from roles.loop_agent.backends.factory import build
-    from state_db import config as config_mod
+    from state_db.kernel import config as config_mod
     bad = tmp_path / "bad.json"
     bad.write_text('{"version": 1, "acts": [[{"txt": "x"}]]}')
     with _pytest.raises(BackendConfigError) as got:

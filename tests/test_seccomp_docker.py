@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from roles.sandbox import BwrapRunner, Limits, bubblewrap
-from roles.sandbox.mode import default_visible
-from roles.sandbox.seccomp import DOCKER_DIFFERENCES, REFUSED
+from roles.workbench.sandbox import BwrapRunner, Limits, bubblewrap
+from roles.workbench.sandbox.mode import default_visible
+from roles.workbench.sandbox.seccomp import DOCKER_DIFFERENCES, REFUSED
 
 DATA = Path(__file__).parent / "data" / "docker_seccomp_allowed.txt"
 UNISTD = Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")

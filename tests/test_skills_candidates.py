@@ -14,7 +14,7 @@ from skills import batches, candidates as C, registry
 from skills.drafting import CandidateDraft
 from skills.errors import CandidateClosed
 from skills.skillmd import SECTIONS, parse
-from state_db.errors import NotAllowed
+from state_db.kernel.errors import NotAllowed
 from state_db.vocab import Actor
 from tests.test_knowledge_helpers import note, put_notes, rows
 

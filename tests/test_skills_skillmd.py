@@ -10,7 +10,7 @@ import yaml
 
 from skills.errors import BadSkillName, BadSkillText
 from skills.skillmd import SkillText, parse, render
-from state_db.errors import OrgError
+from state_db.kernel.errors import OrgError
 from tests.test_skills_cli import org, proposed  # noqa: F401 - fixtures
 
 BODY = "# fix-imports\n\n## When to use\n- imports break\n\n## Steps\n1. vendor it\n"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from state_db.connection import connect
-from state_db.errors import SchemaTooNew
-from state_db.home import project_root, resolve_home
+from state_db.kernel.errors import SchemaTooNew
+from state_db.kernel.home import project_root, resolve_home
 from state_db.migrations import migrate
 from state_db.schema import MIGRATIONS
 
@@ -145,7 +145,7 @@ def test_org_from_a_subdirectory_creates_no_stray_database(tmp_path):
 def test_fake_api_key_never_reaches_state_db_logs_or_snapshots(org_home, writer_for, monkeypatch):
     import structlog
 
-    from state_db.logsetup import configure
+    from state_db.kernel.logsetup import configure
     from state_db.snapshot import SnapshotHook
     from tests.support.state import submit
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from state_db.connection import connect
-from state_db.errors import Conflict, IllegalTransition, NotAllowed
+from state_db.kernel.errors import Conflict, IllegalTransition, NotAllowed
 from state_db.vocab import Actor, StopReason, WorkStatus
 from tests.support.state import assign_and_run, commit_iteration, submit, verdict
 

@@ -169,7 +169,7 @@ def test_verdict_line_names_the_failing_tests_of_each_failing_check():
 def test_a_ready_role_is_busy_only_while_it_holds_work_and_dead_when_its_process_is_gone():
     import os
 
-    from state_db.processes import start_time
+    from state_db.kernel.processes import start_time
     me = {"pid": os.getpid(), "pid_start": start_time(os.getpid())}
     base = {"instance": "loop-agent-1", "role": "loop-agent", "status": "ready", "current_work": "w-1", **me}
     held = {"loop-agent-1": "w-1"}
@@ -282,7 +282,7 @@ def test_schedules_and_triggers_show_in_status_its_json_and_the_dashboards_org_d
     from roles.operations.submit import SubmitRequest
     from scripts.cli.dashboard import data
     from scripts.cli.main import main
-    from state_db import config as config_mod
+    from state_db.kernel import config as config_mod
     from state_db.vocab import Actor
     from state_db.writer import StateWriter
 

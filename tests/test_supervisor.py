@@ -11,7 +11,7 @@ import pytest
 
 from roles.supervisor import control, procs
 from state_db.bootstrap import init_home
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 from tests.support.org import cleanup, query, roles, short_home_dir, wait_for, write_config
 
 FAST = """
@@ -60,7 +60,7 @@ def test_start_org_runs_every_role_as_a_process_and_stop_ends_them(org):
 
 def test_every_role_answers_ping_over_the_transport(org):
     from roles.supervisor.ping import ping_all
-    from state_db import config
+    from state_db.kernel import config
 
     control.start_background(org, timeout_s=20)
     rows = ping_all(org, config.load(org.config_path), timeout_s=5)

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from roles.supervisor.supervisor import Supervisor
-from state_db import config as config_mod
+from state_db.kernel import config as config_mod
 from tests.support.org import roles, wait_for
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from roles import telemetry
+from roles.base import telemetry
 from roles.loop_agent.backends.anthropic_backend import AnthropicBackend, AnthropicConfig
 from roles.loop_agent.backends.retry import RetryPolicy
-from roles.loop_agent.scripted.server import ScriptedServer
+from roles.workbench.scripted.server import ScriptedServer
 from tests.support.loop import BUGGY, CHECK, FIXED, engine, make_workspace, submit
 from tests.support.org import query, running_org, wait_for
 
@@ -104,9 +104,9 @@ def test_a_two_iteration_run_is_one_trace_with_genai_spans_and_the_verifiers_und
 def test_tracing_off_imports_no_opentelemetry_sdk(tmp_path):
     """With the default org.toml, a role's start-up, the engine, the backends and the verifier
     import nothing of the OpenTelemetry SDK or exporter (off costs nothing)."""
-    code = ("import sys; from state_db import config; from roles import telemetry;"
+    code = ("import sys; from state_db.kernel import config; from roles.base import telemetry;"
             "import roles.loop_agent.engine, roles.loop_agent.backends.anthropic_backend,"
-            " roles.loop_agent.backends.command_backend, roles.eval_agent.verifier, roles.runtime;"
+            " roles.loop_agent.backends.command_backend, roles.eval_agent.verifier, roles.base.runtime;"
             "t = telemetry.configure(config.load(None, env={}), 'loop-agent', 'loop-agent-1');"
             "assert t is telemetry.OFF and not t.enabled;"
             "print([m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))])")

@@ -17,7 +17,7 @@ import pytest
 from roles.loop_agent.backends.anthropic_backend import AnthropicBackend, AnthropicConfig
 from roles.loop_agent.backends.retry import RetryPolicy
 from roles.loop_agent.engine import LoopSettings
-from roles.loop_agent.scripted.server import ScriptedServer
+from roles.workbench.scripted.server import ScriptedServer
 from scripts.cli.main import main
 from state_db.queries.transcript import of_work
 from state_db.retention import prune
@@ -131,7 +131,7 @@ class KilledAfterTwoTurns(ScriptedActs):
 
 def killed_run(home) -> None:
     """Run w1 in a child process whose first act is killed after two model responses."""
-    code = ("import sys; from pathlib import Path; from state_db.home import OrgHome; "
+    code = ("import sys; from pathlib import Path; from state_db.kernel.home import OrgHome; "
             "from tests.support.loop import engine; from tests.test_transcript import KilledAfterTwoTurns; "
             "engine(OrgHome(Path(sys.argv[1])), 'w1', KilledAfterTwoTurns([[]])).run()")
     got = subprocess.run([sys.executable, "-c", code, str(home.root)], cwd=ROOT, timeout=30)

@@ -199,7 +199,7 @@ def _verify(org_home, ws, wid, change, *, protect=(), default_protect=True, scop
     verifier = Verifier(org_home, StateWriter(org_home.db_path, Actor.EVAL_AGENT, "eval-agent"), timeout_s=60)
     pre = verifier.verify(wid, 0)
     change(ws)
-    from roles.workspace.history import WorkspaceHistory
+    from roles.workbench.workspace.history import WorkspaceHistory
     history = WorkspaceHistory(org_home.history_dir / f"{wid}.git", ws)
     checkpoint = history.checkpoint(1)
     record_iteration(org_home, wid, checkpoint)

@@ -12,7 +12,7 @@ import pytest
 from roles.eval_agent import hidden
 from roles.eval_agent.verifier import Verifier
 from roles.operations.submit import SubmitError, SubmitRequest, check
-from state_db.config import load_config
+from state_db.kernel.config import load_config
 from state_db.queries import work as work_q
 from state_db.vocab import Actor, StopReason
 from state_db.writer import StateWriter
@@ -138,7 +138,7 @@ def test_copy_into_replaces_links_on_the_way_and_refuses_links_in_the_folder(tmp
 
 def test_verify_hidden_in_org_toml_is_every_submits_default_and_the_flag_overrides_it(org_home, tmp_path,
                                                                                     monkeypatch):
-    from state_db.config import Config
+    from state_db.kernel.config import Config
     ws, folder = _setup(tmp_path)
     other = tmp_path / "other-held-out"
     other.mkdir()

@@ -42,7 +42,7 @@ def test_a_hung_verification_is_cut_and_shown_while_another_run_is_verified(org_
             return super().preflight(work_id)
 
     def make(writer):
-        from roles.sandbox import runner_from_config
+        from roles.workbench.sandbox import runner_from_config
         return Hanging(org_home, writer, timeout_s=30.0,
                        runner_factory=lambda snap, ws: runner_from_config(proc.cfg, org_home, snap, present_at=ws))
 

@@ -10,7 +10,7 @@ import pytest
 from roles.loop_agent.engine import LoopSettings
 from roles.loop_agent.tools import MAX_ACTION_COMMAND, WorkspaceTools
 from roles.operations.decide import decide
-from state_db import config
+from state_db.kernel import config
 from state_db.text import command_shown
 from tests.support.loop import FIXED, ScriptedActs, engine, make_workspace, submit
 from tests.support.org import query

@@ -6,7 +6,7 @@ learnt about it (claimed sender, id) so the receiver can journal them without re
 """
 from __future__ import annotations
 
-from state_db.errors import OrgError
+from state_db.kernel.errors import OrgError
 
 from enum import StrEnum
 

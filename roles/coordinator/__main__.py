@@ -1,6 +1,6 @@
 import sys
 
 from roles.coordinator.process import CoordinatorProcess
-from roles.runtime import main
+from roles.base.runtime import main
 
 sys.exit(main(CoordinatorProcess))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from roles.coordinator import announce, dispatch, schedules
-from roles.runtime import RoleProcess
+from roles.base.runtime import RoleProcess
 from transport.kinds import Kind
 
 
@@ -84,7 +84,7 @@ class CoordinatorProcess(RoleProcess):
     def warm_up(self) -> None:
         """Connect to every loop-agent now, so the first dispatch does not wait for a handshake:
         this host's and those other hosts joined with (their rows, not the configured count)."""
-        from state_db.errors import OrgError
+        from state_db.kernel.errors import OrgError
         from state_db.queries.processes import role_instances
         for row in role_instances(self.writer.conn, "loop-agent"):
             try:

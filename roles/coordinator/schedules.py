@@ -28,9 +28,9 @@ import structlog
 
 from roles.operations import schedules as rules
 from roles.operations.submit import submit
-from state_db.config import Config
-from state_db.errors import OrgError
-from state_db.home import OrgHome
+from state_db.kernel.config import Config
+from state_db.kernel.errors import OrgError
+from state_db.kernel.home import OrgHome
 from state_db.queries import schedules as q
 from state_db.vocab import TIMER_KINDS, Actor, ScheduleStatus, WorkStatus
 from state_db.writer import StateWriter

@@ -49,10 +49,10 @@ from roles.coordinator import schedules
 from roles.operations import schedules as rules
 from roles.operations.discover import scan_all
 from roles.operations.proposals import Edits, auto_start, record
-from roles.workspace.protect import match_paths
-from state_db.config import Config
-from state_db.errors import OrgError
-from state_db.home import OrgHome
+from roles.workbench.workspace.protect import match_paths
+from state_db.kernel.config import Config
+from state_db.kernel.errors import OrgError
+from state_db.kernel.home import OrgHome
 from state_db.queries import schedules as q
 from state_db.vocab import EVENT_KINDS, Actor, ScheduleKind, ScheduleStatus, WorkStatus
 from state_db.writer import StateWriter
@@ -126,7 +126,7 @@ class Observer:
 
     def org_files(self, conn, ws: str) -> list[dict[str, str]]:
         """What the org's latest runs on ``ws`` left there, checkpoint by checkpoint."""
-        from roles.workspace.history import WorkspaceHistory
+        from roles.workbench.workspace.history import WorkspaceHistory
         out = []
         for work_id, commit in q.org_checkpoints(conn, ws):
             key = (work_id, commit)
@@ -153,8 +153,8 @@ class Observer:
         return self.verify(order, ws)
 
     def commit(self, ws: Path, branch: str) -> Seen:
-        from roles.workspace import safegit
-        from roles.workspace.errors import RepositoryError
+        from roles.workbench.workspace import safegit
+        from roles.workbench.workspace.errors import RepositoryError
         try:
             repo = safegit.open_repository(ws)
         except RepositoryError as exc:
@@ -168,7 +168,7 @@ class Observer:
                                            f" (by {commit.author.name})")
 
     def commit_files(self, ws: Path, oid: str) -> dict[str, str]:
-        from roles.workspace import safegit
+        from roles.workbench.workspace import safegit
         repo = safegit.open_repository(ws)
         out: dict[str, str] = {}
 
@@ -193,7 +193,7 @@ class Observer:
         shutil.rmtree(snapshot, ignore_errors=True)
         try:
             shutil.copytree(ws, snapshot, symlinks=True, ignore=shutil.ignore_patterns(".git"))
-            from roles.sandbox import runner_from_config
+            from roles.workbench.sandbox import runner_from_config
             runner = runner_from_config(self.cfg, self.home, snapshot, present_at=ws)
             for command in order.request["verify"]:
                 try:

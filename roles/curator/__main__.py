@@ -1,6 +1,6 @@
 import sys
 
 from roles.curator.process import CuratorProcess
-from roles.runtime import main
+from roles.base.runtime import main
 
 sys.exit(main(CuratorProcess))

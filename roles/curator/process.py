@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from knowledge.thresholds import Thresholds
-from roles.runtime import RoleProcess
+from roles.base.runtime import RoleProcess
 from state_db.queries.events import last_id
 from transport.kinds import Kind
 

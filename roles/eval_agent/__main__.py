@@ -1,6 +1,6 @@
 import sys
 
 from roles.eval_agent.process import EvalAgentProcess
-from roles.runtime import main
+from roles.base.runtime import main
 
 sys.exit(main(EvalAgentProcess))

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from state_db.errors import OrgError
+from state_db.kernel.errors import OrgError
 from state_db.text import clean
 
 OUTPUT_TAIL = 2000

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-from roles.sandbox.reports import MAX_IDS, read_junit  # noqa: F401 - re-exported: callers read it here
+from roles.workbench.sandbox.reports import MAX_IDS, read_junit  # noqa: F401 - re-exported: callers read it here
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -174,7 +174,7 @@ def _summary_at(lines: list[str], i: int) -> TestCounts | None:
 
 # -- the runner's own report ---------------------------------------------------------------------
 
-# ``read_junit``: one reader serves the eval-agent and the discovery scan (roles/sandbox/reports.py)
+# ``read_junit``: one reader serves the eval-agent and the discovery scan (roles/workbench/sandbox/reports.py)
 
 
 # -- failing test ids --------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Mapping
 
 from roles.eval_agent.invoked import executed_files
-from roles.workspace.protect import match_paths
+from roles.workbench.workspace.protect import match_paths
 
 RESTORED = "restored from the baseline"      # the file existed at the baseline and was changed
 REMOVED = "left out (added by the doer)"      # the doer added it

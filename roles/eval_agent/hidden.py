@@ -28,7 +28,7 @@ import re
 import stat
 from pathlib import Path
 
-from state_db.errors import OrgError
+from state_db.kernel.errors import OrgError
 
 MAX_FILES = 500
 MAX_BYTES = 20 * 1024 * 1024
@@ -82,7 +82,7 @@ def _files(folder: Path) -> list[tuple[str, bytes, int]]:
 def check_folder(folder: str, workspace: Path, shown: list[tuple[str, bool]]) -> str:
     """The held-out checks folder as stored with the work item (absolute, resolved).
 
-    ``shown``: the doer's sandbox view as (path, hidden) pairs (``roles.sandbox.view``): a folder
+    ``shown``: the doer's sandbox view as (path, hidden) pairs (``roles.workbench.sandbox.view``): a folder
     inside a shown path and not inside a hidden one is refused. Raises HiddenError."""
     path = Path(folder).expanduser()
     if not path.is_absolute():

@@ -13,7 +13,7 @@ joined host a coordinator host that cannot be reached (``git_remote_failed``) go
 
 What is owed is one query (``state_db.queries.verdicts.due``): the preflights of live runs
 without one, then committed iterations of live runs without a verdict. Of several eval-agents,
-each takes its share (``roles.instances.OrgEvalAgents``). One on a joined host (``org join --role
+each takes its share (``roles.base.instances.OrgEvalAgents``). One on a joined host (``org join --role
 eval-agent``) verifies iterations only, from the checkpoints the store names, fetched from the
 coordinator host's histories; the preflights, which read the real workspace, stay there.
 """
@@ -28,9 +28,9 @@ import zlib
 from pathlib import Path
 
 from roles.eval_agent.codes import MACHINE_CODES
-from roles.instances import OrgEvalAgents
-from roles.runtime import RoleProcess
-from state_db.errors import OrgError
+from roles.base.instances import OrgEvalAgents
+from roles.base.runtime import RoleProcess
+from state_db.kernel.errors import OrgError
 from state_db.queries.verdicts import Due, due
 from transport.kinds import Kind
 
@@ -73,7 +73,7 @@ class EvalAgentProcess(RoleProcess):
 
     def _owns(self, agents: OrgEvalAgents, row: Due) -> bool:
         """Whether ``row`` is this eval-agent's to verify: of several, its share (the same list
-        every process reads: ``roles.instances``); never a preflight on a joined host."""
+        every process reads: ``roles.base.instances``); never a preflight on a joined host."""
         if self.joined and row.n == 0:
             return False
         current = agents.current()
@@ -103,8 +103,8 @@ class EvalAgentProcess(RoleProcess):
     def _verifier(self, writer):
         from roles.eval_agent.review import Reviewer, ReviewSettings
         from roles.eval_agent.verifier import Verifier
-        from roles.sandbox import runner_from_config
-        from roles.instances import host_name
+        from roles.workbench.sandbox import runner_from_config
+        from roles.base.instances import host_name
         return Verifier(self.home, writer, timeout_s=float(self.cfg.sandbox.cpu_seconds),
                         history_factory=remote_histories(self.home, writer.conn) if self.joined else None,
                         runner_factory=lambda snapshot, workspace: runner_from_config(self.cfg, self.home, snapshot,
@@ -305,7 +305,7 @@ class EvalAgentProcess(RoleProcess):
 def remote_histories(home, conn):
     """(git_dir, workspace) -> a work item's history for an eval-agent on a joined host: a copy
     in this home that fetches the checkpoint to verify and the baseline from the coordinator
-    host's ``git daemon`` (``roles.workspace.remote``). It is ``eval-history/<id>.git``, not the
+    host's ``git daemon`` (``roles.workbench.workspace.remote``). It is ``eval-history/<id>.git``, not the
     ``history/<id>.git`` a loop-agent of the same home keeps for its own workspace (whose baseline
     ref it writes only once the baseline is checked out there). No workspace is made or written:
     only snapshots (``eval/<id>``).
@@ -313,7 +313,7 @@ def remote_histories(home, conn):
     Raises (when a history is made): OrgError ``no_git_server`` — the coordinator host serves no
     histories; retried, then an ``error`` verdict.
     """
-    from roles.workspace.remote import RemoteHistory
+    from roles.workbench.workspace.remote import RemoteHistory
     from state_db.queries.peers import peer
 
     def make(git_dir, workspace):

@@ -40,8 +40,8 @@ from urllib.parse import urlparse
 import structlog
 
 from roles.eval_agent.checks import CheckResult
-from state_db.errors import OrgError
-from state_db.pricing import PriceTable
+from state_db.kernel.errors import OrgError
+from state_db.kernel.pricing import PriceTable
 from state_db.queries.review import review_usage
 from state_db.queries.usage import call_recorded
 from state_db.queries.work import WorkItem

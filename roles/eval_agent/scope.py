@@ -51,7 +51,7 @@ from typing import Iterable, Mapping, Sequence
 from roles.eval_agent import held as held_rules
 from roles.eval_agent.held import REMOVED, RESTORED, Held
 from roles.eval_agent.invoked import named_files
-from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
+from roles.workbench.workspace.protect import DEFAULT_PROTECTED_PATTERNS, match_paths
 
 OUT_OF_SCOPE = "out_of_scope"
 

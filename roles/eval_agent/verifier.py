@@ -39,17 +39,17 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from roles import telemetry
+from roles.base import telemetry
 from roles.eval_agent import canaries, evidence, held as held_rules, hidden as held_out, nearest, runnable
 from roles.eval_agent import scope as scope_rules
 from roles.eval_agent.codes import LIMIT_CODES
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
-from roles.sandbox.reports import ReportFile
-from roles.workspace.protect import DEFAULT_PROTECTED_PATTERNS
+from roles.workbench.sandbox.reports import ReportFile
+from roles.workbench.workspace.protect import DEFAULT_PROTECTED_PATTERNS
 from state_db.ending import StopDecision, end_run, goal_met as goal_met_rule
-from state_db.errors import NotFound, OrgError, StateError
-from state_db.home import OrgHome
+from state_db.kernel.errors import NotFound, OrgError, StateError
+from state_db.kernel.home import OrgHome
 from state_db.queries import peers, verdicts, work as work_q
 from state_db.queries.decisions import action_checkpoints
 from state_db.queries.iterations import iteration, last_n
@@ -179,7 +179,7 @@ class Verifier:
                  runner_factory=None, reviewer=None, scope: tuple[str, ...] = (), canaries: bool = True,
                  host: str = ""):
         if history_factory is None:
-            from roles.workspace.history import WorkspaceHistory as history_factory
+            from roles.workbench.workspace.history import WorkspaceHistory as history_factory
         self.home = home
         self.writer = writer
         self.timeout_s = timeout_s
@@ -253,7 +253,7 @@ class Verifier:
     def verify(self, work_id: str, n: int) -> Verdict | Preflight:
         """Verify committed iteration ``n`` of ``work_id`` (idempotent: an existing verdict is
         returned); ``n == 0`` is the preflight on the baseline. Traced, when tracing is on, as a
-        child of the iteration's span in the run's trace (``roles.telemetry``)."""
+        child of the iteration's span in the run's trace (``roles.base.telemetry``)."""
         tracing = telemetry.current()
         if not tracing.enabled:
             return self._verify(work_id, n)

@@ -1,6 +1,6 @@
 import sys
 
 from roles.loop_agent.process import LoopAgentProcess
-from roles.runtime import main
+from roles.base.runtime import main
 
 sys.exit(main(LoopAgentProcess))

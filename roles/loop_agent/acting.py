@@ -11,7 +11,7 @@ import dataclasses
 import time
 from dataclasses import replace
 
-from roles import telemetry
+from roles.base import telemetry
 from roles.loop_agent import gate, progress as prog, triage, wrapup
 from roles.loop_agent.backends.base import ActContext, ActOutcome, Remaining, Usage
 from roles.loop_agent.conditions import MIN_WRAPUP_SECONDS, MIN_WRAPUP_TOKENS
@@ -20,7 +20,7 @@ from roles.loop_agent.lessons import derive_lesson
 from roles.loop_agent.stop import RunProgress, StopDecision, fingerprint
 from roles.loop_agent.tools import read_only
 from roles.loop_agent.transcript import Transcript
-from state_db.errors import Conflict
+from state_db.kernel.errors import Conflict
 from state_db.queries import loop as loopq, work as work_q
 from state_db.queries.decisions import Decision
 from state_db.queries.iterations import open_attempts
@@ -72,7 +72,7 @@ class Acting:
         """What the workspace would take written out, when that is over its quota (else None)."""
         if self.settings.disk_mb is None:
             return None
-        from roles.sandbox.limits import Limits, over_quota
+        from roles.workbench.sandbox.limits import Limits, over_quota
         return over_quota(self.history.workspace, Limits(disk_mb=self.settings.disk_mb))
 
     def _start(self, work: WorkItem) -> None:

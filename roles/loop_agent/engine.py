@@ -37,7 +37,7 @@ from typing import Callable
 
 import structlog
 
-from roles import telemetry
+from roles.base import telemetry
 from roles.loop_agent import gate, progress as prog, steps, triage
 from roles.loop_agent.acting import INTERRUPTED, Acting  # noqa: F401 - INTERRUPTED: the code of a cut act
 from roles.loop_agent.backends.base import Backend
@@ -46,10 +46,10 @@ from roles.loop_agent.policy import StopPolicy, policy_from_caps
 from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, Parked, Paused, Preflight, Reflect,
                                     Step, WrapUp)
 from roles.loop_agent.stop import StopDecision
-from roles.workspace import delivered
+from roles.workbench.workspace import delivered
 from roles.loop_agent.transcript import RUN_BYTES, Transcript
 from state_db import ending
-from state_db.errors import Conflict, OrgError
+from state_db.kernel.errors import Conflict, OrgError
 from state_db.queries import loop as loopq, work as work_q
 from state_db.queries.iterations import count, iteration as iteration_row
 from state_db.queries.usage import of_work, org_spend
@@ -332,7 +332,7 @@ class LoopEngine(Acting):
 
     def _act_again(self, step: ActAgain, work, progress, its, verdicts) -> Step:
         """One attempt at iteration ``step.n`` and, once it is committed, the wait for its verdict
-        (both in the iteration's span, derived ids: ``roles.telemetry``)."""
+        (both in the iteration's span, derived ids: ``roles.base.telemetry``)."""
         n, attempt = progress.iterations + 1, work.attempt + 1
         with telemetry.current().iteration(self.work_id, n, attempt) as span:
             try:
@@ -433,7 +433,7 @@ class LoopEngine(Acting):
 
     def _deliver(self, ending_: StopDecision) -> None:
         """At goal_met, make the workspace hold the tree the eval-agent verified, byte for byte, the
-        doer's changes outside the scope kept apart (``roles.workspace.delivered``); once, recorded
+        doer's changes outside the scope kept apart (``roles.workbench.workspace.delivered``); once, recorded
         on the work item (a run resumed after a crash here delivers then)."""
         if ending_.reason != StopReason.GOAL_MET or getattr(self.history, "record_apart", None) is None:
             return

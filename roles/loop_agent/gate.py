@@ -27,7 +27,7 @@ import time
 import uuid
 from typing import Callable
 
-from state_db.processes import identity, identity_alive
+from state_db.kernel.processes import identity, identity_alive
 from state_db.queries import decisions, work
 from state_db.queries.decisions import ASKED_AGAIN, Decision
 from state_db.queries.loop import UNKNOWN_ERROR

@@ -12,13 +12,13 @@ import threading
 import time
 from pathlib import Path
 
-from roles.instances import OrgEvalAgents
+from roles.base.instances import OrgEvalAgents
 from roles.loop_agent.remote_verify import RemoteVerify
-from roles.runtime import RoleProcess
+from roles.base.runtime import RoleProcess
 from state_db.connection import connect
 from state_db.queries import work as work_q
 from state_db.queries.iterations import open_attempt
-from state_db.errors import OrgError
+from state_db.kernel.errors import OrgError
 from state_db.queries.work import assigned_to
 from state_db.vocab import WorkStatus
 from transport.kinds import Kind
@@ -49,13 +49,13 @@ class ActionRunner:
         return self.home.run_dir / "actions" / hashlib.sha256(workspace.encode()).hexdigest()[:16]
 
     def __call__(self, command: str, kind: str, workspace: str):
-        from roles.sandbox import BwrapRunner, runner_from_config
+        from roles.workbench.sandbox import BwrapRunner, runner_from_config
         cfg = self.cfg
         runner = runner_from_config(cfg, self.home, Path(workspace))
         if kind == "network" and isinstance(runner, BwrapRunner):
             runner.network = True
         elif kind != "network":
-            from roles.sandbox import UnsandboxedRunner
+            from roles.workbench.sandbox import UnsandboxedRunner
             runner = UnsandboxedRunner(Path(workspace))
         logs = self.log_dir(workspace)
         try:
@@ -128,8 +128,8 @@ class LoopAgentProcess(RoleProcess):
                 import anthropic  # noqa: F401
                 import roles.loop_agent.backends.factory  # noqa: F401
                 import roles.loop_agent.backends.anthropic_backend  # noqa: F401
-                import roles.loop_agent.scripted.server  # noqa: F401
-                import roles.workspace.history  # noqa: F401
+                import roles.workbench.scripted.server  # noqa: F401
+                import roles.workbench.workspace.history  # noqa: F401
             except Exception:  # noqa: BLE001 - the act reports a missing SDK properly
                 pass
         threading.Thread(target=load, name="warm-up", daemon=True).start()
@@ -219,11 +219,11 @@ class LoopAgentProcess(RoleProcess):
     def _history(self, writer, work_id: str, workspace: Path):
         """The run's shadow history. On a joined host (org join) the workspace is a local copy
         under the host's own home, fetched from and pushed to the coordinator host's history of
-        the work item through git (``roles.workspace.remote``); else the workspace itself."""
-        from roles.workspace.history import WorkspaceHistory
+        the work item through git (``roles.workbench.workspace.remote``); else the workspace itself."""
+        from roles.workbench.workspace.history import WorkspaceHistory
         if not self.cfg.hosts.coordinator:
             return WorkspaceHistory(self.home.history_dir / f"{work_id}.git", workspace, defer=True)
-        from roles.workspace.remote import RemoteHistory
+        from roles.workbench.workspace.remote import RemoteHistory
         from state_db.queries.peers import peer
         coordinator = peer(writer.conn, "coordinator")
         if coordinator is None or not coordinator.git_url:

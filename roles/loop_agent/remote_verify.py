@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Callable
 
-from state_db.errors import OrgError
+from state_db.kernel.errors import OrgError
 from state_db.queries.verdicts import verified
 from state_db.queries.work import item
 

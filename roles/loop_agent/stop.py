@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Sequence
 
 from state_db.ending import StopDecision
-from state_db.errors import StateError
+from state_db.kernel.errors import StateError
 from state_db.vocab import StopReason
 
 __all__ = ["AllOf", "AnyOf", "RunProgress", "StopCondition", "StopConfigError", "StopDecision", "VerdictSummary",

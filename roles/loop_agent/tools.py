@@ -23,8 +23,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator, Mapping
 
 from roles.loop_agent.commands import CommandRunner, SubprocessRunner
-from roles.sandbox.hostile import HostileFile, read_regular
-from state_db.errors import OrgError
+from roles.workbench.sandbox.hostile import HostileFile, read_regular
+from state_db.kernel.errors import OrgError
 from state_db.vocab import GATE_KINDS
 from state_db.text import clean
 

@@ -22,7 +22,7 @@ from typing import Iterable
 import orjson
 
 from roles.loop_agent.policy import StopPolicy
-from state_db.errors import OrgError
+from state_db.kernel.errors import OrgError
 from state_db.queries.decisions import has_pending
 from state_db.queries.loop import UNKNOWN_ERROR, errors_asked
 from state_db.queries.work import item

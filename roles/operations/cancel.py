@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from roles.operations import Result, human_writer, signed
 from roles.operations.wake import wake_coordinator
-from state_db.config import Config
+from state_db.kernel.config import Config
 from state_db.ending import StopDecision, end_run
-from state_db.errors import NotFound
-from state_db.home import OrgHome
+from state_db.kernel.errors import NotFound
+from state_db.kernel.home import OrgHome
 from state_db.queries import work
 from state_db.vocab import StopReason, WorkStatus
 

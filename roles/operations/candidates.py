@@ -17,9 +17,9 @@ from skills import candidates as C, review
 from skills.errors import SkillError
 from skills.skillmd import parse, render
 from skills import replay
-from state_db.config import Config
+from state_db.kernel.config import Config
 from state_db.connection import connect
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 from state_db.vocab import CandidateStatus
 
 STATUSES = tuple(str(s) for s in CandidateStatus)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from state_db.config import Config
-from state_db.errors import StateError
+from state_db.kernel.config import Config
+from state_db.kernel.errors import StateError
 from state_db.queries.work import DEFAULT, FLAG, ORG_TOML, Caps
 
 # each cap and the flags that set and remove it (named in errors and in `org show`)

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from roles.operations import Result, human_writer, signed
 from roles.operations.caps import CAP_FLAGS, CapsError, check_value
 from roles.operations.wake import Waker
-from state_db.config import Config
-from state_db.errors import NotFound, StateError
-from state_db.home import OrgHome
+from state_db.kernel.config import Config
+from state_db.kernel.errors import NotFound, StateError
+from state_db.kernel.home import OrgHome
 from state_db.queries import work as work_q
 from state_db.queries.iterations import count as iterations_count
 from state_db.queries.usage import of_work, summarised

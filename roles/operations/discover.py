@@ -8,7 +8,7 @@ Sources:
 - the verify commands' failures on the current tree: each command runs in the sandbox the
   eval-agent's preflight uses (``runner_from_config``), on a snapshot of the workspace written
   from a throwaway shadow history (``WorkspaceHistory``), with pytest asked for a JUnit report
-  whose failing test ids name what fails (``roles/sandbox/reports.py``);
+  whose failing test ids name what fails (``roles/workbench/sandbox/reports.py``);
 - ``TODO`` / ``FIXME`` markers that open a comment in the files git tracks (libgit2 reads the
   index: no git process, no hook), text files only, vendored and cache folders left out;
 - an issue list exported as JSON: ``gh issue list --json number,title,body,labels`` (an array)
@@ -32,16 +32,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from roles.sandbox import runner_from_config
-from roles.sandbox.hostile import HostileFile, read_regular
-from roles.sandbox.reports import ReportFile
-from roles.workspace import safegit
-from roles.workspace.errors import RepositoryError
-from roles.workspace.history import WorkspaceHistory
-from state_db import config as config_mod
-from state_db.config import Config
-from state_db.errors import OrgError
-from state_db.home import resolve_home
+from roles.workbench.sandbox import runner_from_config
+from roles.workbench.sandbox.hostile import HostileFile, read_regular
+from roles.workbench.sandbox.reports import ReportFile
+from roles.workbench.workspace import safegit
+from roles.workbench.workspace.errors import RepositoryError
+from roles.workbench.workspace.history import WorkspaceHistory
+from state_db.kernel import config as config_mod
+from state_db.kernel.config import Config
+from state_db.kernel.errors import OrgError
+from state_db.kernel.home import resolve_home
 from state_db.vocab import ProposalKind as K
 
 RANK = (K.FAILING_TEST, K.BUG, K.FIXME, K.TODO, K.ISSUE)

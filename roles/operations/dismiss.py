@@ -11,8 +11,8 @@ import uuid
 from dataclasses import dataclass
 
 from roles.operations import Result, human_writer, signed
-from state_db.errors import NotFound, StateError
-from state_db.home import OrgHome
+from state_db.kernel.errors import NotFound, StateError
+from state_db.kernel.home import OrgHome
 from state_db.queries import work
 from state_db.vocab import WorkStatus
 

@@ -2,7 +2,7 @@
 (``org export ID --held``) or applied to the workspace (``org apply ID --held``).
 
 At goal_met the workspace was made to hold the verified tree and the doer's other changes were
-kept apart as a commit of the history (``roles.workspace.delivered``); the work item's
+kept apart as a commit of the history (``roles.workbench.workspace.delivered``); the work item's
 ``delivered`` names both. Applying writes the held commit's version of each held path into the
 workspace — only where the workspace still holds the verified version, so nothing the human
 changed since is overwritten — through libgit2's objects, never a git process.
@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from state_db.errors import NotFound, StateError
-from state_db.home import OrgHome
+from state_db.kernel.errors import NotFound, StateError
+from state_db.kernel.home import OrgHome
 from state_db.queries import work as work_q
 
 
 def _delivered(home: OrgHome, conn, work_id: str):
-    from roles.workspace.history import WorkspaceHistory
+    from roles.workbench.workspace.history import WorkspaceHistory
 
     item = work_q.item(conn, work_id)
     if item is None:

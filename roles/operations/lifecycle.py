@@ -16,8 +16,8 @@ import orjson
 
 from roles.operations import Result, human_writer
 from state_db.bootstrap import init_home
-from state_db.errors import StateError
-from state_db.home import OrgHome
+from state_db.kernel.errors import StateError
+from state_db.kernel.home import OrgHome
 from state_db.queries.processes import session as org_session
 from state_db.vocab import SessionStatus
 

@@ -26,9 +26,9 @@ from typing import Callable
 from roles.operations import human_writer, signed
 from roles.operations.discover import DiscoverError, ScanResult
 from roles.operations.submit import SubmitRequest, submit
-from state_db.config import Config
-from state_db.errors import Conflict, NotFound
-from state_db.home import OrgHome
+from state_db.kernel.config import Config
+from state_db.kernel.errors import Conflict, NotFound
+from state_db.kernel.home import OrgHome
 from state_db.queries import proposals as Q
 from state_db.queries.schedules import automatic_start_allowed
 from state_db.vocab import Origin, ProposalStatus as P

@@ -26,10 +26,10 @@ from roles.operations import Result, human_writer
 from roles.operations.submit import SubmitRequest, submit
 from skills import replay as S
 from skills.errors import SkillError
-from state_db.config import Config
+from state_db.kernel.config import Config
 from state_db.connection import connect
-from state_db.errors import OrgError
-from state_db.home import OrgHome
+from state_db.kernel.errors import OrgError
+from state_db.kernel.home import OrgHome
 from state_db.queries import replays as R
 from state_db.queries import work as work_q
 from state_db.queries.replays import WITH, WITHOUT
@@ -100,8 +100,8 @@ def submit_run(writer, home: OrgHome, cfg: Config, subject: S.Subject, source: s
     dest = workspace_of(home, subject.id, source, arm)
     if dest.exists():                       # a submit that crashed before its row: ours to redo
         shutil.rmtree(dest)
-    from roles.workspace.copy import write_commit
-    from roles.workspace.views import BASELINE_REF
+    from roles.workbench.workspace.copy import write_commit
+    from roles.workbench.workspace.views import BASELINE_REF
     write_commit(_history(home, source), BASELINE_REF, dest)
 
     def record(tx, work_id):

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from roles.operations import Result, human_writer, signed
-from state_db.errors import NotFound, StateError
-from state_db.home import OrgHome
+from state_db.kernel.errors import NotFound, StateError
+from state_db.kernel.home import OrgHome
 from state_db.queries import decisions as decision_q, work as work_q
 from state_db.queries.iterations import checkpoints
 from state_db.queries.work import WORKSPACE_SET, WorkItem
@@ -41,7 +41,7 @@ class Restored(Result):
 
 
 def _history(home: OrgHome, item: WorkItem):
-    from roles.workspace.history import WorkspaceHistory
+    from roles.workbench.workspace.history import WorkspaceHistory
     return WorkspaceHistory(home.history_dir / f"{item.id}.git", Path(item.workspace))
 
 

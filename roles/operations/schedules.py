@@ -22,9 +22,9 @@ from datetime import datetime
 
 from roles.operations import human_writer, signed
 from roles.operations.submit import SubmitRequest, check
-from state_db.config import Config
-from state_db.errors import NotFound, StateError
-from state_db.home import OrgHome
+from state_db.kernel.config import Config
+from state_db.kernel.errors import NotFound, StateError
+from state_db.kernel.home import OrgHome
 from state_db.queries import schedules as q
 from state_db.vocab import EVENT_KINDS, TIMER_KINDS, ScheduleKind, ScheduleStatus
 

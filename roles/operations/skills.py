@@ -16,10 +16,10 @@ from skills import registry, review
 from skills.errors import SkillError
 from skills.skillmd import render, write_folder
 from skills import replay
-from state_db.config import Config
+from state_db.kernel.config import Config
 from state_db.queries import replays as replays_q
 from state_db.connection import connect
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 
 
 @dataclass(frozen=True)

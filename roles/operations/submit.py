@@ -8,11 +8,11 @@ from pathlib import Path
 
 from roles.operations import Result, human_writer, signed
 from roles.operations.wake import Waker
-from roles.workspace import safegit
-from roles.workspace.errors import RepositoryError
-from state_db.config import Config
-from state_db.errors import StateError
-from state_db.home import OrgHome
+from roles.workbench.workspace import safegit
+from roles.workbench.workspace.errors import RepositoryError
+from state_db.kernel.config import Config
+from state_db.kernel.errors import StateError
+from state_db.kernel.home import OrgHome
 from state_db.queries import work
 from state_db.queries.processes import session as org_session
 from state_db.queries.verdicts import preflight as preflight_of
@@ -180,10 +180,10 @@ def _worktree(home: OrgHome, ws: Path, work_id: str) -> tuple[Path, str]:
 
 def _toolchain(req: SubmitRequest, ws: Path) -> dict:
     """The submitter's PATH, HOME and the paths their verify commands name: the sandbox shows
-    these tools to the work item's commands (roles/sandbox/toolchains.py)."""
+    these tools to the work item's commands (roles/workbench/sandbox/toolchains.py)."""
     import os
 
-    from roles.sandbox.toolchains import at_submit
+    from roles.workbench.sandbox.toolchains import at_submit
     if req.toolchain is not None:
         return req.toolchain
     return at_submit(os.environ, req.verify, ws).encode()
@@ -265,7 +265,7 @@ def _no_home_within(ws: Path) -> None:
     could read and write them. A workspace past the walk's bound (``homes.MAX_ENTRIES``) is
     searched that far; every sandbox still hides the registered homes in it. Raises SubmitError
     ``workspace_contains_org_home``."""
-    from roles.sandbox.homes import homes_within
+    from roles.workbench.sandbox.homes import homes_within
     found = homes_within(ws)
     if found.homes:
         first = found.homes[0]
@@ -319,8 +319,8 @@ def _verify_hidden(req: SubmitRequest, cfg: Config, home: OrgHome, ws: Path, too
     if not folder:
         return ""
     from roles.eval_agent.hidden import HiddenError, check_folder
-    from roles.sandbox.toolchains import Exposure, Toolchain
-    from roles.sandbox.view import build
+    from roles.workbench.sandbox.toolchains import Exposure, Toolchain
+    from roles.workbench.sandbox.view import build
     view = build(Toolchain.decode(toolchain), own_home=home.root,
                  readonly=[Exposure(p, "org.toml sandbox.readonly_binds") for p in cfg.sandbox.readonly_binds])
     shown = [(e.path, False) for e in view.readonly] + [(e.path, True) for e in view.hidden]
@@ -359,7 +359,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
             # slow work (git) happens before the write transaction, never while holding the lock
             if req.worktree:
                 workspace, branch = _worktree(home, ws, work_id)
-            from roles.workspace.history import WorkspaceHistory  # baseline at submit, outside the workspace
+            from roles.workbench.workspace.history import WorkspaceHistory  # baseline at submit, outside the workspace
             WorkspaceHistory(home.history_dir / f"{work_id}.git", workspace).baseline()
 
         def do(tx):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import structlog
 
-from state_db.config import Config
-from state_db.errors import OrgError
-from state_db.home import OrgHome
+from state_db.kernel.config import Config
+from state_db.kernel.errors import OrgError
+from state_db.kernel.home import OrgHome
 
 SENT = ("push", "outbox")
 NOT_SENT = "wake_not_sent"          # transport counter: wakes this sender could not send
@@ -31,7 +31,7 @@ class Waker:
     def __init__(self, home: OrgHome, cfg: Config, sender: str = "human"):
         self.home, self.cfg, self.sender, self.link, self.error = home, cfg, sender, None, None
         try:
-            from roles.transport_link import ThreadSender
+            from roles.base.transport_link import ThreadSender
             self.link = ThreadSender(home, sender, cfg)
             self.link.sender.pusher.prepare("coordinator")
         except Exception as exc:  # noqa: BLE001 - reported by wake()

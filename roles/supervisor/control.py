@@ -15,9 +15,9 @@ import time
 from roles.operations.lifecycle import record_intent
 from roles.supervisor import procs
 from state_db.connection import connect
-from state_db.errors import StateError
+from state_db.kernel.errors import StateError
 from state_db.queries.processes import RoleInstance, role_instances, session as org_session
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 from state_db.vocab import Actor, RoleStatus, SessionStatus
 from state_db.writer import StateWriter
 
@@ -95,8 +95,8 @@ def wait_ready(home: OrgHome, *, timeout_s: float, proc: subprocess.Popen | None
 
 def _wanted(home: OrgHome) -> set[str]:
     """The instances the configuration asks for (a lowered loop_agents leaves old rows behind)."""
-    from roles.instances import org_instances
-    from state_db import config as config_mod
+    from roles.base.instances import org_instances
+    from state_db.kernel import config as config_mod
     cfg = config_mod.load_config(home)
     if cfg.hosts.coordinator:
         from roles.supervisor import hosts

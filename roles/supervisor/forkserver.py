@@ -38,7 +38,7 @@ from pathlib import Path
 import orjson
 
 from roles.supervisor.template import HEAVY, LIGHT, PRELOAD, launch, pdeathsig, subreaper
-from state_db.errors import OrgError
+from state_db.kernel.errors import OrgError
 
 __all__ = ["ForkServer", "ForkServerError", "ForkedRole", "HEAVY", "LIGHT", "PRELOAD", "serve"]
 
@@ -263,10 +263,10 @@ def _validators() -> None:
     """Build org.toml's validators once, here. pydantic builds them when a configuration is first
     validated (``defer_build``), ~50 ms of CPU, and every role validates its org.toml first thing:
     built before the fork, no role builds its own copy. Once built, this costs nothing."""
-    if "state_db.config" not in sys.modules:
+    if "state_db.kernel.config" not in sys.modules:
         return
     try:
-        from state_db.config import Config, defaults
+        from state_db.kernel.config import Config, defaults
         Config(defaults())
     except Exception:  # noqa: BLE001 - a role that cannot validate its configuration says so itself
         pass

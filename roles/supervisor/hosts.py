@@ -17,10 +17,10 @@ every role reconciles on its tick.
 from __future__ import annotations
 
 
-from roles.instances import InstanceSpec, host_name
-from state_db.config import Config
-from state_db.errors import Conflict, StateError
-from state_db.home import OrgHome
+from roles.base.instances import InstanceSpec, host_name
+from state_db.kernel.config import Config
+from state_db.kernel.errors import Conflict, StateError
+from state_db.kernel.home import OrgHome
 from state_db.queries import peers as peer_q
 from state_db.writer import StateWriter
 
@@ -49,7 +49,7 @@ def register(writer: StateWriter, home: OrgHome, cfg: Config, instances: list[st
         Conflict: a name is registered by another host.
         KeyringError: an instance has no keys (the supervisor issues them at start).
     """
-    from roles.transport_link import peer_keys
+    from roles.base.transport_link import peer_keys
     host, url = host_name(cfg), git_url(cfg)
     rows = peer_keys(home, cfg, instances)
     with writer.transaction() as tx:

@@ -19,15 +19,15 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("ORG_SPAWN", "fork") != "exec":
         from roles.supervisor.template import launch
         launched = launch(sys.executable)
-    from state_db.errors import OrgError
+    from state_db.kernel.errors import OrgError
     if launched is not None:
         from roles.supervisor.forkserver import ForkServer
         forks = ForkServer(sys.executable)
         forks.adopt(*launched)
     from roles.supervisor.supervisor import Supervisor
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
-    from state_db.logsetup import configure
+    from state_db.kernel.home import OrgHome
+    from state_db.kernel.logsetup import configure
 
     home = OrgHome(Path(args.home))
     try:

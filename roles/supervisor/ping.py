@@ -6,10 +6,10 @@ import shutil
 import time
 from pathlib import Path
 
-from roles.instances import org_instances
-from roles.transport_link import keyring_file
-from state_db.config import Config
-from state_db.home import OrgHome
+from roles.base.instances import org_instances
+from roles.base.transport_link import keyring_file
+from state_db.kernel.config import Config
+from state_db.kernel.home import OrgHome
 from transport.endpoints import Endpoints
 from transport.envelope import Limits
 from transport.keys import Keyring

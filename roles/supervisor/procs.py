@@ -7,9 +7,9 @@ import sqlite3
 from pathlib import Path
 
 from state_db.connection import connect
-from state_db.errors import StateError
+from state_db.kernel.errors import StateError
 from state_db.queries.processes import role_instances
-from state_db.processes import is_alive, start_time, state  # noqa: F401 - re-exported: callers use procs.*
+from state_db.kernel.processes import is_alive, start_time, state  # noqa: F401 - re-exported: callers use procs.*
 
 
 def signal_if_same(pid: int | None, started: str | None, sig: int = signal.SIGTERM) -> bool:

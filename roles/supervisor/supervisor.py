@@ -21,12 +21,12 @@ from typing import Protocol
 
 import structlog
 
-from roles.instances import InstanceSpec, org_instances
+from roles.base.instances import InstanceSpec, org_instances
 from roles.supervisor import procs
 from roles.supervisor.forkserver import ForkedRole, ForkServer, ForkServerError
-from state_db.config import Config
-from state_db.errors import StateError
-from state_db.home import OrgHome
+from state_db.kernel.config import Config
+from state_db.kernel.errors import StateError
+from state_db.kernel.home import OrgHome
 from state_db.queries.processes import role_instance, role_instances, session as org_session
 from state_db.queries import processes, work
 from state_db.vocab import Actor, RoleStatus, SessionStatus, WorkStatus
@@ -185,7 +185,7 @@ class Supervisor:
         """[hosts] git_listen: the work items' histories, served to joined hosts by git daemon."""
         if self.joined or not self.cfg.hosts.git_listen:
             return
-        from roles.supervisor.gitserve import GitServeError, GitServer
+        from roles.workbench.serve.gitserve import GitServeError, GitServer
         if not self.cfg.hosts.git_unauthenticated:
             raise GitServeError(f"[hosts] git_listen = {self.cfg.hosts.git_listen!r} would serve every work item's "
                                 "history to anyone who reaches the port (git:// has no authentication)",
@@ -310,7 +310,7 @@ class Supervisor:
 
     def _notify_failed(self, name: str) -> None:
         try:
-            from roles.transport_link import send_once
+            from roles.base.transport_link import send_once
             send_once(self.home, "supervisor", "coordinator", "role_failed", {"instance": name}, self.cfg)
         except Exception as exc:  # the failure is in state.db; the message is only a wake-up
             self.log.warning("role_failed_not_sent", error=str(exc))
@@ -396,7 +396,7 @@ class Supervisor:
     def _restart_git(self) -> None:
         """The histories' server exited: start it again (a failure is logged and retried; the
         org goes on, and joined hosts' pushes fail until it is back, which their runs retry)."""
-        from state_db.errors import OrgError
+        from state_db.kernel.errors import OrgError
         self.log.warning("histories_server_exited", next="start it again")
         try:
             self.git.start()

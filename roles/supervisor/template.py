@@ -34,7 +34,7 @@ LIGHT = (
 HEAVY = (
     "roles.loop_agent.engine",
     "roles.loop_agent.tools",
-    "roles.workspace.history",
+    "roles.workbench.workspace.history",
     "roles.eval_agent.process",
     "roles.eval_agent.verifier",
     "roles.eval_agent.review",
@@ -48,7 +48,7 @@ HEAVY = (
     "opentelemetry.propagate",
     "roles.loop_agent.backends.factory",
     "roles.loop_agent.backends.anthropic_backend",
-    "roles.loop_agent.scripted.server",
+    "roles.workbench.scripted.server",
     # an HTTP server's bind looks up the host's name (socket.getfqdn), which imports this codec
     "encodings.idna",
 )

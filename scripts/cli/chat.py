@@ -24,9 +24,9 @@ from roles.operations.cancel import cancel as cancel_op
 from roles.operations.continue_run import ContinueRequest, continue_run
 from roles.operations.decide import decide as decide_op
 from roles.operations.submit import SubmitRequest, submit as submit_op
-from state_db.config import load_config
-from state_db.errors import OrgError
-from state_db.home import OrgHome, resolve_home
+from state_db.kernel.config import load_config
+from state_db.kernel.errors import OrgError
+from state_db.kernel.home import OrgHome, resolve_home
 
 HELP = """commands (the same as the org CLI):
   /submit "GOAL" --workspace DIR --verify "CMD" [options]   give the org work

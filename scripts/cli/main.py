@@ -12,7 +12,7 @@ import importlib
 import sys
 import traceback
 
-from state_db.errors import OrgError
+from state_db.kernel.errors import OrgError
 
 EXIT_OK = 0
 EXIT_ERROR = 1         # an expected failure with a code
@@ -79,7 +79,7 @@ def _keys_joined(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (``sys.exit`` happens in ``run``)."""
-    from state_db.home import require_linux
+    from state_db.kernel.home import require_linux
 
     args_given = sys.argv[1:] if argv is None else list(argv)
     if args_given[:1] == ["git-shell"]:      # sshd's forced command: once per fetch or push, so fast
@@ -123,8 +123,8 @@ def _quiet_logs(home_arg) -> None:
     """Library logs of CLI commands go to logs/cli.log (or nowhere), never onto the terminal."""
     import logging
 
-    from state_db.home import resolve_home
-    from state_db.logsetup import configure
+    from state_db.kernel.home import resolve_home
+    from state_db.kernel.logsetup import configure
     home = resolve_home(home_arg)
     if home.logs_dir.is_dir():
         configure(home.logs_dir, "human", "cli")
@@ -135,7 +135,7 @@ def _quiet_logs(home_arg) -> None:
 
 def _log_internal(exc: BaseException) -> None:
     try:
-        from state_db.home import resolve_home
+        from state_db.kernel.home import resolve_home
         home = resolve_home()
         if home.logs_dir.is_dir():
             with open(home.logs_dir / "cli.log", "a") as f:

@@ -27,10 +27,10 @@ from pydantic import AnyUrl
 
 from scripts.cli import mcp_tools
 from scripts.cli.version import version
-from state_db.config import Config
+from state_db.kernel.config import Config
 from state_db.connection import connect
-from state_db.errors import NotFound, OrgError
-from state_db.home import OrgHome
+from state_db.kernel.errors import NotFound, OrgError
+from state_db.kernel.home import OrgHome
 from state_db.queries.events import after as events_after, last_id
 
 log = structlog.get_logger("mcp")

@@ -17,9 +17,9 @@ from roles.operations.continue_run import ContinueRequest, continue_run
 from roles.operations.decide import decide as decide_op
 from roles.operations.submit import SubmitRequest, submit as submit_op
 from scripts.cli.commands.submit import check_scripted_backend
-from state_db.config import Config
-from state_db.errors import OrgError
-from state_db.home import OrgHome
+from state_db.kernel.config import Config
+from state_db.kernel.errors import OrgError
+from state_db.kernel.home import OrgHome
 
 STATUSES = list(candidate_ops.STATUSES)
 
@@ -81,7 +81,7 @@ def show(caller: Caller, a: dict) -> dict:
 def transcript(caller: Caller, a: dict) -> dict:
     """What ``org show ID --transcript --json`` prints."""
     from state_db import queries
-    from state_db.errors import NotFound
+    from state_db.kernel.errors import NotFound
     from state_db.queries.transcript import of_work
 
     def read(conn):

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import orjson
 
 from state_db.connection import connect
-from state_db.home import OrgHome, resolve_home
+from state_db.kernel.home import OrgHome, resolve_home
 from state_db.text import one_line, visible
 
 # mcp speaks JSON-RPC on stdout; watch draws its own screen and neutralises each line itself;

@@ -63,7 +63,7 @@ def register(tx, *, instance: str, host: str, role: str, endpoint: str, curve_pu
     Raises:
         Conflict: the name or the public key belongs to another host's instance.
     """
-    from state_db.errors import Conflict
+    from state_db.kernel.errors import Conflict
 
     old = peer(tx.conn, instance)
     if old is not None and old.host != host:
@@ -82,7 +82,7 @@ def register(tx, *, instance: str, host: str, role: str, endpoint: str, curve_pu
 
 def live_eval_agents(conn: sqlite3.Connection, *, heartbeat_timeout_s: float, now: float) -> list[Peer]:
     """The registered eval-agents that are ready and heartbeating (within ``heartbeat_timeout_s``
-    of ``now``), by name: the org's eval-agent list over tcp (``roles.instances.EvalAgents``)."""
+    of ``now``), by name: the org's eval-agent list over tcp (``roles.base.instances.EvalAgents``)."""
     rows = conn.execute("""SELECT p.* FROM peers p JOIN role_instances r ON r.instance = p.instance
                            WHERE p.role = 'eval-agent' AND r.status = 'ready'
                              AND r.heartbeat_at IS NOT NULL AND r.heartbeat_at >= ?

@@ -139,7 +139,7 @@ class WorkItem:
     review: dict = field(default_factory=dict)        # the review criteria it was submitted with
     next_step: str | None = None     # a paused or parked run's next step, as stored (roles/loop_agent/steps.py)
     scope: tuple[str, ...] = ()      # globs that widen its change scope (roles/eval_agent/scope.py)
-    delivered: dict | None = None    # at goal_met: the verified tree delivered (roles/workspace/delivered.py)
+    delivered: dict | None = None    # at goal_met: the verified tree delivered (roles/workbench/workspace/delivered.py)
     verify_hidden: str = ""          # the held-out checks folder copied into each snapshot ('' none)
     ladder: "Ladder" = field(default_factory=lambda: Ladder())
 

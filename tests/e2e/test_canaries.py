@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from roles.sandbox import bubblewrap
+from roles.workbench.sandbox import bubblewrap
 from tests.e2e.hostile_tricks import CALC_BUGGY, CALC_FIXED, REPORT_REWRITE, Trick, outcome, prepare, submit, write
 from tests.support.org import query, running_org, wait_for
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from roles.supervisor.gitshell import authorized_keys_line
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.serve.gitshell import authorized_keys_line
+from roles.workbench.workspace.history import WorkspaceHistory
 from state_db.bootstrap import init_home
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 from state_db.vocab import Actor, WorkStatus
 from state_db.writer import StateWriter
 from tests.test_git_shell import ORG, USER, Sshd, cannot_serve, keygen
@@ -228,7 +228,7 @@ def test_an_honest_worker_works_through_its_scoped_key(two_hosts, tmp_path, monk
     """The loop-agent's own history client (``RemoteHistory``) with host-a's key: it takes the
     baseline, pushes an iteration, replaces it by a second attempt (the old one kept in the discard
     area), pushes an approved action's checkpoint and, once iteration 1 is committed, iteration 2."""
-    from roles.workspace.remote import RemoteHistory
+    from roles.workbench.workspace.remote import RemoteHistory
     home, server, addresses, keys = two_hosts
     monkeypatch.setenv("GIT_SSH_COMMAND", f"ssh -i {keys['host-a']} -o StrictHostKeyChecking=no "
                                           "-o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR "

@@ -160,7 +160,7 @@ def org_with_failing_bwrap():
     does when user namespaces are refused)."""
     from roles.supervisor import control
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
 
     root = short_home_dir()
     fake = root / "fakebin"

@@ -13,9 +13,9 @@ import re
 
 import pytest
 
-from roles.supervisor.demo import LEARNING_THRESHOLDS, SERVICES, run_learning_demo
+from scripts.demo.run import LEARNING_THRESHOLDS, SERVICES, run_learning_demo
 from skills.skillmd import parse
-from state_db import config as config_mod
+from state_db.kernel import config as config_mod
 from tests.e2e.test_learning_loop import cli, ended, settings_item, skilled_script, submit, workspace
 from tests.support.org import query, running_org, wait_for
 

@@ -15,8 +15,8 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 
-from roles.loop_agent.scripted.script import parse_script
-from roles.loop_agent.scripted.server import ScriptedServer
+from roles.workbench.scripted.script import parse_script
+from roles.workbench.scripted.server import ScriptedServer
 from tests.support.org import ONE_AGENT, query, running_org, wait_for
 from tests.test_claude_code_real import claude_cli  # noqa: F401 - the fixture: the pinned CLI, or a skip
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.loop_agent.scripted.server import MessagesServer, message_body, sse_events
+from roles.workbench.scripted.server import MessagesServer, message_body, sse_events
 from scripts.cli.mcp_tools import TOOLS
 from skills.skillmd import parse
 from tests.test_claude_code_real import claude_cli  # noqa: F401 - the fixture: the pinned CLI, or a skip

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.sandbox import bubblewrap
+from roles.workbench.sandbox import bubblewrap
 from tests.support.org import query, running_org, wait_for
 
 pytestmark = pytest.mark.skipif(bubblewrap() is None, reason="bubblewrap (bwrap) is not installed")

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from roles.supervisor import control, procs
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.workspace.history import WorkspaceHistory
 from tests.support.org import ONE_AGENT as CONFIG, kill_everything, query, roles, running_org, wait_for
 VERIFY = '[ "$(cat answer.txt)" = right ] || { echo "FAIL: answer.txt is $(cat answer.txt)"; exit 1; }'
 # verdict -> (kind of the gated request, what the human says, what action.log must hold at the end)
@@ -191,7 +191,7 @@ def test_decided_after_kill_9_of_every_process_takes_effect_on_start(live_org, t
     kill_everything(live_org)
     wait_for(lambda: not control.supervisor_alive(live_org), timeout=10, what="the killed supervisor to be gone")
     decide_all(live_org, runs)
-    start = subprocess.run([sys.executable, "-m", "roles.supervisor.start", "--home", str(live_org.root)],
+    start = subprocess.run([sys.executable, "-m", "scripts.cli.start_org", "--home", str(live_org.root)],
                            capture_output=True, text=True, timeout=60)
     assert start.returncode == 0, start.stdout + start.stderr
     assert_kept_once_and_ended(live_org, "kill", runs)

@@ -15,7 +15,7 @@ import pytest
 
 from roles.loop_agent.backends.anthropic_backend import AnthropicBackend, AnthropicConfig
 from roles.loop_agent.backends.retry import RetryPolicy
-from roles.loop_agent.scripted.server import ScriptedServer
+from roles.workbench.scripted.server import ScriptedServer
 from state_db.vocab import Actor, WorkStatus
 from state_db.writer import StateWriter
 from tests.e2e.test_watch import Tmux

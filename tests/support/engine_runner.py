@@ -3,7 +3,7 @@ import json
 import sys
 from pathlib import Path
 
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 from tests.support.loop import ScriptedActs, engine
 
 home, work_id, acts = OrgHome(Path(sys.argv[1])), sys.argv[2], json.loads(sys.argv[3])

@@ -11,7 +11,7 @@ from pathlib import Path
 from roles.eval_agent.verifier import Verifier
 from roles.loop_agent.backends.base import ActOutcome, Usage
 from roles.loop_agent.engine import LoopEngine, LoopSettings
-from roles.workspace.history import WorkspaceHistory
+from roles.workbench.workspace.history import WorkspaceHistory
 from state_db.vocab import Actor, WorkStatus
 from state_db.writer import StateWriter
 
@@ -119,7 +119,7 @@ def record_iteration(home, work_id: str, checkpoint: str, n: int = 1) -> None:
 def commit_iteration(home, ws: Path, work_id: str = "w1", n: int = 1) -> str:
     """Checkpoint ``ws`` as iteration ``n`` of ``work_id`` and commit the iteration as its
     loop-agent would (for verifier tests that act on the workspace themselves)."""
-    from roles.workspace.history import WorkspaceHistory
+    from roles.workbench.workspace.history import WorkspaceHistory
     checkpoint = WorkspaceHistory(home.history_dir / f"{work_id}.git", ws).checkpoint(n)
     writer = StateWriter(home.db_path, Actor.LOOP_AGENT, "loop-agent-1")
     with writer.transaction() as tx:

@@ -72,7 +72,7 @@ def running_org(config_text: str):
     """An initialised org in a short home, started in the background; killed and removed after."""
     from roles.supervisor import control
     from state_db.bootstrap import init_home
-    from state_db.home import OrgHome
+    from state_db.kernel.home import OrgHome
 
     root = short_home_dir()
     home = OrgHome(root / "org")

@@ -53,7 +53,7 @@ from urllib.parse import urlparse
 
 import structlog
 
-from roles import telemetry
+from roles.base import telemetry
 from roles.loop_agent.backends.base import ActContext, ActOutcome, BackendConfigError, Remaining, Usage
 from roles.loop_agent.backends.retry import Failure, MemoryRateGate, RateGate, Retrier, RetryPolicy, parse_retry_after
 from roles.loop_agent.pricing import Price, PriceTable

@@ -27,7 +27,7 @@ Outcome statuses (closed set, ``ACT_STATUSES``):
 """
 from __future__ import annotations
 
-from state_db.errors import StateError
+from state_db.kernel.errors import StateError
 from state_db.vocab import ActStatus
 
 from dataclasses import asdict, dataclass, field

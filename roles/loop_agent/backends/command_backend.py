@@ -48,13 +48,13 @@ from urllib.parse import urlparse
 
 import structlog
 
-from roles import telemetry
+from roles.base import telemetry
 from roles.loop_agent.backends import exits
 from roles.loop_agent.backends.base import ActContext, ActOutcome, BackendConfigError, Usage
 from roles.loop_agent.pricing import PriceTable
-from roles.sandbox import Captured, SandboxError, clean_env
-from roles.sandbox.endpoint import MAX_SOCKET_PATH, RELAY_SCRIPT, ModelEndpoint
-from roles.sandbox.metering import Ledger, Rates, Served
+from roles.workbench.sandbox import Captured, SandboxError, clean_env
+from roles.workbench.relay.endpoint import MAX_SOCKET_PATH, RELAY_SCRIPT, ModelEndpoint
+from roles.workbench.relay.metering import Ledger, Rates, Served
 
 log = structlog.get_logger("loop_agent.command")
 
@@ -108,7 +108,7 @@ class CommandBackend:
     """Act backend running an agent CLI in the sandbox.
 
     Params: ``config``; ``prices`` (``PriceTable`` or its mapping); ``make_runner(workspace)``
-    returns the sandbox runner for a workspace (``roles.sandbox.runner_from_config``); ``state_dir``
+    returns the sandbox runner for a workspace (``roles.workbench.sandbox.runner_from_config``); ``state_dir``
     holds the CLI's private home per work item (outside every workspace); ``environ`` is read for
     ``ANTHROPIC_API_KEY`` / ``ANTHROPIC_AUTH_TOKEN`` / ``ANTHROPIC_BASE_URL``.
     Errors: ``BackendConfigError`` (``bad_config``, ``unknown_model``, ``missing_api_key``).

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Callable
 
 from roles.loop_agent.backends.base import Backend, BackendConfigError
-from state_db.config import Config
-from state_db.home import OrgHome
+from state_db.kernel.config import Config
+from state_db.kernel.home import OrgHome
 
 SCRIPTED_MODEL = "scripted"
 
@@ -31,7 +31,7 @@ def build(spec: str, cfg: Config, home: OrgHome, instance: str, *, runner=None) 
     """
     from roles.loop_agent.backends.anthropic_backend import AnthropicBackend, AnthropicConfig
     from roles.loop_agent.backends.retry import FileRateGate, RetryPolicy
-    from roles.sandbox import runner_from_config
+    from roles.workbench.sandbox import runner_from_config
 
     if runner is None:
         runner = runner_from_config(cfg, home)
@@ -39,8 +39,8 @@ def build(spec: str, cfg: Config, home: OrgHome, instance: str, *, runner=None) 
     gate = FileRateGate(home.run_dir)
     retry = RetryPolicy(max_attempts=cfg.model.max_retries + 1)
     if spec.startswith("scripted:"):
-        from roles.loop_agent.scripted.script import ScriptError
-        from roles.loop_agent.scripted.server import ScriptedServer
+        from roles.workbench.scripted.script import ScriptError
+        from roles.workbench.scripted.server import ScriptedServer
         try:
             server = ScriptedServer(Path(spec.split(":", 1)[1]), home.logs_dir / f"scripted-{instance}.jsonl")
         except ScriptError as exc:      # will not fix itself: the run ends (model_error) with the file's line

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from roles.operations.cancel import Cancelled, cancel
 from scripts.cli.output import add_json, emit_json, home_of, print_unsent
-from state_db.config import load_config
+from state_db.kernel.config import load_config
 
 NAME = "cancel"
 HELP = "cancel a work item (recorded as stop reason 'cancelled')"

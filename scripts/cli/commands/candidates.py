@@ -18,8 +18,8 @@ from pathlib import Path
 from roles.operations import candidates as ops
 from roles.operations.candidates import CandidateDecisions, CandidateList, CandidateView
 from scripts.cli.output import add_json, emit_json, home_of, table
-from state_db.config import load_config
-from state_db.errors import OrgError
+from state_db.kernel.config import load_config
+from state_db.kernel.errors import OrgError
 from state_db.vocab import CandidateStatus
 
 NAME = "candidates"

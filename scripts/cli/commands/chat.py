@@ -61,7 +61,7 @@ def _respond(line: str, model, home: str | None) -> str:
 
 def run(args) -> int:
     from scripts.cli.chat import PROMPT, converse, line_reader
-    from state_db import config as config_mod
+    from state_db.kernel import config as config_mod
 
     home = home_of(args).require()
     cfg = config_mod.load_config(home)

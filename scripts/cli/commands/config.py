@@ -1,9 +1,9 @@
 """``org config check|show|schema``: validate org.toml, print the effective configuration, or print
-org.toml's JSON Schema (generated from the typed models in state_db/config.py) for editors."""
+org.toml's JSON Schema (generated from the typed models in state_db/kernel/config.py) for editors."""
 from __future__ import annotations
 
 from scripts.cli.output import add_json, emit_json, home_of
-from state_db import config as config_mod
+from state_db.kernel import config as config_mod
 
 NAME = "config"
 HELP = "check org.toml against its schema, show the effective configuration, or print its JSON Schema"

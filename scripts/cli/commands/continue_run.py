@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from roles.operations.continue_run import ContinueRequest, Continued, continue_run
 from scripts.cli.output import add_json, emit_json, home_of
-from state_db.config import load_config
+from state_db.kernel.config import load_config
 
 NAME = "continue"
 HELP = ("continue a run that ended on a cap, a budget, no_progress, repeated_failure, model_error or "

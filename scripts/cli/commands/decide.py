@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from roles.operations.decide import Decided, decide
 from scripts.cli.output import add_json, emit_json, home_of, print_unsent
-from state_db.config import load_config
+from state_db.kernel.config import load_config
 
 NAME = "decide"
 HELP = "decide a waiting action: approve (runs it once), edit NEW_COMMAND, reject [--stop], respond TEXT"

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from scripts.cli.output import read_conn, home_of
-from state_db.errors import NotFound
+from state_db.kernel.errors import NotFound
 from state_db.queries import work
 from state_db.queries.iterations import checkpoints
 
@@ -28,7 +28,7 @@ def raw_output(args) -> bool:
 
 
 def patch_of(args) -> bytes:
-    from roles.workspace.history import WorkspaceHistory
+    from roles.workbench.workspace.history import WorkspaceHistory
 
     conn = read_conn(args)
     try:

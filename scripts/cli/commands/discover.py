@@ -13,8 +13,8 @@ import time
 from scripts.cli.commands.submit import check_scripted_backend
 from scripts.cli.main import UsageError
 from scripts.cli.output import add_json, emit_json, home_of, read_conn, table
-from state_db import config as config_mod
-from state_db.errors import NotFound
+from state_db.kernel import config as config_mod
+from state_db.kernel.errors import NotFound
 from state_db.queries import proposals as Q
 
 NAME = "discover"

@@ -7,9 +7,9 @@ import time
 
 from roles.supervisor import procs
 from scripts.cli.output import add_json, emit_json, home_of
-from state_db import config as config_mod
+from state_db.kernel import config as config_mod
 from state_db.connection import connect
-from state_db.errors import StateError
+from state_db.kernel.errors import StateError
 from state_db.migrations import check_version
 from state_db.queries.events import last_at as last_event_at, last_id as last_event_id
 from state_db.queries.processes import session as org_session
@@ -53,7 +53,7 @@ def diagnose(home, now: float | None = None) -> list[dict]:
     except StateError as exc:
         cfg = None
         add("error", "config", f"[{exc.code}] {exc}")
-    from state_db.credentials import exposed
+    from state_db.kernel.credentials import exposed
     loose = exposed(home)
     for path, mode in loose:
         add("warning", "secret files", f"{path} is {mode:04o}: other users of this machine can read what it "
@@ -128,11 +128,11 @@ def diagnose(home, now: float | None = None) -> list[dict]:
         add("ok", "snapshot", "up to date")
 
     if cfg is not None:
-        from roles.sandbox import describe_mode
+        from roles.workbench.sandbox import describe_mode
         mode = describe_mode(cfg)
         add("warning" if mode.startswith(("agent commands refused", "unsandboxed")) else "ok", "sandbox", mode)
         if mode.startswith("sandbox:"):
-            from roles.sandbox import exposed
+            from roles.workbench.sandbox import exposed
             for path, reason in exposed(cfg, home):
                 add("ok", "sandbox view", f"{path}: {reason}")
     return out

@@ -40,7 +40,7 @@ def run(args) -> int:
         try:
             Path(args.output).write_bytes(data)
         except OSError as exc:
-            from state_db.errors import StateError
+            from state_db.kernel.errors import StateError
             raise StateError(f"cannot write {args.output}: {exc.strerror or exc}", code="cannot_write",
                              hint="choose a writable file path with -o") from None
         print(f"wrote {len(data)} bytes to {args.output}", file=sys.stderr)
@@ -66,7 +66,7 @@ def transcript_jsonl(args) -> bytes:
 
     from scripts.cli.output import read_conn
     from state_db import queries
-    from state_db.errors import NotFound
+    from state_db.kernel.errors import NotFound
     from state_db.queries.transcript import of_work
     conn = read_conn(args)
     try:

@@ -19,7 +19,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from roles.operations.retention import collect
-    from state_db import config as config_mod
+    from state_db.kernel import config as config_mod
 
     home = home_of(args).require()
     cfg = config_mod.load_config(home)

@@ -1,5 +1,5 @@
 """``org git-shell``: sshd's forced command for workers' keys; serves the workspace histories
-over ssh:// with the same guards as ``git daemon`` (``roles.supervisor.gitshell``).
+over ssh:// with the same guards as ``git daemon`` (``roles.workbench.serve.gitshell``).
 
 Not typed by hand: sshd runs it from ``~/.ssh/authorized_keys`` (``org hosts ssh-line KEYFILE``
 prints the line) with the client's request in ``SSH_ORIGINAL_COMMAND``. ``scripts.cli.main`` runs
@@ -21,8 +21,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from roles.supervisor.gitshell import serve
-    from state_db.home import resolve_home
+    from roles.workbench.serve.gitshell import serve
+    from state_db.kernel.home import resolve_home
     home = resolve_home(getattr(args, "shell_home", None) or getattr(args, "home", None))
     serve(home.root, host=getattr(args, "shell_host", None))       # becomes git; returns only by raising
 
@@ -32,7 +32,7 @@ def fast(argv: list[str]) -> int:
     import sys
 
     from scripts.cli.main import EXIT_ERROR, EXIT_INTERNAL, EXIT_USAGE, Parser, UsageError
-    from state_db.errors import OrgError
+    from state_db.kernel.errors import OrgError
     parser = Parser(prog="org git-shell", description=HELP)
     add_arguments(parser)
     try:

@@ -84,7 +84,7 @@ def _ssh_line(home, keyfile: str | None, host: str | None, all_histories: bool) 
     ``host``; a key for every history only when asked for by name."""
     from pathlib import Path
 
-    from roles.supervisor.gitshell import authorized_keys_line
+    from roles.workbench.serve.gitshell import authorized_keys_line
     from scripts.cli.main import UsageError
     if not keyfile:
         raise UsageError("org hosts ssh-line KEYFILE: which public key file?")

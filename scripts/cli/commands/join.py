@@ -60,9 +60,10 @@ def _q(text: str) -> str:
 
 def run(args) -> int:
     from roles.supervisor import control, hosts
-    from state_db import config as config_mod, credentials, store as store_mod
+    from state_db.kernel import config as config_mod, credentials
+    from state_db import store as store_mod
     from state_db.bootstrap import init_home
-    from state_db.errors import StateError
+    from state_db.kernel.errors import StateError
     from state_db.vocab import Actor
     from state_db.writer import StateWriter
 
@@ -118,7 +119,7 @@ def run(args) -> int:
     everyone = hosts.write_joined(home, args.role, names)
     if args.foreground:
         from roles.supervisor.supervisor import Supervisor
-        from state_db.logsetup import configure
+        from state_db.kernel.logsetup import configure
         configure(home.logs_dir, "supervisor", "supervisor", stderr=True)
         return Supervisor(home, cfg, instances=hosts.specs(everyone)).run()
     info = control.start_background(home, timeout_s=args.timeout)

@@ -29,8 +29,8 @@ def _files(logs_dir: Path, role: str | None) -> list[Path]:
 
 def _known(home, files: list[Path]) -> list[str]:
     """The names ``--role`` accepts: every role, the configured instances, the logs there are."""
-    from roles.instances import org_instances
-    from state_db import config as config_mod
+    from roles.base.instances import org_instances
+    from state_db.kernel import config as config_mod
     from state_db.vocab import Actor
 
     cfg = config_mod.load_config(home)
@@ -40,7 +40,7 @@ def _known(home, files: list[Path]) -> list[str]:
 
 def _check_role(home, role: str) -> None:
     """Raises NotFound ``unknown_role`` when ``role`` names no role, instance or log file."""
-    from state_db.errors import NotFound
+    from state_db.kernel.errors import NotFound
 
     every = sorted(home.logs_dir.glob("*.log")) if home.logs_dir.is_dir() else []
     known = _known(home, every)

@@ -17,7 +17,7 @@ def run(args) -> int:
     import anyio
 
     from scripts.cli.mcp_server import OrgServer
-    from state_db import config as config_mod
+    from state_db.kernel import config as config_mod
 
     home = home_of(args)
     cfg = config_mod.load_config(home)

@@ -22,7 +22,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from state_db import credentials
+    from state_db.kernel import credentials
     if not store.is_postgres(args.to):
         raise UsageError(f"--to must be a postgresql:// URL (got {store.describe(args.to)!r})")
     credentials.refuse_on_command_line(args.to, "--to")

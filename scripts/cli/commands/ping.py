@@ -15,7 +15,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from roles.supervisor.ping import ping_all
-    from state_db import config as config_mod
+    from state_db.kernel import config as config_mod
 
     home = home_of(args).require()
     cfg = config_mod.load_config(home)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from roles.operations.lifecycle import OrgResumed, prepare_resume
 from roles.supervisor import control
 from scripts.cli.output import add_json, emit_json, home_of
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 
 NAME = "resume"
 HELP = "start the org again (after suspend, stop or a crash); runs continue from their last iteration"

@@ -113,7 +113,7 @@ def run(args) -> int:
 
 def run_add(args, kind: str, rule: dict) -> int:
     from roles.operations.schedules import add
-    from state_db import config as config_mod
+    from state_db.kernel import config as config_mod
 
     req, argv = submit_request(args.submit)
     home = home_of(args).require()
@@ -140,7 +140,7 @@ def run_common(args, kinds: tuple[str, ...], what: str) -> int:
     if args.action == "show":
         return _show(args, kinds, what)
     from roles.operations.schedules import change
-    from state_db import config as config_mod
+    from state_db.kernel import config as config_mod
     home = home_of(args).require()
     cfg = config_mod.load(home.config_path if home.config_path.exists() else None)
     result = change(home, cfg, args.name, args.action, kinds=kinds)
@@ -176,7 +176,7 @@ def _list(args, kinds, what: str) -> int:
 
 def _show(args, kinds, what: str) -> int:
     from roles.operations.schedules import describe
-    from state_db.errors import NotFound
+    from state_db.kernel.errors import NotFound
     from state_db.queries import schedules as q
     conn = read_conn(args)
     try:

@@ -10,7 +10,7 @@ from state_db.queries import decisions, verdicts, work
 from state_db.queries.base import plain
 from state_db.queries.iterations import attempts, of_work as iterations_of
 from state_db.queries import loop as loop_queries, review as review_queries
-from state_db.errors import NotFound
+from state_db.kernel.errors import NotFound
 from state_db.queries.work import Caps, Ladder
 
 NAME = "show"
@@ -273,10 +273,10 @@ def delivered_lines(item: dict) -> list[str]:
 def sandbox_view(args, item: dict) -> list[dict]:
     """What the sandbox of this run's commands shows and hides, for the toolchain recorded at
     submit (its PATH, HOME, the paths its verify commands name)."""
-    from roles.sandbox import exposed
-    from roles.sandbox.toolchains import Toolchain
+    from roles.workbench.sandbox import exposed
+    from roles.workbench.sandbox.toolchains import Toolchain
     from scripts.cli.output import home_of
-    from state_db import config as config_mod
+    from state_db.kernel import config as config_mod
     home = home_of(args)
     cfg = config_mod.load_config(home)
     raw = item.get("toolchain")

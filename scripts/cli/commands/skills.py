@@ -15,7 +15,7 @@ from roles.operations import skills as ops
 from roles.operations.skills import Exported, SkillList, SkillView
 from scripts.cli.main import UsageError
 from scripts.cli.output import add_json, emit_json, home_of, table
-from state_db.config import load_config
+from state_db.kernel.config import load_config
 
 NAME = "skills"
 HELP = "list approved skills with use counts and last use, show one, retire one, or export one"

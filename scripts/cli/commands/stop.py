@@ -8,7 +8,7 @@ from __future__ import annotations
 from roles.operations.lifecycle import OrgStopped
 from roles.supervisor import control
 from scripts.cli.output import add_json, emit_json, home_of
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 
 NAME = "stop"
 HELP = "stop the org: roles finish their step and exit; --force kills them at once"

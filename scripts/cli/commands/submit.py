@@ -7,7 +7,7 @@ from roles.operations.caps import NO_FLAGS, line as caps_line
 from roles.operations.submit import SubmitRequest, Submitted, submit
 from state_db.queries.work import Caps
 from scripts.cli.output import add_json, emit_json, home_of
-from state_db.config import load_config
+from state_db.kernel.config import load_config
 
 NAME = "submit"
 HELP = "submit a work item: a goal, a workspace, and verify commands that exit 0 when it is met"
@@ -66,7 +66,7 @@ def check_scripted_backend(spec: str | None) -> None:
     if spec and spec.startswith("scripted:"):
         from pathlib import Path
 
-        from roles.loop_agent.scripted.script import load_script
+        from roles.workbench.scripted.script import load_script
         path = Path(spec.split(":", 1)[1]).expanduser()
         if path.is_file():
             load_script(path.resolve())

@@ -4,7 +4,7 @@ from __future__ import annotations
 from roles.operations.lifecycle import OrgStopped
 from scripts.cli.commands import stop as _stop
 from scripts.cli.output import emit_json, home_of
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 
 NAME = "suspend"
 HELP = "suspend the org (processes stop, state is kept); 'org resume' continues every run"

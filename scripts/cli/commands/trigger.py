@@ -101,8 +101,8 @@ def _current_branch(workspace: str) -> str:
     from pathlib import Path
 
     from roles.operations.schedules import ScheduleError
-    from roles.workspace import safegit
-    from roles.workspace.errors import RepositoryError
+    from roles.workbench.workspace import safegit
+    from roles.workbench.workspace.errors import RepositoryError
     if not Path(workspace).expanduser().is_dir():
         return ""                       # the submit arguments' check says what is wrong with it
     try:

@@ -24,7 +24,7 @@ from scripts.cli.output import home_of
 from state_db import views
 from state_db.queries import decisions
 from state_db.connection import connect
-from state_db.errors import OrgError, StateError
+from state_db.kernel.errors import OrgError, StateError
 from state_db.text import one_line, visible
 from state_db.vocab import DecisionStatus
 
@@ -135,7 +135,7 @@ def scroll_pane(screen: Screen, key: bytes) -> None:
 def decide(home, decision_id: str, verdict: str) -> str:
     """The human's decision, exactly as ``org decide`` records it; a one-line outcome."""
     from roles.operations.decide import decide as record
-    from state_db import config as config_mod
+    from state_db.kernel import config as config_mod
 
     try:
         cfg = config_mod.load_config(home)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from roles.operations import candidates as candidate_ops
 from roles.operations.decide import VERDICTS, decide as decide_op
 from scripts.cli.dashboard.errors import BadRequest, ConfirmNeeded
-from state_db import config as config_mod
-from state_db.home import OrgHome
+from state_db.kernel import config as config_mod
+from state_db.kernel.home import OrgHome
 
 CANDIDATE_ACTIONS = ("approve", "reject", "defer")
 RUNS_A_COMMAND = ("approve", "edit")      # the verdicts that let a gated command run

@@ -26,8 +26,8 @@ from scripts.cli.dashboard import actions, data
 from scripts.cli.dashboard.errors import BadRequest, Refused
 from scripts.cli.dashboard.guard import COOKIE, TICKET, Guard
 from state_db.connection import connect
-from state_db.errors import IllegalTransition, NotFound, StateError
-from state_db.home import OrgHome
+from state_db.kernel.errors import IllegalTransition, NotFound, StateError
+from state_db.kernel.home import OrgHome
 
 STATIC = Path(__file__).with_name("static")
 SECURITY_HEADERS = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from state_db import queries
-from state_db.home import OrgHome
+from state_db.kernel.home import OrgHome
 from state_db.queries import decisions as D, verdicts
 from state_db.queries.base import plain
 from state_db.queries.iterations import of_work as iterations_of, skill_first_uses
@@ -111,7 +111,7 @@ def _learning(conn) -> dict:
 
 def transcript(conn, work_id: str) -> dict:
     """What ``org show ID --transcript --json`` prints. Raises NotFound."""
-    from state_db.errors import NotFound
+    from state_db.kernel.errors import NotFound
     from state_db.queries.transcript import of_work
     if queries.work_item(conn, work_id) is None:
         raise NotFound(f"no work item {work_id}", hint="list them with 'org status'")

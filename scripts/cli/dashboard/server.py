@@ -13,8 +13,8 @@ from typing import TextIO
 from scripts.cli.dashboard.app import build_app
 from scripts.cli.dashboard.errors import PortInUse
 from scripts.cli.dashboard.guard import LOOPBACK, Guard
-from state_db import config as config_mod
-from state_db.home import OrgHome
+from state_db.kernel import config as config_mod
+from state_db.kernel.home import OrgHome
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -1,0 +1,217 @@
+"""The life of a role process: start, heartbeat, reconcile on a tick, answer ping, stop cleanly.
+
+A role subclasses ``RoleProcess`` and overrides ``reconcile`` (read state.db, act on what it finds)
+and ``handle`` (a wake-up message arrived). Messages are only wake-ups: every fact is read from
+state.db, so a lost message delays and never loses work.
+
+What a test needs to control is injected: the transport (any ``RoleTransport``; tests give a
+``transport.stub.StubTransport``), the wall clock (state.db timestamps, heartbeats), the monotonic
+clock (ticks) and the configuration. ``start()``, ``step()`` and ``close()`` run the role's
+loop one turn at a time, in-process.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from roles.base.transport_link import RoleTransport, TransportLink
+from state_db.kernel import config as config_mod
+from state_db.kernel.errors import OrgError
+from state_db.kernel.home import OrgHome
+from state_db.kernel.logsetup import configure
+from state_db.vocab import RoleStatus
+from state_db.writer import StateWriter
+from transport.envelope import Envelope
+from transport.kinds import Kind, role_of
+
+
+STOP_LATENCY_MS = 100     # the longest a turn waits where nothing else wakes it on a stop
+
+
+class RoleProcess:
+    """Base of every role process.
+
+    Args:
+        home: the org home.
+        instance: this process's instance name (``loop-agent-2``).
+        transport: its transport; default the real one (``TransportLink``), opened on first use.
+        clock: wall clock (epoch seconds) for state.db and heartbeats.
+        monotonic: clock of the tick and heartbeat schedule.
+        cfg: the configuration; default ``load_config(home)``.
+        tick_s: seconds between reconcile ticks.
+
+    Raises:
+        ConfigError: org.toml is invalid.
+    """
+
+    tick_s = 1.0
+
+    def __init__(self, home: OrgHome, instance: str, *, transport: RoleTransport | None = None,
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+                 cfg: config_mod.Config | None = None):
+        self.home = home
+        self.instance = instance
+        self.role = str(role_of(instance))
+        self.clock, self.monotonic = clock, monotonic
+        self.cfg = cfg if cfg is not None else config_mod.load_config(home)
+        self.log = configure(home.logs_dir, self.role, instance, max_bytes=self.cfg.logs.max_bytes,
+                             backups=self.cfg.logs.backups)
+        self.writer = StateWriter(home.db_path, self.role, instance, clock=clock)
+        from roles.base import telemetry
+        telemetry.configure(self.cfg, self.role, instance)     # OFF unless org.toml asks: nothing imported
+        self.heartbeat_s = self.cfg.supervisor.heartbeat_s
+        self.stopping = False
+        self.stop_reason = ""
+        self._transport: RoleTransport | None = transport
+        self._next_tick = self._next_beat = 0.0
+        self._interrupt: tuple[int, int] | None = None     # (read, write): wakes the poll on a stop
+
+    # -- hooks for roles ----------------------------------------------------------------
+    def reconcile(self) -> None:
+        """Look at state.db and act on it. Called at start and on every tick."""
+
+    def handle(self, env: Envelope) -> None:
+        """A message other than ping/stop arrived; by default it just triggers a reconcile."""
+        self.reconcile()
+
+    def on_stop(self) -> None:
+        """Called once when the role is asked to stop, before its transport closes."""
+
+    def warm_up(self) -> None:
+        """Called once after the role is ready (slow imports it will need go here)."""
+
+    # -- machinery ----------------------------------------------------------------------
+    @property
+    def transport(self) -> RoleTransport:
+        if self._transport is None:
+            self._transport = TransportLink(self.home, self.instance, self.cfg)
+        return self._transport
+
+    def _on_message(self, env: Envelope) -> None:
+        if env.kind == Kind.PING:
+            reply_to = (env.payload or {}).get("reply_to") or env.sender
+            self.transport.send(reply_to, Kind.PONG, {"ping": env.id, "instance": self.instance,
+                                                      "pid": os.getpid()})
+        elif env.kind in (Kind.STOP, Kind.SUSPEND):
+            self.request_stop(f"{env.kind} from {env.sender}")
+        else:
+            self.handle(env)
+
+    def request_stop(self, why: str) -> None:
+        self.stopping = True
+        self.stop_reason = why
+        if self._interrupt is not None:          # from a signal handler or another thread: wake the poll
+            try:
+                os.write(self._interrupt[1], b"\0")
+            except OSError:
+                pass
+
+    def heartbeat(self, status: str | None = None) -> None:
+        with self.writer.transaction(render=status is not None) as tx:
+            if status is not None:
+                tx.set_status("role_instances", self.instance, status, heartbeat_at=tx.now, updated_at=tx.now,
+                              pid=os.getpid())
+            else:
+                tx.update("role_instances", self.instance, heartbeat_at=tx.now, updated_at=tx.now)
+
+    def start(self) -> None:
+        """Open the transport and record the role ready (its row must exist: the supervisor's)."""
+        link = self.transport
+        link.start(self._on_message)
+        self.heartbeat(RoleStatus.READY)
+        self.log.info("role_ready", pid=os.getpid(), endpoint=link.endpoint, next="reconcile, then serve")
+        self._next_tick = self._next_beat = self.monotonic()
+
+    def step(self, max_wait_ms: int = STOP_LATENCY_MS) -> None:
+        """One turn of the loop: reconcile and heartbeat when due, then handle the messages that
+        arrive within ``max_wait_ms`` (at most until the next tick)."""
+        now = self.monotonic()
+        if now >= self._next_tick:
+            self.reconcile()
+            self._next_tick = now + self.tick_s
+        if now >= self._next_beat:
+            self.heartbeat()
+            self._next_beat = now + self.heartbeat_s
+        wait = max(0.0, min(self._next_tick, self._next_beat) - self.monotonic())
+        if self._interrupt is not None:
+            # a stop (signal or request_stop) writes to the interrupt pipe and ends the poll: the
+            # turn waits until the next tick, not waking up ten times a second for nothing
+            self.transport.poll(int(wait * 1000) + 1)
+        else:
+            # bounded so a stop signal (which cannot interrupt the poll) is seen quickly
+            self.transport.poll(min(int(wait * 1000) + 1, max_wait_ms))
+
+    def _wake_on_stop(self) -> None:
+        """Let a stop end the transport's wait at once: a signal's number is written to a pipe
+        (``signal.set_wakeup_fd``), and so is ``request_stop`` from another thread; the transport
+        polls that pipe beside its socket. Only a transport that can poll it (``interrupt_on``)
+        and the main thread take part; otherwise each turn's wait stays within STOP_LATENCY_MS."""
+        interrupt_on = getattr(self.transport, "interrupt_on", None)
+        if interrupt_on is None or threading.current_thread() is not threading.main_thread():
+            return
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        interrupt_on(r)
+        self._interrupt = (r, w)
+
+    def close(self) -> None:
+        """Stop: the role's own clean-up, the transport, the STOPPED row, the database."""
+        self.log.info("role_stopping", why=self.stop_reason or "loop ended")
+        try:
+            self.on_stop()
+        finally:
+            if self._transport is not None:
+                self._transport.close()
+        try:
+            self.heartbeat(RoleStatus.STOPPED)
+        except Exception as exc:  # the supervisor records the exit either way
+            self.log.warning("stop_not_recorded", error=str(exc))
+        self.writer.close()
+        if self._interrupt is not None:
+            try:
+                signal.set_wakeup_fd(-1)
+            except ValueError:                  # not the main thread: the process is ending anyway
+                pass
+            for fd in self._interrupt:
+                os.close(fd)
+            self._interrupt = None
+        from roles.base import telemetry
+        telemetry.current().shutdown()          # the spans still in the batch are exported
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
+        signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))
+        self.start()
+        self._wake_on_stop()
+        self.warm_up()
+        # what start-up made (imports, configuration, connections) lives as long as the process:
+        # out of the collector's way, so a full collection walks only what the role makes while
+        # it works (bench/loop.py: an iteration's overhead halves on a heap this size)
+        gc.freeze()
+        try:
+            while not self.stopping:
+                self.step()
+        finally:
+            self.close()
+        return 0
+
+
+def main(role_cls: type[RoleProcess], argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m roles.<role> --home H --instance I``."""
+    parser = argparse.ArgumentParser(prog=f"python -m {role_cls.__module__}")
+    parser.add_argument("--home", required=True, help="org home")
+    parser.add_argument("--instance", required=True, help="instance name")
+    args = parser.parse_args(argv)
+    try:
+        proc = role_cls(OrgHome(Path(args.home)), args.instance)
+        return proc.run()
+    except OrgError as exc:  # an expected failure: one line; the supervisor restarts us with backoff
+        print(exc.line(), file=sys.stderr)
+        return 1

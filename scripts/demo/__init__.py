@@ -1,0 +1,2 @@
+"""The demos ``scripts/start-org --demo`` runs (fix, learning).
+"""
