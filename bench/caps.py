@@ -207,7 +207,7 @@ def run_cases(root: Path, *, timeout_s: float = 3.0, budget_tokens: int = 300_00
     end, stop everything. Returns each case's ``CaseRun``. Errors: ``TimeoutError`` naming what
     was seen when an item does not end within ``wait_s``."""
     from roles.operations.submit import SubmitRequest, submit
-    from roles.supervisor import control
+    from scripts import control
     from state_db.bootstrap import init_home
     from state_db.kernel.home import OrgHome
     from transport.probe import wait_until

@@ -116,7 +116,8 @@ class Chaos:
     def kill(self, want_supervisor: bool) -> None:
         """Kill -9 one process (a busy loop-agent mid-act more often than not), then wait until
         it is replaced: the role ready in a new process, or the whole org after 'org resume'."""
-        from roles.supervisor import control, procs
+        from scripts import control
+        from roles.supervisor import procs
 
         home, wanted = self.home, _wanted(self.home)
         alive = {r["instance"]: r for r in workload.query(home, "SELECT instance, pid, pid_start FROM role_instances")
@@ -144,7 +145,8 @@ class Chaos:
                            "recovery_ms": round((time.monotonic() - t0) * 1000, 1)})
 
     def suspend_resume(self, force: bool) -> None:
-        from roles.supervisor import control, procs
+        from scripts import control
+        from roles.supervisor import procs
 
         t0 = time.monotonic()
         result = control.request(self.home, "suspend", force=force, timeout_s=self.timeout_s)
@@ -235,7 +237,7 @@ def submitter(home, cfg, root: Path, specs: list, span_s: float, out: list, erro
 def run(root: Path, *, items: int, kills: int, seconds: float, suspends: int, seed: int,
         settle_s: float, gated: float = 0.2, store_url: str = "") -> dict:
     from bench.chaos_audit import audit
-    from roles.supervisor import control
+    from scripts import control
 
     rng = random.Random(seed)
     home, cfg = workload.new_org(root, LOOP_AGENTS, extra_config=f'[state]\nurl = "{store_url}"\n' if store_url else "")

@@ -126,7 +126,7 @@ def transcript_figures(home, work_id: str, scratch: Path) -> dict:
 def bench_traced(root: Path, iterations: int) -> dict:
     """The long run again, in an org whose roles trace every step (spans dropped at export)."""
     from bench.loop import make_script
-    from roles.supervisor import control
+    from scripts import control
     from state_db.bootstrap import init_home
     from state_db.kernel.home import OrgHome
 
@@ -150,7 +150,7 @@ def bench_traced(root: Path, iterations: int) -> dict:
 def bench_org(root: Path, iterations: int, items: int) -> dict:
     from bench.loop import make_script
     from roles.operations.submit import SubmitRequest, submit
-    from roles.supervisor import control
+    from scripts import control
     from state_db.bootstrap import init_home
     from state_db.kernel.home import OrgHome
 

@@ -105,7 +105,7 @@ def _wait(pred, timeout, what):
 
 def run_org(root: Path, replay: str) -> dict:
     from roles.operations.submit import SubmitRequest, submit
-    from roles.supervisor import control
+    from scripts import control
     from skills.replay import of_subject
     from state_db.bootstrap import init_home
     from state_db.connection import connect

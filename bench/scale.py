@@ -186,7 +186,7 @@ class LockProbe(threading.Thread):
 def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iterations: int,
           eval_agents: int = 1) -> dict:
     from roles.operations.submit import SubmitRequest, submit
-    from roles.supervisor import control
+    from scripts import control
 
     # the org as a user runs it: org.toml's heartbeats and outbox sweeps, not a chaos run's
     home, cfg = workload.new_org(root, n, eval_agents=eval_agents, quick=False)
@@ -243,7 +243,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
 def default_startups(root: Path, runs: int) -> list[float]:
     """Start-up of the default org (org.toml's defaults: 2 loop-agents), ``runs`` times, each a
     fresh home started cold and stopped: start-org to every role ready, in ms."""
-    from roles.supervisor import control
+    from scripts import control
     from state_db.bootstrap import init_home
     from state_db.kernel.home import OrgHome
 

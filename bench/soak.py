@@ -149,7 +149,7 @@ def usage_conserved(home) -> dict:
 
 def soak(root: Path, seconds: float, gc_every: float, history: bool, seed: int, warmup_s: float) -> dict:
     from roles.operations.retention import collect
-    from roles.supervisor import control
+    from scripts import control
 
     rng = random.Random(seed)
     home, cfg = workload.new_org(root, 2, RETENTION, TRANSPORT)

@@ -185,7 +185,7 @@ def select(ctx: Context, scratch: Path, args) -> list[Case]:
 
 def bench_verifier(root: Path, ctx: Context, cases: list[Case], loop_agents: int = 4) -> dict:
     """Run ``cases`` through one org under ``root`` and their plain baselines; returns the figures."""
-    from roles.supervisor import control
+    from scripts import control
     from state_db.bootstrap import init_home
     from state_db.connection import read_rows
     from state_db.kernel.home import OrgHome

@@ -216,7 +216,7 @@ def test_a_snapshot_temp_file_left_by_a_killed_writer_is_removed_by_the_next_ren
 
 def test_resume_after_a_supervisor_crash_waits_for_the_new_processes(tmp_path):
     from roles.base.instances import org_instances
-    from roles.supervisor import control
+    from scripts import control
     from state_db.writer import StateWriter
 
     home = OrgHome(tmp_path / "org")

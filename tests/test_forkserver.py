@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from roles.supervisor import control, procs
+from scripts import control
+from roles.supervisor import procs
 from roles.supervisor.forkserver import ForkServer
 from state_db.bootstrap import init_home
 from state_db.kernel.home import OrgHome

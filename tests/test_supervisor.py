@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from roles.supervisor import control, procs
+from scripts import control
+from roles.supervisor import procs
 from state_db.bootstrap import init_home
 from state_db.kernel.home import OrgHome
 from tests.support.org import cleanup, query, roles, short_home_dir, wait_for, write_config

@@ -3,7 +3,7 @@
 ``org stop`` and ``org suspend`` first record the human's intent (stop or suspend, forced or
 not) in ``org_session`` as actor ``human`` (``record_intent``); the signal to the supervisor only
 makes it act now, and a supervisor that starts later still reads the intent. Signalling and
-waiting for processes belong to the supervisor's control module (roles/supervisor/control.py),
+waiting for processes belong to the supervisor's control module (scripts/control.py),
 which calls ``record_intent`` first; operations do not reach into a role, so the CLI, which may,
 joins the two and returns these results (scripts/cli/commands/stop.py, suspend.py, resume.py).
 """

@@ -31,7 +31,7 @@ def parse(argv):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from roles.supervisor import control
+    from scripts import control
     from state_db.bootstrap import init_home
     from state_db.kernel.home import resolve_home
 

@@ -128,7 +128,7 @@ def restart_for_learning(home, running) -> None:
     """An org already running keeps the thresholds it started with; the learning demo needs its
     own, so it restarts the org with them — only when nothing is queued or running on it.
     Returns None (the org is stopped; the caller starts it). Raises OrgError ``demo_org_busy``."""
-    from roles.supervisor import control
+    from scripts import control
     from state_db.kernel.errors import OrgError
     from state_db.vocab import WorkStatus
     conn = connect(home.db_path, readonly=True)

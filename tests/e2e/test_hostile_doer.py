@@ -158,7 +158,7 @@ def test_a_baseline_that_already_passes_goes_on_when_approved(org, runs):
 def org_with_failing_bwrap():
     """An org whose PATH finds a ``bwrap`` that cannot build a sandbox (exits 1, as bubblewrap
     does when user namespaces are refused)."""
-    from roles.supervisor import control
+    from scripts import control
     from state_db.bootstrap import init_home
     from state_db.kernel.home import OrgHome
 

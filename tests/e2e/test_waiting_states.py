@@ -14,7 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from roles.supervisor import control, procs
+from scripts import control
+from roles.supervisor import procs
 from roles.workbench.workspace.history import WorkspaceHistory
 from tests.support.org import ONE_AGENT as CONFIG, kill_everything, query, roles, running_org, wait_for
 VERIFY = '[ "$(cat answer.txt)" = right ] || { echo "FAIL: answer.txt is $(cat answer.txt)"; exit 1; }'

@@ -70,7 +70,7 @@ def env_for(home) -> dict:
 @contextmanager
 def running_org(config_text: str):
     """An initialised org in a short home, started in the background; killed and removed after."""
-    from roles.supervisor import control
+    from scripts import control
     from state_db.bootstrap import init_home
     from state_db.kernel.home import OrgHome
 

@@ -59,7 +59,8 @@ def _q(text: str) -> str:
 
 
 def run(args) -> int:
-    from roles.supervisor import control, hosts
+    from scripts import control
+    from roles.supervisor import hosts
     from state_db.kernel import config as config_mod, credentials
     from state_db import store as store_mod
     from state_db.bootstrap import init_home

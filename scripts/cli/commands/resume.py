@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from roles.operations.lifecycle import OrgResumed, prepare_resume
-from roles.supervisor import control
+from scripts import control
 from scripts.cli.output import add_json, emit_json, home_of
 from state_db.kernel.home import OrgHome
 

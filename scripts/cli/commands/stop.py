@@ -6,7 +6,7 @@ control (operations do not reach into a role: the CLI joins the two)."""
 from __future__ import annotations
 
 from roles.operations.lifecycle import OrgStopped
-from roles.supervisor import control
+from scripts import control
 from scripts.cli.output import add_json, emit_json, home_of
 from state_db.kernel.home import OrgHome
 
