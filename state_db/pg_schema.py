@@ -33,7 +33,7 @@ import orjson
 from state_db import pg_migrations
 from state_db.connection import connect as connect_any
 from state_db.errors import StateError
-from state_db.schema import MIGRATIONS, STOP_HISTORY
+from state_db.schema import MIGRATIONS
 from state_db.store import PgConnection
 from state_db.store import connect as store_connect
 from state_db.vocab_guard import GUARDED, PREFIX, allowed
