@@ -2,8 +2,8 @@
 
 ``PRAGMA user_version`` holds how many migrations are applied, and ``_migrations`` their names;
 a database that knows more migrations than this code is refused (SchemaTooNew) rather than
-written by code that does not understand it. A PostgreSQL store runs the same migrations through
-the store's connection (``state_db/pg_schema.py``: its support objects first, its twin of each
+written by code that does not understand it. A PostgreSQL store runs its own form of each migration
+(``state_db/pg_migrations.py``; ``state_db/pg_schema.py``: its support objects first, its twin of each
 Python step, CHECK constraints for the vocabulary); it keeps ``user_version`` in ``_store`` and
 takes no file backup (pg_dump is PostgreSQL's).
 """
@@ -77,6 +77,8 @@ def migrate(db_path: str | Path, *, backups_dir: Path | None = None, migrations=
         applied = []
         for index in range(version, len(migrations)):
             name, sql = migrations[index]
+            if pg:      # the PostgreSQL store runs its own form of each migration
+                sql = pg_schema.migration(name, sql)
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 # re-check under the write lock: another process may have migrated meanwhile
@@ -84,7 +86,7 @@ def migrate(db_path: str | Path, *, backups_dir: Path | None = None, migrations=
                     conn.execute("ROLLBACK")
                     return migrate(db_path, backups_dir=backups_dir, migrations=migrations)
                 if callable(sql):
-                    (pg_schema.step(name, sql) if pg else sql)(conn)
+                    sql(conn)
                 else:
                     for statement in _split(sql):
                         conn.execute(statement)

@@ -1,17 +1,14 @@
-"""The schema on PostgreSQL: the same migrations, the vocabulary as CHECK constraints.
+"""The schema on PostgreSQL: its own form of each migration, the vocabulary as CHECK constraints.
 
-The migrations in ``state_db/schema.py`` are written once, in SQLite's dialect, and run on
-PostgreSQL through the store's translation (``state_db/store.py``: ``INTEGER`` → ``BIGINT``,
-``REAL`` → ``DOUBLE PRECISION``, ``INTEGER PRIMARY KEY AUTOINCREMENT`` → an identity column,
-``WITHOUT ROWID`` dropped, ``rowid`` → ``ctid``); CHECKs, partial unique indexes, foreign keys and
-deferred references are the same SQL in both. ``prepare`` installs what the translation relies on
-before the first migration: the ``_store`` table (``PRAGMA user_version``), SQLite's
-``json_extract(doc, '$.a.b')`` and ``json_each(doc, '$.a')`` as immutable SQL functions (an index
-may use them, as ``decisions_one_pending`` does), and ``=``/``<>`` between text and bigint (SQLite
-compares a JSON number with a count; PostgreSQL has no such operator).
-
-A migration that is Python (``0006_vocabulary``) has its PostgreSQL twin here (``STEPS``); one
-without a twin is given the store's connection, which translates its SQL like any other.
+The migrations of ``state_db/schema.py`` are SQLite's; PostgreSQL runs its own form of each, by
+name (``migration``: the SQL text in ``state_db/pg_migrations.py``, the Python steps in ``STEPS``);
+a migration without one is refused rather than run in the other dialect. ``prepare`` installs
+what statements written once for both stores may call, before the first migration: the
+``_store`` table (``PRAGMA user_version``), SQLite's ``json_extract(doc, '$.a.b')`` and
+``json_each(doc, '$.a')`` as immutable SQL functions (an index may use them, as
+``decisions_one_pending`` does), and ``=``/``<>`` between text and bigint (SQLite compares a JSON
+number with a count; PostgreSQL has no such operator). These are definitions the server holds,
+not changes to any statement (``state_db/store.py`` says why nothing is rewritten).
 
 The vocabulary: where SQLite gets triggers (``state_db/vocab_guard.py``: it cannot add a CHECK to
 an existing table), PostgreSQL gets one ``CHECK (column IN (...))`` constraint per guarded column,
@@ -33,9 +30,10 @@ from typing import Callable
 
 import orjson
 
+from state_db import pg_migrations
 from state_db.connection import connect as connect_any
 from state_db.kernel.errors import StateError
-from state_db.schema import MIGRATIONS, STOP_HISTORY
+from state_db.schema import MIGRATIONS
 from state_db.store import PgConnection
 from state_db.store import connect as store_connect
 from state_db.vocab_guard import GUARDED, PREFIX, allowed
@@ -169,16 +167,24 @@ def sync(conn: PgConnection) -> list[str]:
 # ------------------------------------------------------------------------------------ Python steps
 
 def _vocabulary(conn: PgConnection) -> None:
-    conn.execute(STOP_HISTORY)
+    conn.execute(pg_migrations.STOP_HISTORY)
     install(conn)
 
 
 STEPS: dict[str, Callable[[PgConnection], None]] = {"0006_vocabulary": _vocabulary}
 
 
-def step(name: str, fn: Callable) -> Callable:
-    """The PostgreSQL form of the Python migration ``name``."""
-    return STEPS.get(name, fn)
+def migration(name: str, sqlite_form: str | Callable) -> str | Callable:
+    """The PostgreSQL form of the migration ``name`` (SQL text from ``state_db/pg_migrations.py``,
+    or a Python step from ``STEPS``); the SQLite form never runs here.
+
+    Raises MigrationFailed when the migration has no PostgreSQL form."""
+    form = STEPS.get(name) if callable(sqlite_form) else pg_migrations.FORMS.get(name)
+    if form is None:
+        from state_db.kernel.errors import MigrationFailed
+        raise MigrationFailed(f"migration {name} has no PostgreSQL form; nothing was changed",
+                              hint="write it in state_db/pg_migrations.py (FORMS) or pg_schema.STEPS")
+    return form
 
 
 # ------------------------------------------------------------------------------------ copying an org's state.db

@@ -51,12 +51,12 @@ def prune(writer: StateWriter, *, events_days: float, model_calls_days: float, l
                          SELECT work_id, COUNT(*), SUM(input_tokens), SUM(output_tokens), SUM(cache_write_tokens),
                                 SUM(cache_read_tokens), SUM(cost_usd), ? FROM model_calls WHERE work_id = ? AND at < ?
                          GROUP BY work_id
-                         ON CONFLICT(work_id) DO UPDATE SET calls = calls + excluded.calls,
-                           input_tokens = input_tokens + excluded.input_tokens,
-                           output_tokens = output_tokens + excluded.output_tokens,
-                           cache_write_tokens = cache_write_tokens + excluded.cache_write_tokens,
-                           cache_read_tokens = cache_read_tokens + excluded.cache_read_tokens,
-                           cost_usd = cost_usd + excluded.cost_usd, pruned_at = excluded.pruned_at""",
+                         ON CONFLICT(work_id) DO UPDATE SET calls = usage_summaries.calls + excluded.calls,
+                           input_tokens = usage_summaries.input_tokens + excluded.input_tokens,
+                           output_tokens = usage_summaries.output_tokens + excluded.output_tokens,
+                           cache_write_tokens = usage_summaries.cache_write_tokens + excluded.cache_write_tokens,
+                           cache_read_tokens = usage_summaries.cache_read_tokens + excluded.cache_read_tokens,
+                           cost_usd = usage_summaries.cost_usd + excluded.cost_usd, pruned_at = excluded.pruned_at""",
                       (now, wid, mc_cut))
             c.execute("DELETE FROM model_calls WHERE work_id = ? AND at < ?", (wid, mc_cut))
         c.execute("""DELETE FROM events WHERE at < ? AND kind != 'announce'

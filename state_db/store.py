@@ -4,17 +4,32 @@ A location is a path or ``sqlite:///PATH`` (SQLite) or ``postgresql://…`` (Pos
 psycopg 3). org.toml's ``[state] url`` (or ``ORG_STATE_URL``) makes ``OrgHome.db_path`` the URL,
 and then every role, the CLI and the transport's delivery ledger open the PostgreSQL store and no
 state.db is made (tests/test_pg_store.py runs the state_db tests on both stores,
-tests/test_pg_org.py a whole org, bench/chaos_pg.py the chaos run). Everything above this
-module — ``StateWriter``, ``state_db/queries``, the migrations — is written once, in the SQLite
-dialect, against the sqlite3 connection's surface; ``PgConnection`` presents that surface on
-PostgreSQL: ``execute(sql, params)`` with ``?`` placeholders, rows readable by name and index
-(``Row``, like ``sqlite3.Row``), ``fetchone``/``fetchall``/iteration, ``executemany``,
-``in_transaction``, and errors raised as the ``sqlite3`` exception classes callers already catch
-(``sqlite3.IntegrityError`` for every constraint, with a vocabulary CHECK worded as SQLite's
-trigger words it). ``translate`` turns the dialect the code uses into PostgreSQL's: placeholders,
-``IS ?``, ``INSERT OR IGNORE``/``OR REPLACE``, ``LIKE`` (case-insensitive in SQLite), an upsert's
-bare column references, ``group_concat``, ``rowid`` and the DDL types; ``json_extract`` and
-``json_each`` are SQL functions the store installs (``state_db/pg_schema.py``).
+tests/test_pg_org.py a whole org, bench/chaos_pg.py the chaos run).
+
+The design, and why: one implementation per dialect behind one interface (as LangGraph's savers
+share ``BaseCheckpointSaver``), not SQLAlchemy Core. The interface is the sqlite3 connection's
+surface, which everything above this module uses: ``execute(sql, params)`` with ``?`` parameters,
+rows readable by name and index (``Row``, like ``sqlite3.Row``), ``fetchone``/``fetchall``/
+iteration, ``executemany``, ``in_transaction``, and errors as the ``sqlite3`` exception classes
+callers catch (``sqlite3.IntegrityError`` for every constraint, a vocabulary CHECK worded as
+SQLite's trigger words it). SQLite's implementation is the sqlite3 module itself, with nothing in
+between on its hot path; PostgreSQL's is ``PgConnection`` here, over psycopg 3. What the dialects
+do not share is written once per dialect: the schema (``state_db/schema.py`` for SQLite,
+``state_db/pg_migrations.py`` and ``pg_schema.py`` for PostgreSQL), transaction control and the
+PRAGMAs the code sends (answered here from an allow-list, below), the functions a statement may
+call (``json_extract``/``json_each``, installed on PostgreSQL as SQLite defines them). The
+statements of ``StateWriter``, ``state_db/queries`` and the rest are written once, in the SQL both
+databases run as it is: ``IS [NOT] DISTINCT FROM`` (not ``IS ?``), ``ON CONFLICT … DO NOTHING`` or
+``DO UPDATE SET c = table.c + excluded.c`` (not ``INSERT OR IGNORE``/``OR REPLACE``, not a bare
+``c``), ``lower(x) LIKE 'prefix%'`` (SQLite's LIKE ignores case), ``queries.base.marks`` for an
+``IN`` list that may be empty, a name on every subquery in ``FROM``, no ``rowid``, no
+``group_concat``. Nothing rewrites a statement: the one change on the way to PostgreSQL is the
+parameter style (``numbered``: ``?`` as ``$1``, by a scan that skips literals and comments), and a
+statement PostgreSQL cannot run fails there, as a ``sqlite3.OperationalError``, in
+tests/test_pg_dialect.py, which runs every statement of ``state_db/`` on both stores. SQLAlchemy
+Core was not chosen: a new dependency, a compile step on every SQLite statement, and every
+statement of ``state_db/`` rewritten as Python expressions, where the shared subset asks for a
+handful of spellings and is enforced by that test.
 
 Transactions: ``BEGIN IMMEDIATE`` becomes ``BEGIN`` (READ COMMITTED) followed, as the
 transaction's first statement, by ``pg_advisory_xact_lock`` on one key per store (database and
@@ -44,7 +59,6 @@ psycopg is imported only when a PostgreSQL store is opened: measured 168 ms (cum
 from __future__ import annotations
 
 import functools
-import re
 import sqlite3
 from decimal import Decimal
 from pathlib import Path
@@ -96,107 +110,60 @@ def describe(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
-# ------------------------------------------------------------------------------------ translating
+# ------------------------------------------------------------------------------------ parameters
 
-_MASK = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/", re.S)
-_PLACEHOLDER = re.compile(r"\?")
-_IS_NOT = re.compile(r"\bIS\s+NOT\s+\?", re.I)
-_IS = re.compile(r"\bIS\s+\?", re.I)
-_LIKE = re.compile(r"\bLIKE\b", re.I)
-_OR_IGNORE = re.compile(r"^\s*INSERT\s+OR\s+IGNORE\s+INTO\b", re.I)
-_OR_REPLACE = re.compile(r"^\s*(?:INSERT\s+OR\s+REPLACE|REPLACE)\s+INTO\s+(\w+)\s*\(([^)]*)\)", re.I)
-_UPSERT = re.compile(r"^\s*INSERT\s+INTO\s+(\w+).*?\bDO\s+UPDATE\s+SET\b(.*)$", re.I | re.S)
-_GROUP_CONCAT = re.compile(r"\bgroup_concat\s*\(", re.I)
-_ROWID = re.compile(r"\browid\b", re.I)
-_EMPTY_IN = re.compile(r"\bIN\s*\(\s*\)", re.I)
-_SUBQUERY = re.compile(r"\b(?:FROM|JOIN)\s*\(", re.I)
-_NOT_ALIAS = re.compile(r"\s*(?:$|[),;]|(?:WHERE|GROUP|ORDER|LIMIT|OFFSET|HAVING|UNION|EXCEPT|INTERSECT|JOIN|LEFT|"
-                        r"INNER|CROSS|ON|WINDOW)\b)", re.I)
-_DDL = re.compile(r"^\s*(CREATE\s+TABLE|ALTER\s+TABLE)\b", re.I)
-_DDL_TYPES = [
-    (re.compile(r"\bINTEGER\s+PRIMARY\s+KEY\s+AUTOINCREMENT\b", re.I), "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"),
-    (re.compile(r"\bINTEGER\b", re.I), "BIGINT"),
-    (re.compile(r"\b(?:REAL|FLOAT|DOUBLE)\b", re.I), "DOUBLE PRECISION"),
-    (re.compile(r"\bBLOB\b", re.I), "BYTEA"),
-    (re.compile(r"\)\s*WITHOUT\s+ROWID\s*;?\s*$", re.I), ")"),
-]
+_QUOTES = {"'": "'", '"': '"'}
+# SQLite's transaction statements, by their exact words (an allow-list: any other form reaches the
+# server as it is and fails there)
 _TX = {"BEGIN IMMEDIATE": "lock", "BEGIN EXCLUSIVE": "lock", "BEGIN IMMEDIATE TRANSACTION": "lock",
        "BEGIN": "snapshot", "BEGIN DEFERRED": "snapshot", "BEGIN TRANSACTION": "snapshot",
        "COMMIT": "end", "END": "end", "COMMIT TRANSACTION": "end", "ROLLBACK": "end",
        "ROLLBACK TRANSACTION": "end"}
-_WRITE = re.compile(r"^\s*(?:INSERT|UPDATE|DELETE|REPLACE)\b", re.I)
 
 
 @functools.lru_cache(maxsize=2048)
-def translate(sql: str) -> tuple[str, str | None]:
-    """SQLite-dialect SQL as PostgreSQL SQL with ``$n`` placeholders.
+def numbered(sql: str) -> str:
+    """``sql`` with each ``?`` parameter marker as PostgreSQL's ``$1``, ``$2``, …: the qmark
+    paramstyle of the sqlite3 module in the numeric one of PostgreSQL's protocol, and nothing
+    else changed. A character scan, not a pattern: a ``?`` inside a string literal, a quoted
+    identifier or a comment is text and stays as it is.
 
-    Returns (sql, replace_table): ``replace_table`` names the table of an ``INSERT OR REPLACE``,
-    whose conflict target (the primary key) the connection fills in (``{conflict}``)."""
-    saved: list[str] = []
-
-    def keep(m: re.Match) -> str:
-        text = m.group(0)
-        if text.startswith(("--", "/*")):
-            return " "
-        saved.append(text)
-        return f"\x00{len(saved) - 1}\x00"
-
-    masked = _MASK.sub(keep, sql).strip().rstrip(";")
-    replace_table = None
-    if _DDL.match(masked):
-        for pattern, repl in _DDL_TYPES:
-            masked = pattern.sub(repl, masked)
-    masked = _IS_NOT.sub("IS DISTINCT FROM ?", masked)
-    masked = _IS.sub("IS NOT DISTINCT FROM ?", masked)
-    masked = _LIKE.sub("ILIKE", masked)
-    masked = _GROUP_CONCAT.sub("string_agg(", masked)
-    masked = _ROWID.sub("ctid", masked)
-    masked = _EMPTY_IN.sub("IN (SELECT NULL WHERE FALSE)", masked)     # SQLite allows IN (): nothing is in it
-    masked = _alias_subqueries(masked)
-    if _OR_IGNORE.match(masked):
-        masked = _OR_IGNORE.sub("INSERT INTO", masked) + " ON CONFLICT DO NOTHING"
-    m = _OR_REPLACE.match(masked)
-    if m:
-        replace_table = m.group(1)
-        cols = [c.strip() for c in m.group(2).split(",")]
-        masked = (f"INSERT INTO {m.group(1)} ({m.group(2)})" + masked[m.end():]
-                  + " ON CONFLICT {conflict} DO UPDATE SET "
-                  + ", ".join(f"{c} = EXCLUDED.{c}" for c in cols))
-    else:
-        masked = _qualify_upsert(masked)
-    count = iter(range(1, 1_000_000))
-    masked = _PLACEHOLDER.sub(lambda _: f"${next(count)}", masked)
-    out = re.sub(r"\x00(\d+)\x00", lambda m: saved[int(m.group(1))], masked)
-    return out, replace_table
-
-
-def _alias_subqueries(sql: str) -> str:
-    """``FROM (SELECT …)`` with no alias: SQLite takes it, PostgreSQL 15 wants a name."""
-    for m in reversed(list(_SUBQUERY.finditer(sql))):
-        depth, i = 0, m.end() - 1
-        while i < len(sql):
-            depth += {"(": 1, ")": -1}.get(sql[i], 0)
-            if depth == 0:
-                break
+    Raises sqlite3.ProgrammingError for ``?NNN`` (numbered qmarks: the code uses plain ``?``)."""
+    out: list[str] = []
+    i, n, count = 0, len(sql), 0
+    while i < n:
+        ch = sql[i]
+        if ch in _QUOTES:                                   # '…' or "…", a doubled quote inside
+            j = i + 1
+            while j < n:
+                if sql[j] == ch:
+                    if j + 1 < n and sql[j + 1] == ch:
+                        j += 2
+                        continue
+                    break
+                j += 1
+            out.append(sql[i:j + 1])
+            i = j + 1
+        elif sql.startswith("--", i):
+            j = sql.find("\n", i)
+            j = n if j < 0 else j
+            out.append(sql[i:j])
+            i = j
+        elif sql.startswith("/*", i):
+            j = sql.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(sql[i:j])
+            i = j
+        elif ch == "?":
+            if i + 1 < n and sql[i + 1].isdigit():
+                raise sqlite3.ProgrammingError("numbered ?NNN parameters are not supported on a PostgreSQL store; use ?")
+            count += 1
+            out.append(f"${count}")
             i += 1
-        if depth == 0 and _NOT_ALIAS.match(sql, i + 1):
-            sql = f"{sql[:i + 1]} AS _sub{m.start()}{sql[i + 1:]}"
-    return sql
-
-
-def _qualify_upsert(sql: str) -> str:
-    """``ON CONFLICT … DO UPDATE SET value = value + excluded.value``: SQLite reads the bare
-    ``value`` as the existing row's, PostgreSQL calls it ambiguous; qualify it with the table."""
-    m = _UPSERT.match(sql)
-    if not m:
-        return sql
-    table, sets = m.group(1), m.group(2)
-    assigned = re.findall(r"(?:^|,)\s*(\w+)\s*=", sets)
-    if not assigned:
-        return sql
-    bare = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, assigned)) + r")\b(?!\s*=[^=])")
-    return sql[:m.start(2)] + bare.sub(lambda b: f"{table}.{b.group(1)}", sets)
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
 
 
 # ------------------------------------------------------------------------------------ rows
@@ -287,7 +254,6 @@ class PgConnection:
 
     def __init__(self, raw, url: str, readonly: bool):
         self.raw, self.url, self.readonly = raw, url, readonly
-        self._pk: dict[str, tuple[str, ...]] = {}
 
     # -- what sqlite3 callers use ------------------------------------------------------------
     @property
@@ -338,11 +304,8 @@ class PgConnection:
 
     # -- inside -----------------------------------------------------------------------------
     def _statement(self, sql: str, params: Any) -> Cursor:
-        text, replace_table = translate(sql)
-        if replace_table is not None:
-            text = text.replace("{conflict}", "(" + ", ".join(self._primary_key(replace_table)) + ")")
-        params = _params(params)
-        if not self.readonly and not self.in_transaction and _WRITE.match(sql):
+        text, params = numbered(sql), _params(params)
+        if not self.readonly and not self.in_transaction and _first_word(sql) in _WRITES:
             # SQLite runs a lone write under its write lock: so does this, in its own transaction
             self.run("BEGIN")
             try:
@@ -379,28 +342,21 @@ class PgConnection:
         return n
 
     def _pragma(self, head: str) -> Cursor:
-        m = re.match(r"PRAGMA\s+(\w+)\s*(?:=\s*(\w+)|\((\w+)\))?$", head)
-        name = m.group(1).lower() if m else head
-        value = (m.group(2) or m.group(3)) if m else None
+        """The few PRAGMAs callers written for SQLite send, answered here (none reaches the server)."""
+        words = head.removeprefix("PRAGMA").replace("=", " = ").replace("(", " ( ").replace(")", " ").split()
+        name = words[0].lower() if words else ""
+        value = words[-1] if len(words) > 2 else None      # PRAGMA name = v, PRAGMA name(v)
         if name == "user_version":
             if value is None:
                 return Cursor(rows=[_row_class(("user_version",))((schema_version(self),))])
             self.run("INSERT INTO _store (name, value) VALUES ('user_version', $1) "
-                      "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value", (int(value),))
+                     "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value", (int(value),))
             return Cursor(rows=[])
         if name in _NOOP_PRAGMAS:      # SQLite's file and lock settings: nothing to set on PostgreSQL
             return Cursor(rows=[])
         if name == "database_list":    # which store this is (callers key caches by it): its URL
             return Cursor(rows=[_row_class(("seq", "name", "file"))((0, "main", describe(self.url)))])
         raise sqlite3.OperationalError(f"PRAGMA {name} is SQLite's; a PostgreSQL store has no such setting")
-
-    def _primary_key(self, table: str) -> tuple[str, ...]:
-        if table not in self._pk:
-            rows = self.run("""SELECT a.attname FROM pg_index i
-                                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-                                WHERE i.indrelid = to_regclass($1) AND i.indisprimary""", (table,)).fetchall()
-            self._pk[table] = tuple(r[0] for r in rows)
-        return self._pk[table]
 
 
 def schema_version(conn: PgConnection) -> int:
@@ -456,6 +412,14 @@ def connect(url: str, *, readonly: bool = False) -> PgConnection:
     if readonly:
         raw.execute("SET default_transaction_read_only = on")
     return PgConnection(raw, url, readonly)
+
+
+_WRITES = {"INSERT", "UPDATE", "DELETE"}
+
+
+def _first_word(sql: str) -> str:
+    words = sql.split(None, 1)
+    return words[0].upper() if words else ""
 
 
 def _params(params: Any) -> Any:

@@ -28,7 +28,8 @@ for i in range(int(sys.argv[4])):
     with w.transaction(render=False) as tx:
         row = tx.one("SELECT value FROM transport_counters WHERE instance='shared' AND name='n'")
         value = (row[0] if row else 0) + 1
-        tx.execute("INSERT OR REPLACE INTO transport_counters(instance, name, value) VALUES ('shared','n',?)", (value,))
+        tx.execute("INSERT INTO transport_counters(instance, name, value) VALUES ('shared','n',?) "
+                   "ON CONFLICT(instance, name) DO UPDATE SET value = excluded.value", (value,))
 print("done")
 """
 

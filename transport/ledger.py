@@ -1,7 +1,7 @@
 """The delivery ledger (at-most-once) and the transport counters, both in state.db.
 
 A receiver records each batch of received ids in ONE ``BEGIN IMMEDIATE`` transaction
-(``INSERT OR IGNORE``: a row that already exists is a duplicate) and then handles only the new
+(``ON CONFLICT DO NOTHING``: a row that already exists is a duplicate) and then handles only the new
 ones. The same transaction journals the batch's rejections and flushes the counter deltas that
 accumulated in memory (the sender's too, when it shares the :class:`Counters`), so counting
 costs no transaction of its own. Ledger writes never trigger snapshot rendering.
@@ -24,10 +24,10 @@ DUPLICATES = "duplicates"
 HANDLER_ERRORS = "handler_errors"
 REJECTED_PREFIX = "rejected:"
 
-_INSERT_ID = ("INSERT OR IGNORE INTO delivery_ledger"
-              "(msg_id, recipient, sender, kind, created_at, recorded_at) VALUES (?,?,?,?,?,?)")
+_INSERT_ID = ("INSERT INTO delivery_ledger(msg_id, recipient, sender, kind, created_at, recorded_at) "
+              "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
 _ADD_COUNTER = ("INSERT INTO transport_counters(instance, name, value) VALUES (?,?,?) "
-                "ON CONFLICT(instance, name) DO UPDATE SET value = value + excluded.value")
+                "ON CONFLICT(instance, name) DO UPDATE SET value = transport_counters.value + excluded.value")
 
 
 class Counters:

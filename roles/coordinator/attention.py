@@ -44,7 +44,7 @@ BACKOFF_S, BACKOFF_MAX_S = 1.0, 30.0
 STALE_S = 3600.0            # an event older than this is not posted (a webhook configured later)
 NOTIFY_TIMEOUT_S = 5.0
 _ADD = ("INSERT INTO transport_counters(instance, name, value) VALUES (?, ?, 1) "
-        "ON CONFLICT(instance, name) DO UPDATE SET value = value + 1")
+        "ON CONFLICT(instance, name) DO UPDATE SET value = transport_counters.value + 1")
 
 
 @dataclass(frozen=True)

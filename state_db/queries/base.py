@@ -32,6 +32,16 @@ def columns(cls, row: sqlite3.Row | dict) -> dict[str, Any]:
     return {name: row[name] for name in _names(cls) if name in keys}
 
 
+# an empty IN list as both stores take it: SQLite reads ``IN ()`` as nothing, PostgreSQL refuses it
+NOTHING = "SELECT NULL WHERE FALSE"
+
+
+def marks(values: Any) -> str:
+    """The parameter markers of ``IN (…)`` for ``values``: ``?,?,?``, or a subquery with no row
+    when there are none (nothing is in it, and ``NOT IN`` holds for every row, on both stores)."""
+    return ",".join("?" * len(values)) or NOTHING
+
+
 def scalar(conn: sqlite3.Connection, sql: str, params: Any = (), default: Any = None) -> Any:
     """The first column of the first row, or ``default`` (no row, or NULL)."""
     row = conn.execute(sql, params).fetchone()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
-from state_db.queries.base import columns, loads, scalar
+from state_db.queries.base import columns, loads, marks, scalar
 from state_db.vocab import DecisionStatus
 
 
@@ -60,7 +60,7 @@ def of_work(conn: sqlite3.Connection, work_id: str, *statuses: str, iteration: i
     """Decisions of ``work_id`` (in ``statuses`` when given; of ``iteration`` when given), oldest first."""
     sql, params = "SELECT * FROM decisions WHERE work_id = ?", [work_id]
     if statuses:
-        sql += f" AND status IN ({','.join('?' * len(statuses))})"
+        sql += f" AND status IN ({marks(statuses)})"
         params += statuses
     if iteration is not None:
         sql += " AND iteration = ?"
@@ -85,7 +85,7 @@ def has_pending(conn: sqlite3.Connection, work_id: str, *, kind: str | None = No
     """True if a decision of ``work_id`` waits (of ``kind`` asking for ``command``, when given)."""
     sql, params = "SELECT 1 FROM decisions WHERE work_id = ? AND status = ?", [work_id, DecisionStatus.PENDING]
     if kind is not None:
-        sql += " AND kind = ? AND json_extract(action, '$.command') IS ?"
+        sql += " AND kind = ? AND json_extract(action, '$.command') IS NOT DISTINCT FROM ?"
         params += [kind, command]
     return conn.execute(sql, params).fetchone() is not None
 
@@ -114,7 +114,7 @@ def action_checkpoints(conn: sqlite3.Connection, work_id: str) -> list[str]:
 def rejected_to_stop(conn: sqlite3.Connection, work_id: str, *stopping_kinds: str) -> bool:
     """True if a rejection of ``work_id`` ends the run: one rejected with ``stop_run``, or a
     rejected decision of one of ``stopping_kinds``."""
-    marks = ",".join("?" * len(stopping_kinds)) or "NULL"
+    listed = marks(stopping_kinds)
     return conn.execute(f"""SELECT 1 FROM decisions WHERE work_id = ? AND status = ?
-                            AND (stop_run = 1 OR kind IN ({marks}))""",
+                            AND (stop_run = 1 OR kind IN ({listed}))""",
                         (work_id, DecisionStatus.REJECTED, *stopping_kinds)).fetchone() is not None

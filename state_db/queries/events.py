@@ -4,7 +4,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
-from state_db.queries.base import columns, exists, loads, scalar
+from state_db.queries.base import columns, exists, loads, marks, scalar
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def after(conn: sqlite3.Connection, after_id: int, *kinds: str, upto: int | None
         sql += " AND id <= ?"
         params.append(upto)
     if kinds:
-        sql += f" AND kind IN ({','.join('?' * len(kinds))})"
+        sql += f" AND kind IN ({marks(kinds)})"
         params += kinds
     sql += " ORDER BY id"
     if limit is not None:

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from state_db.queries.base import columns, loads, scalar
+from state_db.queries.base import columns, loads, marks, scalar
 from state_db.vocab import NoteKind, NoteStatus, StopReason, WorkStatus
 
 
@@ -127,7 +127,7 @@ def raw_notes(conn: sqlite3.Connection, ids: list[str] | tuple[str, ...]) -> lis
     if not ids:
         return []
     return [RawNote.from_row(r) for r in conn.execute(
-        f"SELECT * FROM raw_notes WHERE id IN ({','.join('?' * len(ids))}) ORDER BY created_at, id", tuple(ids))]
+        f"SELECT * FROM raw_notes WHERE id IN ({marks(ids)}) ORDER BY created_at, id", tuple(ids))]
 
 
 def runs_without_retro(conn: sqlite3.Connection, limit: int = 50) -> list[str]:
@@ -162,7 +162,7 @@ def members(conn: sqlite3.Connection, curated_ids: list[str] | None = None) -> d
     if curated_ids is None:
         rows = conn.execute("SELECT * FROM raw_notes WHERE curated_id IS NOT NULL ORDER BY created_at, id")
     else:
-        rows = conn.execute(f"""SELECT * FROM raw_notes WHERE curated_id IN ({','.join('?' * len(curated_ids))})
+        rows = conn.execute(f"""SELECT * FROM raw_notes WHERE curated_id IN ({marks(curated_ids)})
                                 ORDER BY created_at, id""", curated_ids)
     out: dict[str, list[RawNote]] = {}
     for r in rows:
@@ -177,7 +177,7 @@ def fix_notes_about(conn: sqlite3.Connection, subjects: list[str]) -> list[RawNo
         return []
     return [RawNote.from_row(r) for r in conn.execute(
         f"""SELECT * FROM raw_notes WHERE json_extract(evidence, '$.kind') = 'fix'
-              AND json_extract(evidence, '$.subject') IN ({','.join('?' * len(subjects))})
+              AND json_extract(evidence, '$.subject') IN ({marks(subjects)})
             ORDER BY created_at, id""", subjects)]
 
 
@@ -200,7 +200,7 @@ def curated_notes(conn: sqlite3.Connection, ids: list[str] | None = None) -> lis
     if ids is None:
         rows = conn.execute("SELECT * FROM curated_notes ORDER BY created_at, id")
     else:
-        rows = conn.execute(f"SELECT * FROM curated_notes WHERE id IN ({','.join('?' * len(ids))}) "
+        rows = conn.execute(f"SELECT * FROM curated_notes WHERE id IN ({marks(ids)}) "
                             "ORDER BY created_at, id", ids)
     return [CuratedNote.from_row(r) for r in rows]
 

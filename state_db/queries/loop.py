@@ -106,7 +106,7 @@ def attempt_usage(conn: sqlite3.Connection, work_id: str, attempt: int) -> tuple
     """(budget tokens, cost) of one attempt's model calls (cache reads are not budget tokens)."""
     row = conn.execute(f"""SELECT COALESCE(SUM(input_tokens + cache_write_tokens + output_tokens), 0),
                                  COALESCE(SUM(cost_usd), 0) FROM model_calls WHERE work_id = ? AND attempt = ?
-                                 AND COALESCE(instance, '') LIKE '{Actor.LOOP_AGENT}%'""", (work_id, attempt)).fetchone()
+                                 AND lower(COALESCE(instance, '')) LIKE '{Actor.LOOP_AGENT}%'""", (work_id, attempt)).fetchone()
     return int(row[0]), float(row[1])
 
 

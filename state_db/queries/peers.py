@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from state_db.queries.base import columns
+from state_db.queries.base import columns, marks
 
 
 @dataclass(frozen=True)
@@ -105,9 +105,9 @@ def host_touch(conn, work_id: str, instances) -> dict:
            "next": int((last[0] if last and last[0] is not None else 0)) + 1, "ran": False, "judged": False}
     mine = list(instances)
     if mine:
-        marks = ",".join("?" * len(mine))
-        out["ran"] = conn.execute(f"SELECT 1 FROM attempts WHERE work_id = ? AND instance IN ({marks}) LIMIT 1",
+        listed = marks(mine)
+        out["ran"] = conn.execute(f"SELECT 1 FROM attempts WHERE work_id = ? AND instance IN ({listed}) LIMIT 1",
                                   (work_id, *mine)).fetchone() is not None
-        out["judged"] = conn.execute(f"SELECT 1 FROM verdicts WHERE work_id = ? AND written_by IN ({marks}) LIMIT 1",
+        out["judged"] = conn.execute(f"SELECT 1 FROM verdicts WHERE work_id = ? AND written_by IN ({listed}) LIMIT 1",
                                      (work_id, *mine)).fetchone() is not None
     return out

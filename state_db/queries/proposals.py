@@ -9,7 +9,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 
-from state_db.queries.base import columns, loads
+from state_db.queries.base import columns, loads, marks
 from state_db.vocab import ProposalStatus, WorkStatus
 
 _ORDER = "ORDER BY recommended DESC, rank, created_at, id"
@@ -99,9 +99,9 @@ def standing(conn: sqlite3.Connection, workspace: str, fingerprints: list[str]) 
     work item has not ended (it is being worked). An open one wins over the others."""
     if not fingerprints:
         return {}
-    marks = ",".join("?" * len(fingerprints))
+    listed = marks(fingerprints)
     rows = _many(conn, f"""SELECT p.* FROM proposals p LEFT JOIN work_items w ON w.id = p.work_id
-                            WHERE p.workspace = ? AND p.fingerprint IN ({marks})
+                            WHERE p.workspace = ? AND p.fingerprint IN ({listed})
                               AND (p.status IN (?, ?)
                                    OR (p.status = ? AND (w.status IS NULL OR w.status != ?)))
                             ORDER BY p.status = '{ProposalStatus.PROPOSED}', p.created_at""",
@@ -114,6 +114,6 @@ def of_sources(conn: sqlite3.Connection, workspace: str, sources: list[str]) -> 
     """Open proposals of ``workspace`` found by one of ``sources`` (what a scan read again)."""
     if not sources:
         return []
-    marks = ",".join("?" * len(sources))
-    return _many(conn, f"SELECT * FROM proposals WHERE status = ? AND workspace = ? AND source IN ({marks}) {_ORDER}",
+    listed = marks(sources)
+    return _many(conn, f"SELECT * FROM proposals WHERE status = ? AND workspace = ? AND source IN ({listed}) {_ORDER}",
                  (ProposalStatus.PROPOSED, workspace, *sources))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from state_db.queries.base import loads
+from state_db.queries.base import loads, marks
 from state_db.vocab import CandidateStatus, Origin, StopReason, WorkStatus
 
 WITH, WITHOUT = "with", "without"
@@ -149,7 +149,7 @@ def source_runs(conn: sqlite3.Connection, note_ids: list[str] | tuple[str, ...])
     if not note_ids:
         return []
     found = {r[0]: r[1] for r in conn.execute(
-        f"SELECT id, run_id FROM raw_notes WHERE id IN ({','.join('?' * len(note_ids))})", list(note_ids))}
+        f"SELECT id, run_id FROM raw_notes WHERE id IN ({marks(note_ids)})", list(note_ids))}
     out: list[str] = []
     for n in note_ids:
         run = found.get(n)
@@ -163,7 +163,7 @@ def ended_items(conn: sqlite3.Connection, limit: int = 500) -> list[Ended]:
     because their checks could not run are left out (the machine failed: nothing to measure)."""
     return [Ended(r["id"], r["goal"], tuple(loads(r["verify"], [])), r["stop_reason"]) for r in conn.execute(
         """SELECT id, goal, verify, stop_reason FROM work_items
-            WHERE status = ? AND origin != ? AND stop_reason IS NOT ?
+            WHERE status = ? AND origin != ? AND stop_reason IS DISTINCT FROM ?
             ORDER BY ended_at DESC, id LIMIT ?""",
         (WorkStatus.ENDED, Origin.REPLAY, StopReason.VERIFY_UNRUNNABLE, limit))]
 

@@ -13,9 +13,10 @@ import orjson
 
 from state_db.vocab import Actor
 
-# model_calls rows that are the eval-agent's (its reviews), and those that are not
-REVIEW_CALLS = f"COALESCE(instance, '') LIKE '{Actor.EVAL_AGENT}%'"
-DOER_CALLS = f"COALESCE(instance, '') NOT LIKE '{Actor.EVAL_AGENT}%'"
+# model_calls rows that are the eval-agent's (its reviews), and those that are not (lower(): as
+# SQLite's LIKE, on PostgreSQL too)
+REVIEW_CALLS = f"lower(COALESCE(instance, '')) LIKE '{Actor.EVAL_AGENT}%'"
+DOER_CALLS = f"lower(COALESCE(instance, '')) NOT LIKE '{Actor.EVAL_AGENT}%'"
 CLAIM_TOOL = "declare_impossible"      # the doer's tool (roles/loop_agent/tools.py)
 
 

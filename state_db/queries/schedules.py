@@ -11,7 +11,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 
-from state_db.queries.base import columns, loads
+from state_db.queries.base import columns, loads, marks
 from state_db.vocab import TIMER_KINDS, Origin, ScheduleStatus, WorkStatus
 
 # work that started without a human: bounded by limits.daily_spend_usd
@@ -79,17 +79,17 @@ def find(conn: sqlite3.Connection, name_or_id: str) -> Schedule | None:
 
 def listing(conn: sqlite3.Connection, kinds: tuple[str, ...], *, removed: bool = False) -> list[Schedule]:
     """Orders of ``kinds``, oldest first; removed ones only when asked."""
-    marks = ", ".join("?" for _ in kinds)
-    sql = f"SELECT * FROM schedules WHERE kind IN ({marks})" + ("" if removed else " AND status != ?")
+    listed = marks(kinds)
+    sql = f"SELECT * FROM schedules WHERE kind IN ({listed})" + ("" if removed else " AND status != ?")
     params = (*kinds,) if removed else (*kinds, ScheduleStatus.REMOVED)
     return [Schedule.of(r) for r in conn.execute(sql + " ORDER BY created_at, id", params)]
 
 
 def active(conn: sqlite3.Connection, kinds: tuple[str, ...]) -> list[Schedule]:
     """Orders of ``kinds`` that tick (not paused, not removed)."""
-    marks = ", ".join("?" for _ in kinds)
+    listed = marks(kinds)
     return [Schedule.of(r) for r in conn.execute(
-        f"SELECT * FROM schedules WHERE status = ? AND kind IN ({marks}) ORDER BY created_at, id",
+        f"SELECT * FROM schedules WHERE status = ? AND kind IN ({listed}) ORDER BY created_at, id",
         (ScheduleStatus.ACTIVE, *kinds))]
 
 
@@ -110,8 +110,8 @@ def started_by(conn: sqlite3.Connection, schedule_id: str, limit: int = 20) -> l
 
 def at_work(conn: sqlite3.Connection, workspace: str) -> str | None:
     """A work item of the org changing ``workspace`` right now (its id), or None."""
-    marks = ", ".join("?" for _ in AT_WORK)
-    row = conn.execute(f"SELECT id FROM work_items WHERE workspace = ? AND status IN ({marks}) LIMIT 1",
+    listed = marks(AT_WORK)
+    row = conn.execute(f"SELECT id FROM work_items WHERE workspace = ? AND status IN ({listed}) LIMIT 1",
                        (workspace, *AT_WORK)).fetchone()
     return row["id"] if row else None
 
@@ -141,14 +141,14 @@ def day_start(now: float) -> float:
 def automatic_spend(conn: sqlite3.Connection, now: float) -> tuple[float, float]:
     """(spent since local midnight by work started without a human, what its open runs may still
     spend: each one's cost budget less what it spent)."""
-    marks = ", ".join("?" for _ in AUTOMATIC)
+    listed = marks(AUTOMATIC)
     spent = conn.execute(
         f"""SELECT COALESCE(SUM(m.cost_usd), 0) FROM model_calls m JOIN work_items w ON w.id = m.work_id
-            WHERE w.origin IN ({marks}) AND m.at >= ?""", (*AUTOMATIC, day_start(now))).fetchone()[0]
+            WHERE w.origin IN ({listed}) AND m.at >= ?""", (*AUTOMATIC, day_start(now))).fetchone()[0]
     open_budget = 0.0
     for row in conn.execute(
             f"""SELECT w.caps, (SELECT COALESCE(SUM(cost_usd), 0) FROM model_calls WHERE work_id = w.id) AS used
-                FROM work_items w WHERE w.origin IN ({marks}) AND w.status != ?""", (*AUTOMATIC, WorkStatus.ENDED)):
+                FROM work_items w WHERE w.origin IN ({listed}) AND w.status != ?""", (*AUTOMATIC, WorkStatus.ENDED)):
         budget = loads(row["caps"], {}).get("budget_usd")
         if isinstance(budget, (int, float)):
             open_budget += max(0.0, float(budget) - row["used"])

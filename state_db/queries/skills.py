@@ -12,7 +12,7 @@ import sqlite3
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from state_db.queries.base import columns, exists, loads, scalar
+from state_db.queries.base import columns, exists, loads, marks, scalar
 from state_db.vocab import BatchStatus, CandidateStatus, SkillStatus
 
 #: candidates still open to a decision (a deferred one is never asked again, but can be decided)
@@ -130,7 +130,7 @@ def candidate(conn: sqlite3.Connection, candidate_id: str) -> Candidate | None:
 
 def live_candidate_named(conn: sqlite3.Connection, name: str) -> Candidate | None:
     """The latest pending or deferred candidate named ``name``, or None."""
-    row = conn.execute(f"""SELECT * FROM skill_candidates WHERE name = ? AND status IN ({','.join('?' * len(LIVE))})
+    row = conn.execute(f"""SELECT * FROM skill_candidates WHERE name = ? AND status IN ({marks(LIVE)})
                            ORDER BY created_at DESC, id DESC LIMIT 1""", (name, *LIVE)).fetchone()
     return Candidate.from_row(row) if row else None
 
@@ -147,7 +147,7 @@ def candidates(conn: sqlite3.Connection, statuses: Iterable[str] | None = None) 
         return [Candidate.from_row(r) for r in conn.execute("SELECT * FROM skill_candidates ORDER BY created_at, id")]
     statuses = [str(s) for s in statuses]
     return [Candidate.from_row(r) for r in conn.execute(
-        f"SELECT * FROM skill_candidates WHERE status IN ({','.join('?' * len(statuses))}) ORDER BY created_at, id",
+        f"SELECT * FROM skill_candidates WHERE status IN ({marks(statuses)}) ORDER BY created_at, id",
         statuses)]
 
 
@@ -208,10 +208,9 @@ def skill_names(conn: sqlite3.Connection) -> list[str]:
 def active_skills_version(conn: sqlite3.Connection) -> tuple[int, str | None]:
     """(count, names with their candidates) of the active skills: changes whenever one is
     approved, re-approved from another candidate or retired."""
-    row = conn.execute("""SELECT COUNT(*), group_concat(name || ':' || COALESCE(candidate_id, ''), ',') FROM
-                            (SELECT name, candidate_id FROM skills WHERE status = ? ORDER BY name)""",
-                       (SkillStatus.ACTIVE,)).fetchone()
-    return row[0], row[1]
+    rows = conn.execute("SELECT name, candidate_id FROM skills WHERE status = ? ORDER BY name",
+                        (SkillStatus.ACTIVE,)).fetchall()
+    return len(rows), ",".join(f"{r[0]}:{r[1] or ''}" for r in rows) or None
 
 
 # a replay carries a skill to measure it, not to use it: its iterations never count
@@ -228,7 +227,7 @@ def skill_uses(conn: sqlite3.Connection, names: list[str] | None = None) -> dict
     if names is None:
         rows = conn.execute(_USES.format(where=""))
     else:
-        rows = conn.execute(_USES.format(where=f"AND j.value IN ({','.join('?' * len(names))})"), names)
+        rows = conn.execute(_USES.format(where=f"AND j.value IN ({marks(names)})"), names)
     return {r["name"]: SkillUse(r["name"], r["runs"], r["last"]) for r in rows}
 
 

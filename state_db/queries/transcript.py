@@ -98,14 +98,14 @@ def of_work(conn: sqlite3.Connection, work_id: str, *, iteration: int | None = N
     usage: dict[int, list[dict]] = {}
     for r in conn.execute("""SELECT attempt, request_id, model, input_tokens, output_tokens, cache_write_tokens,
                                     cache_read_tokens, cost_usd, at FROM model_calls
-                              WHERE work_id = ? AND COALESCE(instance, '') NOT LIKE 'eval-agent%' ORDER BY at""", (work_id,)):
+                              WHERE work_id = ? AND lower(COALESCE(instance, '')) NOT LIKE 'eval-agent%' ORDER BY at""", (work_id,)):
         usage.setdefault(r[0], []).append({"request_id": r[1], "model": r[2], "input_tokens": r[3],
                                            "output_tokens": r[4], "cache_write_tokens": r[5],
                                            "cache_read_tokens": r[6], "cost_usd": r[7], "at": r[8]})
     committed = {r["n"]: r for r in conn.execute(
         "SELECT n, attempt, lesson, feedback, verdict_id FROM iterations WHERE work_id = ?", (work_id,))}
     verdicts = {v.iteration: v for v in (Verdict.from_row(r) for r in conn.execute(
-        "SELECT * FROM verdicts WHERE work_id = ? AND written_by LIKE 'eval-agent%' ORDER BY at", (work_id,)))}
+        "SELECT * FROM verdicts WHERE work_id = ? AND lower(written_by) LIKE 'eval-agent%' ORDER BY at", (work_id,)))}
     out = []
     for a in rows:
         it = committed.get(a["iteration"])

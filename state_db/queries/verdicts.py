@@ -16,8 +16,9 @@ from state_db.queries.base import columns, loads
 from state_db.vocab import Actor, VerdictOutcome, WorkStatus
 
 # A literal pattern, not a bound one: SQLite prepares a statement again on every run when a LIKE's
-# pattern is a parameter (its LIKE optimisation depends on the value), ~80 µs a query.
-_BY_EVAL = f"written_by LIKE '{Actor.EVAL_AGENT}%'"
+# pattern is a parameter (its LIKE optimisation depends on the value), ~80 µs a query. lower():
+# SQLite's LIKE ignores ASCII case and PostgreSQL's does not; so both stores match alike.
+_BY_EVAL = f"lower(written_by) LIKE '{Actor.EVAL_AGENT}%'"
 
 
 @dataclass(frozen=True)

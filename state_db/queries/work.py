@@ -12,7 +12,7 @@ import sqlite3
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from state_db.queries.base import columns, loads, scalar
+from state_db.queries.base import columns, loads, marks, scalar
 from state_db.vocab import DecisionStatus, WorkStatus
 
 
@@ -195,30 +195,30 @@ def item(conn: sqlite3.Connection, work_id: str) -> WorkItem | None:
 
 def items(conn: sqlite3.Connection, ids: list[str] | tuple[str, ...]) -> list[WorkItem]:
     """The work items among ``ids`` that exist, in no particular order."""
-    marks = ",".join("?" * len(ids))
-    return [WorkItem.from_row(r) for r in conn.execute(f"SELECT * FROM work_items WHERE id IN ({marks})", tuple(ids))]
+    listed = marks(ids)
+    return [WorkItem.from_row(r) for r in conn.execute(f"SELECT * FROM work_items WHERE id IN ({listed})", tuple(ids))]
 
 
 def with_status(conn: sqlite3.Connection, *statuses: str) -> list[WorkItem]:
     """Work items in any of ``statuses``, oldest first."""
-    marks = ",".join("?" * len(statuses))
+    listed = marks(statuses)
     return [WorkItem.from_row(r) for r in conn.execute(
-        f"SELECT * FROM work_items WHERE status IN ({marks}) ORDER BY created_at", statuses)]
+        f"SELECT * FROM work_items WHERE status IN ({listed}) ORDER BY created_at", statuses)]
 
 
 def assigned_to(conn: sqlite3.Connection, instance: str, *statuses: str) -> WorkItem | None:
     """The oldest work item assigned to ``instance`` in one of ``statuses``, or None."""
-    marks = ",".join("?" * len(statuses))
-    row = conn.execute(f"""SELECT * FROM work_items WHERE assigned_to = ? AND status IN ({marks})
+    listed = marks(statuses)
+    row = conn.execute(f"""SELECT * FROM work_items WHERE assigned_to = ? AND status IN ({listed})
                            ORDER BY created_at LIMIT 1""", (instance, *statuses)).fetchone()
     return WorkItem.from_row(row) if row else None
 
 
 def busy_agents(conn: sqlite3.Connection, *statuses: str) -> set[str]:
     """Instances holding a work item in one of ``statuses``."""
-    marks = ",".join("?" * len(statuses))
+    listed = marks(statuses)
     return {r[0] for r in conn.execute(
-        f"SELECT assigned_to FROM work_items WHERE status IN ({marks}) AND assigned_to IS NOT NULL", statuses)}
+        f"SELECT assigned_to FROM work_items WHERE status IN ({listed}) AND assigned_to IS NOT NULL", statuses)}
 
 
 def parked_and_decided(conn: sqlite3.Connection) -> list[str]:

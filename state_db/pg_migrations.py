@@ -1,0 +1,438 @@
+"""The migrations of ``state_db/schema.py`` in PostgreSQL's own SQL: the PostgreSQL store owns its
+schema, as each of LangGraph's savers owns its tables.
+
+Each entry of ``FORMS`` is the PostgreSQL form of the SQLite migration of the same name, written
+out once (not derived from the SQLite text at run time): ``BIGINT`` where SQLite says ``INTEGER``
+(SQLite's integers are 64-bit), ``DOUBLE PRECISION`` for ``REAL``, an identity column for
+``INTEGER PRIMARY KEY AUTOINCREMENT``, ``ctid`` for ``rowid``, ``ILIKE`` for SQLite's
+case-insensitive ``LIKE``; constraints, indexes (the JSON expression index included, through the
+``json_extract`` function ``pg_schema.SUPPORT`` installs) and references are the same SQL in both.
+A Python migration's PostgreSQL form is in ``pg_schema.STEPS``.
+
+A migration appended to ``MIGRATIONS`` without its form here is refused on PostgreSQL
+(``pg_schema.migration``: MigrationFailed naming this file), and
+``tests/test_pg_dialect.py::test_every_migration_has_its_postgresql_form`` fails first: SQLite's
+``REAL`` or ``INTEGER`` would otherwise run on PostgreSQL as its 4-byte types.
+"""
+from __future__ import annotations
+
+STOP_HISTORY = """
+CREATE TABLE stop_history (
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    seq BIGINT NOT NULL,
+    stop_reason TEXT NOT NULL,
+    stop_detail TEXT,
+    ended_at DOUBLE PRECISION,
+    iterations BIGINT NOT NULL,
+    caps TEXT NOT NULL DEFAULT '{}',
+    new_caps TEXT NOT NULL DEFAULT '{}',
+    continued_by TEXT NOT NULL,
+    continued_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (work_id, seq)
+);
+"""
+
+FORMS: dict[str, str] = {
+    "0001_initial": """
+CREATE TABLE org_session (
+    id BIGINT PRIMARY KEY CHECK (id = 1),
+    status TEXT NOT NULL,
+    started_at DOUBLE PRECISION, updated_at DOUBLE PRECISION NOT NULL,
+    supervisor_pid BIGINT, supervisor_start TEXT,
+    detail TEXT
+);
+CREATE TABLE role_instances (
+    instance TEXT PRIMARY KEY,
+    role TEXT NOT NULL,
+    status TEXT NOT NULL,
+    pid BIGINT, pid_start TEXT,
+    endpoint TEXT,
+    heartbeat_at DOUBLE PRECISION, started_at DOUBLE PRECISION, updated_at DOUBLE PRECISION NOT NULL,
+    restarts BIGINT NOT NULL DEFAULT 0,
+    last_exit TEXT,
+    current_work TEXT
+);
+CREATE TABLE work_items (
+    id TEXT PRIMARY KEY,
+    goal TEXT NOT NULL,
+    workspace TEXT NOT NULL,
+    verify TEXT NOT NULL DEFAULT '[]',
+    protect TEXT NOT NULL DEFAULT '[]',
+    caps TEXT NOT NULL DEFAULT '{}',
+    backend TEXT NOT NULL,
+    status TEXT NOT NULL,
+    stop_reason TEXT, stop_detail TEXT,
+    assigned_to TEXT,
+    attempt BIGINT NOT NULL DEFAULT 0,
+    cancel_requested BIGINT NOT NULL DEFAULT 0,
+    worktree BIGINT NOT NULL DEFAULT 0, branch TEXT,
+    elapsed_s DOUBLE PRECISION NOT NULL DEFAULT 0,
+    created_by TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
+    ended_at DOUBLE PRECISION,
+    CHECK ((status = 'ended') = (stop_reason IS NOT NULL))
+);
+CREATE INDEX work_items_status ON work_items(status);
+CREATE TABLE attempts (
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    attempt BIGINT NOT NULL,
+    iteration BIGINT NOT NULL,
+    instance TEXT,
+    started_at DOUBLE PRECISION NOT NULL, ended_at DOUBLE PRECISION,
+    outcome TEXT,
+    PRIMARY KEY (work_id, attempt)
+);
+CREATE TABLE iterations (
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    n BIGINT NOT NULL,
+    attempt BIGINT NOT NULL,
+    act_status TEXT NOT NULL,
+    act_summary TEXT NOT NULL DEFAULT '',
+    tool_calls TEXT NOT NULL DEFAULT '[]',
+    input_tokens BIGINT NOT NULL DEFAULT 0, output_tokens BIGINT NOT NULL DEFAULT 0,
+    cache_write_tokens BIGINT NOT NULL DEFAULT 0, cache_read_tokens BIGINT NOT NULL DEFAULT 0,
+    cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
+    elapsed_s DOUBLE PRECISION NOT NULL DEFAULT 0,
+    fingerprint TEXT, checkpoint TEXT,
+    changed_paths TEXT NOT NULL DEFAULT '[]',
+    verdict_id TEXT, feedback TEXT, lesson TEXT,
+    prompt TEXT NOT NULL DEFAULT '{}',
+    committed_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (work_id, n)
+);
+CREATE TABLE model_calls (
+    request_id TEXT PRIMARY KEY,
+    work_id TEXT, iteration BIGINT, attempt BIGINT, instance TEXT,
+    model TEXT NOT NULL,
+    input_tokens BIGINT NOT NULL, output_tokens BIGINT NOT NULL,
+    cache_write_tokens BIGINT NOT NULL DEFAULT 0, cache_read_tokens BIGINT NOT NULL DEFAULT 0,
+    cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
+    at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX model_calls_work ON model_calls(work_id);
+CREATE TABLE verdicts (
+    id TEXT PRIMARY KEY,
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    iteration BIGINT NOT NULL,
+    outcome TEXT NOT NULL,
+    checks TEXT NOT NULL DEFAULT '[]',
+    feedback TEXT NOT NULL DEFAULT '',
+    protected_changed TEXT NOT NULL DEFAULT '[]',
+    written_by TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX verdicts_work ON verdicts(work_id, iteration);
+CREATE TABLE events (
+    id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+    at DOUBLE PRECISION NOT NULL,
+    actor TEXT NOT NULL, instance TEXT, os_user TEXT,
+    kind TEXT NOT NULL,
+    subject TEXT,
+    data TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX events_kind ON events(kind);
+CREATE TABLE delivery_ledger (
+    msg_id TEXT PRIMARY KEY,
+    recipient TEXT NOT NULL,
+    sender TEXT, kind TEXT,
+    created_at DOUBLE PRECISION,
+    recorded_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX delivery_ledger_age ON delivery_ledger(recorded_at);
+CREATE TABLE transport_counters (
+    instance TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (instance, name)
+);
+CREATE TABLE idempotency (
+    key TEXT PRIMARY KEY,
+    actor TEXT NOT NULL, os_user TEXT,
+    command TEXT NOT NULL,
+    result TEXT NOT NULL DEFAULT '{}',
+    at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE decisions (
+    id TEXT PRIMARY KEY,
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    iteration BIGINT,
+    kind TEXT NOT NULL,
+    action TEXT NOT NULL DEFAULT '{}',
+    question TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL,
+    answer TEXT,
+    stop_run BIGINT NOT NULL DEFAULT 0,
+    result TEXT,
+    decided_by TEXT, decided_at DOUBLE PRECISION,
+    created_at DOUBLE PRECISION NOT NULL, announced_at DOUBLE PRECISION
+);
+CREATE TABLE raw_notes (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    fact TEXT NOT NULL, judgment TEXT NOT NULL, rationale TEXT NOT NULL, applicability TEXT NOT NULL,
+    evidence TEXT NOT NULL DEFAULT '{}',
+    status TEXT NOT NULL,
+    curated_id TEXT,
+    created_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE curated_notes (
+    id TEXT PRIMARY KEY,
+    topic TEXT NOT NULL,
+    body TEXT NOT NULL,
+    source_notes TEXT NOT NULL DEFAULT '[]',
+    contradicts TEXT NOT NULL DEFAULT '[]',
+    created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE candidate_batches (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL, announced_at DOUBLE PRECISION, closed_at DOUBLE PRECISION
+);
+CREATE TABLE skill_candidates (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    description TEXT NOT NULL DEFAULT '',
+    body TEXT NOT NULL DEFAULT '',
+    score BIGINT NOT NULL DEFAULT 0,
+    signals TEXT NOT NULL DEFAULT '{}',
+    source_notes TEXT NOT NULL DEFAULT '[]',
+    status TEXT NOT NULL,
+    merged_into TEXT,
+    batch_id TEXT REFERENCES candidate_batches(id),
+    decided_by TEXT, decided_at DOUBLE PRECISION,
+    created_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE skills (
+    name TEXT PRIMARY KEY,
+    path TEXT NOT NULL,
+    candidate_id TEXT,
+    origin TEXT NOT NULL DEFAULT '{}',
+    status TEXT NOT NULL,
+    use_count BIGINT NOT NULL DEFAULT 0,
+    last_used_at DOUBLE PRECISION,
+    created_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE usage_summaries (
+    work_id TEXT PRIMARY KEY,
+    calls BIGINT NOT NULL, input_tokens BIGINT NOT NULL, output_tokens BIGINT NOT NULL,
+    cache_write_tokens BIGINT NOT NULL, cache_read_tokens BIGINT NOT NULL, cost_usd DOUBLE PRECISION NOT NULL,
+    pruned_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE workspace_locks (
+    workspace TEXT PRIMARY KEY,
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    acquired_at DOUBLE PRECISION NOT NULL
+);
+""",
+    "0002_knowledge": """
+ALTER TABLE curated_notes ADD COLUMN kind TEXT NOT NULL DEFAULT '';
+ALTER TABLE curated_notes ADD COLUMN tier TEXT NOT NULL DEFAULT 'curated';
+ALTER TABLE curated_notes ADD COLUMN score BIGINT;
+ALTER TABLE curated_notes ADD COLUMN signals TEXT NOT NULL DEFAULT '{}';
+CREATE INDEX raw_notes_status ON raw_notes(status);
+CREATE INDEX raw_notes_run ON raw_notes(run_id);
+CREATE INDEX raw_notes_curated ON raw_notes(curated_id);
+CREATE INDEX skill_candidates_status ON skill_candidates(status);
+CREATE INDEX skill_candidates_name ON skill_candidates(name);
+""",
+    "0003_verifier": """
+CREATE TABLE preflights (
+    work_id TEXT PRIMARY KEY REFERENCES work_items(id),
+    outcome TEXT NOT NULL,
+    checks TEXT NOT NULL DEFAULT '[]',
+    detail TEXT NOT NULL DEFAULT '',
+    written_by TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL
+);
+ALTER TABLE verdicts ADD COLUMN held_back TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE verdicts ADD COLUMN evidence TEXT NOT NULL DEFAULT '';
+ALTER TABLE work_items ADD COLUMN default_protect BIGINT NOT NULL DEFAULT 1;
+""",
+    "0004_sandbox_path": """
+ALTER TABLE work_items ADD COLUMN toolchain TEXT NOT NULL DEFAULT '{}';
+""",
+    "0005_waiting": """
+ALTER TABLE decisions ADD COLUMN executor TEXT;
+ALTER TABLE decisions ADD COLUMN checkpoint TEXT;
+ALTER TABLE attempts ADD COLUMN alive_at DOUBLE PRECISION;
+ALTER TABLE work_items ADD COLUMN discarded_s DOUBLE PRECISION NOT NULL DEFAULT 0;
+DELETE FROM decisions WHERE status = 'pending' AND ctid NOT IN (
+    SELECT MIN(ctid) FROM decisions WHERE status = 'pending'
+     GROUP BY work_id, kind, json_extract(action, '$.command'));
+CREATE UNIQUE INDEX decisions_one_pending ON decisions(work_id, kind, json_extract(action, '$.command'))
+    WHERE status = 'pending';
+""",
+    "0008_status": """
+ALTER TABLE attempts ADD COLUMN current_tool TEXT;
+ALTER TABLE attempts ADD COLUMN current_tool_at DOUBLE PRECISION;
+""",
+    "0009_attention": """
+CREATE TABLE attention (
+    key TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    subject TEXT,
+    text TEXT NOT NULL,
+    link TEXT,
+    created_at DOUBLE PRECISION NOT NULL,
+    notified_at DOUBLE PRECISION,
+    posted_at DOUBLE PRECISION,
+    post_attempts BIGINT NOT NULL DEFAULT 0,
+    last_error TEXT
+);
+CREATE INDEX attention_undelivered ON attention(created_at) WHERE posted_at IS NULL;
+""",
+    "0010_schedules": """
+CREATE TABLE schedules (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    rule TEXT NOT NULL DEFAULT '{}',
+    request TEXT NOT NULL DEFAULT '{}',
+    argv TEXT NOT NULL DEFAULT '[]',
+    status TEXT NOT NULL,
+    created_by TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
+    last_tick_at DOUBLE PRECISION,
+    last_fired_at DOUBLE PRECISION,
+    last_work_id TEXT,
+    fired BIGINT NOT NULL DEFAULT 0,
+    skipped_busy BIGINT NOT NULL DEFAULT 0,
+    skipped_spend BIGINT NOT NULL DEFAULT 0,
+    coalesced BIGINT NOT NULL DEFAULT 0,
+    last_skip TEXT,
+    watch TEXT NOT NULL DEFAULT '{}'
+);
+CREATE UNIQUE INDEX schedules_live_name ON schedules(name) WHERE status != 'removed';
+ALTER TABLE work_items ADD COLUMN origin TEXT NOT NULL DEFAULT 'human';
+ALTER TABLE work_items ADD COLUMN origin_id TEXT;
+CREATE INDEX work_items_origin ON work_items(origin_id) WHERE origin_id IS NOT NULL;
+""",
+    "0011_proposals": """
+CREATE TABLE proposals (
+    id TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    workspace TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    source TEXT NOT NULL,
+    title TEXT NOT NULL,
+    goal TEXT NOT NULL,
+    verify TEXT NOT NULL DEFAULT '[]',
+    caps TEXT NOT NULL DEFAULT '{}',
+    evidence TEXT NOT NULL DEFAULT '{}',
+    rank BIGINT NOT NULL,
+    recommended BIGINT NOT NULL DEFAULT 0,
+    status TEXT NOT NULL,
+    created_by TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    seen_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    decided_by TEXT, decided_at DOUBLE PRECISION, detail TEXT,
+    work_id TEXT REFERENCES work_items(id) DEFERRABLE INITIALLY DEFERRED    
+);
+CREATE UNIQUE INDEX proposals_one_open ON proposals(workspace, fingerprint) WHERE status = 'proposed';
+CREATE INDEX proposals_status ON proposals(status, workspace);
+""",
+    "0012_review": """
+ALTER TABLE work_items ADD COLUMN review TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE verdicts ADD COLUMN review TEXT;
+""",
+    "0013_handoff": """
+CREATE TABLE handoffs (
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    ending BIGINT NOT NULL,
+    done TEXT NOT NULL,
+    remains TEXT NOT NULL,
+    learned TEXT NOT NULL,
+    note TEXT NOT NULL DEFAULT '',
+    source TEXT NOT NULL CHECK (source IN ('wrapup', 'record')),
+    allowance TEXT NOT NULL DEFAULT '{}',
+    attempt BIGINT,
+    tokens BIGINT NOT NULL DEFAULT 0,
+    cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
+    elapsed_s DOUBLE PRECISION NOT NULL DEFAULT 0,
+    written_by TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (work_id, ending)
+);
+ALTER TABLE attempts ADD COLUMN wrapup BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE work_items ADD COLUMN next_step TEXT;
+""",
+    "0014_peers": """
+CREATE TABLE peers (
+    instance TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    role TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    curve_public TEXT NOT NULL CHECK (length(curve_public) = 40),
+    hmac_key TEXT NOT NULL CHECK (length(hmac_key) = 64),
+    git_url TEXT NOT NULL DEFAULT '',
+    registered_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE UNIQUE INDEX peers_one_key ON peers(curve_public);
+""",
+    "0015_scope": """
+ALTER TABLE work_items ADD COLUMN scope TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE work_items ADD COLUMN delivered TEXT;
+ALTER TABLE verdicts ADD COLUMN verified TEXT;
+""",
+    "0016_transcript": """
+CREATE TABLE transcript (
+    work_id TEXT NOT NULL REFERENCES work_items(id),
+    attempt BIGINT NOT NULL,
+    seq BIGINT NOT NULL,
+    iteration BIGINT NOT NULL,
+    kind TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    data TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (work_id, attempt, seq)
+);
+""",
+    "0017_rough_edges": """
+ALTER TABLE skill_candidates ADD COLUMN decided_reason TEXT;
+ALTER TABLE work_items ADD COLUMN dismissed_by TEXT;
+ALTER TABLE work_items ADD COLUMN dismissed_at DOUBLE PRECISION;
+""",
+    "0018_contract": """
+ALTER TABLE attempts ADD COLUMN detail TEXT;
+UPDATE attempts SET detail = outcome, outcome = 'interrupted' WHERE outcome IN ('interrupted', 'cancelled', 'org_limit');
+UPDATE attempts SET detail = substr(outcome, 13), outcome = 'model_error' WHERE outcome ILIKE 'model_error:%';
+UPDATE attempts SET outcome = 'wrapped_up' WHERE outcome = 'wrapup:ok';
+UPDATE attempts SET detail = substr(outcome, 8), outcome = 'wrapup_failed' WHERE outcome ILIKE 'wrapup:%';
+UPDATE curated_notes SET kind = 'context' WHERE kind NOT IN ('outcome', 'failure', 'fix', 'context');
+ALTER TABLE handoffs ADD COLUMN act TEXT;
+""",
+    "0018_ladder": """
+ALTER TABLE work_items ADD COLUMN ladder TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE iterations ADD COLUMN model TEXT;
+""",
+    "0020_doors": """
+ALTER TABLE idempotency ADD COLUMN args TEXT;
+""",
+    "0021_evidence": """
+ALTER TABLE work_items ADD COLUMN verify_hidden TEXT NOT NULL DEFAULT '';
+""",
+    "0022_replays": """
+CREATE TABLE replays (
+    work_id TEXT PRIMARY KEY REFERENCES work_items(id),
+    subject TEXT NOT NULL,
+    subject_kind TEXT NOT NULL,
+    source_id TEXT NOT NULL,
+    relation TEXT NOT NULL,
+    arm TEXT NOT NULL,
+    skill_name TEXT NOT NULL,
+    skill_text TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX replays_subject ON replays(subject);
+CREATE TABLE replay_plans (
+    subject TEXT PRIMARY KEY,
+    subject_kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    name TEXT NOT NULL,
+    skill_text TEXT NOT NULL,
+    items TEXT NOT NULL DEFAULT '[]',
+    reason TEXT NOT NULL DEFAULT '',
+    planned_by TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL
+);
+""",
+}
