@@ -1,7 +1,8 @@
-"""The ceiling of one host: a real org with N = 1, 2, 4, 8, 16, 32 loop-agents.
+"""The ceiling of one host: a real org with N = 1, 2, 4, 8, 16, 32 loop-agents, then N = 10, 30,
+100 at a real model's latency.
 
 Usage: ``bench/scale.py --json [--ns 1,2,4,8,16,32] [--latency 0.3] [--items-per-agent 2]
-[--iterations 3] [--startups 5]``.
+[--iterations 3] [--startups 5] [--real-ns 10,30,100] [--real-latency 3]``.
 
 Each N gets a fresh org (supervisor, coordinator, eval-agent, curator and N loop-agents on
 ipc://, with org.toml's default heartbeats and outbox sweeps, as a user's org runs) and
@@ -16,7 +17,9 @@ the goal, so every item runs exactly ``iterations`` iterations; the verify comma
 - ``overhead_ms_p50`` / ``_p99``: per iteration, the time between one attempt's start and the
   next minus the act (model and tools) and minus the verify command (as ``bench/org.py``).
 - ``dispatch_ms_p50`` / ``_p99``: submit commit → the item's first attempt starts, minus the
-  preflight's own verify command, over the first N items (each finds an idle loop-agent).
+  preflight's own verify command, over the first N items (each finds an idle loop-agent);
+  ``handoff_ms_p50`` / ``_p99``: for the later ones, a loop-agent's run ended → its next item's
+  first attempt starts, minus that item's preflight command.
 - ``sqlite_write_wait_ms_p50`` / ``_p99``: a probe takes the write lock (``BEGIN IMMEDIATE``;
   rollback) every 50 ms during the run: how long a writer waits for the lock.
 - ``eval_agent_busy``: the share of the run the busiest eval-agent spent verifying, from
@@ -35,7 +38,17 @@ the goal, so every item runs exactly ``iterations`` iterations; the verify comma
   (submitting, the lock probe), ÷ committed iterations: what fits on the host, read by
   ``binding_limit``. The workspaces are copied before the run is timed.
 - ``pss_mb``: proportional set size per role (``/proc/PID/smaps_rollup``) with the org idle,
-  so pages shared between processes are counted once, split fairly.
+  so pages shared between processes are counted once, split fairly; ``org_pss_mb``: their sum
+  over every process of the org (the supervisor and the role template included).
+- ``added_latency_ms_p50`` / ``_p99``: per iteration, what the org adds to the model's time: the
+  time from one attempt's start to the next less the model time of one iteration (the verify
+  command included: a ``cat``). ``step_ms_p50`` / ``step_ms_p99`` split it by step, from the
+  timestamps state.db keeps: ``act`` (the act's own time beyond the model's: the model client,
+  the tools, the checkpoint: an iteration's ``elapsed_s`` ends at its commit), ``verify``
+  (commit → verdict written, less the check commands: the request's delivery, the eval-agent's
+  snapshot, its fresh sandbox, the verdict's write), ``checks`` (the verify commands), ``next``
+  (verdict → the next attempt starts: the wake, the loop-agent reading the verdict, the next
+  gather).
 - ``startup_ms``: start-org to every role ready; ``warm_ms``: to every loop-agent forked from the
   template after it imported the model SDK (the idle org as it stays; PSS is measured then).
 
@@ -45,6 +58,16 @@ median of ``--startups`` cold starts of the default org, 2 loop-agents, each a f
 start in ``startup_ms_runs``) and ``binding_limit``, in words: what binds first.
 Targets (issue: the ceiling on one host): ratio ≥ 0.8, overhead p99 ≤ 50 ms, PSS per idle
 loop-agent ≤ 40 MB, start-up ≤ 500 ms.
+
+The real-latency sweep (``--real-ns``, default 10, 30, 100; ``--real-ns ''`` skips it) runs the
+same org and items with a model that answers each call in ``--real-latency`` seconds (default 3,
+as a hosted model's turn), one eval-agent per 16 loop-agents, every iteration verified in a fresh
+sandbox of its own (as always: nothing a doer started outlives its act into a verification). Per
+N, in ``per_n_real``: the ratio to the bound, dispatch p50 / p99, SQLite write wait p99, the
+org's total PSS, the host's CPU busy, the added latency by step and ``binds`` (what binds at that
+N). Closing figures: ``throughput_ratio_n100_real``, ``dispatch_ms_p99_n100_real`` and
+``org_pss_mb_n100`` (at the largest real N; targets ≥ 0.9, ≤ 500 ms, ≤ 2,000 MB), and
+``added_latency_ms_p50_n32`` from the first sweep's N = 32, when it ran (target ≤ 50 ms).
 """
 from __future__ import annotations
 
@@ -68,6 +91,9 @@ from bench.common import BenchError, finish, quiet_logs  # noqa: E402
 
 TARGETS_MIN = {"throughput_ratio_n32": 0.8}
 TARGETS_MAX = {"overhead_ms_p99_n32": 50.0, "pss_mb_idle_loop_agent": 40.0, "startup_ms": 500.0}
+TARGETS_REAL_MIN = {"throughput_ratio_n100_real": 0.9}
+TARGETS_REAL_MAX = {"dispatch_ms_p99_n100_real": 500.0, "org_pss_mb_n100": 2000.0}
+STEPS = ("act", "verify", "checks", "next")
 CLK = os.sysconf("SC_CLK_TCK")
 CALLS_PER_ITERATION = 2
 
@@ -118,6 +144,13 @@ def org_pids(home) -> dict[str, int]:
     if sup:
         pids["supervisor"] = sup[0]
     return pids
+
+
+def procs_template(home) -> int | None:
+    """The role template's pid (roles/supervisor/forkserver.py), None when roles are exec'd."""
+    from roles.supervisor import procs
+    found = procs.read_pidfile(home.run_dir / "forkserver.pid")
+    return found[0] if found and procs.is_alive(*found) else None
 
 
 def _cpu_s(pid: int) -> float:
@@ -197,6 +230,8 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
         settled_ms = _settle(home, n, t0)
         pids = org_pids(home)
         pss = {inst: pss_mb(pid) for inst, pid in pids.items()}
+        template = procs_template(home)
+        org_pss = round(sum(v for v in [*pss.values(), pss_mb(template) if template else None] if v), 1)
         template = workload.make_template(root / "template")
         spec = script(root / "scale.json", iterations, latency)
         spaces = []          # the bench's own setup, made before anything is timed
@@ -230,6 +265,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
         workload.kill_everything(home)
     figures = _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss, probe.waits_ms, cpu_s,
                        (busy1 - busy0) / max(1, total1 - total0))
+    figures["org_pss_mb"] = org_pss
     its = figures["iterations"]           # at least one: require_iterations
     # the whole machine's busy time, less this benchmark's own: what fits on the host, with what
     # no role's process tree holds (the kernel's own work for the sandboxes' namespaces)
@@ -322,7 +358,7 @@ def _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss,
     q = workload.query
     marks = ",".join("?" * len(ids))
     its = q(home, f"SELECT work_id, n, elapsed_s, committed_at FROM iterations WHERE work_id IN ({marks})", ids)
-    attempts = q(home, f"SELECT work_id, attempt, iteration, started_at FROM attempts WHERE work_id IN ({marks}) "
+    attempts = q(home, f"SELECT work_id, attempt, iteration, instance, started_at FROM attempts WHERE work_id IN ({marks}) "
                        "AND outcome = 'committed' ORDER BY work_id, attempt", ids)
     checks = {(r["work_id"], r["iteration"]): sum(c["duration_ms"] for c in json.loads(r["checks"]))
               for r in q(home, f"SELECT work_id, iteration, checks FROM verdicts WHERE work_id IN ({marks})", ids)}
@@ -345,7 +381,11 @@ def _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss,
             busy_s += max(0.0, at - start)
             prev = at
         service = max(service, busy_s)
-    overheads = []
+    overheads, added = [], []
+    steps: dict[str, list] = {k: [] for k in STEPS}
+    model_s = CALLS_PER_ITERATION * latency
+    verdict_at = {(r["work_id"], r["iteration"]): r["at"]
+                  for r in q(home, f"SELECT work_id, iteration, at FROM verdicts WHERE work_id IN ({marks})", ids)}
     by_item: dict[str, list] = {}
     for a in attempts:
         by_item.setdefault(a["work_id"], []).append(a)
@@ -354,14 +394,32 @@ def _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss,
             key = (a["work_id"], a["iteration"])
             if key in elapsed and key in checks:
                 overheads.append((b["started_at"] - a["started_at"]) * 1000 - elapsed[key] * 1000 - checks[key])
+            if key in elapsed and key in checks and key in verdict_at:
+                added.append((b["started_at"] - a["started_at"] - model_s) * 1000)
+                for step, ms in (("act", (elapsed[key] - model_s) * 1000),
+                                 ("verify", (verdict_at[key] - asked[key]) * 1000 - checks[key]),
+                                 ("checks", checks[key]),
+                                 ("next", (b["started_at"] - verdict_at[key]) * 1000)):
+                    steps[step].append(ms)
     submitted = {r["id"]: r["created_at"] for r in q(home, f"SELECT id, created_at FROM work_items WHERE id IN ({marks})", ids)}
     pre = {r["work_id"]: sum(c.get("duration_ms") or 0 for c in json.loads(r["checks"]))
            for r in q(home, f"SELECT work_id, checks FROM preflights WHERE work_id IN ({marks})", ids)}
     # the first N items find an idle loop-agent each; the later ones queue behind them by design
     first = sorted(by_item, key=lambda w: submitted[w])[:n]
     dispatch = [(by_item[w][0]["started_at"] - submitted[w]) * 1000 - (pre.get(w) or 0) for w in first]
+    # the later items wait for a loop-agent to end its run: from that run's end to the next
+    # item's first attempt on the same loop-agent, less that item's preflight command
+    ended = {r["id"]: r["ended_at"] for r in q(home, f"SELECT id, ended_at FROM work_items WHERE id IN ({marks})", ids)}
+    by_agent: dict[str, list] = {}
+    for w, rows in by_item.items():
+        by_agent.setdefault(rows[0]["instance"], []).append((rows[0]["started_at"], w))
+    handoff = []
+    for runs in by_agent.values():
+        runs.sort()
+        for (_, prev), (start, nxt) in zip(runs, runs[1:]):
+            if ended.get(prev) is not None and submitted[nxt] <= ended[prev]:
+                handoff.append((start - ended[prev]) * 1000 - (pre.get(nxt) or 0))
     span = max(r["committed_at"] for r in its) - w0 if its else None
-    model_s = CALLS_PER_ITERATION * latency
     rate = len(its) / span if span else None
     bound = n / model_s
     loop_pss = [v for k, v in pss.items() if k.startswith("loop-agent") and v is not None]
@@ -370,7 +428,11 @@ def _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss,
         "iterations_per_s": round(rate, 2) if rate else None, "bound_per_s": round(bound, 2),
         "ratio": round(rate / bound, 3) if rate else None,
         "overhead_ms_p50": _pct(overheads, 0.5), "overhead_ms_p99": _pct(overheads, 0.99),
+        "added_latency_ms_p50": _pct(added, 0.5), "added_latency_ms_p99": _pct(added, 0.99),
+        "step_ms_p50": {k: _pct(v, 0.5) for k, v in steps.items()},
+        "step_ms_p99": {k: _pct(v, 0.99) for k, v in steps.items()},
         "dispatch_ms_p50": _pct(dispatch, 0.5), "dispatch_ms_p99": _pct(dispatch, 0.99),
+        "handoff_ms_p50": _pct(handoff, 0.5), "handoff_ms_p99": _pct(handoff, 0.99),
         "sqlite_write_wait_ms_p50": _pct(waits, 0.5), "sqlite_write_wait_ms_p99": _pct(waits, 0.99),
         "cpu_ms_per_iteration": round(cpu_s * 1000 / len(its), 1) if its else None,
         "eval_agent_busy": round(service / span, 3) if span else None, "eval_agents": max(1, len(by_eval)),
@@ -381,10 +443,11 @@ def _figures(home, n, ids, w0, latency, iterations, startup_ms, settled_ms, pss,
     }
 
 
-def binding_limit(rows: list[dict]) -> str:
-    """What binds first, from the figures: the host's CPU, SQLite's write lock, or memory."""
+def binding_limit(rows: list[dict], enough: float = 0.8) -> str:
+    """What binds first, from the figures: the host's CPU, SQLite's write lock, or memory;
+    ``enough``: the ratio at which nothing is said to bind."""
     top = rows[-1]
-    if top["ratio"] is not None and top["ratio"] >= 0.8:
+    if top["ratio"] is not None and top["ratio"] >= enough:
         return f"nothing up to N={top['n']}: throughput follows the model latency"
     if (top.get("eval_agent_busy") or 0) >= 0.85:
         k = top.get("eval_agents", 1)
@@ -415,8 +478,11 @@ def main(argv=None) -> int:
                     help="cold starts of the default org (startup_ms: their median)")
     ap.add_argument("--eval-agents", type=int, default=0,
                     help="eval-agents side by side ([org] eval_agents); 0: one per 16 loop-agents")
+    ap.add_argument("--real-ns", default="10,30,100", help="the real-latency sweep's N ('': skip it)")
+    ap.add_argument("--real-latency", type=float, default=3.0, help="seconds per model call in the real sweep")
     args = ap.parse_args(argv)
-    ns = [int(x) for x in args.ns.split(",")]
+    ns = [int(x) for x in args.ns.split(",") if x.strip()]
+    real_ns = [int(x) for x in args.real_ns.split(",") if x.strip()]
     if args.startups < 1:
         print(BenchError("bad_argument", f"--startups {args.startups}: startup_ms is the median of the starts",
                          "give --startups 1 or more").line(), file=sys.stderr)
@@ -424,28 +490,52 @@ def main(argv=None) -> int:
     quiet_logs()
     with tempfile.TemporaryDirectory(prefix="sc", dir="/tmp") as d:
         starts = default_startups(Path(d), args.startups)
+    try:
+        rows = sweep(ns, args.latency, args)
+        real = sweep(real_ns, args.real_latency, args)
+    except BenchError as exc:
+        print(exc.line(), file=sys.stderr)
+        return 2
+    for row in real:
+        row["binds"] = binding_limit([row], enough=0.9)
+    figures: dict = {"startup_ms": statistics.median(starts), "startup_ms_runs": starts}
+    targets_min: dict = {}
+    targets_max: dict = {"startup_ms": TARGETS_MAX["startup_ms"]}
+    if rows:
+        top = rows[-1]
+        n32 = next((r for r in rows if r["n"] == 32), None)
+        figures.update({
+            "throughput_ratio_n32": top["ratio"], "overhead_ms_p99_n32": top["overhead_ms_p99"],
+            "added_latency_ms_p50_n32": n32["added_latency_ms_p50"] if n32 else None,
+            "pss_mb_idle_loop_agent": top["pss_mb"]["loop_agent_mean"],
+            "binding_limit": binding_limit(rows), "model_latency_s": args.latency, "largest_n": top["n"],
+            "per_n": rows})
+        targets_min.update(TARGETS_MIN)
+        targets_max.update(TARGETS_MAX)
+    if real:
+        top = real[-1]
+        figures.update({
+            "throughput_ratio_n100_real": top["ratio"], "dispatch_ms_p99_n100_real": top["dispatch_ms_p99"],
+            "org_pss_mb_n100": top["org_pss_mb"], "largest_n_real": top["n"],
+            "real_model_latency_s": args.real_latency, "binding_limit_real": top["binds"], "per_n_real": real})
+        figures.setdefault("pss_mb_idle_loop_agent", top["pss_mb"]["loop_agent_mean"])
+        targets_min.update(TARGETS_REAL_MIN)
+        targets_max.update(TARGETS_REAL_MAX)
+    passes = {k: figures.get(k) is not None and figures[k] >= v for k, v in targets_min.items()}
+    passes.update({k: figures.get(k) is not None and figures[k] <= v for k, v in targets_max.items()})
+    return finish(figures, {**{k: f">= {v}" for k, v in targets_min.items()}, **targets_max}, passes,
+                  as_json=args.json)
+
+
+def sweep(ns: list[int], latency: float, args) -> list[dict]:
+    """One fresh org per N at ``latency`` seconds per model call; each row printed as it comes."""
     rows = []
     for n in ns:
         with tempfile.TemporaryDirectory(prefix="sc", dir="/tmp") as d:
-            try:
-                rows.append(run_n(Path(d), n, latency=args.latency, items_per_agent=args.items_per_agent,
-                                  iterations=args.iterations, eval_agents=args.eval_agents or max(1, n // 16)))
-            except BenchError as exc:
-                print(exc.line(), file=sys.stderr)
-                return 2
+            rows.append(run_n(Path(d), n, latency=latency, items_per_agent=args.items_per_agent,
+                              iterations=args.iterations, eval_agents=args.eval_agents or max(1, n // 16)))
         print(json.dumps(rows[-1]), file=sys.stderr)
-    top = rows[-1]
-    figures = {
-        "throughput_ratio_n32": top["ratio"], "overhead_ms_p99_n32": top["overhead_ms_p99"],
-        "pss_mb_idle_loop_agent": top["pss_mb"]["loop_agent_mean"], "startup_ms": statistics.median(starts),
-        "startup_ms_runs": starts,
-        "binding_limit": binding_limit(rows), "model_latency_s": args.latency, "largest_n": top["n"],
-        "per_n": rows,
-    }
-    passes = {k: figures[k] is not None and figures[k] >= v for k, v in TARGETS_MIN.items()}
-    passes.update({k: figures[k] is not None and figures[k] <= v for k, v in TARGETS_MAX.items()})
-    return finish(figures, {**{k: f">= {v}" for k, v in TARGETS_MIN.items()}, **TARGETS_MAX}, passes,
-                  as_json=args.json)
+    return rows
 
 
 if __name__ == "__main__":

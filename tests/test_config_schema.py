@@ -48,7 +48,7 @@ def test_an_error_names_the_line_that_wrote_the_key(tmp_path, text, key, line):
 
 
 def test_a_value_from_the_environment_names_the_variable_not_a_line(tmp_path):
-    err = error_of(tmp_path, "[org]\nloop_agents = 2\n", env={"ORG_LOOP_AGENTS": "99"})
+    err = error_of(tmp_path, "[org]\nloop_agents = 2\n", env={"ORG_LOOP_AGENTS": "999"})
     assert err.key == "org.loop_agents" and err.lineno is None
     assert "$ORG_LOOP_AGENTS" in str(err) and "unset ORG_LOOP_AGENTS" in err.hint
 
@@ -127,7 +127,7 @@ def test_the_json_schema_accepts_the_default_file_and_a_sample_the_models_accept
 
 @pytest.mark.parametrize("text", [
     "[org]\nloop_agents = 0\n",
-    "[org]\nloop_agents = 65\n",
+    "[org]\nloop_agents = 257\n",
     "[org]\nloop_agents = '2'\n",
     "[org]\nloop_agent = 2\n",
     "[nonsense]\n",
@@ -150,7 +150,7 @@ def test_the_json_schema_refuses_what_the_models_refuse(tmp_path, text):
 def test_the_schema_carries_defaults_descriptions_and_environment_variables():
     schema = config_mod.json_schema()
     org = schema["$defs"]["Org"]["properties"]["loop_agents"]
-    assert (org["default"], org["minimum"], org["maximum"], org["x-env"]) == (2, 1, 64, "ORG_LOOP_AGENTS")
+    assert (org["default"], org["minimum"], org["maximum"], org["x-env"]) == (2, 1, 256, "ORG_LOOP_AGENTS")
     assert "fingerprint" in schema["$defs"]["Loop"]["properties"]["no_progress_repeat"]["description"]
     assert set(schema["properties"]) == set(config_mod.Config.model_fields)
 

@@ -83,3 +83,16 @@ def test_a_message_still_ends_the_wait_and_is_handled(role):
     finally:
         other.close()
     assert [e.kind for e in got] == ["wake"] and not role.stopping
+
+
+@pytest.mark.timeout(20)
+def test_a_worker_thread_asking_for_a_reconcile_is_served_at_once_not_at_the_next_tick(role):
+    """A loop-agent's worker that ended its run asks for a reconcile (work may have been dispatched
+    while it closed): the minute-long wait ends, and the next turn reconciles."""
+    seen = []
+    role.reconcile = lambda: (seen.append(time.monotonic()), role.request_stop("reconciled"))
+    t0 = time.monotonic()
+    _after(0.3, role.reconcile_soon)
+    while not role.stopping:
+        role.step()
+    assert seen and seen[0] - t0 < 5

@@ -1,5 +1,5 @@
 """The outbox files (atomic write, drain, quarantine, orphans) and an in-process receiver's use of
-them: start-up drain, watchdog wake-ups, slow sweep."""
+them: start-up drain, the writer's wake-ups, slow sweep."""
 from __future__ import annotations
 
 import os
@@ -105,7 +105,7 @@ def test_start_up_drain_handles_files_written_while_down(make_receiver, home, ke
     assert list(receiver.reader.dir.iterdir()) == []
 
 
-def test_watchdog_wakes_the_receiver_for_a_new_file_without_waiting_for_the_sweep(
+def test_the_writer_wakes_the_receiver_for_a_new_file_without_waiting_for_the_sweep(
         make_receiver, home, keyring):
     receiver, got = make_receiver(sweep_s=3600)
     receiver.poll(0)  # start-up drain (empty)
@@ -115,6 +115,44 @@ def test_watchdog_wakes_the_receiver_for_a_new_file_without_waiting_for_the_swee
     assert receiver.poll(5000) == 1
     assert time.monotonic() - started < 1.0
     assert got == [env]
+
+
+def test_receivers_hold_no_inotify_instance_so_an_org_is_not_bound_by_the_users_limit(home, keyring):
+    """fs.inotify.max_user_instances (128) is shared by every process of the user: a receiver
+    that held one each kept an org of 128 loop-agents from starting. Many receivers in one
+    process hold none, and each is still woken by a writer."""
+    import zmq
+    names = [f"loop-agent-{i}" for i in range(2, 140)]
+    prepare_home(home, names)
+    ring = Keyring.load(home / "run" / "keys.json")
+    got: list = []
+    ctx = zmq.Context()
+    made = [Receiver(n, run_dir=home / "run", outbox_root=home / "outbox", keyring=ring, handler=got.append,
+                     ledger=Ledger(home / "state.db", n), sweep_s=3600, context=ctx).start() for n in names]
+    try:
+        links = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                 if os.path.exists(f"/proc/self/fd/{fd}")]
+        assert "anon_inode:inotify" not in links
+        last = made[-1]
+        last.poll(0)
+        env = Envelope.create("wake", "coordinator", names[-1], {}, key=ring.key_for("coordinator"), now=time.time())
+        write_message(home / "outbox", names[-1], env.id, env.encode())
+        assert last.poll(5000) == 1 and got == [env]
+    finally:
+        for r in made:
+            r.close()
+        ctx.term()
+
+
+def test_a_wake_for_a_receiver_that_is_down_neither_blocks_nor_fails(home, keyring, make_receiver):
+    receiver, _ = make_receiver(sweep_s=3600)
+    receiver.close()                        # its FIFO stays, with no reader
+    env = envelope(keyring)
+    started = time.monotonic()
+    path = write_message(home / "outbox", "loop-agent-1", env.id, env.encode())
+    assert path.exists() and time.monotonic() - started < 1.0
+    receiver2, got = make_receiver(sweep_s=3600)
+    assert receiver2.poll(2000) == 1 and got == [env]          # the start-up drain
 
 
 def test_sweep_finds_files_when_no_event_arrives(make_receiver, home, keyring):

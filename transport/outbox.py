@@ -2,28 +2,37 @@
 
 Layout under the org home's ``outbox/`` folder::
 
-    outbox/<recipient>/<id>.msg          messages waiting for <recipient> (watched)
-    outbox/.tmp/<recipient>/...          temp files being written (never watched)
+    outbox/<recipient>/<id>.msg          messages waiting for <recipient>
+    outbox/.tmp/<recipient>/...          temp files being written
     outbox/.quarantine/<recipient>/...   copies of files that were rejected
+    outbox/.wake/<recipient>             a FIFO the receiver keeps open: the writer's wake
 
 Writers write a temp file, fsync it and rename it into place, so a reader never sees a partial
-message. Temp files live in a sibling folder because a rename out of (or within) a watched
-folder holds watchdog's later events back for 0.5 s. For the same reason the reader *deletes*
-processed files and *copies* bad ones to quarantine before deleting them, never moves them.
+message; the reader *deletes* processed files and *copies* bad ones to quarantine before deleting
+them, never moves them.
+
+The writer wakes the reader itself, with one byte into the recipient's FIFO (``WakeFifo``), rather
+than the reader watching its folder. A watch costs every receiver an inotify instance, and the
+kernel allows 128 per user (``fs.inotify.max_user_instances``) for every process of that user
+together: an org of 128 loop-agents could not start (each role beyond the limit crashed at start,
+again and again). A FIFO is one file descriptor of the receiver's own, counted against nothing
+shared, and needs no thread. Every file lands through ``write_message``, so every file is woken
+for; a file put there by other means is found by the start-up drain and the slow sweep.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
-from typing import Callable
 
 from transport.kinds import role_of
 
 SUFFIX = ".msg"
 TMP_DIR = ".tmp"
 QUARANTINE_DIR = ".quarantine"
+WAKE_DIR = ".wake"
 
 
 def _private_dirs(*paths: Path) -> None:
@@ -66,7 +75,35 @@ def write_message(outbox_root: Path | str, recipient: str, msg_id: str, data: by
     os.close(fd)
     final = final_dir / f"{msg_id}{SUFFIX}"
     os.rename(tmp, final)
+    wake(root, recipient)
     return final
+
+
+def wake(outbox_root: Path | str, recipient: str) -> bool:
+    """Tell ``recipient``'s receiver that a file waits, if it is listening (its FIFO is open).
+    Never blocks and never fails: a receiver that is down drains its folder when it starts.
+
+    Returns:
+        True when the byte was written (or a wake was already pending).
+    """
+    path = Path(outbox_root) / WAKE_DIR / recipient
+    try:
+        # O_NONBLOCK: ENXIO at once when no receiver holds it open; O_NOFOLLOW: only the FIFO
+        # the receiver made is ever written to
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        os.write(fd, b"\0")
+        return True
+    except BlockingIOError:                 # the pipe is full: a wake is pending anyway
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 class OutboxReader:
@@ -166,34 +203,37 @@ class OutboxReader:
         return removed
 
 
-class OutboxWatch:
-    """Calls ``on_change()`` (from watchdog's thread) when a file appears in a recipient folder.
+class WakeFifo:
+    """The receiving end of ``wake``: a FIFO at ``outbox/.wake/<recipient>``, held open for reading
+    and writing (so it never reports a hang-up when a writer closes, and a writer's open never
+    waits). ``fd`` becomes readable when a writer placed a file; ``drain()`` empties it.
 
-    Deletions and dot-files are ignored, so the reader's own deletes do not wake it.
+    Raises:
+        OSError: the FIFO could not be made or opened (the caller falls back to its sweep).
     """
 
-    def __init__(self, folder: Path, on_change: Callable[[], None]) -> None:
-        from watchdog.events import FileSystemEventHandler
-        from watchdog.observers import Observer
+    def __init__(self, outbox_root: Path | str, recipient: str) -> None:
+        role_of(recipient)
+        folder = Path(outbox_root) / WAKE_DIR
+        _private_dirs(folder)
+        self.path = folder / recipient
+        try:
+            os.mkfifo(self.path, 0o600)
+        except FileExistsError:
+            st = os.lstat(self.path)
+            if not stat.S_ISFIFO(st.st_mode):       # never anything else in its place
+                os.unlink(self.path)
+                os.mkfifo(self.path, 0o600)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
 
-        self.folder = folder
+    def drain(self) -> None:
+        try:
+            while os.read(self.fd, 4096):
+                pass
+        except OSError:
+            pass
 
-        class _Handler(FileSystemEventHandler):
-            def on_any_event(self, event) -> None:  # noqa: ANN001 - watchdog's signature
-                if event.is_directory or event.event_type not in ("created", "moved", "closed"):
-                    return
-                path = getattr(event, "dest_path", "") or event.src_path
-                if not os.path.basename(os.fsdecode(path)).startswith("."):
-                    on_change()
-
-        self._observer = Observer()
-        self._observer.schedule(_Handler(), str(folder), recursive=False)
-        self._observer.daemon = True
-
-    def start(self) -> None:
-        self._observer.start()
-
-    def stop(self) -> None:
-        self._observer.stop()
-        if self._observer.is_alive():
-            self._observer.join(timeout=2)
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -6,8 +6,9 @@ batch in the delivery ledger in one transaction, deletes processed files (quaran
 ones), and then calls the handler for the envelopes seen for the first time. A bad message is
 rejected with a code, journaled and counted; the receiver keeps running.
 
-The outbox is drained at start-up (first round), when watchdog reports a new file, and on a
-slow sweep that also removes orphaned temp files and prunes the ledger.
+The outbox is drained at start-up (first round), when a writer wakes it (a byte into the
+receiver's FIFO, ``transport.outbox.WakeFifo``), and on a slow sweep that also removes orphaned
+temp files and prunes the ledger.
 
 A role process drives it from its own loop with :meth:`Receiver.poll`, interleaving its
 reconcile tick, or hands it a stop event with :meth:`Receiver.serve`.
@@ -28,7 +29,7 @@ from transport.envelope import DEFAULT_LIMITS, Envelope, Limits, decode
 from transport.errors import CurveRequired, Rejected
 from transport.keys import Keyring
 from transport.ledger import HANDLER_ERRORS, Ledger, Rejection
-from transport.outbox import OutboxReader, OutboxWatch
+from transport.outbox import OutboxReader, WakeFifo
 
 Handler = Callable[[Envelope], None]
 _ZAP_DOMAIN = "loop-org"
@@ -55,7 +56,7 @@ class Receiver:
         sweep_s: the slow outbox sweep's period.
         orphan_age_s: temp files older than this are removed by the sweep.
         prune_every_s: how often the sweep prunes the ledger.
-        watch: use watchdog (off: only start-up drain and sweeps).
+        watch: listen for writers' wakes (off: only start-up drain and sweeps).
         hwm: receive high-water mark.
     """
 
@@ -82,7 +83,7 @@ class Receiver:
         self.context = context or zmq.Context()
         self.reader = OutboxReader(outbox_root, instance, max_bytes=limits.max_bytes)
         self._watch = watch
-        self._watcher: OutboxWatch | None = None
+        self._watcher: WakeFifo | None = None
         self._auth = None
         self._hwm = hwm
         self.socket: zmq.Socket | None = None
@@ -126,8 +127,11 @@ class Receiver:
         self._poller.register(sock, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
         if self._watch:
-            self._watcher = OutboxWatch(self.reader.dir, self._wake)
-            self._watcher.start()
+            try:
+                self._watcher = WakeFifo(self.reader.dir.parent, self.instance)
+                self._poller.register(self._watcher.fd, zmq.POLLIN)
+            except OSError as e:            # the sweep still finds every file, only later
+                self.log.warning("outbox_wake_unavailable", error=str(e), next=f"sweep every {self.sweep_s}s")
         self.log.info("receiver_started", endpoint=self.endpoint, outbox=str(self.reader.dir))
         return self
 
@@ -137,7 +141,8 @@ class Receiver:
             return
         self._closed = True
         if self._watcher is not None:
-            self._watcher.stop()
+            self._poller.unregister(self._watcher.fd)
+            self._watcher.close()
             self._watcher = None
         if self.socket is not None:
             self._poller.unregister(self.socket)
@@ -175,7 +180,7 @@ class Receiver:
         For a role that runs its own poller: register :attr:`socket` and this fd, and call
         :meth:`process_ready` when either is readable (it drains this fd itself).
         """
-        return self._wake_r
+        return self._watcher.fd if self._watcher is not None else self._wake_r
 
     def interrupt_on(self, fd: int) -> None:
         """Make :meth:`poll` return early once ``fd`` (non-blocking: a pipe a signal handler or
@@ -206,8 +211,8 @@ class Receiver:
             wait = min(left, max(0.0, self._next_sweep - time.monotonic()))
             interrupted = False
             for sock, _ in self._poller.poll(max(1, int(wait * 1000))):
-                if sock == self._wake_r:
-                    self._drain_wake()
+                if sock == self._wake_r or (self._watcher is not None and sock == self._watcher.fd):
+                    self._outbox_due = True
                 elif sock == self._interrupt_r:
                     _drain(sock)
                     interrupted = True
@@ -319,15 +324,10 @@ class Receiver:
                                         "the facts")
         return len(new)
 
-    def _wake(self) -> None:
-        self._outbox_due = True
-        try:
-            os.write(self._wake_w, b"\0")
-        except OSError:  # pipe full (a wake is pending anyway) or closed during shutdown
-            pass
-
     def _drain_wake(self) -> None:
         _drain(self._wake_r)
+        if self._watcher is not None:
+            self._watcher.drain()
 
     def _curve_server(self, sock: zmq.Socket, endpoint: str) -> None:
         pair = self.keyring.curve_keypair(self.instance)

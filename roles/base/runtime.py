@@ -113,6 +113,16 @@ class RoleProcess:
             except OSError:
                 pass
 
+    def reconcile_soon(self) -> None:
+        """Have the main loop reconcile now rather than at its next tick; safe from any thread
+        (a worker that ended, so the work dispatched meanwhile starts without waiting a tick)."""
+        self._next_tick = 0.0
+        if self._interrupt is not None:          # ends the poll the main thread waits in
+            try:
+                os.write(self._interrupt[1], b"\0")
+            except OSError:                      # full: a wake is pending anyway
+                pass
+
     def heartbeat(self, status: str | None = None) -> None:
         with self.writer.transaction(render=status is not None) as tx:
             if status is not None:

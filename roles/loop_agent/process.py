@@ -114,6 +114,7 @@ class LoopAgentProcess(RoleProcess):
         self.interrupt = threading.Event()
         self.verifier: RemoteVerify | None = None
         self.current: str | None = None
+        self.worker_done = False        # the worker has let go of its run and is only returning
 
     def warm_up(self) -> None:
         """Import the model SDK in the background once ready, so the first act does not pay ~2 s.
@@ -135,14 +136,21 @@ class LoopAgentProcess(RoleProcess):
         threading.Thread(target=load, name="warm-up", daemon=True).start()
 
     def reconcile(self) -> None:
-        if self.stopping or (self.worker is not None and self.worker.is_alive()):
+        if self.stopping:
             return
+        if self.worker is not None and self.worker.is_alive():
+            if not self.worker_done:
+                return
+            self.worker.join(1.0)           # past its last step: only the return is left
+            if self.worker.is_alive():
+                return
         mine = assigned_to(self.writer.conn, self.instance, *MINE)
         if mine is None:
             if self.current is not None:
                 self._set_current(None)
             return
         self._set_current(mine.id)
+        self.worker_done = False
         self.worker = threading.Thread(target=self._run_loop, args=(mine.id, mine.backend),
                                        name=f"loop-{mine.id}", daemon=True)
         self.worker.start()
@@ -215,6 +223,10 @@ class LoopAgentProcess(RoleProcess):
             sender.close()
             writer.close()
             os.close(lock)                  # releases the flock
+            # work dispatched while this thread was closing found it alive and waited: look now,
+            # not at the next tick (a run ending here is what lets the coordinator dispatch)
+            self.worker_done = True
+            self.reconcile_soon()
 
     def _history(self, writer, work_id: str, workspace: Path):
         """The run's shadow history. On a joined host (org join) the workspace is a local copy

@@ -15,6 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     # library, and imports the roles' code while this process imports its own and opens the org
     # (two cores: the two overlap). Closed again if org.toml says [supervisor] spawn = "exec", or
     # if this supervisor does not get to run.
+    from roles.supervisor.template import open_files_limit
+    open_files_limit()                  # before the template starts: every role inherits it
     forks = launched = None
     if os.environ.get("ORG_SPAWN", "fork") != "exec":
         from roles.supervisor.template import launch

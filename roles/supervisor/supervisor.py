@@ -358,6 +358,8 @@ class Supervisor:
         self._stop_requested = why
 
     def run(self, *, on_ready=None) -> int:
+        from roles.supervisor.template import open_files_limit
+        self.log.info("open_files_limit", soft=open_files_limit())    # a foreground start raises it here
         self.acquire_lock()
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
         signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -64,6 +65,32 @@ def subreaper() -> None:
     """Make this process the one its descendants' orphans are given to, instead of the machine's
     init (not inherited by its children)."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def open_files_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit, so the org's processes
+    (the template, every role, every sandbox) inherit it, and return the limit now in force.
+
+    Each role holds a few descriptors per peer it talks to (ZeroMQ's ipc connections), its
+    database files, its logs and its wake FIFO; the coordinator and the eval-agents talk to every
+    loop-agent, and the soft limit many shells start with (1,024) is what a hundred loop-agents
+    reach. The hard limit is the machine owner's word on what may be used; nothing asks past it.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard
+    if hard == resource.RLIM_INFINITY:       # "no limit" is refused for files: the kernel's own cap
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                want = int(f.read())
+        except (OSError, ValueError):
+            return soft
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            return want
+        except (ValueError, OSError):
+            return soft
+    return soft
 
 
 def launch(python: str = sys.executable, preload: tuple[str, ...] = PRELOAD) -> tuple[subprocess.Popen, socket.socket]:

@@ -120,7 +120,7 @@ DEFAULT_PRICES: dict[str, Price] = {
 
 
 class Org(Section):
-    loop_agents: int = key(2, "", env="ORG_LOOP_AGENTS", ge=1, le=64)
+    loop_agents: int = key(2, "", env="ORG_LOOP_AGENTS", ge=1, le=256)
     eval_agents: int = key(1, "eval-agents verifying side by side, each owning a share of the work items "
                               "(1: one, named eval-agent)", env="ORG_EVAL_AGENTS", ge=1, le=16)
 
