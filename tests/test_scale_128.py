@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from bench import workload
-from roles.supervisor import control, procs
+from scripts import control
+from roles.supervisor import procs
 from tests.support.org import query, short_home_dir, wait_for
 
 N = 128
