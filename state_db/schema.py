@@ -494,7 +494,7 @@ ALTER TABLE verdicts ADD COLUMN verified TEXT;
 """
 
 
-# Held-out checks (roles/eval_agent/hidden.py): the folder a work item's verifications copy into
+# Held-out checks (roles/workbench/sandbox/held_out.py): the folder a work item's verifications copy into
 # each snapshot (``--verify-hidden``, ``[verify] hidden``); '' for none.
 EVIDENCE = """
 ALTER TABLE work_items ADD COLUMN verify_hidden TEXT NOT NULL DEFAULT '';

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.eval_agent import hidden
+from roles.workbench.sandbox import held_out as hidden
 from roles.eval_agent.verifier import Verifier
 from roles.operations.submit import SubmitError, SubmitRequest, check
 from state_db.kernel.config import load_config

@@ -40,7 +40,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from roles.base import telemetry
-from roles.eval_agent import canaries, evidence, held as held_rules, hidden as held_out, nearest, runnable
+from roles.eval_agent import canaries, evidence, held as held_rules
+from roles.workbench.sandbox import held_out
+from roles.eval_agent import nearest, runnable
 from roles.eval_agent import scope as scope_rules
 from roles.eval_agent.codes import LIMIT_CODES
 from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check

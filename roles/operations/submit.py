@@ -314,11 +314,11 @@ def check(home: OrgHome, cfg: Config, req: SubmitRequest) -> Checked:
 
 def _verify_hidden(req: SubmitRequest, cfg: Config, home: OrgHome, ws: Path, toolchain: dict) -> str:
     """The held-out checks folder (--verify-hidden, else [verify] hidden), checked to be out of
-    the doer's sight (roles/eval_agent/hidden.py); '' for none. Raises SubmitError."""
+    the doer's sight (roles/workbench/sandbox/held_out.py); '' for none. Raises SubmitError."""
     folder = req.verify_hidden if req.verify_hidden is not None else cfg.verify.hidden
     if not folder:
         return ""
-    from roles.eval_agent.hidden import HiddenError, check_folder
+    from roles.workbench.sandbox.held_out import HiddenError, check_folder
     from roles.workbench.sandbox.toolchains import Exposure, Toolchain
     from roles.workbench.sandbox.view import build
     view = build(Toolchain.decode(toolchain), own_home=home.root,
