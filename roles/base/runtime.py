@@ -72,6 +72,8 @@ class RoleProcess:
         self._transport: RoleTransport | None = transport
         self._next_tick = self._next_beat = 0.0
         self._interrupt: tuple[int, int] | None = None     # (read, write): wakes the poll on a stop
+        self._active_at = 0.0                  # when the role last worked or handled a message
+        self._released = True                  # memory given back since then (nothing to give at start)
 
     # -- hooks for roles ----------------------------------------------------------------
     def reconcile(self) -> None:
@@ -83,6 +85,11 @@ class RoleProcess:
 
     def on_stop(self) -> None:
         """Called once when the role is asked to stop, before its transport closes."""
+
+    def busy(self) -> bool:
+        """Whether the role is working now. An idle role gives freed memory back to the system
+        after ``[org] idle_release_s`` (``release_memory``); a role that works in a thread says so."""
+        return False
 
     def warm_up(self) -> None:
         """Called once after the role is ready (slow imports it will need go here)."""
@@ -102,6 +109,7 @@ class RoleProcess:
         elif env.kind in (Kind.STOP, Kind.SUSPEND):
             self.request_stop(f"{env.kind} from {env.sender}")
         else:
+            self._active_at, self._released = self.monotonic(), False     # a ping is not work
             self.handle(env)
 
     def request_stop(self, why: str) -> None:
@@ -149,6 +157,7 @@ class RoleProcess:
         if now >= self._next_beat:
             self.heartbeat()
             self._next_beat = now + self.heartbeat_s
+        self._give_back_when_idle(now)
         wait = max(0.0, min(self._next_tick, self._next_beat) - self.monotonic())
         if self._interrupt is not None:
             # a stop (signal or request_stop) writes to the interrupt pipe and ends the poll: the
@@ -157,6 +166,19 @@ class RoleProcess:
         else:
             # bounded so a stop signal (which cannot interrupt the poll) is seen quickly
             self.transport.poll(min(int(wait * 1000) + 1, max_wait_ms))
+
+    def _give_back_when_idle(self, now: float) -> None:
+        """Once per idle spell, past ``[org] idle_release_s``: what the last run allocated and freed
+        goes back to the system (an idle loop-agent of a large org holds only what it needs)."""
+        if self.busy():
+            self._active_at, self._released = now, False
+            return
+        after = self.cfg.org.idle_release_s
+        if self._released or after <= 0 or now - self._active_at < after:
+            return
+        self._released = True
+        freed = release_memory()
+        self.log.info("memory_released", rss_mb_before=freed[0], rss_mb_after=freed[1])
 
     def _wake_on_stop(self) -> None:
         """Let a stop end the transport's wait at once: a signal's number is written to a pipe
@@ -211,6 +233,32 @@ class RoleProcess:
         finally:
             self.close()
         return 0
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def release_memory() -> tuple[float, float]:
+    """Give the memory this process has freed back to the system: a collection of what is not
+    frozen, then glibc's ``malloc_trim(0)``, which returns the free pages inside the heap, not
+    only its top (a heap with a few survivors of a large run keeps the rest otherwise: freed is
+    not returned). Elsewhere than glibc only the collection runs. Returns RSS in MB before, after."""
+    before = _rss_mb()
+    gc.collect()
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        trim = getattr(libc, "malloc_trim", None)
+        if trim is not None:
+            trim(0)
+    except OSError:
+        pass
+    return before, _rss_mb()
 
 
 def main(role_cls: type[RoleProcess], argv: list[str] | None = None) -> int:

@@ -65,6 +65,9 @@ class EvalAgentProcess(RoleProcess):
         self._shown_busy: str | None = None
         self._cutter = None
 
+    def busy(self) -> bool:
+        return bool(self.in_flight)
+
     @property
     def worker(self) -> threading.Thread | None:
         """The first verification worker (None before the first reconcile)."""

@@ -116,6 +116,9 @@ class LoopAgentProcess(RoleProcess):
         self.current: str | None = None
         self.worker_done = False        # the worker has let go of its run and is only returning
 
+    def busy(self) -> bool:
+        return self.worker is not None and self.worker.is_alive()
+
     def warm_up(self) -> None:
         """Import the model SDK in the background once ready, so the first act does not pay ~2 s.
         Not in a role forked from the supervisor's template (``ORG_FORKED``): the template imports

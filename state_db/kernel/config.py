@@ -123,6 +123,8 @@ class Org(Section):
     loop_agents: int = key(2, "", env="ORG_LOOP_AGENTS", ge=1, le=256)
     eval_agents: int = key(1, "eval-agents verifying side by side, each owning a share of the work items "
                               "(1: one, named eval-agent)", env="ORG_EVAL_AGENTS", ge=1, le=16)
+    idle_release_s: float = key(30.0, "a role process idle this long gives the memory it has freed back to the "
+                                      "system, once per idle spell (0: never)", ge=0)
 
 
 class State(Section):
