@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import state_db.queries as queries
 from state_db import pg_migrations, pg_schema, retention, snapshot, store, views
@@ -468,6 +470,27 @@ def test_both_stores_have_the_same_schema(tmp_path, pg_url):
 ])
 def test_only_the_parameter_markers_change_on_the_way_to_postgresql(sql, sent):
     assert store.numbered(sql) == sent
+
+
+_TEXT = st.text(alphabet="ab ?'\"-*/\n", max_size=8)
+_PIECE = st.one_of(st.just(("?", None)), st.builds(lambda t: ("'" + t.replace("'", "''") + "'", None), _TEXT),
+                   st.builds(lambda t: ('"' + t.replace('"', '""') + '"', None), _TEXT),
+                   st.builds(lambda t: ("/*" + t.replace("*/", "") + "*/", None), _TEXT),
+                   st.builds(lambda t: ("--" + t.replace("\n", "") + "\n", None), _TEXT),
+                   st.builds(lambda t: (t, None), st.text(alphabet="ab =,()", max_size=6)))
+
+
+@given(st.lists(_PIECE, max_size=12))
+def test_every_marker_outside_literals_and_comments_is_numbered_and_nothing_else_changes(pieces):
+    sql = "".join(p for p, _ in pieces)
+    count, want = 0, []
+    for piece, _ in pieces:
+        if piece == "?":
+            count += 1
+            want.append(f"${count}")
+        else:
+            want.append(piece)
+    assert store.numbered(sql) == "".join(want)
 
 
 def test_a_statement_only_sqlite_runs_fails_on_postgresql(pg_url):
