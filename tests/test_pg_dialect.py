@@ -7,7 +7,8 @@ one without arguments below fails the test), the views, the snapshot, retention,
 the copy of a SQLite store into PostgreSQL — compares each answer and every table between the two
 stores, and then reads ``state_db/``'s source: every SQL text written there (a string or f-string
 that is a statement or a clause of one) must be among the statements PostgreSQL ran, unless the
-module is SQLite's own (``SQLITE_ONLY`` says why).
+module is SQLite's own (``SQLITE_ONLY`` says why). The few statements written outside ``state_db/``
+(the transport's delivery ledger and counters) get the same treatment in a test of their own.
 """
 from __future__ import annotations
 
@@ -411,6 +412,52 @@ def test_every_statement_in_state_db_runs_on_postgresql_and_answers_as_on_sqlite
             if not ran(pieces, statements):
                 unrun.append(f"{rel}:{line}: {' … '.join(pieces)[:140]}")
     assert not unrun, "SQL in state_db/ that no test ran on PostgreSQL:\n" + "\n".join(unrun)
+
+
+# the SQL outside state_db/ (the transport's ledger, the coordinator's counters, SQLite's PRAGMAs):
+# by opening words -> why PostgreSQL does not run it
+OUTSIDE_NOT_ON_POSTGRES = {
+    "PRAGMA wal_": "SQLite's WAL checkpoints; the ledger starts its checkpointer only on SQLite",
+    "PRAGMA integrity_check": "'org doctor' runs it on state.db only; PostgreSQL's constraints hold its store",
+}
+OUTSIDE = ("roles", "transport", "knowledge", "skills", "scripts")
+
+
+def test_the_statements_outside_state_db_run_on_postgresql_too(tmp_path, pg_url, recorded):
+    """The delivery ledger and the transport counters write from outside state_db/; each such text
+    in the tree runs on both stores here, with the same rows after."""
+    from roles.coordinator.attention import _ADD
+    from skills.select import _db
+    from transport.envelope import Envelope
+    from transport.ledger import Ledger
+
+    envelopes = [Envelope(1, f"m{i}", "wake", "human", "coordinator", NOW - i) for i in range(3)]
+    stores, answers = [tmp_path / "state.db", pg_url], []
+    for target in stores:
+        migrate(target)
+        ledger = Ledger(target, "coordinator", clock=lambda: NOW, background_checkpoint=False)
+        first = [e.id for e in ledger.record(envelopes[:2], flush_counters=True)]
+        again = [e.id for e in ledger.record(envelopes, flush_counters=True)]     # two of three seen before
+        ledger.counters.add("pushed", 2)
+        ledger.flush()
+        answers.append((first, again, ledger.prune(keep_s=0)))
+        ledger.close()
+        with StateWriter(target, Actor.COORDINATOR, clock=lambda: NOW).transaction() as tx:
+            for _ in range(2):
+                tx.execute(_ADD, ("coordinator", "notify_failed"))
+        c = connect(target, readonly=True)
+        assert _db(c)
+        c.close()
+    assert answers[0] == answers[1] == (["m0", "m1"], ["m2"], 0)
+    assert digests(stores[0]) == digests(pg_url)
+    statements, unrun = sorted(recorded), []
+    for root in OUTSIDE:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            for line, pieces in sql_texts(path):
+                if not any(pieces[0].startswith(words) for words in OUTSIDE_NOT_ON_POSTGRES) \
+                        and not ran(pieces, statements):
+                    unrun.append(f"{path.relative_to(ROOT)}:{line}: {' … '.join(pieces)[:140]}")
+    assert not unrun, "SQL outside state_db/ that no test ran on PostgreSQL:\n" + "\n".join(unrun)
 
 
 # ------------------------------------------------------------------------------------ schema and parameters
