@@ -113,7 +113,7 @@ def describe(url: str) -> str:
 # ------------------------------------------------------------------------------------ parameters
 
 # SQLite's transaction statements, by their exact words (an allow-list: any other form reaches the
-# server as it is and fails there)
+# server as written)
 _TX = {"BEGIN IMMEDIATE": "lock", "BEGIN EXCLUSIVE": "lock", "BEGIN IMMEDIATE TRANSACTION": "lock",
        "BEGIN": "snapshot", "BEGIN DEFERRED": "snapshot", "BEGIN TRANSACTION": "snapshot",
        "COMMIT": "end", "END": "end", "COMMIT TRANSACTION": "end", "ROLLBACK": "end",
