@@ -112,9 +112,8 @@ def describe(url: str) -> str:
 
 # ------------------------------------------------------------------------------------ parameters
 
-_QUOTES = {"'": "'", '"': '"'}
 # SQLite's transaction statements, by their exact words (an allow-list: any other form reaches the
-# server as it is and fails there)
+# server as written)
 _TX = {"BEGIN IMMEDIATE": "lock", "BEGIN EXCLUSIVE": "lock", "BEGIN IMMEDIATE TRANSACTION": "lock",
        "BEGIN": "snapshot", "BEGIN DEFERRED": "snapshot", "BEGIN TRANSACTION": "snapshot",
        "COMMIT": "end", "END": "end", "COMMIT TRANSACTION": "end", "ROLLBACK": "end",
@@ -133,15 +132,11 @@ def numbered(sql: str) -> str:
     i, n, count = 0, len(sql), 0
     while i < n:
         ch = sql[i]
-        if ch in _QUOTES:                                   # '…' or "…", a doubled quote inside
-            j = i + 1
-            while j < n:
-                if sql[j] == ch:
-                    if j + 1 < n and sql[j + 1] == ch:
-                        j += 2
-                        continue
-                    break
-                j += 1
+        if ch in "'\"":                                    # '…' or "…": a doubled quote does not end it
+            j = sql.find(ch, i + 1)
+            while j >= 0 and sql.startswith(ch, j + 1):
+                j = sql.find(ch, j + 2)
+            j = n - 1 if j < 0 else j
             out.append(sql[i:j + 1])
             i = j + 1
         elif sql.startswith("--", i):

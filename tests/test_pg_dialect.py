@@ -7,7 +7,8 @@ one without arguments below fails the test), the views, the snapshot, retention,
 the copy of a SQLite store into PostgreSQL — compares each answer and every table between the two
 stores, and then reads ``state_db/``'s source: every SQL text written there (a string or f-string
 that is a statement or a clause of one) must be among the statements PostgreSQL ran, unless the
-module is SQLite's own (``SQLITE_ONLY`` says why).
+module is SQLite's own (``SQLITE_ONLY`` says why). The few statements written outside ``state_db/``
+(the transport's delivery ledger and counters) get the same treatment in a test of their own.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import state_db.queries as queries
 from state_db import pg_migrations, pg_schema, retention, snapshot, store, views
@@ -411,6 +414,52 @@ def test_every_statement_in_state_db_runs_on_postgresql_and_answers_as_on_sqlite
     assert not unrun, "SQL in state_db/ that no test ran on PostgreSQL:\n" + "\n".join(unrun)
 
 
+# the SQL outside state_db/ (the transport's ledger, the coordinator's counters, SQLite's PRAGMAs):
+# by opening words -> why PostgreSQL does not run it
+OUTSIDE_NOT_ON_POSTGRES = {
+    "PRAGMA wal_": "SQLite's WAL checkpoints; the ledger starts its checkpointer only on SQLite",
+    "PRAGMA integrity_check": "'org doctor' runs it on state.db only; PostgreSQL's constraints hold its store",
+}
+OUTSIDE = ("roles", "transport", "knowledge", "skills", "scripts")
+
+
+def test_the_statements_outside_state_db_run_on_postgresql_too(tmp_path, pg_url, recorded):
+    """The delivery ledger and the transport counters write from outside state_db/; each such text
+    in the tree runs on both stores here, with the same rows after."""
+    from roles.coordinator.attention import _ADD
+    from skills.select import _db
+    from transport.envelope import Envelope
+    from transport.ledger import Ledger
+
+    envelopes = [Envelope(1, f"m{i}", "wake", "human", "coordinator", NOW - i) for i in range(3)]
+    stores, answers = [tmp_path / "state.db", pg_url], []
+    for target in stores:
+        migrate(target)
+        ledger = Ledger(target, "coordinator", clock=lambda: NOW, background_checkpoint=False)
+        first = [e.id for e in ledger.record(envelopes[:2], flush_counters=True)]
+        again = [e.id for e in ledger.record(envelopes, flush_counters=True)]     # two of three seen before
+        ledger.counters.add("pushed", 2)
+        ledger.flush()
+        answers.append((first, again, ledger.prune(keep_s=0)))
+        ledger.close()
+        with StateWriter(target, Actor.COORDINATOR, clock=lambda: NOW).transaction() as tx:
+            for _ in range(2):
+                tx.execute(_ADD, ("coordinator", "notify_failed"))
+        c = connect(target, readonly=True)
+        assert _db(c)
+        c.close()
+    assert answers[0] == answers[1] == (["m0", "m1"], ["m2"], 0)
+    assert digests(stores[0]) == digests(pg_url)
+    statements, unrun = sorted(recorded), []
+    for root in OUTSIDE:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            for line, pieces in sql_texts(path):
+                if not any(pieces[0].startswith(words) for words in OUTSIDE_NOT_ON_POSTGRES) \
+                        and not ran(pieces, statements):
+                    unrun.append(f"{path.relative_to(ROOT)}:{line}: {' … '.join(pieces)[:140]}")
+    assert not unrun, "SQL outside state_db/ that no test ran on PostgreSQL:\n" + "\n".join(unrun)
+
+
 # ------------------------------------------------------------------------------------ schema and parameters
 
 def test_every_migration_has_its_postgresql_form():
@@ -468,6 +517,27 @@ def test_both_stores_have_the_same_schema(tmp_path, pg_url):
 ])
 def test_only_the_parameter_markers_change_on_the_way_to_postgresql(sql, sent):
     assert store.numbered(sql) == sent
+
+
+_TEXT = st.text(alphabet="ab ?'\"-*/\n", max_size=8)
+_PIECE = st.one_of(st.just(("?", None)), st.builds(lambda t: ("'" + t.replace("'", "''") + "'", None), _TEXT),
+                   st.builds(lambda t: ('"' + t.replace('"', '""') + '"', None), _TEXT),
+                   st.builds(lambda t: ("/*" + t.replace("*/", "") + "*/", None), _TEXT),
+                   st.builds(lambda t: ("--" + t.replace("\n", "") + "\n", None), _TEXT),
+                   st.builds(lambda t: (t, None), st.text(alphabet="ab =,()", max_size=6)))
+
+
+@given(st.lists(_PIECE, max_size=12))
+def test_every_marker_outside_literals_and_comments_is_numbered_and_nothing_else_changes(pieces):
+    sql = "".join(p for p, _ in pieces)
+    count, want = 0, []
+    for piece, _ in pieces:
+        if piece == "?":
+            count += 1
+            want.append(f"${count}")
+        else:
+            want.append(piece)
+    assert store.numbered(sql) == "".join(want)
 
 
 def test_a_statement_only_sqlite_runs_fails_on_postgresql(pg_url):
