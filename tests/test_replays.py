@@ -163,3 +163,43 @@ def test_no_control_sequence_enters_a_note_and_no_network_failure_is_the_works(w
     work = Check(name="pytest -q", passed=False, signature="s", timed_out=False, exit_code=1,
                  output_tail="FAILED tests/test_a.py::test_a")
     assert findings.environment_failure(work) is None
+
+
+def _planned(writer, subject: str, items: list[str]) -> None:
+    with writer.transaction() as tx:
+        tx.insert("replay_plans", {"subject": subject, "subject_kind": "candidate", "status": "planned",
+                                   "name": "a-skill", "skill_text": "text",
+                                   "items": [{"id": i, "relation": "source"} for i in items],
+                                   "planned_by": "coordinator", "created_at": tx.now})
+
+
+def test_a_submit_that_fails_once_is_tried_again_and_one_that_keeps_failing_leaves_the_plan(
+        writer_for, org_home, monkeypatch):
+    from roles.operations import replays as ops
+    from state_db.kernel.config import load_config
+    from state_db.kernel.errors import StateError
+    from state_db.queries import replays as R
+
+    coordinator = writer_for(Actor.COORDINATOR)
+    _planned(coordinator, "sc-1", ["w-flaky", "w-gone"])
+    calls = []
+
+    def submit_run(writer, home, cfg, subject, source, relation, arm, runs):
+        calls.append((source, arm))
+        if source == "w-gone":
+            raise ops.ReplayError(f"work item {source} is gone", code="replay_source_missing")
+        if calls.count((source, arm)) == 1:
+            raise StateError("database is locked")              # passes: the next pass submits it
+        return None                      # as for a run already submitted: each pass asks again, none fails
+
+    monkeypatch.setattr(ops, "submit_run", submit_run)
+    cfg = load_config(org_home)
+    for _ in range(ops.SUBMIT_TRIES):
+        ops.submit_due(coordinator, org_home, cfg)
+    items = [e["id"] for e in R.plan(coordinator.conn, "sc-1").items]
+    assert items == ["w-flaky"]                                  # the flaky item stays in the measurement
+    assert calls[:2] == [("w-flaky", "with"), ("w-gone", "with")]     # the first pass: both fail
+    assert calls.count(("w-flaky", "without")) == ops.SUBMIT_TRIES - 1  # the flaky one went on from pass 2
+    assert calls.count(("w-gone", "with")) == ops.SUBMIT_TRIES  # tried, then left out with its reason
+    assert "w-gone left out: work item w-gone is gone" in R.plan(coordinator.conn, "sc-1").reason
+    assert not ops._FAILED

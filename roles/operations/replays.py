@@ -114,6 +114,10 @@ def submit_run(writer, home: OrgHome, cfg: Config, subject: S.Subject, source: s
     return done.id
 
 
+SUBMIT_TRIES = 3        # passes a replay run's submit may fail before its item leaves the plan
+_FAILED: dict[tuple[str, str, str], int] = {}     # (subject, item, arm) -> failed passes, in this process
+
+
 def submit_due(writer, home: OrgHome, cfg: Config) -> list[str]:
     """Submit the runs planned but not submitted yet, oldest plan first, while fewer than
     ``[learning] replay_concurrency`` replays are active. Returns the new work ids."""
@@ -129,13 +133,23 @@ def submit_due(writer, home: OrgHome, cfg: Config) -> list[str]:
             for arm in (WITH, WITHOUT):
                 if free <= 0 or (entry["id"], arm) in have:
                     continue
+                key = (p.subject, entry["id"], arm)
                 try:
                     wid = submit_run(writer, home, cfg, subject, entry["id"], entry["relation"], arm, 2 * len(p.items))
-                except OrgError as exc:
+                except (OrgError, OSError) as exc:
+                    # a lock, a full disk or a history being written may pass; an item that is gone
+                    # will not, and costs only the tries: each failure waits for a later pass, and
+                    # the last one leaves the item out of the plan with its reason
+                    _FAILED[key] = tries = _FAILED.get(key, 0) + 1
+                    last = tries >= SUBMIT_TRIES
                     log.warning("replay_not_submitted", subject=p.subject, source=entry["id"], arm=arm,
-                                error=str(exc), next="left out of the measurement")
-                    _drop(writer, p.subject, entry["id"], str(exc))
+                                error=str(exc), tries=tries,
+                                next="left out of the measurement" if last else "tried again at a later pass")
+                    if last:
+                        _FAILED.pop(key, None)
+                        _drop(writer, p.subject, entry["id"], str(exc))
                     break
+                _FAILED.pop(key, None)
                 if wid:
                     out.append(wid)
                     free -= 1
