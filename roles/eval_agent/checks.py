@@ -58,7 +58,10 @@ class CheckResult:
     canary: dict | None = None      # what the canaries showed (``canaries``): the baseline's hosts, or a forgery
 
     def encode(self) -> dict:
-        return asdict(self)
+        """The check record; ``failing_tests`` (the failing test ids, ``evidence.failing_tests``)
+        is computed from what is stored, so the record's readers need no parser of ours."""
+        from roles.eval_agent.evidence import failing_tests
+        return {**asdict(self), "failing_tests": [] if self.passed else failing_tests(self.junit, self.output_tail)}
 
     @classmethod
     def decode(cls, data: dict) -> "CheckResult":
