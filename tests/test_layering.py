@@ -30,6 +30,9 @@ NEVER = [
     ("roles.workspace", "roles.eval_agent", "the workbench knows no role"),
     ("roles.sandbox", "roles.loop_agent", "the workbench knows no role"),
     ("roles.sandbox", "roles.eval_agent", "the workbench knows no role"),
+    ("roles.coordinator", "roles.sandbox", "the coordinator runs no checks itself: it asks roles.operations.watch"),
+    ("roles.coordinator", "roles.workspace", "the coordinator reads no history itself: it asks roles.operations.watch"),
+    ("roles.coordinator", "roles.workbench", "the coordinator runs no checks itself: it asks roles.operations.watch"),
     ("knowledge", "roles", "knowledge reads recorded facts, not a role's code"),
     ("skills", "roles", "skills read recorded facts, not a role's code"),
 ]

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from roles.sandbox.check import run_check_command
 from state_db.errors import OrgError
 from state_db.text import clean
 
@@ -123,11 +124,8 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
         extra["PYTEST_ADDOPTS"] = f"--junitxml={report.inside}"
     if runner is not None:
         try:
-            if hasattr(runner, "execute"):
-                res = runner.execute(command, cwd=cwd, timeout_s=timeout_s, max_output=max_output, env=extra,
-                                     should_stop=should_stop, poll_s=0.5, binds=report.binds if report else ())
-            else:
-                res = runner.run(command, cwd, timeout_s, max_output)
+            res = run_check_command(runner, command, cwd, timeout_s=timeout_s, max_output=max_output, env=extra,
+                                    should_stop=should_stop, binds=report.binds if report else ())
             code, text, timed_out = res.exit_code, res.output, res.timed_out
             text += CUT.format(max_output) if getattr(res, "truncated", False) else ""
         except Exception as exc:  # noqa: BLE001 - the verifier's own failure, not the doer's
