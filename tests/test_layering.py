@@ -52,6 +52,8 @@ NEVER += [(low, role, f"{layer.replace('.', '/')}/ is under the roles: it never 
 KNOWN: set[tuple[str, str]] = {
     ("roles/supervisor/demo.py", "roles.operations"),     # the demo moves to scripts/demo/
     ("roles/supervisor/control.py", "roles.operations"),  # the CLI's side of control moves to scripts/
+    # submit's script check loads the scripted model's script, which moves to roles/workbench/scripted/
+    ("roles/operations/submit.py", "roles.loop_agent.scripted"),
 }
 
 
