@@ -102,6 +102,7 @@ def _sig(*parts) -> str:
 def synthetic_record(rng: random.Random, run_id: str):
     """A plausible ended run (see the module docstring) as ``knowledge.record.RunRecord``."""
     from knowledge.record import Check, Iteration, RunRecord
+    from roles.eval_agent.evidence import failing_tests     # what the eval-agent records of a check
 
     k = rng.randrange(len(PATTERNS))
     check, detail, why, paths, fix = PATTERNS[k]
@@ -120,7 +121,8 @@ def synthetic_record(rng: random.Random, run_id: str):
         path = rng.choice(paths)
         summary = (f"Changed {path}: {fix}." if passing else rng.choice(APPROACH).format(p=path, f=fix))
         checks = [Check(check, True, "", 0, False, "ok")] if passing else \
-            [Check(check, False, _sig(detail.format(n=value), why), 1, False, tail)]
+            [Check(check, False, _sig(detail.format(n=value), why), 1, False, tail,
+                   tests=tuple(failing_tests(None, tail)))]
         if rng.random() < 0.3:
             checks.append(Check("ruff check .", True, "", 0, False, "All checks passed!"))
         its.append(Iteration(n, "ok", summary, ({"name": "edit_file", "input": {"path": path}},), (path,),

@@ -23,7 +23,7 @@
   doer. Such checks are never the subject of a note, and a run that failed only that way (it did
   not reach ``goal_met``) teaches nothing (``taught_nothing``).
 - **why** (``failure_why``) — what a failing check says went wrong, the same from run to run: the
-  failing test ids (the runner's JUnit report, else its output) with the kinds of error raised,
+  failing test ids (as the eval-agent recorded them in the check) with the kinds of error raised,
   else the salient line with runner summaries, timings, paths and numbers left out — never
   ``1 failed, 2 passed in 0.06s``.
 """
@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from knowledge.record import Check, Iteration, RunRecord
-from roles.eval_agent.evidence import failing_ids
 
 CANNOT_RUN = (126, 127)
 NEAR = 0.8
@@ -99,11 +98,10 @@ def taught_nothing(rec: RunRecord) -> str | None:
 
 
 def test_ids(check: Check) -> list[str]:
-    """The ids of the tests ``check`` failed: the runner's report when it wrote one, else its output."""
-    ids = (check.junit or {}).get("ids") or {}
-    found = sorted(k for k, v in ids.items() if v in ("failed", "error"))
-    # unittest's closing "FAILED (failures=1)" reads as a pytest summary line to failing_ids
-    return found or [i for i in failing_ids(check.output_tail) if not i.startswith("(")]
+    """The ids of the tests ``check`` failed, as the eval-agent recorded them (``failing_tests``).
+    A record written before the eval-agent recorded them names none: the retro then says why from
+    the output's salient line (``failure_why``); the judge's parser is never run here."""
+    return list(check.tests)
 
 
 def failure_why(check: Check) -> str:

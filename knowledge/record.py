@@ -33,13 +33,17 @@ class Check:
     output_tail: str
     code: str | None = None            # why the verifier could not run it, when it could not
     junit: dict | None = None          # the runner's own report ({"counts", "ids", "truncated"})
+    # the failing test ids the eval-agent recorded; () in a record written before it recorded them
+    tests: tuple[str, ...] = ()
 
     @classmethod
     def decode(cls, data: dict) -> "Check":
+        tests = data.get("failing_tests")
         return cls(str(data.get("name") or data.get("command") or "?"), bool(data.get("passed")),
                    str(data.get("signature") or ""), data.get("exit_code"), bool(data.get("timed_out")),
                    clean(str(data.get("output_tail") or "")), data.get("code") or None,
-                   data.get("junit") if isinstance(data.get("junit"), dict) else None)
+                   data.get("junit") if isinstance(data.get("junit"), dict) else None,
+                   tuple(str(t) for t in tests) if isinstance(tests, list) else ())
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from state_db.vocab import Actor
 from tests.support.loop import CHECK
 from tests.test_knowledge_helpers import BAD, BAD_AGAIN, GOOD, rows, run_loop
 from transport.kinds import Kind
+from transport.stub import StubTransport
 
 CONFIG = """
 [knowledge]
@@ -29,7 +30,7 @@ skill_unused_days = 30
 @pytest.fixture
 def curator(org_home):
     org_home.config_path.write_text(CONFIG)
-    proc = CuratorProcess(org_home, "curator")
+    proc = CuratorProcess(org_home, "curator", transport=StubTransport("curator"))
     passes = []
     real = proc.pipeline.run
     proc.pipeline.run = lambda **kw: passes.append(kw) or real(**kw)
@@ -79,6 +80,8 @@ def test_the_learning_loop_from_recurring_failures_to_a_skill_the_next_run_carri
     (batch,) = rows(curator.writer, "SELECT * FROM candidate_batches")
     assert cand["status"] == "pending" and cand["batch_id"] == batch["id"] and batch["status"] == "open"
     assert any(batch["id"] in t for t in announce(writer_for(Actor.COORDINATOR), 600))
+    (told,) = curator.transport.messages(Kind.BATCH_OPENED, recipient="coordinator")     # the in-process stub
+    assert told.payload == {"batch_id": batch["id"]}
     assert "candidates" in cli.COMMANDS
     assert cli.main(["candidates", "approve", cand["id"]]) == 0
     skill_md = org_home.skills_dir / cand["name"] / "SKILL.md"

@@ -1,6 +1,8 @@
 """Retros: written by the curator from a run's own record, deterministically, exactly once."""
 from __future__ import annotations
 
+import sys
+
 import orjson
 import pytest
 
@@ -148,3 +150,34 @@ def test_a_model_written_retro_goes_through_the_same_notes_and_falls_back_when_t
     assert err.value.code == "note_invalid"
     fallback = model_author(lambda s, u: "no JSON at all")(rec)
     assert [d.kind for d in fallback] == [d.kind for d in derive(rec)]
+
+
+def test_the_eval_agent_records_failing_test_ids_and_the_retro_reads_them_from_state(org_home, tmp_path, curator):
+    """The failing ids come from the check record the eval-agent wrote, not from a parser run by knowledge."""
+    from tests.support.loop import ScriptedActs, engine, make_workspace, submit
+    submit(org_home, make_workspace(tmp_path / "w1"), work_id="w1",
+           verify=(f"{sys.executable} -m pytest -q -p no:cacheprovider tests/test_calc.py",))
+    assert engine(org_home, "w1", ScriptedActs([[BAD], [GOOD]])).run().reason == "goal_met"
+    stored = [c for r in rows(curator.w, "SELECT checks FROM verdicts WHERE work_id = 'w1' ORDER BY iteration")
+              for c in orjson.loads(r["checks"])]
+    failing = [c for c in stored if not c["passed"]]
+    assert failing and all(c["failing_tests"] for c in failing)
+    assert all(c["failing_tests"] == [] for c in stored if c["passed"])
+    rec = record.load(curator.w.conn, "w1")
+    first = rec.iterations[0].failing[0]
+    assert findings.test_ids(first) == failing[0]["failing_tests"]
+    assert findings.failure_why(first).startswith(failing[0]["failing_tests"][0])
+
+
+def test_a_check_record_written_before_failing_ids_were_recorded_names_no_test():
+    """An old row without ``failing_tests`` names no test ids (its output is not parsed here): the
+    retro says why from the output's salient line instead."""
+    old = record.Check.decode({"name": "pytest -q", "passed": False, "signature": "s", "exit_code": 1,
+                               "timed_out": False, "output_tail": "FAILED tests/test_a.py::test_a - AssertionError"})
+    assert old.tests == () and findings.test_ids(old) == []
+    assert findings.failure_why(old) == "FAILED tests/test_a.py::test_a - AssertionError"
+    new = record.Check.decode({"name": "pytest -q", "passed": False, "signature": "s", "exit_code": 1,
+                               "timed_out": False, "output_tail": "no ids printed here",
+                               "failing_tests": ["tests/test_a.py::test_a"]})
+    assert findings.test_ids(new) == ["tests/test_a.py::test_a"]
+    assert findings.failure_why(new) == "tests/test_a.py::test_a fail"

@@ -254,3 +254,21 @@ def test_no_code_reads_an_error_code_by_duck_typing():
              for p in sorted((root / top).rglob("*.py"))
              for n, line in enumerate(p.read_text().splitlines(), 1) if duck.search(line)]
     assert not found, "read the code from an OrgError instead: " + ", ".join(found)
+
+
+def test_submits_script_check_is_an_operation_that_names_the_bad_line(org_home, tmp_path, capsys):
+    """A scripted backend's script is checked by roles.operations.submit.check_script (the CLI and
+    the MCP tool call it): a bad one is refused with its code and line; other backends pass."""
+    from roles.operations.submit import check_script
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"acts": [\n  [{"text": "a"}],\n  oops\n]}')
+    with pytest.raises(OrgError, match="line 3") as info:
+        check_script(f"scripted:{bad}")
+    assert info.value.code == "script_syntax"
+    good = tmp_path / "good.json"
+    good.write_text('{"acts": [[{"text": "done"}]]}')
+    check_script(f"scripted:{good}")
+    check_script("anthropic"), check_script(None), check_script(f"scripted:{tmp_path / 'absent.json'}")
+    code = cli.main(["--home", str(org_home.root), "submit", "g", "--workspace", str(tmp_path), "--verify", "true",
+                     "--backend", f"scripted:{bad}", "--no-wait"])
+    assert code != 0 and "error[script_syntax]" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import sys
 import pytest
 import zmq
 
+from roles.operations import hosts as ops_hosts
 from roles.supervisor import hosts
 from state_db.kernel import config as config_mod
 from state_db.kernel.errors import Conflict
@@ -75,13 +76,13 @@ def test_a_name_another_host_registered_is_refused_and_a_new_row_is_seen_after_a
     # a host that left is forgotten: its key is refused once what was read is max_age_s old
     aged = StorePeers(org_home.db_path, min_interval_s=0.0, max_age_s=0.0)
     assert aged.owner(key) == "loop-agent-51"
-    assert hosts.forget_host(StateWriter(org_home.db_path, Actor.HUMAN), "worker-2") == ["loop-agent-51"]
+    assert ops_hosts.forget(org_home, "worker-2").instances == ("loop-agent-51",)
     assert aged.owner(key) is None and aged.get("loop-agent-51") is None
-    assert hosts.allocate(sup, "loop-agent", 2, []) == ["loop-agent-51", "loop-agent-52"]
-    assert hosts.allocate(sup, "loop-agent", 1, ["loop-agent-50"]) == ["loop-agent-50"]
+    assert ops_hosts.allocate(sup.conn, "loop-agent", 2, []) == ["loop-agent-51", "loop-agent-52"]
+    assert ops_hosts.allocate(sup.conn, "loop-agent", 1, ["loop-agent-50"]) == ["loop-agent-50"]
     # a host that joined with loop-agents joins with an eval-agent too: its own numbering
-    assert hosts.allocate(sup, "eval-agent", 1, ["loop-agent-50"]) == ["eval-agent-50"]
-    assert hosts.allocate(sup, "eval-agent", 2, ["loop-agent-50", "eval-agent-50"]) == ["eval-agent-50",
+    assert ops_hosts.allocate(sup.conn, "eval-agent", 1, ["loop-agent-50"]) == ["eval-agent-50"]
+    assert ops_hosts.allocate(sup.conn, "eval-agent", 2, ["loop-agent-50", "eval-agent-50"]) == ["eval-agent-50",
                                                                                         "eval-agent-51"]
 
 
@@ -104,15 +105,25 @@ def test_a_host_joins_only_the_coordinator_it_was_told_of(org_home):
         return config_mod.Config({"hosts": {"coordinator": where, "coordinator_key": key}})
 
     with pytest.raises(hosts.JoinError, match="no coordinator"):
-        hosts.check_coordinator(sup, cfg(told))
+        ops_hosts.check_coordinator(sup.conn, cfg(told))
     with sup.transaction() as tx:
         _row(tx, "coordinator", "coordinator-host", public=told.encode(), endpoint="tcp://10.0.0.5:7200")
-    assert hosts.check_coordinator(sup, cfg(told)).host == "coordinator-host"
+    assert ops_hosts.check_coordinator(sup.conn, cfg(told)).host == "coordinator-host"
     with pytest.raises(hosts.JoinError, match="key") as info:
-        hosts.check_coordinator(sup, cfg(zmq.curve_keypair()[0].decode()))
+        ops_hosts.check_coordinator(sup.conn, cfg(zmq.curve_keypair()[0].decode()))
     assert info.value.code == "join_refused"
     with pytest.raises(hosts.JoinError, match="listens at"):
-        hosts.check_coordinator(sup, cfg(told, "tcp://10.0.0.6:7200"))
+        ops_hosts.check_coordinator(sup.conn, cfg(told, "tcp://10.0.0.6:7200"))
+    # the join operation asks the store read-only: the names it may take, nothing written
+    with sup.transaction() as tx:
+        _row(tx, "eval-agent", "coordinator-host")
+    before = query(org_home, "SELECT COUNT(*) AS n FROM events")[0]["n"]
+    got = ops_hosts.join(org_home.db_path, cfg(told), "loop-agent", 2, ["loop-agent-50"])
+    assert got.names == ("loop-agent-50", "loop-agent-51") and got.eval_agents == 1
+    assert ops_hosts.join(org_home.db_path, cfg(told)).names == ()
+    assert query(org_home, "SELECT COUNT(*) AS n FROM events")[0]["n"] == before
+    with pytest.raises(hosts.JoinError, match="key"):
+        ops_hosts.join(org_home.db_path, cfg(zmq.curve_keypair()[0].decode()), "loop-agent", 1)
 
 
 @pytest.mark.parametrize("extra, code", [
@@ -164,3 +175,25 @@ def test_org_join_on_a_store_no_coordinator_host_ever_used_is_one_coded_line(tmp
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error[join_refused]"), proc.stderr
     assert not (tmp_path / "joined").exists()
+
+
+def test_org_hosts_lists_through_the_operation_and_remove_forgets_as_the_human(org_home, capsys):
+    """``org hosts`` (list, --json, remove) answers from roles.operations.hosts."""
+    import json
+
+    from scripts.cli.main import main
+    told = zmq.curve_keypair()[0]
+    sup = StateWriter(org_home.db_path, Actor.SUPERVISOR)
+    with sup.transaction() as tx:
+        _row(tx, "coordinator", "coordinator-host", public=told, endpoint="tcp://10.0.0.5:7200")
+        _row(tx, "loop-agent-50", "worker-1")
+    sup.close()
+    assert main(["--home", str(org_home.root), "hosts", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["coordinator_key"] == told.decode() and shown["coordinator"] == "tcp://10.0.0.5:7200"
+    assert [(p["host"], p["instance"], p["status"]) for p in shown["peers"]] == [
+        ("coordinator-host", "coordinator", "unknown"), ("worker-1", "loop-agent-50", "unknown")]
+    assert shown == ops_hosts.listing(org_home).as_dict() | {"peers": shown["peers"]}
+    assert main(["--home", str(org_home.root), "hosts", "remove", "worker-1"]) == 0
+    assert "forgot worker-1: loop-agent-50" in capsys.readouterr().out
+    assert [p["instance"] for p in ops_hosts.listing(org_home).peers] == ["coordinator"]

@@ -209,6 +209,34 @@ def test_verify_fails_fires_once_per_failing_state_and_not_for_a_command_that_ca
     assert q.find(connect(org_home.db_path, readonly=True), tid).fired == 2
 
 
+
+def test_a_verify_fails_check_and_an_eval_agent_check_run_through_one_sandbox_function(org_home, cfg, ws, rig,
+                                                                                         monkeypatch, tmp_path):
+    """The coordinator runs no check itself: its verify-fails look and the eval-agent's check both
+    call ``roles.workbench.sandbox.run_check_command`` (seen here by wrapping it), on a copy of the tree."""
+    import roles.eval_agent.checks as eval_checks
+    import roles.workbench.sandbox as sandbox
+    from roles.workbench.sandbox.check import run_check_command
+    calls = []
+
+    def counted(runner, command, cwd, **kw):
+        calls.append((command, Path(cwd)))
+        return run_check_command(runner, command, cwd, **kw)
+    monkeypatch.setattr(sandbox, "run_check_command", counted)
+    monkeypatch.setattr(eval_checks, "run_check_command", counted)
+    _trigger(org_home, cfg, ws, "red", "verify-fails", {"every_s": 60}, verify=["test ! -e broken"])
+    (ws / "broken").write_text("x\n")
+    (out,) = rig()
+    assert out.result == S.FIRED
+    assert calls == [("test ! -e broken", org_home.root / "triggers" / q.find(
+        connect(org_home.db_path, readonly=True), "red").id)]
+    from roles.workbench.sandbox import runner_from_config
+    (tmp_path / "snap").mkdir()
+    eval_checks.run_check("true", tmp_path / "snap", timeout_s=30,
+                          runner=runner_from_config(cfg, org_home, tmp_path / "snap"))
+    assert calls[-1] == ("true", tmp_path / "snap")
+
+
 # -- the command line ------------------------------------------------------------------------------
 
 def cli(home, *argv):

@@ -96,3 +96,21 @@ def test_doctor_explains_stale_cli_wakes_and_gc_removes_only_them(org_home):
     assert left == sorted([fresh, other])
     after = json.loads(cli(org_home, "doctor", "--json").stdout)
     assert next(f for f in after["findings"] if f["check"] == "cli outbox")["level"] == "ok"
+
+
+@pytest.mark.timeout(60)
+def test_the_supervisors_retention_removes_stale_cli_wakes_as_gc_does(org_home):
+    """The supervisor's automatic retention and 'org gc' share one collector (state_db.retention),
+    so both remove a stale CLI wake and leave the rest."""
+    from roles.supervisor.supervisor import Supervisor
+    from state_db.kernel import config as config_mod
+    stale = plant(org_home, "human", 3600)
+    fresh = plant(org_home, "human", 5)
+    other = plant(org_home, "supervisor", 3600)
+    sup = Supervisor(org_home, config_mod.load(None), spawner=object(), instances=[])
+    try:
+        sup.apply_retention()
+    finally:
+        sup.writer.close()
+    left = sorted(p.name for p in (org_home.outbox_dir / "coordinator").iterdir())
+    assert stale not in left and left == sorted([fresh, other])

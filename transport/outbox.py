@@ -237,3 +237,33 @@ class WakeFifo:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+# A wake a CLI left in the outbox (the coordinator was down) that nobody took within this long is
+# only noise: the coordinator reconciles from state.db at every start and every few seconds, so
+# the write it announced was seen long ago; and the receiver refuses it as expired anyway.
+CLI_OUTBOX_STALE_S = 600.0
+
+
+def stale_cli_outbox(root: Path, *, now: float | None = None, older_than_s: float = CLI_OUTBOX_STALE_S) -> list[Path]:
+    """Outbox files (``<root>/<recipient>/*.msg``) sent by a CLI (human) instance, older than
+    ``older_than_s``. The sender is read from the file, unauthenticated: only to explain and
+    clean up, never to act on. Returns their paths, oldest first."""
+    import orjson
+
+    from state_db.vocab import Actor
+    from transport.errors import BadInstance
+
+    now = time.time() if now is None else now
+    found = []
+    for f in root.glob(f"[!.]*/*{SUFFIX}") if root.is_dir() else []:
+        try:
+            age = now - f.stat().st_mtime
+            if age <= older_than_s:
+                continue
+            sender = orjson.loads(f.read_bytes()).get("sender")
+            if role_of(sender) == Actor.HUMAN:
+                found.append((f.stat().st_mtime, f))
+        except (OSError, orjson.JSONDecodeError, AttributeError, BadInstance):
+            continue                # gone meanwhile, or not a message a CLI wrote
+    return [f for _, f in sorted(found)]

@@ -1,6 +1,6 @@
 """An in-process transport for tests, as dramatiq's ``StubBroker``: no sockets, no keys, no files.
 
-``StubTransport`` has the shape a role process drives (``roles.base.transport_link.RoleTransport``):
+``StubTransport`` has the shape a role process drives (``transport.role.RoleTransport``):
 ``start(handler)``, ``poll``, ``send``, ``prepare``, ``thread_sender``, ``close``. What the role
 sends is recorded (``sent``, ``messages()``, ``wait_for()`` for a worker thread's sends); what a
 test gives it with ``deliver()`` reaches the role's handler on its next ``poll`` (or at once

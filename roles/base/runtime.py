@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from roles.base.transport_link import RoleTransport, TransportLink
+from roles.base.transport_link import TransportLink
 from state_db.kernel import config as config_mod
 from state_db.kernel.errors import OrgError
 from state_db.kernel.home import OrgHome
@@ -30,6 +30,7 @@ from state_db.vocab import RoleStatus
 from state_db.writer import StateWriter
 from transport.envelope import Envelope
 from transport.kinds import Kind, role_of
+from transport.role import RoleTransport
 
 
 STOP_LATENCY_MS = 100     # the longest a turn waits where nothing else wakes it on a stop

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from roles.workbench.sandbox.check import run_check_command
 from state_db.kernel.errors import OrgError
 from state_db.text import clean
 
@@ -58,7 +59,10 @@ class CheckResult:
     canary: dict | None = None      # what the canaries showed (``canaries``): the baseline's hosts, or a forgery
 
     def encode(self) -> dict:
-        return asdict(self)
+        """The check record; ``failing_tests`` (the failing test ids, ``evidence.failing_tests``)
+        is computed from what is stored, so the record's readers need no parser of ours."""
+        from roles.eval_agent.evidence import failing_tests
+        return {**asdict(self), "failing_tests": [] if self.passed else failing_tests(self.junit, self.output_tail)}
 
     @classmethod
     def decode(cls, data: dict) -> "CheckResult":
@@ -120,11 +124,8 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
         extra["PYTEST_ADDOPTS"] = f"--junitxml={report.inside}"
     if runner is not None:
         try:
-            if hasattr(runner, "execute"):
-                res = runner.execute(command, cwd=cwd, timeout_s=timeout_s, max_output=max_output, env=extra,
-                                     should_stop=should_stop, poll_s=0.5, binds=report.binds if report else ())
-            else:
-                res = runner.run(command, cwd, timeout_s, max_output)
+            res = run_check_command(runner, command, cwd, timeout_s=timeout_s, max_output=max_output, env=extra,
+                                    should_stop=should_stop, binds=report.binds if report else ())
             code, text, timed_out = res.exit_code, res.output, res.timed_out
             text += CUT.format(max_output) if getattr(res, "truncated", False) else ""
         except Exception as exc:  # noqa: BLE001 - the verifier's own failure, not the doer's

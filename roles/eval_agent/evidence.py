@@ -207,6 +207,16 @@ def failing_ids(output: str) -> list[str]:
     return sorted(ids)
 
 
+def failing_tests(junit: dict | None, output_tail: str) -> list[str]:
+    """The ids of the tests a failing check failed, as its check record stores them
+    (``failing_tests``, read by the retro in ``knowledge/findings.py``): the runner's report when
+    it named them, else what its stored output says (``failing_ids``)."""
+    ids = (junit or {}).get("ids") or {}
+    found = sorted(k for k, v in ids.items() if v in ("failed", "error"))
+    # unittest's closing "FAILED (failures=1)" reads as a pytest summary line to failing_ids
+    return found or [i for i in failing_ids(output_tail) if not i.startswith("(")]
+
+
 # -- the judgement ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from roles.workbench.sandbox import runner_from_config
+from roles.workbench.sandbox import run_check_command, runner_from_config
 from roles.workbench.sandbox.hostile import HostileFile, read_regular
 from roles.workbench.sandbox.reports import ReportFile
 from roles.workbench.workspace import safegit
@@ -187,9 +187,9 @@ def verify_failures(ws: Path, commands: list[str], cfg: Config, home,
         for cmd in commands:
             report = ReportFile.create(scratch / "reports", runner)
             try:
-                res = runner.execute(cmd, cwd=snapshot, timeout_s=float(cfg.sandbox.cpu_seconds),
-                                     max_output=int(cfg.sandbox.output_bytes),
-                                     env={"PYTEST_ADDOPTS": f"--junitxml={report.inside}"}, binds=report.binds)
+                res = run_check_command(runner, cmd, snapshot, timeout_s=float(cfg.sandbox.cpu_seconds),
+                                        max_output=int(cfg.sandbox.output_bytes),
+                                        env={"PYTEST_ADDOPTS": f"--junitxml={report.inside}"}, binds=report.binds)
             except OrgError as exc:
                 notes.append(f"`{cmd}` could not run in the sandbox ({exc.code}): {exc}")
                 continue

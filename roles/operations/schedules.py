@@ -260,3 +260,26 @@ def request_of(order: q.Schedule) -> SubmitRequest:
     except TypeError as exc:
         raise NotFound(f"the stored request of {order.name} does not fit this version: {exc}",
                        code="bad_stored_request", hint="remove it and add it again") from None
+
+
+def current_branch(workspace: str) -> str:
+    """The branch checked out in ``workspace``'s repository, which a ``git-commit`` trigger
+    watches when no ``--branch`` is named (read with libgit2: nothing the repository configures
+    runs); "" when the workspace is not a folder (the submit arguments' check says so).
+
+    Raises:
+        ScheduleError: not a repository, or no branch checked out."""
+    from pathlib import Path
+
+    from roles.workbench.workspace import safegit
+    from roles.workbench.workspace.errors import RepositoryError
+    if not Path(workspace).expanduser().is_dir():
+        return ""                       # the submit arguments' check says what is wrong with it
+    try:
+        repo = safegit.open_repository(Path(workspace).expanduser().resolve())
+    except RepositoryError as exc:
+        raise ScheduleError(f"--on git-commit: {exc.message}", code=exc.code, hint=exc.hint) from None
+    if repo.head_is_detached or repo.head_is_unborn:
+        raise ScheduleError(f"--on git-commit: {workspace} has no branch checked out", code="no_branch",
+                            hint="name one with --branch NAME")
+    return repo.head.shorthand

@@ -100,13 +100,29 @@ def _review(req: SubmitRequest, cfg: Config) -> dict:
     return {"criteria": criteria[:4000]} if criteria else {}
 
 
+def check_script(spec: str | None) -> None:
+    """A ``scripted:FILE`` backend's script, checked where the human's input arrives so a bad one
+    is refused now, with its line, not mid-run (the loop-agent checks it again when it builds the
+    backend, whoever submitted). Nothing to check for another backend, or a file that is not
+    there (``check`` says so).
+
+    Raises:
+        ScriptError (an OrgError): the script cannot be read or parsed.
+    """
+    if spec and spec.startswith("scripted:"):
+        from roles.workbench.scripted.script import load_script
+        path = Path(spec.split(":", 1)[1]).expanduser()
+        if path.is_file():
+            load_script(path.resolve())
+
+
 def _backend(req: SubmitRequest, cfg: Config, home: OrgHome) -> str:
     backend = req.backend or cfg.model.backend
     if backend.startswith("scripted:"):
         script = Path(backend.split(":", 1)[1]).expanduser().resolve()
         if not script.is_file():
             raise SubmitError(f"script file {script} does not exist", hint="pass --backend scripted:PATH to a script")
-        # its content is checked where the human's input arrives (scripts/cli: check_scripted_backend)
+        # its content is checked where the human's input arrives (``check_script``, the CLI and MCP)
         # and, whoever submitted it, by the loop-agent that builds the backend (a bad one ends the run)
         return f"scripted:{script}"
     if backend not in BACKENDS:

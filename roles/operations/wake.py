@@ -21,7 +21,9 @@ log = structlog.get_logger("wake")
 
 class Waker:
     """Opens the connection to the coordinator before the durable write, so the wake after the
-    commit leaves at once (a fresh connection takes tens of milliseconds to be usable).
+    commit leaves at once (a fresh connection takes tens of milliseconds to be usable). It sends
+    as ``sender`` through the transport's own one-actor sender (``transport.wake.OneSender``),
+    never through a role's link.
 
     Args:
         home, cfg: the org home and its config.
@@ -31,9 +33,9 @@ class Waker:
     def __init__(self, home: OrgHome, cfg: Config, sender: str = "human"):
         self.home, self.cfg, self.sender, self.link, self.error = home, cfg, sender, None, None
         try:
-            from roles.base.transport_link import ThreadSender
-            self.link = ThreadSender(home, sender, cfg)
-            self.link.sender.pusher.prepare("coordinator")
+            from transport.wake import OneSender
+            self.link = OneSender(home.root, sender, transport=cfg.transport.model_dump(), store=home.db_path)
+            self.link.prepare("coordinator")
         except Exception as exc:  # noqa: BLE001 - reported by wake()
             self.error = exc
 

@@ -19,14 +19,11 @@ from __future__ import annotations
 
 from roles.base.instances import InstanceSpec, host_name
 from state_db.kernel.config import Config
-from state_db.kernel.errors import Conflict, StateError
+from state_db.kernel.errors import JoinError
 from state_db.kernel.home import OrgHome
 from state_db.queries import peers as peer_q
+from state_db.queries.peers import instance_role as _role
 from state_db.writer import StateWriter
-
-
-class JoinError(StateError):
-    code = "join_refused"
 
 
 def is_tcp(cfg: Config) -> bool:
@@ -59,71 +56,8 @@ def register(writer: StateWriter, home: OrgHome, cfg: Config, instances: list[st
     return instances
 
 
-def _role(instance: str) -> str:
-    """``loop-agent`` of ``loop-agent-50``; ``coordinator`` of ``coordinator``."""
-    stem, _, n = instance.rpartition("-")
-    return stem if n.isdigit() else instance
-
-
-def allocate(writer: StateWriter, role: str, count: int, mine: list[str]) -> list[str]:
-    """Names for ``count`` instances of ``role`` on a joining host: the ones of that role it had
-    (``mine``, from its own earlier join), then the lowest numbers no host uses (from 50 up: the
-    coordinator host's own numbers stay free for it to grow into)."""
-    names = [n for n in mine if _role(n) == role][:count]
-    taken = peer_q.taken_names(writer.conn, role)
-    n = 50
-    while len(names) < count:
-        name = f"{role}-{n}"
-        if name not in taken and name not in names:
-            names.append(name)
-        n += 1
-        if n > 99:
-            raise JoinError(f"no free {role} names left (50..99 are taken)",
-                            hint="remove hosts that left with 'org hosts remove HOST'")
-    return names
-
-
-def check_coordinator(writer: StateWriter, cfg: Config) -> peer_q.Peer:
-    """The coordinator this host joins is the one it was told of: the same endpoint and key.
-
-    Raises:
-        JoinError: no coordinator registered yet, or another one.
-    """
-    import sqlite3
-    try:
-        found = peer_q.peer(writer.conn, "coordinator")
-    except sqlite3.Error as exc:        # the store's errors (PostgreSQL's too) come as sqlite3's
-        raise JoinError(f"the store holds no org hosts ({str(exc).splitlines()[0]})",
-                        hint="start the org on the coordinator host first, on this store, with this "
-                             "version of loop-org") from None
-    if found is None:
-        raise JoinError("no coordinator is registered in the store",
-                        hint="start the org on the coordinator host first, with a tcp endpoint "
-                             "([transport] endpoint) and this PostgreSQL store")
-    if found.curve_public != cfg.hosts.coordinator_key:
-        raise JoinError(f"the coordinator registered in the store has key {found.curve_public}, "
-                        f"not {cfg.hosts.coordinator_key}",
-                        hint="check --coordinator-key against 'org hosts' on the coordinator host")
-    if found.endpoint != cfg.hosts.coordinator:
-        raise JoinError(f"the coordinator registered in the store listens at {found.endpoint}, "
-                        f"not {cfg.hosts.coordinator}", hint="check --coordinator")
-    return found
-
-
 def specs(names: list[str]) -> list[InstanceSpec]:
     return [InstanceSpec(n, _role(n)) for n in names]
-
-
-def forget_host(writer: StateWriter, host: str) -> list[str]:
-    """Remove a host's rows (a machine that left for good); its runs were requeued already
-    when its heartbeats lapsed."""
-    with writer.transaction() as tx:
-        gone = [p.instance for p in peer_q.of_host(tx.conn, host)]
-        for name in gone:
-            tx.delete("peers", name)
-    if not gone:
-        raise Conflict(f"no host {host!r} is registered", hint="see 'org hosts'")
-    return gone
 
 
 # -- a joined host's own record: which instances it runs ----------------------------------------

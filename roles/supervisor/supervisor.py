@@ -335,9 +335,13 @@ class Supervisor:
         joined host removes only its own files (eval snapshots, history copies): the rows are the
         shared store's, pruned by the coordinator host."""
         try:
-            from roles.operations.retention import collect
+            from state_db.retention import collect
+            from transport.envelope import Limits
+            from transport.outbox import stale_cli_outbox
             result = collect(self.home, self.cfg, dry_run=False, history=False, older_than_days=0, actor="supervisor",
-                             rows=not self.joined)
+                             rows=not self.joined,
+                             ledger_keep_s=Limits.from_config(self.cfg.data["transport"]).ledger_keep_s,
+                             stale_outbox=stale_cli_outbox(self.home.outbox_dir, now=time.time()))
             self.log.info("retention_applied", **{k: v for k, v in result.items() if isinstance(v, int)})
         except Exception as exc:  # noqa: BLE001 - retention must never take the org down
             self.log.warning("retention_failed", error=str(exc), next=f"retry in {RETENTION_EVERY_S:.0f}s")

@@ -94,3 +94,9 @@ class ConfigError(StateError):
     def __init__(self, message: str, *, key: str | None = None, hint: str | None = None):
         self.key = key
         super().__init__(message, hint=hint or "fix org.toml, then run 'org config check'")
+
+
+class JoinError(StateError):
+    """A host cannot join the org it was told of (``org join``), or its own record says it did not."""
+
+    code = "join_refused"

@@ -48,6 +48,13 @@ def of_host(conn: sqlite3.Connection, host: str) -> list[Peer]:
     return [Peer.from_row(r) for r in conn.execute("SELECT * FROM peers WHERE host = ? ORDER BY instance", (host,))]
 
 
+def instance_role(instance: str) -> str:
+    """The role an instance name is of: ``loop-agent`` of ``loop-agent-50``; ``coordinator`` of
+    ``coordinator`` (the peers table's ``role`` column)."""
+    stem, _, n = instance.rpartition("-")
+    return stem if n.isdigit() else instance
+
+
 def taken_names(conn: sqlite3.Connection, role: str) -> set[str]:
     """Instance names of ``role`` already in use: registered peers and role rows alike."""
     rows = conn.execute("SELECT instance FROM role_instances WHERE role = ? "

@@ -3,12 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from pathlib import Path
-
-from scripts.cli.output import read_conn, home_of
-from state_db.kernel.errors import NotFound
-from state_db.queries import work
-from state_db.queries.iterations import checkpoints
+from roles.operations import diff
+from scripts.cli.output import home_of
 
 NAME = "diff"
 HELP = "show the changes of a work item since its baseline (or of one iteration with --iteration)"
@@ -28,26 +24,8 @@ def raw_output(args) -> bool:
 
 
 def patch_of(args) -> bytes:
-    from roles.workbench.workspace.history import WorkspaceHistory
-
-    conn = read_conn(args)
-    try:
-        item = work.item(conn, args.id)
-        if item is None:
-            raise NotFound(f"no work item {args.id}", hint="list them with 'org status'")
-        its = checkpoints(conn, args.id)
-    finally:
-        conn.close()
-    history = WorkspaceHistory(home_of(args).history_dir / f"{args.id}.git", Path(item.workspace))
-    n = getattr(args, "iteration", None)
-    if n is not None:
-        if n not in its:
-            raise NotFound(f"{args.id} has no committed iteration {n}", hint=f"committed: {sorted(its) or 'none'}")
-        return history.diff_bytes(its.get(n - 1) or history.baseline_commit(), its[n])
-    if not its:
-        return b""
-    delivered = (item.delivered or {}).get("verified")     # at goal_met: what the workspace was made to hold
-    return history.diff_bytes(history.baseline_commit(), delivered or its[max(its)])
+    """The patch ``org diff`` prints (``roles.operations.diff.patch``)."""
+    return diff.patch(home_of(args), args.id, getattr(args, "iteration", None))
 
 
 def run(args) -> int:

@@ -1,8 +1,6 @@
 """``org hosts``: the machines an org runs on, what each runs, and the key a new host joins with."""
 from __future__ import annotations
 
-import time
-
 from scripts.cli.output import add_json, emit_json, home_of, table
 
 NAME = "hosts"
@@ -26,10 +24,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from roles.operations import hosts
     from scripts.cli.main import UsageError
-    from state_db.connection import connect
-    from state_db.queries.peers import all_peers
-    from state_db.queries.processes import role_instances
 
     home = home_of(args).require()
     if args.action == "ssh-line":
@@ -37,43 +33,26 @@ def run(args) -> int:
     if args.action == "remove":
         if not args.host:
             raise UsageError("org hosts remove HOST: which host?")
-        from roles.supervisor import hosts
-        from state_db.writer import StateWriter
-        writer = StateWriter(home.db_path, "human")
-        try:
-            gone = hosts.forget_host(writer, args.host)
-        finally:
-            writer.close()
-        print(f"forgot {args.host}: " + ", ".join(gone))
+        gone = hosts.forget(home, args.host)
+        print(f"forgot {args.host}: " + ", ".join(gone.instances))
         return 0
-    conn = connect(home.db_path, readonly=True)
-    try:
-        peers = all_peers(conn)
-        roles = {r.instance: r for r in role_instances(conn)}
-    finally:
-        conn.close()
-    now = time.time()
-    rows = [{**p.public(), "status": roles[p.instance].status if p.instance in roles else "unknown",
-             "heartbeat_s_ago": round(now - roles[p.instance].heartbeat_at, 1)
-             if p.instance in roles and roles[p.instance].heartbeat_at else None} for p in peers]
-    coordinator = next((p for p in peers if p.instance == "coordinator"), None)
+    found = hosts.listing(home)
     if args.json:
-        emit_json({"peers": rows, "coordinator_key": coordinator.curve_public if coordinator else None,
-                   "coordinator": coordinator.endpoint if coordinator else None,
-                   "git_url": coordinator.git_url if coordinator else None})
+        emit_json(found.as_dict())
         return 0
+    rows = found.peers
     if not rows:
         print("no host is registered: the org runs on one machine over ipc ([transport] endpoint = \"ipc\")")
         return 0
     print(table([[r["host"], r["instance"], r["endpoint"], r["status"],
                   "" if r["heartbeat_s_ago"] is None else f"{r['heartbeat_s_ago']}s"] for r in rows],
                 ["HOST", "INSTANCE", "ENDPOINT", "STATUS", "HEARTBEAT"]))
-    if coordinator is not None:
-        print(f"\njoin another machine with:\n  org join --coordinator {coordinator.endpoint} "
-              f"--coordinator-key '{coordinator.curve_public}' --role loop-agent|eval-agent "
+    if found.coordinator_key is not None:
+        print(f"\njoin another machine with:\n  org join --coordinator {found.coordinator} "
+              f"--coordinator-key '{found.coordinator_key}' --role loop-agent|eval-agent "
               "--listen tcp://THAT_HOST:PORT --store <this org's postgresql:// URL, no password> "
               "--store-password-file FILE")
-        if not coordinator.git_url:
+        if not found.git_url:
             print("  (first set [hosts] git_listen or git_url here: joined loop-agents get their workspaces "
                   "through it, joined eval-agents the checkpoints they verify)")
     return 0

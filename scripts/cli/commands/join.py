@@ -59,14 +59,13 @@ def _q(text: str) -> str:
 
 
 def run(args) -> int:
+    from roles.operations.hosts import join
     from scripts import control
     from roles.supervisor import hosts
     from state_db.kernel import config as config_mod, credentials
     from state_db import store as store_mod
     from state_db.bootstrap import init_home
     from state_db.kernel.errors import StateError
-    from state_db.vocab import Actor
-    from state_db.writer import StateWriter
 
     if not 1 <= args.count <= 50:
         raise UsageError("--count must be 1..50")
@@ -94,13 +93,7 @@ def run(args) -> int:
         probe = config_mod.Config({"state": {"url": store}, "transport": {"endpoint": args.listen},
                                    "hosts": {"coordinator": args.coordinator, "coordinator_key": args.coordinator_key,
                                              "name": args.name or ""}})
-        writer = StateWriter(store, Actor.SUPERVISOR)
-        try:
-            hosts.check_coordinator(writer, probe)
-            from state_db.queries.peers import all_peers
-            eval_agents = sum(1 for p in all_peers(writer.conn) if p.role == Actor.EVAL_AGENT)
-        finally:
-            writer.close()
+        eval_agents = join(store, probe).eval_agents       # read-only: the store's answer, before the home is written
         home.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         credentials.write_private(home.config_path, _toml(args, store, max(1, eval_agents)))
     if home.run_dir.exists() and control.supervisor_alive(home):
@@ -110,14 +103,9 @@ def run(args) -> int:
                          hint=f"stop them with 'org --home {home.root} stop', then join again: every role this "
                               "home joined with starts")
     cfg, _ = init_home(home)
-    writer = StateWriter(home.db_path, Actor.SUPERVISOR)
-    try:
-        hosts.check_coordinator(writer, cfg)
-        mine = hosts.joined_names(home) if hosts.joined_path(home).exists() else []
-        names = hosts.allocate(writer, args.role, args.count, mine)
-    finally:
-        writer.close()
-    everyone = hosts.write_joined(home, args.role, names)
+    mine = hosts.joined_names(home) if hosts.joined_path(home).exists() else []
+    names = join(home.db_path, cfg, args.role, args.count, mine).names
+    everyone = hosts.write_joined(home, args.role, list(names))
     if args.foreground:
         from roles.supervisor.supervisor import Supervisor
         from state_db.kernel.logsetup import configure

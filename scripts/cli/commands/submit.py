@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from roles.operations.caps import NO_FLAGS, line as caps_line
-from roles.operations.submit import SubmitRequest, Submitted, submit
+from roles.operations.submit import SubmitRequest, Submitted, check_script, submit
 from state_db.queries.work import Caps
 from scripts.cli.output import add_json, emit_json, home_of
 from state_db.kernel.config import load_config
@@ -59,17 +59,9 @@ def add_arguments(p) -> None:
 
 
 def check_scripted_backend(spec: str | None) -> None:
-    """A ``scripted:FILE`` backend's script is checked where the human's input arrives, so a bad one
-    is refused now, with its line (ScriptError, an OrgError), not mid-run. The submit operation
-    does not reach into the loop-agent for it; the loop-agent checks it again when it builds the
-    backend, whoever submitted."""
-    if spec and spec.startswith("scripted:"):
-        from pathlib import Path
-
-        from roles.workbench.scripted.script import load_script
-        path = Path(spec.split(":", 1)[1]).expanduser()
-        if path.is_file():
-            load_script(path.resolve())
+    """A ``scripted:FILE`` backend's script is checked where the human's input arrives
+    (``roles.operations.submit.check_script``)."""
+    check_script(spec)
 
 
 def request_of(args) -> SubmitRequest:

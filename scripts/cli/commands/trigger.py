@@ -47,7 +47,7 @@ def add_event_options(p) -> None:
 def run(args) -> int:
     if args.action != "add":
         return run_common(args, EVENT_KINDS, "trigger")
-    from roles.operations.schedules import ScheduleError, parse_duration
+    from roles.operations.schedules import ScheduleError, current_branch, parse_duration
     from scripts.cli.main import UsageError
     split_options(args, add_event_options)
     kind = args.on
@@ -69,7 +69,7 @@ def run(args) -> int:
     if args.debounce is not None:
         rule["debounce_s"] = parse_duration(args.debounce, "--debounce")
     if kind == "git-commit":
-        rule["branch"] = args.branch or _current_branch(submit_request(args.submit)[0].workspace)
+        rule["branch"] = args.branch or current_branch(submit_request(args.submit)[0].workspace)
     elif kind == "file-change":
         if not args.glob or not args.glob.strip():
             raise ScheduleError("--on file-change needs --glob", code="bad_trigger",
@@ -95,21 +95,3 @@ def _issues_file(path: str) -> str:
     return str(full)
 
 
-def _current_branch(workspace: str) -> str:
-    """The branch checked out in ``workspace``'s repository (read with libgit2: nothing the
-    repository configures runs). Raises ScheduleError when there is none to watch."""
-    from pathlib import Path
-
-    from roles.operations.schedules import ScheduleError
-    from roles.workbench.workspace import safegit
-    from roles.workbench.workspace.errors import RepositoryError
-    if not Path(workspace).expanduser().is_dir():
-        return ""                       # the submit arguments' check says what is wrong with it
-    try:
-        repo = safegit.open_repository(Path(workspace).expanduser().resolve())
-    except RepositoryError as exc:
-        raise ScheduleError(f"--on git-commit: {exc.message}", code=exc.code, hint=exc.hint) from None
-    if repo.head_is_detached or repo.head_is_unborn:
-        raise ScheduleError(f"--on git-commit: {workspace} has no branch checked out", code="no_branch",
-                            hint="name one with --branch NAME")
-    return repo.head.shorthand
