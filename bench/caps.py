@@ -208,6 +208,7 @@ def run_cases(root: Path, *, timeout_s: float = 3.0, budget_tokens: int = 300_00
     was seen when an item does not end within ``wait_s``."""
     from roles.operations.submit import SubmitRequest, submit
     from scripts import control
+    from state_db.queries.work import Caps
     from state_db.bootstrap import init_home
     from state_db.kernel.home import OrgHome
     from transport.probe import wait_until
@@ -228,10 +229,9 @@ def run_cases(root: Path, *, timeout_s: float = 3.0, budget_tokens: int = 300_00
             (ws / "notes.txt").write_text("nothing to see\n")
             given = case_caps(case, timeout_s=timeout_s, budget_tokens=budget_tokens, budget_usd=budget_usd)
             ids[case] = submit(home, cfg, SubmitRequest(
-                goal=f"caps-case: {case}", workspace=str(ws), verify=["false"], backend="anthropic", **given,
+                goal=f"caps-case: {case}", workspace=str(ws), verify=["false"], backend="anthropic",
                 ladder=(MODEL, MODEL_STRONG) if case == "ladder" else None,
-                no_caps=tuple(k for k in ("max_iterations", "budget_tokens", "budget_usd", "timeout_s")
-                              if k not in given)))["id"]
+                caps=Caps.given(given, removed=Caps.names())))["id"]
 
         def statuses() -> dict[str, str]:
             return {case: _q(home, "SELECT status FROM work_items WHERE id=?", (wid,))[0]["status"]
@@ -263,6 +263,7 @@ def _warm_up(home, cfg, root: Path, loop_agents: int, wait_s: float) -> None:
     it is ready (seconds under load), and a run's clock would otherwise start with that import
     instead of the call the case is about."""
     from roles.operations.submit import SubmitRequest, submit
+    from state_db.queries.work import Caps
     from transport.probe import wait_until
 
     def warmed() -> int:
@@ -277,7 +278,7 @@ def _warm_up(home, cfg, root: Path, loop_agents: int, wait_s: float) -> None:
             ws = root / f"warm-{batch}-{n}"
             ws.mkdir()
             ids.append(submit(home, cfg, SubmitRequest(goal="caps-case: warm", workspace=str(ws), verify=["false"],
-                                                       max_iterations=1, backend="anthropic"))["id"])
+                                                       caps=Caps(max_iterations=1), backend="anthropic"))["id"])
         marks = ",".join("?" * len(ids))
         wait_until(lambda: _q(home, f"SELECT COUNT(*) AS n FROM work_items WHERE id IN ({marks}) AND status='ended'",
                               ids)[0]["n"] == len(ids), timeout=wait_s, what="the warm-up items to end")

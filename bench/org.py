@@ -61,10 +61,11 @@ def _long_run(home, cfg, ws: Path, script: Path, iterations: int) -> tuple[list[
     """One scripted run that never meets its goal; returns (overhead per iteration in ms, the
     committed attempts, the stop reason, its work id)."""
     from roles.operations.submit import SubmitRequest, submit
+    from state_db.queries.work import Caps
     ws.mkdir()
     (ws / "n.txt").write_text("0\n")
     r = submit(home, cfg, SubmitRequest(goal="count", workspace=str(ws), verify=["cat n.txt; exit 1"],
-                                        max_iterations=iterations, backend=f"scripted:{script}"))
+                                        caps=Caps(max_iterations=iterations), backend=f"scripted:{script}"))
     wid = r["id"]
     _wait(lambda: _q(home, "SELECT 1 FROM work_items WHERE id=? AND status='ended'", (wid,)), 120, "the long run")
     attempts = _q(home, "SELECT attempt, iteration, started_at FROM attempts WHERE work_id=? AND outcome='committed' "
@@ -151,6 +152,7 @@ def bench_org(root: Path, iterations: int, items: int) -> dict:
     from bench.loop import make_script
     from roles.operations.submit import SubmitRequest, submit
     from scripts import control
+    from state_db.queries.work import Caps
     from state_db.bootstrap import init_home
     from state_db.kernel.home import OrgHome
 
@@ -174,7 +176,7 @@ def bench_org(root: Path, iterations: int, items: int) -> dict:
             (ws / "n.txt").write_text("0\n")
             # fails on the baseline, passes after the first act: the run ends goal_met
             r = submit(home, cfg, SubmitRequest(goal="count", workspace=str(ws), verify=["! grep -qx 0 n.txt"],
-                                                max_iterations=1, backend=f"scripted:{script}"))
+                                                caps=Caps(max_iterations=1), backend=f"scripted:{script}"))
             wid = r["id"]
             _wait(lambda: _q(home, "SELECT 1 FROM work_items WHERE id=? AND status='ended'", (wid,)), 30, "dispatch item")
             created = _q(home, "SELECT at FROM events WHERE kind='work_items.created' AND subject=?", (wid,))[0]["at"]

@@ -86,7 +86,7 @@ def _job(root: Path, family: str, key: str, job: str, written: str, whole: int, 
     path.write_text(json.dumps(script))
     return {"goal": f"{job}: make settings.json pass {check} — {key} must be an integer",
             "workspace": str(ws), "verify": [f"python3 {check}"], "protect": [check], "scope": ["settings.json"],
-            "backend": f"scripted:{path}", "max_iterations": 5}
+            "backend": f"scripted:{path}", "caps": {"max_iterations": 5}}
 
 
 def _q(home, sql, params=()):
@@ -120,7 +120,7 @@ def run_org(root: Path, replay: str) -> dict:
     try:
         ids = {}
         for family, (key, jobs, helps, check, error) in FAMILIES.items():
-            ids[family] = [submit(home, cfg, SubmitRequest(**_job(root, family, key, *j, helps, check, error)))["id"]
+            ids[family] = [submit(home, cfg, SubmitRequest.decode(_job(root, family, key, *j, helps, check, error)))["id"]
                            for j in jobs]
         every = [i for v in ids.values() for i in v]
         _wait(lambda: all(r["status"] == "ended" for r in _q(home, "SELECT status FROM work_items WHERE id IN "

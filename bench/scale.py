@@ -220,6 +220,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
           eval_agents: int = 1) -> dict:
     from roles.operations.submit import SubmitRequest, submit
     from scripts import control
+    from state_db.queries.work import Caps
 
     # the org as a user runs it: org.toml's heartbeats and outbox sweeps, not a chaos run's
     home, cfg = workload.new_org(root, n, eval_agents=eval_agents, quick=False)
@@ -247,7 +248,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
         for ws in spaces:
             ids.append(submit(home, cfg, SubmitRequest(
                 goal="make answer.txt say right", workspace=str(ws), verify=[workload.VERIFY],
-                scope=list(workload.SCOPE), max_iterations=iterations, backend=f"scripted:{spec}"))["id"])
+                scope=list(workload.SCOPE), caps=Caps(max_iterations=iterations), backend=f"scripted:{spec}"))["id"])
         workload.wait(lambda: not workload.unfinished(home, ids), 60 + 3 * iterations * items_per_agent * n,
                       f"{len(ids)} items to end", interval=0.1)
         probe.stop.set()

@@ -148,10 +148,11 @@ def new_org(root: Path, loop_agents: int, extra_config: str = "", transport: str
 def submit_item(home, cfg, template: Path, workspace: Path, script: Path, spec: ItemSpec) -> str:
     """Copy the template to ``workspace`` and submit it; returns the work item id."""
     from roles.operations.submit import SubmitRequest, submit
+    from state_db.queries.work import Caps
 
     shutil.copytree(template, workspace)
     req = SubmitRequest(goal=f"make answer.txt say right ({spec.name})", workspace=str(workspace),
-                        verify=[VERIFY], scope=list(SCOPE), max_iterations=spec.max_iterations,
+                        verify=[VERIFY], scope=list(SCOPE), caps=Caps(max_iterations=spec.max_iterations),
                         backend=f"scripted:{script}")
     return submit(home, cfg, req)["id"]
 

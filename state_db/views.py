@@ -84,7 +84,7 @@ def run_view(conn: sqlite3.Connection, work_id: str, *, now: float | None = None
     item = item or queries.work_item(conn, work_id)
     if item is None:
         raise NotFound(f"no work item {work_id}", hint="list them with 'org status'")
-    caps = Caps.parse(item["caps"])
+    caps = Caps.from_json(item["caps"])
     attempt = _row(conn, _OPEN_ATTEMPT, (work_id,))
     last = _row(conn, _LAST_ITERATION, (work_id,))
     committed = last["n"] if last else 0

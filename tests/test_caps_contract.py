@@ -9,7 +9,7 @@ import math
 import pytest
 
 from roles.loop_agent.engine import LoopSettings, policy_for
-from roles.operations.caps import CapsError, resolve
+from roles.operations.caps import CapsError, given, resolve
 from roles.operations.submit import SubmitRequest, submit
 from state_db.kernel import config as config_mod
 from state_db.connection import connect
@@ -79,7 +79,7 @@ def test_removing_a_cap_is_explicit_and_shown_as_none_never_as_of_zero(org_home,
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["caps"] == {"max_iterations": 10, "budget_tokens": 400000}
-    assert Caps.parse(stored(org_home, data["id"])).removed() == ("budget_usd", "timeout_s")
+    assert Caps.from_json(stored(org_home, data["id"])).removed() == ("budget_usd", "timeout_s")
     shown = org(org_home, tmp_path, "show", data["id"]).stdout
     assert "budget_usd=none (--no-budget-usd)" in shown and "timeout_s=none (--no-timeout)" in shown
     status = org(org_home, tmp_path, "status").stdout
@@ -100,12 +100,17 @@ def test_a_run_with_no_cap_or_a_cap_that_could_never_fire_is_refused_in_one_code
 
 def test_resolve_refuses_what_the_flags_cannot_say_too(org_home):
     cfg = config_mod.load_config(org_home)
-    for given in ({"budget_usd": math.nan}, {"timeout_s": -1.0}, {"max_iterations": 2.5}, {"budget_tokens": True}):
+    for values in ({"budget_usd": math.nan}, {"timeout_s": -1.0}, {"max_iterations": 2.5}, {"budget_tokens": True}):
         with pytest.raises(CapsError):
-            resolve(cfg, given)
+            given(values)
+        with pytest.raises(CapsError):      # a Caps built by hand is checked as the flags are
+            resolve(cfg, Caps(**values))
     with pytest.raises(CapsError, match="unknown caps"):
-        resolve(cfg, {"budget": 3})
-    assert resolve(cfg, {}).encode() == DEFAULTS
+        given({"budget": 3})
+    with pytest.raises(CapsError, match="both given"):
+        given({"budget_usd": 3.0}, removed=("budget_usd",))
+    assert resolve(cfg, Caps()).encode() == DEFAULTS
+    assert resolve(cfg, given({}, removed=("timeout_s",))).removed() == ("timeout_s",)
 
 
 def test_a_run_given_only_an_iteration_cap_still_stops_on_the_default_token_budget(org_home, tmp_path):
@@ -114,8 +119,8 @@ def test_a_run_given_only_an_iteration_cap_still_stops_on_the_default_token_budg
     ws = make_workspace(tmp_path)
     cfg = config_mod.load_config(org_home)
     done = submit(org_home, cfg, SubmitRequest(goal="make add() add", workspace=str(ws), verify=["false"],
-                                               max_iterations=40, backend="command"), wake=False)
-    assert done.caps == {"max_iterations": 40, "budget_tokens": 500, "budget_usd": 5.0, "timeout_s": 3600}
+                                               caps=Caps(max_iterations=40), backend="command"), wake=False)
+    assert done.caps.encode() == {"max_iterations": 40, "budget_tokens": 500, "budget_usd": 5.0, "timeout_s": 3600}
     co = StateWriter(org_home.db_path, Actor.COORDINATOR)
     with co.transaction() as tx:
         tx.set_status("work_items", done.id, WorkStatus.DISPATCHED, assigned_to="loop-agent-1")
@@ -133,7 +138,44 @@ def test_a_run_given_only_an_iteration_cap_still_stops_on_the_default_token_budg
 
 def test_stored_caps_round_trip_with_their_sources_and_old_rows_have_none():
     caps = Caps(max_iterations=4, budget_usd=None, sources=(("max_iterations", "flag"), ("budget_usd", "flag")))
-    assert Caps.parse(json.dumps(caps.stored())) == caps and caps.removed() == ("budget_usd",)
-    old = Caps.parse('{"max_iterations": 3}')
+    assert Caps.from_json(json.dumps(caps.to_json())) == caps and caps.removed() == ("budget_usd",)
+    old = Caps.from_json('{"max_iterations": 3}')
     assert old.sources == () and old.source("max_iterations") is None and old.encode() == {"max_iterations": 3}
-    assert Caps.parse('{"max_iterations": 3, "from": {"max_iterations": "bogus"}}').sources == ()
+    assert Caps.from_json('{"max_iterations": 3, "from": {"max_iterations": "bogus"}}').sources == ()
+
+
+def test_one_caps_type_from_the_flags_to_the_condition_that_stops_the_run(org_home):
+    """The CLI's flags, MCP's arguments, the request, the stored column and the stop policy all hold
+    the same ``Caps``: no form in between drops or renames a cap."""
+    from roles.loop_agent.policy import policy_from_caps
+    from scripts.cli.commands import submit as submit_cmd
+    from scripts.cli.main import Parser
+    parser = Parser(prog="org submit")
+    submit_cmd.add_arguments(parser)
+    args = parser.parse_args(["g", "--workspace", "w", "--verify", "true", "--max-iterations", "4", "--no-timeout"])
+    from_cli = submit_cmd.request_of(args).caps
+    from_mcp = given({"max_iterations": 4, "budget_tokens": None}, ("timeout_s",))
+    assert from_cli == from_mcp == Caps(max_iterations=4, sources=(("max_iterations", "flag"), ("timeout_s", "flag")))
+    caps = resolve(config_mod.load_config(org_home), from_cli)
+    assert Caps.from_json(json.dumps(caps.to_json())) == caps
+    assert (caps.max_iterations, caps.timeout_s, caps.removed()) == (4, None, ("timeout_s",))
+    kinds = [next(iter(c)) for c in policy_from_caps(caps).encode()]
+    assert "timeout" not in kinds and {"max_iterations", "token_budget", "cost_budget"} <= set(kinds)
+
+
+def test_caps_applied_over_others_keep_the_sources_of_both():
+    base = Caps(max_iterations=10, budget_usd=5.0, timeout_s=60.0,
+                sources=(("max_iterations", "org.toml"), ("budget_usd", "default"), ("timeout_s", "flag")))
+    raised = Caps.given({"max_iterations": 20}, removed=("budget_usd",)).over(base)
+    assert raised == Caps(max_iterations=20, timeout_s=60.0, sources=(
+        ("max_iterations", "flag"), ("budget_usd", "flag"), ("timeout_s", "flag")))
+    assert raised.removed() == ("budget_usd",) and Caps().over(base) == base
+
+
+def test_a_standing_order_stored_with_flat_caps_still_reads_as_one_caps():
+    from roles.operations.submit import SubmitRequest
+    req = SubmitRequest(goal="g", workspace="/w", verify=["true"], caps=Caps.given({"budget_usd": 1.5}, ("timeout_s",)))
+    assert SubmitRequest.decode(json.loads(json.dumps(req.encode()))) == req
+    old = {"goal": "g", "workspace": "/w", "verify": ["true"], "max_iterations": 3, "budget_tokens": None,
+           "budget_usd": None, "timeout_s": None, "no_caps": ["timeout_s"]}
+    assert SubmitRequest.decode(old).caps == Caps.given({"max_iterations": 3}, ("timeout_s",))

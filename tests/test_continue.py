@@ -18,6 +18,7 @@ from state_db.writer import StateWriter
 from tests.support.loop import ScriptedActs, engine, make_workspace, submit
 from tests.support.org import query
 from tests.test_engine import SHOW_AND_FAIL
+from state_db.queries.work import Caps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE_DONE = (f"{sys.executable} -c 'import sys; s = open(\"state\").read(); print(\"error: state \" + s); "
@@ -35,8 +36,8 @@ def ws(tmp_path):
     return ws
 
 
-def go_on(home, work_id="w1", **caps):
-    return continue_run(home, config_mod.load(home.config_path), ContinueRequest(work_id, **caps))
+def go_on(home, work_id="w1", idempotency_key=None, **caps):
+    return continue_run(home, config_mod.load(home.config_path), ContinueRequest(work_id, Caps(**caps), idempotency_key))
 
 
 def dispatch(home, work_id="w1", instance="loop-agent-1"):

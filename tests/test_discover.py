@@ -22,6 +22,7 @@ from scripts.cli.dashboard import data
 from scripts.cli.main import main
 from state_db.kernel import config as config_mod
 from state_db.connection import connect, read_rows
+from state_db.queries.work import Caps
 from state_db.writer import StateWriter
 from tests.support.org import ONE_AGENT, query, running_org, wait_for
 
@@ -351,7 +352,7 @@ def test_an_accepted_proposal_is_worked_by_a_real_org_to_goal_met_and_a_rescan_f
         assert [p["kind"] for p in shown] == ["failing_test"] and shown[0]["evidence"]["exit_code"] == 1
         assert query(home, "SELECT id FROM work_items") == []
         done = P.accept(home, cfg, shown[0]["id"], P.Edits(backend=f"scripted:{DEMO / 'script.json'}",
-                                                            max_iterations=5))
+                                                            caps=Caps(max_iterations=5)))
         item = wait_for(lambda: (r := query(home, "SELECT * FROM work_items WHERE id = ?", (done["work_id"],))[0])
                         ["status"] == "ended" and r, timeout=120, what=f"{done['work_id']} to end")
         assert item["stop_reason"] == "goal_met" and item["origin_id"] == shown[0]["id"]

@@ -23,6 +23,7 @@ from state_db.connection import connect, read_rows
 from state_db.queries import schedules as q
 from state_db.vocab import Actor, StopReason, WorkStatus
 from state_db.writer import StateWriter
+from state_db.queries.work import Caps
 
 HOUR = 3600.0
 VERIFY = "test ! -e broken"
@@ -87,7 +88,7 @@ def rigs():
 
 def add_trigger(home, cfg, ws, name="scan", every_s=HOUR, verify=(VERIFY,), **rule):
     req = SubmitRequest(goal="look for work", workspace=str(ws), verify=list(verify), backend="command",
-                        max_iterations=2)
+                        caps=Caps(max_iterations=2))
     return ops.add(home, cfg, name=name, kind="discover", rule={"every_s": every_s, **rule}, req=req, argv=[])["id"]
 
 

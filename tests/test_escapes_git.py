@@ -22,6 +22,7 @@ from roles.operations.submit import SubmitError, SubmitRequest, submit
 from roles.workbench.workspace.history import WorkspaceHistory
 from state_db.bootstrap import init_home
 from state_db.kernel.home import OrgHome
+from state_db.queries.work import Caps
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -159,7 +160,7 @@ def submit_worktree(org, ws: Path) -> dict:
     home, cfg = org
     # no run starts here: the command backend only spares the anthropic backend's key check
     return submit(home, cfg, SubmitRequest(goal="g", workspace=str(ws), verify=["true"],
-                                           max_iterations=1, worktree=True, backend="command"))
+                                           caps=Caps(max_iterations=1), worktree=True, backend="command"))
 
 
 def assert_worktree(ws: Path, item: dict) -> None:

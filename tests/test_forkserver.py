@@ -17,6 +17,7 @@ from roles.supervisor.forkserver import ForkServer
 from state_db.bootstrap import init_home
 from state_db.kernel.home import OrgHome
 from tests.support.org import cleanup, query, roles, short_home_dir, wait_for, write_config
+from state_db.queries.work import Caps
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -219,7 +220,7 @@ def _left_to_init(org, tmp_path, spawn: str) -> tuple[list[str], dict]:
     try:
         control.wait_ready(org, timeout_s=60)
         wid = submit(org, load_config(org), SubmitRequest(
-            goal="make answer.txt say right", workspace=str(ws), max_iterations=2,
+            goal="make answer.txt say right", workspace=str(ws), caps=Caps(max_iterations=2),
             verify=['test "$(cat answer.txt)" = right'], scope=["answer.txt"],
             backend=f"scripted:{script}"))["id"]
         wait_for(lambda: query(org, "SELECT status FROM work_items WHERE id = ?", (wid,))[0]["status"] == "ended",

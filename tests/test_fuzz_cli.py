@@ -22,6 +22,7 @@ from scripts.cli.main import EXIT_INTERNAL, main
 from state_db.bootstrap import init_home
 from state_db.connection import connect
 from state_db.kernel.home import OrgHome
+from state_db.queries.work import Caps
 
 READ_ONLY = {"status", "show", "decisions", "diff", "export", "logs", "doctor", "config"}
 CODED_LINE = re.compile(r"^error\[[a-z_]+\]: \S")
@@ -39,7 +40,7 @@ def org(tmp_path_factory):
     (ws / "a.txt").write_text("one\n")
     script = root / "script.json"
     script.write_text(json.dumps({"version": 1, "acts": [[{"text": "done"}]]}))
-    item = submit(home, cfg, SubmitRequest(goal="g", workspace=str(ws), verify=["true"], max_iterations=1,
+    item = submit(home, cfg, SubmitRequest(goal="g", workspace=str(ws), verify=["true"], caps=Caps(max_iterations=1),
                                            backend=f"scripted:{script}"))
     (root / "cwd").mkdir()
     (root / "empty").mkdir()

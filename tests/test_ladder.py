@@ -18,6 +18,7 @@ from tests.fake_messages_api import FakeMessagesAPI, text_turn, tool_use_turn
 from tests.support.loop import BUGGY, CHECK, FIXED, engine, make_workspace
 from tests.support.org import query
 from tests.test_rough_edges import coded, org
+from state_db.queries.work import Caps
 
 pytestmark = pytest.mark.timeout(120)
 PRICE = {"input": 1.0, "output": 5.0, "cache_write": 1.25, "cache_read": 0.1}
@@ -40,7 +41,7 @@ def dispatched(home, ladder, tmp_path, **caps) -> str:
     home.config_path.write_text(CONFIG)
     cfg = config_mod.load_config(home)
     done = submit(home, cfg, SubmitRequest(goal="make add() add", workspace=str(make_workspace(tmp_path)),
-                                           verify=[CHECK], backend="command", ladder=ladder, **caps), wake=False)
+                                           verify=[CHECK], backend="command", ladder=ladder, caps=Caps(**caps)), wake=False)
     co = StateWriter(home.db_path, Actor.COORDINATOR)
     with co.transaction() as tx:
         tx.set_status("work_items", done.id, WorkStatus.DISPATCHED, assigned_to="loop-agent-1")

@@ -19,6 +19,7 @@ from roles.loop_agent.backends.anthropic_backend import AnthropicBackend, Anthro
 from roles.loop_agent.backends.retry import MemoryRateGate, RetryPolicy
 from roles.loop_agent.engine import LoopSettings, policy_for
 from roles.loop_agent.policy import policy_from_caps
+from state_db.queries.work import Caps
 from roles.loop_agent.progress import load
 from roles.workbench.scripted.server import ScriptedServer
 from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, Parked, Paused, Preflight, Reflect,
@@ -106,7 +107,7 @@ def test_a_refusal_from_the_model_service_fires_the_policys_model_error(org_home
     progress, _, _ = load(conn, WorkItem.from_row(query(org_home, "SELECT * FROM work_items")[0]),
                           model_error=decision.detail)
     conn.close()
-    assert policy_from_caps(max_iterations=6).evaluate(progress) == StopDecision(StopReason.MODEL_ERROR, decision.detail)
+    assert policy_from_caps(Caps(max_iterations=6)).evaluate(progress) == StopDecision(StopReason.MODEL_ERROR, decision.detail)
 
 
 def test_a_script_with_no_act_left_is_a_model_error_through_the_policy(org_home, ws, scripted):
@@ -135,7 +136,7 @@ def test_goal_met_ends_through_the_policy_and_the_verdicts_one_rule(org_home, ws
     assert query(org_home, "SELECT actor FROM events WHERE kind='work_items.ended'") == [{"actor": "eval-agent"}]
     # one rule: the policy's GoalMet and the verdict agree on the same iteration
     from tests.test_stop import PASS, fail
-    assert policy_from_caps(max_iterations=6).evaluate(RunProgress(iterations=2, verdicts=(fail(), PASS))).reason \
+    assert policy_from_caps(Caps(max_iterations=6)).evaluate(RunProgress(iterations=2, verdicts=(fail(), PASS))).reason \
         == StopReason.GOAL_MET
     assert ending.goal_met(2, 2, True, True) is not None and ending.goal_met(1, 2, True, True) is None
 

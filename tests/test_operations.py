@@ -31,6 +31,7 @@ from state_db.writer import StateWriter
 from tests.support.loop import ScriptedActs, engine, make_workspace, submit as insert_item
 from tests.support.org import ONE_AGENT, query, running_org
 from tests.test_skills_cli import proposed  # noqa: F401 - the fixture: three pending candidates
+from state_db.queries.work import Caps
 
 CHECK = "python3 -c 'import calc; assert calc.add(2, 3) == 5'"
 
@@ -134,13 +135,13 @@ def test_continue_returns_continued_and_the_cli_prints_its_data(capsys, org_home
     ws = make_workspace(tmp_path)
     insert_item(org_home, ws, caps={"max_iterations": 1}, verify=("false",))
     assert engine(org_home, "w1", ScriptedActs([[{"write": {"state": "a"}}]])).run().reason == "max_iterations"
-    done = continue_run(org_home, cfg_of(org_home), ContinueRequest("w1", max_iterations=3, idempotency_key="k-go"))
+    done = continue_run(org_home, cfg_of(org_home), ContinueRequest("w1", Caps(max_iterations=3), idempotency_key="k-go"))
     data = typed(done, Continued)
     assert (data["status"], data["stopped"], data["caps"], data["replayed"]) == \
         ("queued", "max_iterations", {"max_iterations": 3}, False)
     printed = org_json(capsys, org_home, "continue", "w1", "--max-iterations", "3", "--idempotency-key", "k-go")
     assert printed == continue_run(org_home, cfg_of(org_home), ContinueRequest(
-        "w1", max_iterations=3, idempotency_key="k-go")).as_dict()
+        "w1", Caps(max_iterations=3), idempotency_key="k-go")).as_dict()
 
 
 def test_candidates_are_operations_the_cli_prints(capsys, org_home, proposed, tmp_path):  # noqa: F811

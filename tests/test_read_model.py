@@ -90,19 +90,22 @@ def test_caps_have_one_parser_and_one_stored_form():
     assert Caps.names() == ("max_iterations", "budget_tokens", "budget_usd", "timeout_s")
     for raw in ('{"max_iterations": 3, "timeout_s": 60}', b'{"max_iterations": 3, "timeout_s": 60}',
                 {"max_iterations": 3, "timeout_s": 60, "budget_usd": None}):
-        assert Caps.parse(raw) == Caps(max_iterations=3, timeout_s=60)
-    assert Caps.parse(None) == Caps.parse("") == Caps.parse("{}") == Caps() and not Caps()
-    caps = Caps(max_iterations=3).with_(budget_tokens=1000, timeout_s=None)
+        assert Caps.from_json(raw) == Caps(max_iterations=3, timeout_s=60)
+    assert Caps.from_json(None) == Caps.from_json("") == Caps.from_json("{}") == Caps() and not Caps()
+    caps = Caps.given({"budget_tokens": 1000, "timeout_s": None}).over(Caps(max_iterations=3))
     assert caps.encode() == {"max_iterations": 3, "budget_tokens": 1000}
-    assert Caps.parse(caps.encode()) == caps and Caps.parse(caps) is caps
+    assert caps.sources == (("budget_tokens", "flag"),)
+    assert Caps.from_json(caps.to_json()) == caps and Caps.from_json(caps) is caps
 
 
 def test_every_place_that_names_the_caps_names_the_same_ones():
-    """The submit and continue flags and the MCP tools' schema are keyed by ``Caps``' fields."""
-    from roles.operations.continue_run import CAPS as CONTINUE_CAPS
-    from roles.operations.submit import CAP_FLAGS
+    """The flags (submit's and continue's) and the MCP tools' schema are keyed by ``Caps``' fields;
+    ``continue`` keeps no table of its own."""
+    from roles.operations import continue_run
+    from roles.operations.caps import CAP_FLAGS
     from scripts.cli.mcp_tools import CAPS as MCP_CAPS
-    assert tuple(CAP_FLAGS) == tuple(CONTINUE_CAPS) == tuple(MCP_CAPS) == Caps.names()
+    assert tuple(CAP_FLAGS) == tuple(MCP_CAPS) == Caps.names()
+    assert not hasattr(continue_run, "CAPS")
 
 
 def test_locks_waiting_items_and_busy_agents(writer_for, conn):

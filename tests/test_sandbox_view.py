@@ -22,6 +22,7 @@ from state_db.bootstrap import init_home
 from state_db.kernel.config import Config, ConfigError, defaults, load
 from state_db.kernel.home import OrgHome
 from tests.support.pg import pg_server  # noqa: F401 - fixture
+from state_db.queries.work import Caps
 
 pytestmark = pytest.mark.skipif(bubblewrap() is None, reason="bubblewrap (bwrap) is not installed")
 PY = sys.executable
@@ -381,7 +382,7 @@ def test_org_show_lists_what_a_runs_sandbox_shows_and_hides(tmp_path):
     ws.mkdir()
     script = Path(__file__).resolve().parents[1] / "scripts" / "demo" / "script.json"
     item = submit(home, config_mod.load(None), SubmitRequest(goal="g", workspace=str(ws), verify=["true"],
-                                                            max_iterations=1, backend=f"scripted:{script}"))
+                                                            caps=Caps(max_iterations=1), backend=f"scripted:{script}"))
     got = subprocess.run([sys.executable, "-m", "scripts.cli.main", "--home", str(home.root), "show", item["id"],
                           "--sandbox", "--json"], capture_output=True, text=True, timeout=60,
                          cwd=Path(__file__).resolve().parents[1])

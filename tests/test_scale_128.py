@@ -17,6 +17,7 @@ import pytest
 from bench import workload
 from scripts import control
 from roles.supervisor import procs
+from state_db.queries.work import Caps
 from tests.support.org import query, short_home_dir, wait_for
 
 N = 128
@@ -72,7 +73,7 @@ def test_an_org_of_128_loop_agents_starts_runs_an_item_on_each_suspends_resumes_
             shutil.copytree(template, ws)
             ids.append(submit(home, cfg, SubmitRequest(
                 goal="make answer.txt say right", workspace=str(ws), verify=[workload.VERIFY],
-                scope=list(workload.SCOPE), max_iterations=4, backend=f"scripted:{spec}"))["id"])
+                scope=list(workload.SCOPE), caps=Caps(max_iterations=4), backend=f"scripted:{spec}"))["id"])
         # every loop-agent takes one: N idle agents, N items, none left waiting for another's
         wait_for(lambda: len(query(home, "SELECT DISTINCT work_id FROM iterations")) == N, timeout=300,
                  what="every item's first iteration committed")

@@ -17,6 +17,7 @@ from state_db.connection import read_rows
 from state_db.queries import schedules as q
 from state_db.vocab import Actor, StopReason, WorkStatus
 from state_db.writer import StateWriter
+from state_db.queries.work import Caps
 
 
 class Clock:
@@ -27,9 +28,9 @@ class Clock:
         return self.t
 
 
-def _request(ws: Path, **kw) -> SubmitRequest:
+def _request(ws: Path, **caps) -> SubmitRequest:
     return SubmitRequest(goal="keep the tests green", workspace=str(ws), verify=["true"], backend="command",
-                         max_iterations=3, **kw)
+                         caps=Caps(**{"max_iterations": 3, **caps}))
 
 
 @pytest.fixture
@@ -238,7 +239,7 @@ def test_the_cli_makes_lists_shows_pauses_and_removes(org_home, ws):
     assert again.returncode == 1 and again.stderr.startswith("error[name_taken]: ")
     listed = json.loads(cli(org_home, "schedule", "list", "--json").stdout)
     assert [(r["name"], r["kind"], r["status"]) for r in listed] == [("nightly", "cron", "active")]
-    assert listed[0]["request"]["workspace"] == str(ws.resolve()) and listed[0]["request"]["max_iterations"] == 2
+    assert listed[0]["request"]["workspace"] == str(ws.resolve()) and listed[0]["request"]["caps"]["max_iterations"] == 2
     shown = cli(org_home, "schedule", "show", "nightly")
     assert "cron 0 3 * * *" in shown.stdout and "org submit 'keep it green'" in shown.stdout
     assert cli(org_home, "schedule", "pause", "nightly").returncode == 0

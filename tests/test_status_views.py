@@ -22,6 +22,7 @@ from state_db import views
 from state_db.connection import connect
 from tests.support.loop import BUGGY, FIXED, ScriptedActs, engine, make_workspace, submit
 from tests.support.org import ONE_AGENT, query, running_org, wait_for
+from state_db.queries.work import Caps
 
 
 class Snapshots:
@@ -288,7 +289,7 @@ def test_schedules_and_triggers_show_in_status_its_json_and_the_dashboards_org_d
 
     ws = make_workspace(tmp_path)
     cfg = config_mod.load(None)
-    req = SubmitRequest(goal="keep it green", workspace=str(ws), verify=["true"], backend="command", max_iterations=2)
+    req = SubmitRequest(goal="keep it green", workspace=str(ws), verify=["true"], backend="command", caps=Caps(max_iterations=2))
     nightly = ops.add(org_home, cfg, name="nightly", kind="cron", rule={"cron": "0 3 * * *"}, req=req, argv=[])
     ops.add(org_home, cfg, name="often", kind="every", rule={"every_s": 60.0}, req=req, argv=[])
     ops.add(org_home, cfg, name="scan", kind="discover", rule={"every_s": 3600.0}, req=req, argv=[])

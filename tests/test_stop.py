@@ -10,6 +10,7 @@ from roles.loop_agent.conditions import (
     RepeatedFailure, Timeout, TokenBudget, decode_condition,
 )
 from roles.loop_agent.policy import StopPolicy, policy_from_caps
+from state_db.queries.work import Caps
 from roles.loop_agent.stop import (
     AllOf, AnyOf, RunProgress, StopConfigError, StopDecision, VerdictSummary, fingerprint,
 )
@@ -127,7 +128,7 @@ def test_a_policy_without_a_hard_cap_is_a_configuration_error():
             StopPolicy(conds)
         assert err.value.code == "no_hard_cap"
     with pytest.raises(StopConfigError):
-        policy_from_caps()
+        policy_from_caps(Caps())
     StopPolicy([AllOf(MaxIterations(5), Timeout(60))])
     StopPolicy(GoalMet() | CostBudget(1.0))
 
@@ -145,7 +146,7 @@ def test_bad_parameters_are_coded_configuration_errors(build):
 
 
 def test_budget_check_sees_only_tokens_cost_and_time():
-    policy = policy_from_caps(max_iterations=3, budget_tokens=1000, budget_usd=1.0, timeout_s=60)
+    policy = policy_from_caps(Caps(max_iterations=3, budget_tokens=1000, budget_usd=1.0, timeout_s=60))
     assert policy.budget_check(progress(3, cancelled=True, verdicts=(None, None, PASS))) is None
     assert policy.budget_check(progress(1, tokens=1000)) is StopReason.TOKEN_BUDGET
     assert policy.budget_check(progress(1, cost_usd=2.0)) is StopReason.COST_BUDGET
@@ -156,7 +157,7 @@ def test_budget_check_sees_only_tokens_cost_and_time():
 
 
 def test_standard_policy_order_and_no_progress_option():
-    policy = policy_from_caps(max_iterations=10, timeout_s=5)
+    policy = policy_from_caps(Caps(max_iterations=10, timeout_s=5))
     kinds = [list(c)[0] for c in policy.encode()]
     # a human's answer to the run's own question (human_rejected, needs_human) wins over a cap met on
     # the same iteration
@@ -164,8 +165,8 @@ def test_standard_policy_order_and_no_progress_option():
                      "cancelled", "model_error", "org_limit"]
     assert policy.evaluate(progress(10, human_rejected="stopped by a human")).reason is StopReason.HUMAN_REJECTED
     assert "no_progress" not in [list(c)[0] for c in
-                                 policy_from_caps(max_iterations=3, no_progress=None).encode()]
-    assert policy_from_caps(max_iterations=10, no_progress=(2, 2)).evaluate(
+                                 policy_from_caps(Caps(max_iterations=3), no_progress=None).encode()]
+    assert policy_from_caps(Caps(max_iterations=10), no_progress=(2, 2)).evaluate(
         progress(2, fingerprints=("F", "F"))).reason is StopReason.NO_PROGRESS
 
 
@@ -234,21 +235,21 @@ def test_a_budget_keeps_its_wrap_up_reserve_only_when_a_wrap_up_fits_in_it():
     for bad in (lambda: MaxIterations(5, 0.1), lambda: TokenBudget(100, 0.5), lambda: Timeout(9, -0.1)):
         with pytest.raises(StopConfigError):
             bad()
-    policy = policy_from_caps(budget_tokens=10_000, timeout_s=60, wrapup_reserve=0.05)
+    policy = policy_from_caps(Caps(budget_tokens=10_000, timeout_s=60), wrapup_reserve=0.05)
     allowance = policy.wrapup_allowance(progress(tokens=9_800, elapsed_s=58.0))
     assert allowance == {"tokens": 200, "cost_usd": None, "seconds": 2.0}
     # a timeout too short to keep a slice bounds the wrap-up by what is left of it, not by nothing
-    short = policy_from_caps(budget_tokens=10_000, timeout_s=10, wrapup_reserve=0.05)
+    short = policy_from_caps(Caps(budget_tokens=10_000, timeout_s=10), wrapup_reserve=0.05)
     assert short.wrapup_allowance(progress(tokens=9_600, elapsed_s=4.0)) == {"tokens": 400, "cost_usd": None,
                                                                               "seconds": 6.0}
     assert policy.wraps_up(StopDecision(StopReason.TIMEOUT, "t")) and not policy.wraps_up(
         StopDecision(StopReason.MAX_ITERATIONS, "m"))
-    assert not policy_from_caps(budget_tokens=10_000).wraps_up(StopDecision(StopReason.TOKEN_BUDGET, "t"))
+    assert not policy_from_caps(Caps(budget_tokens=10_000)).wraps_up(StopDecision(StopReason.TOKEN_BUDGET, "t"))
 
 
 def test_needs_human_is_the_human_stop_that_wins_and_flags_carry_their_detail():
     assert HumanRejected().evaluate(progress(needs_human=True)).reason is StopReason.NEEDS_HUMAN
     assert reason(HumanRejected(), progress(human_rejected=True, needs_human="why")) is StopReason.NEEDS_HUMAN
     assert ModelError().evaluate(progress(model_error="overloaded: busy")).detail == "overloaded: busy"
-    assert policy_from_caps(max_iterations=3).recognises("edit_no_match")
-    assert not policy_from_caps(max_iterations=3).recognises("os_error: Input/output error")
+    assert policy_from_caps(Caps(max_iterations=3)).recognises("edit_no_match")
+    assert not policy_from_caps(Caps(max_iterations=3)).recognises("os_error: Input/output error")

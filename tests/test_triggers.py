@@ -21,6 +21,7 @@ from state_db.connection import connect, read_rows
 from state_db.queries import schedules as q
 from state_db.vocab import Actor, StopReason, WorkStatus
 from state_db.writer import StateWriter
+from state_db.queries.work import Caps
 
 
 class Clock:
@@ -71,7 +72,7 @@ def rig(org_home, cfg):
 
 def _trigger(home, cfg, ws, name, kind, rule, verify=("true",)):
     req = SubmitRequest(goal="look after it", workspace=str(ws), verify=list(verify), backend="command",
-                        max_iterations=2)
+                        caps=Caps(max_iterations=2))
     return ops.add(home, cfg, name=name, kind=kind, rule=rule, req=req, argv=[])["id"]
 
 

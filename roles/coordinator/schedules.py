@@ -85,7 +85,7 @@ def start(writer: StateWriter, home: OrgHome, cfg: Config, order: q.Schedule, *,
     if previous is not None and previous != WorkStatus.ENDED:
         return _skip(writer, order, BUSY, f"{order.last_work_id} is still {previous}", mark, coalesced)
     req = rules.request_of(order)
-    budget = req.budget_usd if req.budget_usd is not None else _default_budget(req, cfg)
+    budget = req.caps.budget_usd if req.caps.budget_usd is not None else _default_budget(req, cfg)
     allowed, why = q.automatic_start_allowed(writer.conn, now, cap_usd=float(cfg.limits.daily_spend_usd),
                                              budget_usd=budget)
     if not allowed:
@@ -119,9 +119,9 @@ def start(writer: StateWriter, home: OrgHome, cfg: Config, order: q.Schedule, *,
 
 def _default_budget(req, cfg: Config) -> float | None:
     """The cost budget the item will get: org.toml's default caps apply only when it gives none."""
-    if any(v is not None for v in (req.max_iterations, req.budget_tokens, req.timeout_s)):
+    if any(v is not None for v in (req.caps.max_iterations, req.caps.budget_tokens, req.caps.timeout_s)):
         return None
-    return cfg.default_caps().get("budget_usd")
+    return cfg.caps.budget_usd
 
 
 _COUNTER = {BUSY: "skipped_busy", SPEND: "skipped_spend"}

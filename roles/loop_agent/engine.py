@@ -94,10 +94,7 @@ class LoopSettings:
 
 
 def policy_for(work: WorkItem, settings: LoopSettings) -> StopPolicy:
-    caps = work.caps
-    return policy_from_caps(max_iterations=caps.max_iterations, budget_tokens=caps.budget_tokens,
-                            budget_usd=caps.budget_usd, timeout_s=caps.timeout_s,
-                            no_progress=settings.no_progress, wrapup_reserve=settings.wrapup_reserve)
+    return policy_from_caps(work.caps, no_progress=settings.no_progress, wrapup_reserve=settings.wrapup_reserve)
 
 
 def end_unbuildable(writer: StateWriter, work_id: str, settings: LoopSettings, exc: Exception) -> StopDecision | None:

@@ -8,7 +8,9 @@ of any other class — the environment failing under a tool (``os_error``, the s
 bug, an exception out of an act — met for the first time in a run pauses it with a decision for a
 human instead of spending more iterations on it (``roles.loop_agent.triage``).
 
-With a wrap-up reserve (``policy_from_caps(wrapup_reserve=…)``), each budget cap fires once the
+``policy_from_caps`` builds it from a run's ``Caps`` (``state_db.queries.work``), the one type the
+caps have from the command that set them to here. With a wrap-up reserve
+(``policy_from_caps(caps, wrapup_reserve=…)``), each budget cap fires once the
 run has used all but its reserve, and ``wrapup_allowance`` says what the wrap-up act may spend:
 what is left of each budget, never more than its reserve."""
 from __future__ import annotations
@@ -20,6 +22,7 @@ from roles.loop_agent.conditions import (
     RepeatedFailure, Timeout, TokenBudget, _Cap, decode_condition,
 )
 from roles.loop_agent.stop import AnyOf, RunProgress, StopCondition, StopConfigError, StopDecision, _pick
+from state_db.queries.work import Caps
 from state_db.vocab import StopReason
 
 #: Tool error codes that are the doer's own mistakes, answered to the model as tool errors
@@ -103,28 +106,22 @@ class StopPolicy:
         return f"StopPolicy({list(self.root.conditions)!r})"
 
 
-def policy_from_caps(
-    max_iterations: int | None = None,
-    budget_tokens: int | None = None,
-    budget_usd: float | None = None,
-    timeout_s: float | None = None,
-    no_progress: tuple[int, int] | None = (3, 5),
-    wrapup_reserve: float = 0.0,
-) -> StopPolicy:
+def policy_from_caps(caps: Caps, *, no_progress: tuple[int, int] | None = (3, 5),
+                     wrapup_reserve: float = 0.0) -> StopPolicy:
     """The standard policy: goal_met, human_rejected (with needs_human: a human's answer to the
-    run's own question says more than a cap met on the same iteration), the caps given,
+    run's own question says more than a cap met on the same iteration), the caps set in ``caps``,
     no_progress (``(repeat, window)``, None to leave out), repeated_failure, cancelled,
     model_error, org_limit — in that order of precedence. ``wrapup_reserve``: the fraction of each budget kept
     for the wrap-up act. Raises: StopConfigError (``no_hard_cap`` if no cap is given, ``bad_cap``)."""
     conds: list[StopCondition] = [GoalMet(), HumanRejected()]
-    if max_iterations is not None:
-        conds.append(MaxIterations(max_iterations))
-    if budget_tokens is not None:
-        conds.append(TokenBudget(budget_tokens, wrapup_reserve))
-    if budget_usd is not None:
-        conds.append(CostBudget(budget_usd, wrapup_reserve))
-    if timeout_s is not None:
-        conds.append(Timeout(timeout_s, wrapup_reserve))
+    if caps.max_iterations is not None:
+        conds.append(MaxIterations(caps.max_iterations))
+    if caps.budget_tokens is not None:
+        conds.append(TokenBudget(caps.budget_tokens, wrapup_reserve))
+    if caps.budget_usd is not None:
+        conds.append(CostBudget(caps.budget_usd, wrapup_reserve))
+    if caps.timeout_s is not None:
+        conds.append(Timeout(caps.timeout_s, wrapup_reserve))
     if no_progress is not None:
         conds.append(NoProgress(*no_progress))
     conds += [RepeatedFailure(), Cancelled(), ModelError(), OrgLimit()]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from state_db.queries.base import plain
 from state_db.vocab import Actor
 from state_db.writer import StateWriter
 
@@ -62,6 +63,8 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain(value)                # a typed value (``Caps``, a stored record) as its plain data
     return value
 
 

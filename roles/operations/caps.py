@@ -12,7 +12,7 @@ from typing import Mapping
 
 from state_db.kernel.config import Config
 from state_db.kernel.errors import StateError
-from state_db.queries.work import DEFAULT, FLAG, ORG_TOML, Caps
+from state_db.queries.work import FLAG, Caps
 
 # each cap and the flags that set and remove it (named in errors and in `org show`)
 CAP_FLAGS = dict(zip(Caps.names(), ("--max-iterations", "--budget-tokens", "--budget-usd", "--timeout")))
@@ -38,35 +38,34 @@ def check_value(name: str, value) -> None:
                              f"with {NO_FLAGS[name]}")
 
 
-def resolve(cfg: Config, given: Mapping[str, float | None], removed=()) -> Caps:
-    """The caps of a new run: ``given`` (cap name -> value, None: not given) set their caps,
-    ``removed`` (cap names) have none, the rest come from org.toml's ``[caps]`` or the defaults.
+def given(values: Mapping[str, float | None], removed=()) -> Caps:
+    """The caps a command's flags give (``values``: cap name -> value, None: not given;
+    ``removed``: cap names), as the request's ``Caps``.
 
-    Raises CapsError: a bad value (``bad_caps``), a cap both given and removed (``bad_caps``), or
-    no hard cap left (``no_cap``).
+    Raises CapsError: an unknown cap, a bad value, or a cap both given and removed (``bad_caps``).
     """
     removed = set(removed)
-    unknown = (set(given) | removed) - set(Caps.names())
+    unknown = (set(values) | removed) - set(Caps.names())
     if unknown:
         raise CapsError(f"unknown caps {sorted(unknown)}", hint=f"caps are {', '.join(Caps.names())}")
-    both = sorted(k for k in removed if given.get(k) is not None)
+    both = sorted(k for k in removed if values.get(k) is not None)
     if both:
         raise CapsError(f"{CAP_FLAGS[both[0]]} and {NO_FLAGS[both[0]]} were both given",
                         hint="give the cap a value or remove it, not both")
-    in_file = cfg.caps.model_fields_set
-    values, sources = {}, []
-    for name in Caps.names():
-        if name in removed:
-            sources.append((name, FLAG))
-            continue
-        value = given.get(name)
+    for name, value in values.items():
         if value is not None:
             check_value(name, value)
-            values[name], source = value, FLAG
-        else:
-            values[name], source = getattr(cfg.caps, name), ORG_TOML if name in in_file else DEFAULT
-        sources.append((name, source))
-    caps = Caps(**values, sources=tuple(sources))
+    return Caps.given(values, removed)
+
+
+def resolve(cfg: Config, request: Caps) -> Caps:
+    """The caps of a new run: the caps ``request`` gives set theirs (sourced ``flag``), the
+    ones it removes have none, the rest come from org.toml's ``[caps]`` or the defaults.
+
+    Raises CapsError: a bad value (``bad_caps``) or no hard cap left (``no_cap``).
+    """
+    flags = given(request.encode(), request.removed())
+    caps = flags.over(Caps.from_config(cfg.caps))
     if not caps:
         raise CapsError("every cap was removed: nothing would bound the run", code="no_cap",
                         hint="keep at least one of " + ", ".join(CAP_FLAGS.values()))

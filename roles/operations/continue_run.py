@@ -22,13 +22,14 @@ recorded once per item: fix the machine, then submit again).
 The curator writes a retro of each ending (knowledge/notes.py numbers them), so the retro of the
 first ending does not stand in for the final one.
 
-The run is read as a typed ``WorkItem`` (state_db.queries.work) inside the write transaction; its
-caps are ``Caps``, and the flags named in errors are the submit's (``CAP_FLAGS``).
+The run is read as a typed ``WorkItem`` (state_db.queries.work) inside the write transaction; the
+caps given, the run's and the raised ones are all ``Caps`` (the given ones sourced ``flag``), and
+the flags named in errors are the submit's (``CAP_FLAGS``).
 """
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from roles.operations import Result, human_writer, signed
 from roles.operations.caps import CAP_FLAGS, CapsError, check_value
@@ -39,7 +40,7 @@ from state_db.kernel.home import OrgHome
 from state_db.queries import work as work_q
 from state_db.queries.iterations import count as iterations_count
 from state_db.queries.usage import of_work, summarised
-from state_db.queries.work import FLAG, Caps, WorkItem
+from state_db.queries.work import Caps, WorkItem
 from state_db.vocab import StopReason as R, WorkStatus
 
 CONTINUABLE = frozenset({R.MAX_ITERATIONS, R.TOKEN_BUDGET, R.COST_BUDGET, R.TIMEOUT, R.NO_PROGRESS,
@@ -57,17 +58,13 @@ _FINAL_HINT = {
                    "'org show'), then submit it again",
 }
 
-# the caps, their flags and what a usable value is: roles/operations/caps.py (one table for submit and continue)
-CAPS = Caps.names()
-
-
 class ContinueError(StateError):
     """The run cannot be continued (wrong state or stop reason, or its history is gone)."""
 
     code = "not_continuable"
 
 
-class CapError(StateError):
+class CapError(CapsError):
     """A cap given to ``org continue`` is not a usable cap, or leaves the run with nothing to do."""
 
     code = "bad_cap"
@@ -76,16 +73,9 @@ class CapError(StateError):
 @dataclass
 class ContinueRequest:
     work_id: str
-    max_iterations: int | None = None
-    budget_tokens: int | None = None
-    budget_usd: float | None = None
-    timeout_s: float | None = None
+    caps: Caps = field(default_factory=Caps)   # the caps raised: those with a value
     idempotency_key: str | None = None
     via: str | None = None                # the client it came through, e.g. mcp:claude-code
-
-    def given(self) -> dict:
-        caps = {k: getattr(self, k) for k in CAPS}
-        return {k: v for k, v in caps.items() if v is not None}
 
 
 def used(conn, work: WorkItem) -> dict:
@@ -96,14 +86,14 @@ def used(conn, work: WorkItem) -> dict:
             "budget_usd": spent.cost_usd, "timeout_s": float(work.elapsed_s)}
 
 
-def raised_caps(old: dict, given: dict, spent: dict) -> dict:
-    """The caps the run goes on with: ``old`` with ``given`` applied.
+def raised_caps(old: Caps, given: Caps, spent: dict) -> Caps:
+    """The caps the run goes on with: ``old`` with the caps ``given`` applied (sourced ``flag``).
 
     Raises CapError: a given cap is not a positive (whole, for iterations and tokens) finite
     number (``bad_cap``) or not above what the run has used (``cap_not_raised``), or a cap kept
     from before is used up (``cap_reached``: the run would end again at once).
     """
-    for key, value in given.items():
+    for key, value in given.encode().items():
         flag = CAP_FLAGS[key]
         try:
             check_value(key, value)
@@ -112,19 +102,13 @@ def raised_caps(old: dict, given: dict, spent: dict) -> dict:
         if value <= spent[key]:
             raise CapError(f"{flag} {value} is not above what the run has used ({_shown(spent[key])})",
                            code="cap_not_raised", hint=f"give {flag} a value above {_shown(spent[key])}")
-    caps = {**old, **given}
-    for key, limit in caps.items():
-        if key in CAPS and spent[key] >= limit:
+    caps = Caps.given(given.encode()).over(old)
+    for key, limit in caps.encode().items():
+        if spent[key] >= limit:
             flag = CAP_FLAGS[key]
             raise CapError(f"the run has used {_shown(spent[key])} of its {key} cap {limit}; it would stop "
                            f"again at once", code="cap_reached", hint=f"raise it with {flag} N (N > {_shown(spent[key])})")
     return caps
-
-
-def _with_sources(caps: dict, before: Caps, given: dict) -> dict:
-    """The stored form of the raised ``caps``: where each came from, the ones given now by a flag."""
-    came = {**dict(before.sources), **{k: FLAG for k in given}}
-    return {**caps, "from": came} if came else caps
 
 
 def _shown(value) -> str:
@@ -153,8 +137,8 @@ class Continued(Result):
     status: str
     seq: int
     stopped: str
-    caps: dict
-    old_caps: dict
+    caps: Caps
+    old_caps: Caps
     used: dict
     waiting_for: str | None
     wake: str
@@ -169,7 +153,7 @@ def continue_run(home: OrgHome, cfg: Config, req: ContinueRequest) -> Continued:
     ``cap_not_raised``, ``cap_reached``).
     """
     key = req.idempotency_key or uuid.uuid4().hex
-    given = req.given()
+    given = req.caps
     waker = Waker(home, cfg)
     writer = human_writer(home.db_path, req.via)
 
@@ -181,14 +165,14 @@ def continue_run(home: OrgHome, cfg: Config, req: ContinueRequest) -> Continued:
         if refused is not None:
             raise refused
         _still_there(home, tx, work)
-        old = work.caps.encode()
+        old = work.caps
         spent = used(tx.conn, work)
         caps = raised_caps(old, given, spent)
         seq = work_q.next_stop_seq(tx.conn, req.work_id)
         tx.insert("stop_history", {
             "work_id": req.work_id, "seq": seq, "stop_reason": work.stop_reason,
             "stop_detail": work.stop_detail, "ended_at": work.ended_at, "iterations": spent["max_iterations"],
-            "caps": old, "new_caps": caps, "continued_by": signed(writer), "continued_at": tx.now})
+            "caps": old.encode(), "new_caps": caps.encode(), "continued_by": signed(writer), "continued_at": tx.now})
         lock = work_q.lock_holder(tx.conn, work.workspace)
         busy = lock if lock is not None and lock != req.work_id else None
         if lock is None:
@@ -196,16 +180,17 @@ def continue_run(home: OrgHome, cfg: Config, req: ContinueRequest) -> Continued:
         status = WorkStatus.WAITING if busy else WorkStatus.QUEUED
         tx.set_status("work_items", req.work_id, status, stop_reason=None, ended_at=None, assigned_to=None,
                       stop_detail=f"workspace busy with {busy}" if busy else None, cancel_requested=0,
-                      caps=_with_sources(caps, work.caps, given), updated_at=tx.now)
+                      caps=caps.to_json(), updated_at=tx.now)
         result = {"id": req.work_id, "status": str(status), "seq": seq, "stopped": work.stop_reason,
-                  "caps": caps, "old_caps": old, "used": spent, "waiting_for": busy}
+                  "caps": caps.encode(), "old_caps": old.encode(), "used": spent, "waiting_for": busy}
         tx.journal("work_items.continued", req.work_id, result)
         return result
 
     try:
-        result, replayed = writer.run_once(key, "continue", do, args={"work_id": req.work_id, "caps": given})
+        result, replayed = writer.run_once(key, "continue", do, args={"work_id": req.work_id, "caps": given.encode()})
     finally:
         writer.close()
+    result = {**result, "caps": Caps.from_json(result["caps"]), "old_caps": Caps.from_json(result["old_caps"])}
     return Continued(**result, wake=waker.wake({"work_id": result["id"]}), replayed=replayed, idempotency_key=key)
 
 

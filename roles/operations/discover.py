@@ -42,6 +42,7 @@ from state_db.kernel import config as config_mod
 from state_db.kernel.config import Config
 from state_db.kernel.errors import OrgError
 from state_db.kernel.home import resolve_home
+from state_db.queries.work import Caps
 from state_db.vocab import ProposalKind as K
 
 RANK = (K.FAILING_TEST, K.BUG, K.FIXME, K.TODO, K.ISSUE)
@@ -104,9 +105,10 @@ def fingerprint(*parts: str) -> str:
 
 
 def caps_for(kind: str, cfg: Config) -> dict:
-    caps = cfg.default_caps()
-    caps["max_iterations"] = min(caps["max_iterations"], KIND_ITERATIONS[K(kind)])
-    return caps
+    """The caps a candidate of ``kind`` proposes (org.toml's, its iterations at most the kind's),
+    as they are shown and stored on the proposal."""
+    caps = Caps.from_config(cfg.caps)
+    return replace(caps, max_iterations=min(caps.max_iterations, KIND_ITERATIONS[K(kind)])).encode()
 
 
 def scan(workspace, verify: list[str] | None, issues_file, limit: int | None = None, *,

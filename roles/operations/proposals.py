@@ -19,7 +19,7 @@ and the proposal keeps the work item's id); ``auto_start`` does so for the kinds
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -30,6 +30,7 @@ from state_db.kernel.config import Config
 from state_db.kernel.errors import Conflict, NotFound
 from state_db.kernel.home import OrgHome
 from state_db.queries import proposals as Q
+from state_db.queries.work import Caps
 from state_db.queries.schedules import automatic_start_allowed
 from state_db.vocab import Origin, ProposalStatus as P
 
@@ -46,10 +47,7 @@ class Edits:
     verify: list[str] | None = None
     protect: list[str] | None = None
     default_protect: bool = True
-    max_iterations: int | None = None
-    budget_tokens: int | None = None
-    budget_usd: float | None = None
-    timeout_s: float | None = None
+    caps: Caps = field(default_factory=Caps)   # the caps given replace the proposal's
     backend: str | None = None
     worktree: bool = False
     review: str | None = None
@@ -147,13 +145,12 @@ def accept(home: OrgHome, cfg: Config, proposal_id: str, edits: Edits | None = N
                 tx.set_status("proposals", p.id, P.EXPIRED, decided_at=tx.now, detail="nobody acted on it in time")
             raise DiscoverError(f"proposal {p.id} has expired", code="proposal_expired",
                                 hint="run 'org discover' again: evidence still there is proposed anew")
-        caps = {k: getattr(edits, k) if getattr(edits, k) is not None else p.caps.get(k)
-                for k in ("max_iterations", "budget_tokens", "budget_usd", "timeout_s")}
+        caps = Caps.given({**p.caps, **edits.caps.encode()})      # given, as a submit's flags are
         req = SubmitRequest(goal=edits.goal or p.goal, workspace=p.workspace,
                             verify=list(edits.verify) if edits.verify else list(p.verify),
                             protect=list(edits.protect or []), default_protect=edits.default_protect,
                             backend=edits.backend, worktree=edits.worktree, review=edits.review,
-                            idempotency_key=f"discover:{p.id}", via=via, **caps)
+                            caps=caps, idempotency_key=f"discover:{p.id}", via=via)
         edited = edits != Edits()
 
         def mark_accepted(tx, work_id: str) -> None:
@@ -214,7 +211,8 @@ def auto_start(home: OrgHome, cfg: Config, shown: list[dict], edits: Edits | Non
     first = next((p for p in shown if p["kind"] in kinds and p["status"] == P.PROPOSED), None)
     if first is None:
         return None
-    budget = edits.budget_usd if edits is not None and edits.budget_usd is not None else first["caps"].get("budget_usd")
+    budget = edits.caps.budget_usd if edits is not None and edits.caps.budget_usd is not None \
+        else first["caps"].get("budget_usd")
     why = []
 
     def within_cap(tx) -> None:

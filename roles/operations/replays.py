@@ -33,6 +33,7 @@ from state_db.kernel.home import OrgHome
 from state_db.queries import replays as R
 from state_db.queries import work as work_q
 from state_db.queries.replays import WITH, WITHOUT
+from state_db.queries.work import Caps
 from state_db.vocab import Origin
 
 log = structlog.get_logger("replays")
@@ -82,8 +83,8 @@ def _request(item, home: OrgHome, cfg: Config, subject_id: str, source: str, arm
     return SubmitRequest(
         goal=item.goal, workspace=str(workspace_of(home, subject_id, source, arm)), verify=list(item.verify),
         protect=list(item.protect), default_protect=item.default_protect, scope=list(item.scope),
-        verify_hidden=item.verify_hidden or None, max_iterations=caps.max_iterations,
-        budget_tokens=tokens, budget_usd=usd, timeout_s=caps.timeout_s, backend=item.backend,
+        verify_hidden=item.verify_hidden or None, backend=item.backend,
+        caps=Caps.given({**caps.encode(), "budget_tokens": tokens, "budget_usd": usd}),
         idempotency_key=f"replay:{subject_id}:{source}:{arm}", toolchain=dict(item.toolchain) or None)
 
 

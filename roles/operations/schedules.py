@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import datetime
 
 
@@ -197,7 +197,7 @@ def add(home: OrgHome, cfg: Config, *, name: str, kind: str, rule: dict, req: Su
                                 hint=f"pick another name, or remove it first ('org schedule remove {name}')")
         full_rule = {**rule, "anchor": tx.now} if kind == ScheduleKind.EVERY else dict(rule)
         tx.insert("schedules", {"id": order_id, "name": name, "kind": kind, "rule": full_rule,
-                                "request": asdict(stored), "argv": list(argv), "status": ScheduleStatus.ACTIVE,
+                                "request": stored.encode(), "argv": list(argv), "status": ScheduleStatus.ACTIVE,
                                 "created_by": signed(writer), "created_at": tx.now, "updated_at": tx.now,
                                 "last_tick_at": tx.now})
         due = next_due(kind, full_rule, tx.now) if kind in TIMER_KINDS else None
@@ -206,7 +206,7 @@ def add(home: OrgHome, cfg: Config, *, name: str, kind: str, rule: dict, req: Su
     try:
         result, replayed = writer.run_once(key, "schedule add", do,
                                            args={"name": name, "kind": str(kind), "rule": rule,
-                                                 "request": asdict(stored), "argv": list(argv)})
+                                                 "request": stored.encode(), "argv": list(argv)})
     finally:
         writer.close()
     return {**result, "replayed": replayed, "wake": _wake(home, cfg, result["id"])}
@@ -256,7 +256,7 @@ def request_of(order: q.Schedule) -> SubmitRequest:
     """The submit request an order starts its work with. Raises NotFound when the stored request
     no longer fits (a field this code does not know)."""
     try:
-        return SubmitRequest(**order.request)
+        return SubmitRequest.decode(order.request)
     except TypeError as exc:
         raise NotFound(f"the stored request of {order.name} does not fit this version: {exc}",
                        code="bad_stored_request", hint="remove it and add it again") from None

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from roles.operations import Result, human_writer, signed
@@ -16,7 +16,7 @@ from state_db.kernel.home import OrgHome
 from state_db.queries import work
 from state_db.queries.processes import session as org_session
 from state_db.queries.verdicts import preflight as preflight_of
-from roles.operations.caps import CAP_FLAGS, resolve as resolve_caps
+from roles.operations.caps import resolve as resolve_caps
 from state_db.queries.work import FLAG, Caps, Ladder
 from state_db.vocab import WorkStatus
 
@@ -34,11 +34,7 @@ class SubmitRequest:
     verify: list[str]
     protect: list[str] = field(default_factory=list)
     default_protect: bool = True          # --protect adds to the default test patterns unless False
-    max_iterations: int | None = None
-    budget_tokens: int | None = None
-    budget_usd: float | None = None
-    timeout_s: float | None = None
-    no_caps: tuple[str, ...] = ()         # caps removed on purpose (--no-timeout, ...): names as in Caps
+    caps: Caps = field(default_factory=Caps)   # the caps given (a value) and removed (--no-timeout, ...)
     ladder: tuple[str, ...] | None = None  # models, weakest first (None: [loop] ladder in org.toml)
     backend: str | None = None
     worktree: bool = False
@@ -50,12 +46,25 @@ class SubmitRequest:
     no_review: bool = False               # --no-review: no model review of passes (it is on by default)
     verify_hidden: str | None = None      # held-out checks folder (default: [verify] hidden in org.toml)
 
+    def encode(self) -> dict:
+        """The request as stored (a standing order's): its fields, the caps in their JSON form."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "caps": self.caps.to_json()}
+
+    @classmethod
+    def decode(cls, data: dict) -> "SubmitRequest":
+        """The request ``encode`` stored (one stored with the caps as flat fields and ``no_caps``
+        too). Raises TypeError for a field this code does not know."""
+        data = dict(data)
+        flat = {k: data.pop(k) for k in Caps.names() if k in data}
+        removed = data.pop("no_caps", ()) or ()
+        caps = Caps.from_json(data.pop("caps")) if "caps" in data else Caps.given(flat, removed)
+        return cls(**data, caps=caps)
+
 
 def _arguments(req: SubmitRequest, workspace) -> dict:
     """What a submit's idempotency key is bound to: the request as given, with the workspace it
     names (not how it came, nor the submitter's toolchain, taken anew each time)."""
-    from dataclasses import asdict
-    args = {k: v for k, v in asdict(req).items() if k not in ("idempotency_key", "via", "toolchain")}
+    args = {k: v for k, v in req.encode().items() if k not in ("idempotency_key", "via", "toolchain")}
     return {**args, "workspace": str(workspace)}
 
 
@@ -65,7 +74,7 @@ def new_work_id() -> str:
 
 def _caps(req: SubmitRequest, cfg: Config) -> tuple[Caps, bool]:
     """The run's caps (roles/operations/caps.py) and whether none came from a flag."""
-    caps = resolve_caps(cfg, {k: getattr(req, k) for k in CAP_FLAGS}, req.no_caps)
+    caps = resolve_caps(cfg, req.caps)
     return caps, all(source != FLAG for _, source in caps.sources)
 
 
@@ -220,15 +229,15 @@ class Preflight(Result):
 @dataclass(frozen=True)
 class Submitted(Result):
     """What ``org submit`` did: the item, its status (``queued``, or ``waiting`` for
-    ``waiting_for``), its caps (``caps_from``: where each came from; ``defaults_applied``: none
-    from a flag), the workspace (and the
+    ``waiting_for``), its caps (with where each came from: ``caps_from`` in its data;
+    ``defaults_applied``: none from a flag), the workspace (and the
     branch of ``--worktree``), the wake, ``replayed`` (this idempotency key had submitted it
     already), the key, the org session's status (``never started`` before the first start:
     nothing runs unless it is ``running``) and the ``preflight`` when it was waited for."""
 
     id: str
     status: str
-    caps: dict
+    caps: Caps
     defaults_applied: bool
     workspace: str
     branch: str | None
@@ -238,7 +247,9 @@ class Submitted(Result):
     idempotency_key: str
     org_status: str
     preflight: Preflight | None = None
-    caps_from: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {**super().as_dict(), "caps_from": dict(self.caps.sources)}
 
 
 def wait_for_preflight(home: OrgHome, work_id: str, *, timeout_s: float, poll_s: float = 0.1) -> Preflight | None:
@@ -385,7 +396,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
             status = WorkStatus.WAITING if busy else WorkStatus.QUEUED
             tx.insert("work_items", {
                 "id": work_id, "goal": req.goal, "workspace": str(workspace), "verify": req.verify,
-                "protect": req.protect, "default_protect": int(req.default_protect), "caps": caps.stored(),
+                "protect": req.protect, "default_protect": int(req.default_protect), "caps": caps.to_json(),
                 "backend": backend, "status": status,
                 "stop_detail": f"workspace busy with {busy}" if busy else None,
                 "worktree": int(req.worktree), "branch": branch, "created_by": signed(writer),
@@ -397,7 +408,7 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
                 tx.insert("workspace_locks", {"workspace": str(workspace), "work_id": work_id, "acquired_at": tx.now})
             if after is not None:
                 after(tx, work_id)
-            return {"id": work_id, "status": str(status), "caps": caps.encode(), "caps_from": dict(caps.sources),
+            return {"id": work_id, "status": str(status), "caps": caps.to_json(),
                     "defaults_applied": defaults_applied,
                     "workspace": str(workspace), "branch": branch, "waiting_for": busy}
 
@@ -406,6 +417,9 @@ def submit(home: OrgHome, cfg: Config, req: SubmitRequest, *, writer=None, origi
     finally:
         if own_writer:
             writer.close()
+    result = dict(result)
+    came = result.pop("caps_from", None)         # a result recorded before the caps carried their sources
+    result["caps"] = Caps.from_json({**result["caps"], **({"from": came} if came else {})})
     done = Submitted(**result, wake=waker.wake({"work_id": result["id"]}) if waker is not None else "not sent: not asked",
                      replayed=replayed, idempotency_key=key, org_status=session.status if session else "never started")
     if wait_s > 0 and not replayed:

@@ -27,6 +27,7 @@ from roles.operations.submit import SubmitRequest, submit as submit_op
 from state_db.kernel.config import load_config
 from state_db.kernel.errors import OrgError
 from state_db.kernel.home import OrgHome, resolve_home
+from state_db.queries.work import Caps
 
 HELP = """commands (the same as the org CLI):
   /submit "GOAL" --workspace DIR --verify "CMD" [options]   give the org work
@@ -117,11 +118,10 @@ TOOLS: dict[str, tuple[str, dict, Callable[[dict], list[str]]]] = {
 OPERATIONS: dict[str, Callable[[OrgHome, Any, dict], Result]] = {
     "submit": lambda home, cfg, a: submit_op(home, cfg, SubmitRequest(
         goal=a["goal"], workspace=a["workspace"], verify=list(a["verify"]),
-        max_iterations=a.get("max_iterations")), wait_s=120.0),
+        caps=Caps.given({"max_iterations": a.get("max_iterations")})), wait_s=120.0),
     "cancel": lambda home, cfg, a: cancel_op(home, cfg, a["id"]),
     "continue": lambda home, cfg, a: continue_run(home, cfg, ContinueRequest(
-        a["id"], max_iterations=a.get("max_iterations"), budget_tokens=a.get("budget_tokens"),
-        budget_usd=a.get("budget_usd"), timeout_s=a.get("timeout_s"))),
+        a["id"], Caps.given({k: a.get(k) for k in Caps.names()}))),
     "decide": lambda home, cfg, a: decide_op(home, cfg, a["id"], a["verdict"], a.get("text")),
     "candidates": lambda home, cfg, a: candidate_ops.decide(home, cfg, list(a["ids"]), a["action"],
                                                             reason=a.get("reason")),

@@ -13,9 +13,11 @@ from typing import Any, Callable
 
 from roles.operations import candidates as candidate_ops, skills as skill_ops
 from roles.operations.cancel import cancel as cancel_op
+from roles.operations.caps import given as caps_given
 from roles.operations.continue_run import ContinueRequest, continue_run
 from roles.operations.decide import decide as decide_op
 from roles.operations.submit import SubmitRequest, submit as submit_op
+from state_db.queries.work import Caps
 from scripts.cli.commands.submit import check_scripted_backend
 from state_db.kernel.config import Config
 from state_db.kernel.errors import OrgError
@@ -150,9 +152,8 @@ def submit(caller: Caller, a: dict) -> dict:
     check_scripted_backend(a.get("backend"))
     return submit_op(home, caller.cfg, SubmitRequest(
         goal=a["goal"], workspace=a["workspace"], verify=a["verify"], protect=a.get("protect") or [],
-        default_protect=a.get("default_protect", True), max_iterations=a.get("max_iterations"),
-        budget_tokens=a.get("budget_tokens"), budget_usd=a.get("budget_usd"), timeout_s=a.get("timeout_s"),
-        no_caps=tuple(a.get("no_caps") or ()), backend=a.get("backend"), worktree=bool(a.get("worktree")), review=a.get("review"),
+        default_protect=a.get("default_protect", True),
+        caps=caps_given({k: a.get(k) for k in CAPS}, a.get("no_caps") or ()), backend=a.get("backend"), worktree=bool(a.get("worktree")), review=a.get("review"),
         idempotency_key=a.get("idempotency_key"), via=caller.via), wait_s=float(a.get("wait_s", 60))).as_data()
 
 
@@ -163,8 +164,7 @@ def cancel(caller: Caller, a: dict) -> dict:
 
 def continue_(caller: Caller, a: dict) -> dict:
     return continue_run(caller.home.require(), caller.cfg, ContinueRequest(
-        a["id"], max_iterations=a.get("max_iterations"), budget_tokens=a.get("budget_tokens"),
-        budget_usd=a.get("budget_usd"), timeout_s=a.get("timeout_s"), idempotency_key=a.get("idempotency_key"),
+        a["id"], Caps.given({k: a.get(k) for k in CAPS}), idempotency_key=a.get("idempotency_key"),
         via=caller.via)).as_data()
 
 

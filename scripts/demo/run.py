@@ -28,6 +28,7 @@ from state_db.connection import connect
 from state_db.queries import work
 from state_db.queries.events import after, last_id
 from state_db.queries.replays import source_runs
+from state_db.queries.work import Caps
 
 DEMO_DIR = Path(__file__).resolve().parents[2] / "scripts" / "demo"
 LEARNING_DIR = DEMO_DIR / "learning"
@@ -65,7 +66,7 @@ def run_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
     start_event = last_id(conn)
     result = submit(home, cfg, SubmitRequest(
         goal="Make word_count count words separated by any run of whitespace, and 0 for empty text.",
-        workspace=str(ws), verify=["python3 -m unittest -q"], max_iterations=5, budget_tokens=60000,
+        workspace=str(ws), verify=["python3 -m unittest -q"], caps=Caps(max_iterations=5, budget_tokens=60000),
         backend=f"scripted:{DEMO_DIR / 'script.json'}"))
     work_id = result["id"]
     out(f"demo: caps {result['caps']}; model: scripted (a local Anthropic-compatible server replaying "
@@ -162,7 +163,7 @@ def run_learning_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
             "demo's thresholds, one already running keeps its own")
     conn = connect(home.db_path, readonly=True)
     seen = last_id(conn)
-    ids = [submit(home, cfg, SubmitRequest(max_iterations=5, **learning_job(root, *svc)))["id"] for svc in SERVICES]
+    ids = [submit(home, cfg, SubmitRequest(caps=Caps(max_iterations=5), **learning_job(root, *svc)))["id"] for svc in SERVICES]
     out(f"demo: submitted {', '.join(ids)}\n")
     deadline, t0, batch = time.monotonic() + timeout_s, time.monotonic(), []
 

@@ -134,7 +134,7 @@ class State(Section):
                    env="ORG_STATE_URL", pattern=r"^$|^(postgresql|postgres)://")
 
 
-class Caps(Section):
+class CapDefaults(Section):
     """each run's caps: a submit flag sets the one it names (--no-* removes one), the others keep these"""
     max_iterations: int = key(10, ge=1)
     budget_tokens: int = key(400000, ge=1)
@@ -357,7 +357,7 @@ class Config(Section):
 
     org: Org = section(Org)
     state: State = section(State)
-    caps: Caps = section(Caps)
+    caps: CapDefaults = section(CapDefaults)
     limits: Limits = section(Limits)
     model: Model = section(Model)
     prices: dict[str, Price] = Field(
@@ -438,9 +438,6 @@ class Config(Section):
         section_name, name = dotted.split(".", 1)
         table = getattr(self, section_name)
         return table[name] if isinstance(table, dict) else getattr(table, name)
-
-    def default_caps(self) -> dict:
-        return self.caps.model_dump()
 
 
 SECTIONS: dict[str, type[Section]] = {

@@ -1,16 +1,20 @@
 """Work items as typed data: ``WorkItem`` with its ``Caps``, workspace locks, stop history, and
 the questions the coordinator's reconcile, the operations and the sandbox ask about them.
 
-``Caps`` is the one parser of the caps JSON a work item stores (``{"max_iterations": 5, ...,
-"from": {"max_iterations": "flag", ...}}``): everything that reads or writes caps goes through it,
-so a cap's name is spelled once. ``from`` says where each cap came from (``CAP_SOURCES``); a cap
-with a source and no value was removed on purpose.
+``Caps`` is the one type a run's caps have from the command that sets them to the stop condition
+that ends the run: the CLI, MCP and chat build one from their flags, the operations (submit,
+continue, a proposal's accept) resolve it against org.toml's ``[caps]`` (``Caps.from_config``),
+the ``caps`` JSON column is written by ``to_json`` and read by ``from_json`` (``{"max_iterations":
+5, ..., "from": {"max_iterations": "flag", ...}}``), and the loop-agent's stop policy is built
+from it (``roles.loop_agent.policy.policy_from_caps``), so a cap's name is spelled once. ``from``
+says where each cap came from (``CAP_SOURCES``); a cap with a source and no value was removed on
+purpose.
 """
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable, Mapping
 
 from state_db.queries.base import columns, loads, marks, scalar
 from state_db.vocab import DecisionStatus, WorkStatus
@@ -25,7 +29,10 @@ CAP_SOURCES = (FLAG, ORG_TOML, DEFAULT)
 @dataclass(frozen=True)
 class Caps:
     """A run's hard caps; ``None`` is no cap of that kind. ``sources``: ``(name, source)`` pairs
-    saying where each cap came from (empty for caps stored before sources were)."""
+    saying where each cap came from (empty for caps stored before sources were).
+
+    As a request (what a command was given: ``SubmitRequest.caps``, ``ContinueRequest.caps``), a
+    cap with a value was given and a cap with the ``flag`` source and no value was removed."""
 
     max_iterations: int | None = None
     budget_tokens: int | None = None
@@ -39,8 +46,25 @@ class Caps:
         return tuple(f.name for f in fields(cls) if f.name != "sources")
 
     @classmethod
-    def parse(cls, raw: Any) -> "Caps":
-        """Caps from stored JSON text, a dict (unknown keys are ignored), None or Caps."""
+    def given(cls, values: Mapping[str, Any] | None = None, removed: Iterable[str] = ()) -> "Caps":
+        """The caps a command's flags give: ``values`` (name -> value; None and unknown names are
+        not given) set theirs, ``removed`` (names) have none; each is sourced ``flag``. Values are
+        not checked here (``roles.operations.caps`` does)."""
+        values = {k: v for k, v in (values or {}).items() if k in cls.names() and v is not None}
+        gone = [k for k in cls.names() if k in set(removed) and k not in values]
+        return cls(**values, sources=tuple((k, FLAG) for k in cls.names() if k in values or k in gone))
+
+    @classmethod
+    def from_config(cls, section: Any) -> "Caps":
+        """The default caps of org.toml's ``[caps]`` section (``cfg.caps``), each sourced
+        ``org.toml`` when the file sets it, else ``default``."""
+        in_file = getattr(section, "model_fields_set", set())
+        return cls(**{k: getattr(section, k) for k in cls.names()},
+                   sources=tuple((k, ORG_TOML if k in in_file else DEFAULT) for k in cls.names()))
+
+    @classmethod
+    def from_json(cls, raw: Any) -> "Caps":
+        """Caps from their stored JSON (text or a dict; unknown keys are ignored), None or Caps."""
         if isinstance(raw, Caps):
             return raw
         data = loads(raw, {}) or {}
@@ -48,13 +72,14 @@ class Caps:
         sources = tuple((k, str(came[k])) for k in cls.names() if came.get(k) in CAP_SOURCES)
         return cls(**{k: data[k] for k in cls.names() if data.get(k) is not None}, sources=sources)
 
-    def encode(self) -> dict[str, Any]:
-        """The caps that are set, by name (what the stop conditions are built from)."""
-        return {k: v for k in self.names() if (v := getattr(self, k)) is not None}
-
-    def stored(self) -> dict[str, Any]:
-        """The stored form: ``encode()`` and, when known, where each cap came from (``from``)."""
+    def to_json(self) -> dict[str, Any]:
+        """The stored form ``from_json`` reads: the caps set and, when known, where each came
+        from (``from``)."""
         return {**self.encode(), **({"from": dict(self.sources)} if self.sources else {})}
+
+    def encode(self) -> dict[str, Any]:
+        """The caps that are set, by name (as shown: ``--json``, a journal event)."""
+        return {k: v for k in self.names() if (v := getattr(self, k)) is not None}
 
     def source(self, name: str) -> str | None:
         """Where cap ``name`` came from (``CAP_SOURCES``), None when not recorded."""
@@ -64,9 +89,18 @@ class Caps:
         """The caps removed on purpose: a source and no value."""
         return tuple(k for k, _ in self.sources if getattr(self, k) is None)
 
-    def with_(self, **given: Any) -> "Caps":
-        """These caps with ``given`` applied (``None`` values leave a cap as it is)."""
-        return replace(self, **{k: v for k, v in given.items() if v is not None})
+    def over(self, base: "Caps") -> "Caps":
+        """``base`` with these caps applied: each cap given or removed here (a value, or a
+        source) replaces ``base``'s, with its source; the others stay ``base``'s."""
+        mine, theirs = dict(self.sources), dict(base.sources)
+        values, sources = {}, []
+        for k in self.names():
+            here = getattr(self, k) is not None or k in mine
+            values[k] = getattr(self if here else base, k)
+            came = mine.get(k) if here else theirs.get(k)
+            if came is not None:
+                sources.append((k, came))
+        return Caps(**values, sources=tuple(sources))
 
     def __bool__(self) -> bool:
         return bool(self.encode())
@@ -151,7 +185,7 @@ class WorkItem:
         v["protect"] = tuple(loads(v.get("protect"), []))
         v["scope"] = tuple(loads(v.get("scope"), []))
         v["delivered"] = loads(v.get("delivered"))
-        v["caps"] = Caps.parse(v.get("caps"))
+        v["caps"] = Caps.from_json(v.get("caps"))
         v["toolchain"] = loads(v.get("toolchain"), {}) or {}
         v["review"] = loads(v.get("review"), {}) or {}
         v["ladder"] = Ladder.parse(v.get("ladder"))
@@ -183,7 +217,7 @@ class StopRecord:
     @classmethod
     def from_row(cls, row) -> "StopRecord":
         v = columns(cls, row)
-        v["caps"], v["new_caps"] = Caps.parse(v["caps"]), Caps.parse(v["new_caps"])
+        v["caps"], v["new_caps"] = Caps.from_json(v["caps"]), Caps.from_json(v["new_caps"])
         return cls(**v)
 
 

@@ -80,8 +80,7 @@ def discover(writer: StateWriter, home: OrgHome, cfg: Config, order: q.Schedule,
 def _edits(req) -> Edits:
     """The trigger's submit options a started proposal takes (its goal and verify stay the proposal's)."""
     return Edits(protect=list(req.protect) or None, default_protect=req.default_protect,
-                 max_iterations=req.max_iterations, budget_tokens=req.budget_tokens, budget_usd=req.budget_usd,
-                 timeout_s=req.timeout_s, backend=req.backend, worktree=req.worktree, review=req.review)
+                 caps=req.caps, backend=req.backend, worktree=req.worktree, review=req.review)
 
 
 _COUNTED = {schedules.BUSY: "skipped_busy", schedules.SPEND: "skipped_spend", schedules.FIRED: "fired"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 from roles.operations.continue_run import ContinueRequest, Continued, continue_run
 from scripts.cli.output import add_json, emit_json, home_of
 from state_db.kernel.config import load_config
+from state_db.queries.work import Caps
 
 NAME = "continue"
 HELP = ("continue a run that ended on a cap, a budget, no_progress, repeated_failure, model_error or "
@@ -24,8 +25,9 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     home = home_of(args).require()
     result = continue_run(home, load_config(home), ContinueRequest(
-        args.id, max_iterations=args.max_iterations, budget_tokens=args.budget_tokens,
-        budget_usd=args.budget_usd, timeout_s=args.timeout, idempotency_key=args.idempotency_key))
+        args.id, Caps.given({"max_iterations": args.max_iterations, "budget_tokens": args.budget_tokens,
+                             "budget_usd": args.budget_usd, "timeout_s": args.timeout}),
+        idempotency_key=args.idempotency_key))
     if args.json:
         emit_json(result.as_data())
     else:
@@ -34,7 +36,7 @@ def run(args) -> int:
 
 
 def text(result: Continued) -> str:
-    caps = ", ".join(f"{k}={v}" for k, v in result.caps.items())
+    caps = ", ".join(f"{k}={v}" for k, v in result.caps.encode().items())
     lines = [f"{'already continued' if result.replayed else 'continued'} {result.id} ({result.status}) "
              f"after it stopped with {result.stopped} (ending {result.seq})", f"  caps: {caps}"]
     if result.waiting_for:

@@ -16,6 +16,7 @@ from scripts.cli.output import add_json, emit_json, home_of, read_conn, table
 from state_db.kernel import config as config_mod
 from state_db.kernel.errors import NotFound
 from state_db.queries import proposals as Q
+from state_db.queries.work import Caps
 
 NAME = "discover"
 HELP = "scan a workspace for work (failing checks, FIXME/TODO, an issue list) and propose it; accept or dismiss"
@@ -178,7 +179,8 @@ def _accept(args) -> int:
     check_scripted_backend(args.backend)
     home = home_of(args).require()
     cfg = config_mod.load_config(home)
-    out = accept(home, cfg, args.id, Edits(**changed))
+    caps = Caps.given({k: changed.pop(k) for k in Caps.names() if k in changed})
+    out = accept(home, cfg, args.id, Edits(**changed, **({"caps": caps} if caps else {})))
     if args.json:
         emit_json(out)
         return 0

@@ -9,7 +9,6 @@ checks them, when the schedule is made. ``org trigger`` shares the read and chan
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 
 from scripts.cli.output import add_json, emit_json, home_of, print_unsent, read_conn, table
@@ -80,7 +79,6 @@ def add_common(sub, what: str) -> None:
 
 def submit_request(argv: list[str]):
     """Parse ``argv`` with ``org submit``'s parser into a submit request (UsageError when bad)."""
-    from roles.operations.submit import SubmitRequest
     from scripts.cli.commands import submit as submit_cmd
     from scripts.cli.main import Parser, UsageError
 
@@ -90,10 +88,7 @@ def submit_request(argv: list[str]):
     submit_cmd.add_arguments(parser)
     args = parser.parse_args(argv)
     submit_cmd.check_scripted_backend(args.backend)
-    known = {f.name for f in dataclasses.fields(SubmitRequest)}
-    data = {k: v for k, v in vars(args).items() if k in known}
-    data.update(timeout_s=args.timeout, default_protect=not args.no_default_protect)
-    return SubmitRequest(**data), argv
+    return submit_cmd.request_of(args), argv
 
 
 def run(args) -> int:

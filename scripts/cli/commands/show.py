@@ -192,7 +192,7 @@ def run(args) -> int:
     for line in now_lines(item["run"]):
         print(line)
     print(f"workspace: {item['workspace']}  backend: {item['backend']}  assigned: {item['assigned_to'] or '-'}")
-    print(f"caps: {caps_line(Caps.parse(item['caps']))}")
+    print(f"caps: {caps_line(Caps.from_json(item['caps']))}")
     ladder = Ladder.parse(item.get("ladder"))
     if ladder.models:
         print(f"ladder: {' → '.join(ladder.models)} ({ladder.label()}"
@@ -207,7 +207,7 @@ def run(args) -> int:
         print(line)
     for h in item["stop_history"]:
         print(f"ending {h['seq']}: {h['stop_reason']} after {h['iterations']} iterations — {h['stop_detail'] or ''}; "
-              f"continued by {h['continued_by']} with {caps_line(Caps.parse(h['new_caps']))}")
+              f"continued by {h['continued_by']} with {caps_line(Caps.from_json(h['new_caps']))}")
     for h in item["handoffs"]:
         for line in handoff_lines(h):
             print(line)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from roles.operations.caps import NO_FLAGS, line as caps_line
+from roles.operations.caps import NO_FLAGS, given as given_caps, line as caps_line
 from roles.operations.submit import SubmitRequest, Submitted, check_script, submit
 from state_db.queries.work import Caps
 from scripts.cli.output import add_json, emit_json, home_of
@@ -64,12 +64,18 @@ def check_scripted_backend(spec: str | None) -> None:
     check_script(spec)
 
 
+def caps_of(args) -> Caps:
+    """The caps the flags give (``--max-iterations`` ... ``--timeout``; ``--no-*`` removes one), as
+    the one ``Caps`` every operation takes. Raises CapsError (``bad_caps``)."""
+    values = {"max_iterations": args.max_iterations, "budget_tokens": args.budget_tokens,
+              "budget_usd": args.budget_usd, "timeout_s": args.timeout}
+    return given_caps(values, tuple(k for k in NO_FLAGS if getattr(args, "no_" + k, False)))
+
+
 def request_of(args) -> SubmitRequest:
     return SubmitRequest(
         goal=args.goal, workspace=args.workspace, verify=args.verify, protect=args.protect,
-        default_protect=not args.no_default_protect, scope=args.scope,
-        max_iterations=args.max_iterations, budget_tokens=args.budget_tokens, budget_usd=args.budget_usd,
-        timeout_s=args.timeout, no_caps=tuple(k for k in NO_FLAGS if getattr(args, "no_" + k, False)),
+        default_protect=not args.no_default_protect, scope=args.scope, caps=caps_of(args),
         backend=args.backend, ladder=None if args.ladder is None else tuple(m.strip() for m in args.ladder.split(",")),
         worktree=args.worktree, review=args.review, no_review=args.no_review,
         idempotency_key=args.idempotency_key, verify_hidden=args.verify_hidden)
@@ -95,9 +101,8 @@ def run(args) -> int:
 
 def text(result: Submitted) -> str:
     """The lines ``org submit`` prints for ``result`` (the preflight's outcome included)."""
-    caps = Caps.parse({**result.caps, "from": result.caps_from})
     lines = [f"{'already submitted' if result.replayed else 'submitted'} {result.id} ({result.status})",
-             f"  caps: {caps_line(caps)}"]
+             f"  caps: {caps_line(result.caps)}"]
     if result.org_status != "running":
         start = "'org resume'" if result.org_status in ("suspending", "suspended", "stopped") else "'scripts/start-org'"
         lines.append(f"  the org is {result.org_status}: nothing runs until {start}")
