@@ -22,7 +22,7 @@ from roles.loop_agent.policy import policy_from_caps
 from state_db.queries.work import Caps
 from roles.loop_agent.progress import load
 from roles.workbench.scripted.server import ScriptedServer
-from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, Parked, Paused, Preflight, Reflect,
+from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, Parked, Paused, AwaitPreflight, Reflect,
                                     WrapUp)
 from roles.loop_agent.stop import RunProgress, StopDecision
 from roles.operations.decide import decide
@@ -180,7 +180,7 @@ def test_cancel_org_limit_and_the_spend_cap_end_through_end_run(org_home, ws, tm
 
 def test_every_step_round_trips_through_its_encoding():
     decision = StopDecision(StopReason.TOKEN_BUDGET, "9600 tokens used, budget 10000")
-    every = [Preflight(), ActAgain(3), AwaitVerdict(3), Reflect(3), WrapUp(decision), AwaitHuman(("d-1",)),
+    every = [AwaitPreflight(), ActAgain(3), AwaitVerdict(3), Reflect(3), WrapUp(decision), AwaitHuman(("d-1",)),
              Parked(("d-1", "d-2")), Paused(ActAgain(4)), Paused(AwaitVerdict(2)), Ended(decision)]
     for step in every:
         assert steps.decode(steps.dumps(step)) == step
@@ -235,7 +235,7 @@ def test_a_stored_step_the_run_has_moved_past_is_derived_again(org_home, ws):
     eng = engine(org_home, "w1", ScriptedActs([[BAD], [GOOD]]))
     stored = eng.resume()
     assert stored == ActAgain(7)
-    assert eng.advance(stored) == Preflight()                       # nothing committed yet: the preflight first
+    assert eng.advance(stored) == AwaitPreflight()                       # nothing committed yet: the preflight first
 
 
 # -- an error the policy does not know -----------------------------------------------------------

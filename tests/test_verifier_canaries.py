@@ -88,9 +88,9 @@ def _fix(ws):
 
 def test_an_honest_fix_passes_with_canaries_that_no_output_or_count_shows(org_home, tmp_path):
     pre, v, work = _verify(org_home, _repo(tmp_path), _fix)
-    assert pre.checks[0].canary == {"hosts": ["tests/test_calc.py", "tests/test_other.py"], "failing": True}
+    assert pre.checks[0]["canary"] == {"hosts": ["tests/test_calc.py", "tests/test_other.py"], "failing": True}
     assert "1 of 3 tests fail" in pre.detail                     # the project's tests only
-    assert set(pre.checks[0].junit["ids"]) == {"tests.test_calc::test_mean", "tests.test_calc::test_single",
+    assert set(pre.checks[0]["junit"]["ids"]) == {"tests.test_calc::test_mean", "tests.test_calc::test_single",
                                                "tests.test_other::test_other"}
     assert v.outcome == "pass" and v.goal_met and work.stop_reason == StopReason.GOAL_MET
     check = v.checks[0]
@@ -132,7 +132,7 @@ def test_the_must_fail_canary_changes_no_exit_status_so_x_and_chained_commands_r
     (ws / "tests" / "test_calc.py").rename(ws / "tests" / "test_zlast.py")   # the failing test runs last
     verify = (f"{PYTEST} -x && touch {marker}",)
     pre, v, work = _verify(org_home, ws, _fix, verify=verify)
-    assert pre.checks[0].canary["hosts"] == ["tests/test_other.py"]          # -x stopped before the last file's
+    assert pre.checks[0]["canary"]["hosts"] == ["tests/test_other.py"]          # -x stopped before the last file's
     assert v.goal_met and v.checks[0].canary == {"planted": 2, "forged": None} and marker.exists()
     assert v.checks[0].tests["passed"] == 3
 
@@ -149,7 +149,7 @@ def test_a_k_selection_that_leaves_the_canaries_out_on_the_baseline_calibrates_n
     """What the baseline's run did not collect is never expected later: an honest pass."""
     verify = (f"{PYTEST} -k 'mean or single'",)
     pre, v, work = _verify(org_home, _repo(tmp_path), _fix, verify=verify)
-    assert pre.checks[0].canary == {"hosts": [], "failing": False}
+    assert pre.checks[0]["canary"] == {"hosts": [], "failing": False}
     assert v.goal_met and v.checks[0].canary is None
 
 
@@ -237,5 +237,5 @@ def test_a_k_in_the_projects_pytest_addopts_is_avoided_too(org_home, tmp_path):
     ws = _repo(tmp_path)
     (ws / "pytest.ini").write_text('[pytest]\naddopts = -k "mean or single or other or parse or keeps"\n')
     pre, v, work = _verify(org_home, ws, _fix)
-    assert pre.checks[0].canary["hosts"] == ["tests/test_other.py"]       # "other" selects that file's tests
+    assert pre.checks[0]["canary"]["hosts"] == ["tests/test_other.py"]       # "other" selects that file's tests
     assert v.goal_met and v.checks[0].canary == {"planted": 2, "forged": None}

@@ -58,7 +58,7 @@ def _verify(org_home, ws, folder, change):
 def test_a_special_cased_fix_fails_the_held_out_check_and_the_doer_sees_none_of_it(org_home, tmp_path):
     ws, folder = _setup(tmp_path)
     pre, v, work = _verify(org_home, ws, folder, lambda ws: (ws / "calc.py").write_text(SPECIAL_CASED))
-    assert "tests.test_calc_more::test_mean_of_evens_is_their_middle" in pre.checks[0].junit["ids"]
+    assert "tests.test_calc_more::test_mean_of_evens_is_their_middle" in pre.checks[0]["junit"]["ids"]
     assert v.outcome == "fail" and not v.goal_met and work.stop_reason is None
     shown = v.feedback + v.checks[0].output_tail
     assert "test_calc_more" not in shown and "evens" not in shown and "SECRET-EXPECTATION" not in shown

@@ -155,7 +155,7 @@ def test_forced_colour_reaches_no_verdict_feedback_or_prompt(org_home, tmp_path)
     submit(org_home, ws, work_id="w1", verify=(PYTEST,))
     verifier = _verifier(org_home)
     pre = verifier.verify("w1", 0)
-    assert pre.outcome == "ready" and "\x1b" not in pre.checks[0].output_tail
+    assert pre.outcome == "ready" and "\x1b" not in pre.checks[0]["output_tail"]
     (ws / "calc.py").write_text(CALC + "\n# still wrong\n")
     commit_iteration(org_home, ws, "w1")
     v = verifier.verify("w1", 1)

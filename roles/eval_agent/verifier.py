@@ -56,6 +56,7 @@ from state_db.queries import peers, verdicts, work as work_q
 from state_db.queries.decisions import action_checkpoints
 from state_db.queries.iterations import iteration, last_n
 from state_db.queries.review import claim_of, pending_decision
+from state_db.queries.verdicts import Preflight
 from state_db.queries.work import WorkItem
 from state_db.vocab import (DecisionStatus, PreflightOutcome, ReviewVerdict, StopReason, VerdictOutcome, WorkStatus)
 from state_db.writer import StateWriter
@@ -89,15 +90,6 @@ class Verdict:
     held_back: tuple[dict, ...] = ()
     ended: str | None = None            # the stop reason this verdict ended the run with, if any
     verified: str | None = None         # the commit of the tree the checks ran on (``scope``)
-
-
-@dataclass(frozen=True)
-class Preflight:
-    work_id: str
-    outcome: str
-    checks: tuple[CheckResult, ...]
-    detail: str
-    ended: str | None = None
 
 
 def feedback_of(checks: list[CheckResult], protected: list[str], held: list | None = None) -> str:
@@ -404,7 +396,7 @@ class Verifier:
         """Run every verify command on the baseline once (idempotent)."""
         done = verdicts.preflight(self.writer.conn, work_id)
         if done is not None:
-            return _preflight_of(done)
+            return done
         work = self._work(work_id)
         history = self._history(work_id, work.workspace)
         snapshot = self.home.root / "eval" / work_id
@@ -465,12 +457,13 @@ class Verifier:
 
     def _write_preflight(self, work_id: str, outcome: str, checks: list[CheckResult], detail: str) -> Preflight:
         ended = None
+        row = {"work_id": work_id, "outcome": str(outcome), "checks": tuple(c.encode() for c in checks),
+               "detail": detail[:2000], "written_by": self.writer.instance, "at": time.time()}
         with self.writer.transaction() as tx:
             done = verdicts.preflight(tx.conn, work_id)
             if done is not None:
-                return _preflight_of(done)
-            tx.insert("preflights", {"work_id": work_id, "outcome": str(outcome), "checks": [c.encode() for c in checks],
-                                     "detail": detail[:2000], "written_by": self.writer.instance, "at": time.time()})
+                return done
+            tx.insert("preflights", {**row, "checks": list(row["checks"])})
             work = work_q.item(tx.conn, work_id)
             if outcome == PreflightOutcome.UNRUNNABLE and work.status != WorkStatus.ENDED:
                 ended = end_run(tx, work_id, StopDecision(StopReason.VERIFY_UNRUNNABLE, detail)).reason
@@ -482,7 +475,7 @@ class Verifier:
                                         "question": (f"{detail}. Go on with the run anyway? approve: go on; "
                                                      "reject: end it (human_rejected)")[:1000],
                                         "status": DecisionStatus.PENDING, "created_at": tx.now})
-        return Preflight(work_id, str(outcome), tuple(checks), detail, ended)
+        return Preflight(**row, ended=ended)
 
     # -- writing verdicts -------------------------------------------------------------------------
 
@@ -641,7 +634,3 @@ def _from_row(stored: verdicts.Verdict, goal_met: bool) -> Verdict:
                    goal_met, stored.held_back, verified=stored.verified)
 
 
-def _preflight_of(stored: verdicts.Preflight) -> Preflight:
-    """The preflight message of a preflight already in state.db."""
-    return Preflight(stored.work_id, stored.outcome, tuple(CheckResult.decode(c) for c in stored.checks),
-                     stored.detail)

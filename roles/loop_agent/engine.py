@@ -43,7 +43,7 @@ from roles.loop_agent.acting import INTERRUPTED, Acting  # noqa: F401 - INTERRUP
 from roles.loop_agent.backends.base import Backend
 from roles.loop_agent.remote_verify import VerifyAbandoned, VerifyInterrupted
 from roles.loop_agent.policy import StopPolicy, policy_from_caps
-from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, Parked, Paused, Preflight, Reflect,
+from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, Parked, Paused, AwaitPreflight, Reflect,
                                     Step, WrapUp)
 from roles.loop_agent.stop import StopDecision
 from roles.workbench.workspace import delivered
@@ -245,7 +245,7 @@ class LoopEngine(Acting):
             if not its and not verified(conn, self.work_id, 0):
                 # the verify commands run once on the baseline before the first model call: one
                 # that cannot start ends the run (verify_unrunnable) before a token is spent
-                return self._derived(Preflight())
+                return self._derived(AwaitPreflight())
             if its and its[-1]["n"] not in verdicts:
                 return self._derived(AwaitVerdict(its[-1]["n"]))     # resumed between commit and verdict
             if its and its[-1]["verdict_id"] is None:
@@ -307,7 +307,7 @@ class LoopEngine(Acting):
             step = fresh
         self._fresh = None
         work, progress, its, verdicts = self._ctx
-        if isinstance(step, Preflight):
+        if isinstance(step, AwaitPreflight):
             return self._await(0) or self.derive()
         if isinstance(step, AwaitVerdict):
             return self._await_verdict(step.n)
@@ -362,7 +362,7 @@ class LoopEngine(Acting):
                         verdict = latest_eval_verdict(self.w.conn, self.work_id, n)
                         span.set({"loop_org.verdict": verdict.outcome if verdict else None})
         except VerifyInterrupted:
-            return Paused(AwaitVerdict(n) if n else Preflight())
+            return Paused(AwaitVerdict(n) if n else AwaitPreflight())
         except VerifyAbandoned as exc:
             self._abandoned = (exc.reason, exc.detail)
             return self.derive()

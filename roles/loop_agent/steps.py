@@ -5,7 +5,7 @@ that pauses or parks is plain data: ``encode`` gives a JSON object the engine st
 item (``work_items.next_step``), and a later engine — another process, after a restart — decodes
 it and resumes from there.
 
-- ``Preflight``: the eval-agent runs the verify commands on the baseline (verdict 0);
+- ``AwaitPreflight``: the eval-agent runs the verify commands on the baseline (verdict 0);
 - ``ActAgain(n)``: the next attempt at iteration ``n``;
 - ``AwaitVerdict(n)``: iteration ``n`` is committed; wait for the eval-agent's verdict;
 - ``Reflect(n)``: the verdict of ``n`` is in; derive the lesson and the fingerprint;
@@ -44,7 +44,7 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Preflight(Step):
+class AwaitPreflight(Step):
     kind = "preflight"
 
 
@@ -96,7 +96,7 @@ class Ended(Step):
     decision: StopDecision
 
 
-_KINDS: dict[str, type[Step]] = {c.kind: c for c in (Preflight, ActAgain, AwaitVerdict, Reflect, WrapUp, AwaitHuman,
+_KINDS: dict[str, type[Step]] = {c.kind: c for c in (AwaitPreflight, ActAgain, AwaitVerdict, Reflect, WrapUp, AwaitHuman,
                                                      Parked, Paused, Ended)}
 
 

@@ -15,7 +15,7 @@ from state_db.kernel.errors import StateError
 from state_db.kernel.home import OrgHome
 from state_db.queries import work
 from state_db.queries.processes import session as org_session
-from state_db.queries.verdicts import preflight as preflight_of
+from state_db.queries.verdicts import Preflight, preflight as preflight_of
 from roles.operations.caps import resolve as resolve_caps
 from state_db.queries.work import FLAG, Caps, Ladder
 from state_db.vocab import WorkStatus
@@ -215,25 +215,15 @@ def _toolchain(req: SubmitRequest, ws: Path) -> dict:
 
 
 @dataclass(frozen=True)
-class Preflight(Result):
-    """The eval-agent's run of the verify commands on the baseline: ``outcome`` (e.g.
-    ``fails_as_expected``, ``already_passes``, ``unrunnable``), what it said, and the item's
-    status and stop reason after it."""
-
-    outcome: str
-    detail: str
-    status: str
-    stop_reason: str | None
-
-
-@dataclass(frozen=True)
 class Submitted(Result):
     """What ``org submit`` did: the item, its status (``queued``, or ``waiting`` for
     ``waiting_for``), its caps (with where each came from: ``caps_from`` in its data;
     ``defaults_applied``: none from a flag), the workspace (and the
     branch of ``--worktree``), the wake, ``replayed`` (this idempotency key had submitted it
     already), the key, the org session's status (``never started`` before the first start:
-    nothing runs unless it is ``running``) and the ``preflight`` when it was waited for."""
+    nothing runs unless it is ``running``) and the ``preflight`` when it was waited for (the
+    eval-agent's record: ``outcome`` such as ``ready``, ``already_passes``, ``unrunnable``, what it
+    said, and ``ended``: the stop reason of the run by then, if it ended)."""
 
     id: str
     status: str
@@ -254,7 +244,8 @@ class Submitted(Result):
 
 def wait_for_preflight(home: OrgHome, work_id: str, *, timeout_s: float, poll_s: float = 0.1) -> Preflight | None:
     """Wait until the eval-agent has run the verify commands on the baseline (the preflight) of
-    ``work_id``; None on timeout or when the org is not running (nobody would run it)."""
+    ``work_id``; None on timeout or when the org is not running (nobody would run it). Its
+    ``ended`` is the run's stop reason when the run has ended by then."""
     from state_db.connection import connect
     conn = connect(home.db_path, readonly=True)
     try:
@@ -265,8 +256,7 @@ def wait_for_preflight(home: OrgHome, work_id: str, *, timeout_s: float, poll_s:
                 return None
             done = preflight_of(conn, work_id)
             if done is not None:
-                item = work.item(conn, work_id)
-                return Preflight(done.outcome, done.detail, item.status, item.stop_reason)
+                return replace(done, ended=work.item(conn, work_id).stop_reason)
             if time.monotonic() >= deadline:
                 return None
             time.sleep(poll_s)

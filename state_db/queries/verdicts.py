@@ -58,7 +58,10 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Preflight:
-    """The verify commands' run on a work item's baseline (``preflights``)."""
+    """The verify commands' run on a work item's baseline (``preflights``): the one record of it,
+    which the eval-agent writes and returns, the loop-agent waits for and ``org submit`` shows.
+    ``checks`` are the stored check results (dicts); ``ended``: the stop reason the preflight
+    ended the run with when it wrote it (not stored: the work item says so)."""
 
     work_id: str
     outcome: str
@@ -66,6 +69,7 @@ class Preflight:
     at: float
     checks: tuple = ()
     detail: str = ""
+    ended: str | None = None
 
     @classmethod
     def from_row(cls, row) -> "Preflight":
