@@ -1,9 +1,12 @@
 """What one attempt does, for the loop engine: gather, act, commit the iteration and its
 checkpoint, reflect on the verdict — and, when a budget trips, the one wrap-up act.
 
-``Acting`` is the half of ``LoopEngine`` (``roles.loop_agent.engine``) that touches the workspace
-and the model; the engine's own half decides which step comes next. It works on the engine's
-state (writer, backend, history, settings, the reflection it carries to the next transaction).
+``Acting`` touches the workspace and the model; the loop engine (``roles.loop_agent.engine``)
+decides which step comes next and hands it, with each step, the view of the run the step was
+derived from (``steps.RunView``), the backend of the ladder's rung and the stop policy. Acting
+owns what one run's attempts carry between transactions: whether the workspace still needs its
+crash reset, the reflection the next transaction writes, the time waited for verdicts, and a
+model error the policy is to see.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from roles.loop_agent.backends.base import ActContext, ActOutcome, Remaining, Us
 from roles.loop_agent.conditions import MIN_WRAPUP_SECONDS, MIN_WRAPUP_TOKENS
 from roles.loop_agent.context import assemble
 from roles.loop_agent.lessons import derive_lesson
+from roles.loop_agent.steps import RunView
 from roles.loop_agent.stop import RunProgress, StopDecision, fingerprint
 from roles.loop_agent.tools import read_only
 from roles.loop_agent.transcript import Transcript
@@ -25,7 +29,7 @@ from state_db.queries import loop as loopq, work as work_q
 from state_db.queries.decisions import Decision
 from state_db.queries.iterations import open_attempts
 from state_db.queries.transcript import used_bytes as transcript_bytes
-from state_db.queries.usage import of_attempt, of_doer
+from state_db.queries.usage import of_attempt, of_doer, org_spend
 from state_db.queries.verdicts import Verdict
 from state_db.queries.work import WorkItem
 from state_db.vocab import ActStatus, AttemptOutcome, StopReason, TranscriptKind, VerdictOutcome, WorkStatus
@@ -38,22 +42,59 @@ OWN_TOOLS = frozenset({"command"})
 
 
 class Acting:
-    """Attempts, commits, reflections and the wrap-up of one run (mixed into ``LoopEngine``)."""
+    """Attempts, commits, reflections and the wrap-up of one run.
 
-    def _settled(self, its: list[dict]) -> str:
+    Args:
+        writer: StateWriter as the loop-agent that holds the run.
+        work_id: the work item.
+        history: the workspace's shadow history.
+        settings: the loop settings (``engine.LoopSettings``).
+        interrupt: set, it cuts the current act (the attempt is discarded).
+        clock: monotonic clock.
+        log: the run's bound logger.
+    """
+
+    def __init__(self, writer, work_id: str, history, settings, *, interrupt, clock, log):
+        self.w = writer
+        self.work_id = work_id
+        self.history = history
+        self.settings = settings
+        self.interrupt = interrupt
+        self.clock = clock
+        self.log = log
+        self.needs_reset = True           # the first attempt of every engine (a new process) resets
+        self.reflected = prog.Reflected()
+        self.unwritten: tuple[int, dict] | None = None   # a reflection the next transaction writes
+        self.waited = 0.0                 # time spent waiting for verdicts, written with the reflection
+        self.model_error: str | None = None             # the policy's model_error flag, with its detail
+        self._transcript: Transcript | None = None      # the open attempt's entries not yet written
+
+    def work(self) -> WorkItem:
+        return work_q.item(self.w.conn, self.work_id)
+
+    def count_wait(self, seconds: float) -> None:
+        """Time spent waiting for a verdict: the run's time, written with the next reflection."""
+        self.waited += seconds
+
+    def org_spend_over(self) -> bool:
+        """Whether the org's spend has reached ``limits.total_spend_usd`` (the policy's org_limit)."""
+        cap = self.settings.org_spend_cap_usd
+        return cap is not None and org_spend(self.w.conn) >= cap
+
+    def settled(self, its: list[dict]) -> str:
         """The state the next act starts from: the last checkpoint, or the checkpoint of an
         action a human approved after it."""
         last = its[-1]["checkpoint"] if its else self.history.baseline()
         return gate.settled_checkpoint(self.w.conn, self.work_id, its[-1]["n"] if its else 0) or last
 
-    def _reset_once(self, its: list[dict]) -> None:
+    def reset_once(self, its: list[dict]) -> None:
         """The crash reset (an attempt cut or crashed may have left changes), before anything
         else touches the workspace — an approved action included, whose effect must survive."""
-        if self._needs_reset:
-            self.history.reset_to(self._settled(its))
-            self._needs_reset = False
+        if self.needs_reset:
+            self.history.reset_to(self.settled(its))
+            self.needs_reset = False
 
-    def _checkpoint_action(self, decision: Decision) -> tuple[str, str | None]:
+    def checkpoint_action(self, its, decision: Decision) -> tuple[str, str | None]:
         """Record what an approved action left (``gate.settle``'s ``after_action``): (its
         checkpoint, a note for its result). A workspace the action left over its disk quota is
         not recorded as it is: it goes back to the state before the action (the action ran,
@@ -61,7 +102,7 @@ class Acting:
         used = self._quota_used()
         note = None
         if used is not None:
-            self.history.reset_to(self._settled(self._ctx[2]))
+            self.history.reset_to(self.settled(its))
             note = (f"[loop-org] error[disk_quota]: the action left the workspace at {used / 2**20:.0f} MB (apparent "
                     f"sizes), over its {self.settings.disk_mb} MB quota; its changes were discarded")
             self.log.warning("action_over_quota", decision=decision.id, used_mb=round(used / 2**20),
@@ -75,13 +116,13 @@ class Acting:
         from roles.workbench.sandbox.limits import Limits, over_quota
         return over_quota(self.history.workspace, Limits(disk_mb=self.settings.disk_mb))
 
-    def _start(self, work: WorkItem) -> None:
+    def start(self, work: WorkItem) -> None:
         self.history.baseline()
         if gate.interrupted(self.w.conn, self.work_id):
             its = prog.load(self.w.conn, work)[1]
             printed = getattr(self.settings.gate_runner, "partial_output", None)
             gate.ask_again_if_interrupted(self.w, self.work_id,
-                                          lambda d: self.history.changed_in_workspace(self._settled(its)),
+                                          lambda d: self.history.changed_in_workspace(self.settled(its)),
                                           None if printed is None else lambda d: printed(str(self.history.workspace)))
         with self.w.transaction() as tx:
             if work.status == WorkStatus.DISPATCHED:
@@ -97,29 +138,30 @@ class Acting:
                 tx.update("work_items", self.work_id, elapsed_s=now.elapsed_s + lost,
                           discarded_s=now.discarded_s + lost, updated_at=tx.now)
 
-    def _act(self, work, progress, its, verdicts) -> str | bool:
-        """One attempt at the next iteration: committed (True), cut by an interrupt (discarded;
-        False), or discarded because the run must stop (``DISCARDED``: the policy's flags say why)."""
+    def act(self, view: RunView, backend, policy) -> str | bool:
+        """One attempt at the iteration after ``view``'s, with ``backend`` under ``policy``:
+        committed (True), cut by an interrupt (discarded; False), or discarded because the run
+        must stop (``DISCARDED``: the policy's flags say why)."""
+        work, progress, its, verdicts = view.work, view.progress, view.iterations, view.verdicts
         n = progress.iterations + 1
         attempt = work.attempt + 1
-        policy = self.policy
         # the attempt's time runs from before its row is written to inside the transaction that
         # closes it, so what counts covers its recorded span (started_at to ended_at) whole:
         # the reset, the prompt's assembly, the act, the checkpoint and the commits
         t0 = self.clock()
         with self.w.transaction() as tx:
-            self._write_reflection(tx)
+            self.write_reflection(tx)
             tx.update("work_items", self.work_id, attempt=attempt, next_step=None, updated_at=tx.now)
             tx.insert("attempts", {"work_id": self.work_id, "attempt": attempt, "iteration": n,
                                    "instance": self.w.instance, "started_at": tx.now})
-        last = self._settled(its)
+        last = self.settled(its)
         # a cut or crashed attempt may have left changes: back to the last settled state (the
         # last checkpoint, or an approved action's). In the normal flow the workspace already is it.
-        self._reset_once(its)
+        self.reset_once(its)
         with telemetry.current().step("gather") as span:
             prompt = assemble(
                 work.goal + _verify_note(work) + _rung_note(work), self.settings.instructions, self.settings.skills,
-                self.settings.knowledge, prog.digests(its, verdicts, self._reflected), prog.lessons(its, self.settings.lessons_max, self._reflected),
+                self.settings.knowledge, prog.digests(its, verdicts, self.reflected), prog.lessons(its, self.settings.lessons_max, self.reflected),
                 _feedback(self.w.conn, self.work_id, its, verdicts), n,
                 k_recent=self.settings.recent_iterations, summary_cap_chars=self.settings.summary_cap_chars)
             span.set({"loop_org.prompt_bytes": prompt.manifest.get("variable_bytes")})
@@ -161,7 +203,7 @@ class Acting:
             if self.interrupt.is_set():
                 return INTERRUPTED
             now = self.work()
-            live = replace(seen(), cancelled=now.cancel_requested, org_limit=self._org_spend_over())
+            live = replace(seen(), cancelled=now.cancel_requested, org_limit=self.org_spend_over())
             reason = policy.budget_check(live)
             if reason is None and live.cancelled:
                 reason = StopReason.CANCELLED
@@ -171,7 +213,7 @@ class Acting:
 
         self.log.info("act_started", iteration=n, attempt=attempt, prompt_bytes=prompt.manifest.get("variable_bytes"))
         try:
-            outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
+            outcome = backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
         except Exception as exc:
             self._keep_transcript_of_failed_act(exc)
             raise
@@ -180,16 +222,16 @@ class Acting:
                                                                              StopReason.ORG_LIMIT):
             self._close_attempt(attempt, AttemptOutcome.INTERRUPTED, t0, outcome.error_code)
             self.history.reset_to(last)
-            self._needs_reset = False
+            self.needs_reset = False
             # cancelled / org_limit: the policy's flags (the work item's cancel, the org's spend) end it
             return False if outcome.error_code == INTERRUPTED else DISCARDED
         if outcome.status == "model_error":
             self._close_attempt(attempt, AttemptOutcome.MODEL_ERROR, t0, outcome.error_code)
             self.history.reset_to(last)
-            self._needs_reset = False
-            self._model_error = f"{outcome.error_code}: {outcome.error}"     # the policy's ModelError fires
+            self.needs_reset = False
+            self.model_error = f"{outcome.error_code}: {outcome.error}"     # the policy's ModelError fires
             return DISCARDED
-        self._commit(work, n, attempt, outcome, prompt.manifest, t0, last, its)
+        self._commit(work, n, attempt, outcome, prompt.manifest, t0, last, its, backend, policy)
         return True
 
     def _new_transcript(self, n: int, attempt: int) -> Transcript:
@@ -241,7 +283,8 @@ class Acting:
                          quota_mb=self.settings.disk_mb, next="the act's changes are discarded; the act counts")
         return dataclasses.replace(outcome, summary=note + outcome.summary)
 
-    def _commit(self, work, n, attempt, outcome: ActOutcome, manifest, t0: float, last_commit, its) -> None:
+    def _commit(self, work, n, attempt, outcome: ActOutcome, manifest, t0: float, last_commit, its, backend,
+                policy) -> None:
         outcome = self._within_quota(n, outcome, last_commit)
         with telemetry.current().step("checkpoint") as span:
             checkpoint = self.history.checkpoint(n)
@@ -253,7 +296,7 @@ class Acting:
             u = of_attempt(tx.conn, self.work_id, n, attempt)
             tx.insert("iterations", {
                 "work_id": self.work_id, "n": n, "attempt": attempt, "act_status": outcome.status,
-                "model": getattr(getattr(self.backend, "config", None), "model", None),
+                "model": getattr(getattr(backend, "config", None), "model", None),
                 "act_summary": outcome.summary[:4000], "tool_calls": [dict(c) for c in outcome.tool_calls][:200],
                 "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
                 "cache_write_tokens": u.cache_write_tokens, "cache_read_tokens": u.cache_read_tokens,
@@ -265,14 +308,14 @@ class Acting:
             self._flush_transcript(tx)
             gate.record_requests(tx, self.work_id, n, outcome.requests)
             # an error class the policy does not know, met for the first time in this run, asks a human
-            unknown = triage.unknown(self.policy, triage.tool_errors(outcome.tool_calls), its, tx.conn, self.work_id)
+            unknown = triage.unknown(policy, triage.tool_errors(outcome.tool_calls), its, tx.conn, self.work_id)
             if triage.ask(tx, self.work_id, n, unknown, where=f"iteration {n}"):
                 self.log.warning("unknown_error", iteration=n, classes=sorted(unknown),
                                  next="verified as usual, then parked for a human")
         self.log.info("iteration_committed", iteration=n, attempt=attempt, act=outcome.status,
                       changed=len(changed), next="verify by the eval-agent")
 
-    def _reflect(self, it: dict, verdict: Verdict) -> None:
+    def reflect(self, it: dict, verdict: Verdict) -> None:
         summary = prog.summary_of(verdict)
         # an error verdict is the machine's failure (the environment, the sandbox): nothing to learn
         lesson = None if summary.passed or verdict.outcome == VerdictOutcome.ERROR else derive_lesson(
@@ -282,19 +325,19 @@ class Acting:
         # written with the next transaction (the next attempt's start, or the run's end): a
         # crash before that leaves a verdict without its reflection, which the next run derives
         # again, identically
-        self._unwritten = (it["n"], {"verdict_id": verdict.id, "feedback": verdict.feedback[:4000],
+        self.unwritten = (it["n"], {"verdict_id": verdict.id, "feedback": verdict.feedback[:4000],
                                      "lesson": lesson, "fingerprint": fp})
         self.log.info("reflected", iteration=it["n"], verdict=verdict.outcome, lesson=bool(lesson))
 
-    def _write_reflection(self, tx) -> None:
-        if self._unwritten is not None:
-            n, columns = self._unwritten
+    def write_reflection(self, tx) -> None:
+        if self.unwritten is not None:
+            n, columns = self.unwritten
             tx.update("iterations", (self.work_id, n), **columns)
-            self._unwritten = None
-        if self._waited:
+            self.unwritten = None
+        if self.waited:
             work = work_q.item(tx.conn, self.work_id)
-            tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + self._waited, updated_at=tx.now)
-            self._waited = 0.0
+            tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + self.waited, updated_at=tx.now)
+            self.waited = 0.0
 
     def _close_attempt(self, attempt: int, outcome: AttemptOutcome, t0: float, detail: str | None = None) -> None:
         """Close a discarded attempt begun at ``t0``; its time counts toward the run (time is
@@ -308,21 +351,23 @@ class Acting:
                       discarded_s=work.discarded_s + elapsed, updated_at=tx.now)
 
     # -- the wrap-up ----------------------------------------------------------------------------
-    def _wrap_up(self, decision: StopDecision) -> StopDecision:
-        """A budget tripped: one bounded act writes the hand-off note (``wrapup``), then the run
-        ends with the budget's ``decision``."""
-        work, progress, its, verdicts = self._ctx
+    def wrap_up(self, view: RunView, decision: StopDecision, backend, policy) -> tuple[StopDecision, dict]:
+        """A budget tripped: one bounded act (with ``backend``, within what ``policy`` keeps
+        back) writes the hand-off note (``wrapup``). Returns the decision the run ends with (its
+        detail says what was used, the wrap-up included) and the hand-off row, for the engine's
+        ``end_run`` transaction."""
+        work, progress, its, verdicts = view.work, view.progress, view.iterations, view.verdicts
         conn = self.w.conn
         continued, since = loopq.endings(conn, self.work_id)
-        parts = wrapup.record_parts(prog.digests(its, verdicts, self._reflected), _feedback(conn, self.work_id, its, verdicts),
-                                    prog.lessons(its, self.settings.lessons_max, self._reflected))
-        allowance = self.policy.wrapup_allowance(progress)
+        parts = wrapup.record_parts(prog.digests(its, verdicts, self.reflected), _feedback(conn, self.work_id, its, verdicts),
+                                    prog.lessons(its, self.settings.lessons_max, self.reflected))
+        allowance = policy.wrapup_allowance(progress)
         attempt, note, elapsed = loopq.wrapup_attempt(conn, self.work_id, since), "", 0.0
         why_not = ("a wrap-up act was begun before and cut; it is not bought twice" if attempt is not None
                    else "the command backend's CLI brings its own tools, which cannot be held to the slice"
-                   if self.backend.name in OWN_TOOLS else _why_not(allowance, progress))
+                   if backend.name in OWN_TOOLS else _why_not(allowance, progress))
         if why_not is None:
-            attempt, note, elapsed = self._wrapup_act(work, progress, its, decision, parts, allowance)
+            attempt, note, elapsed = self._wrapup_act(view, decision, parts, allowance, backend)
         said = wrapup.parse(note)
         tokens, cost = loopq.attempt_usage(conn, self.work_id, attempt) if attempt else (0, 0.0)
         act = (f"not made: {why_not}" if why_not is not None
@@ -339,14 +384,15 @@ class Acting:
             total = of_doer(conn, self.work_id)
             decision = replace(decision, detail=f"{decision.detail}; with the wrap-up's {tokens} tokens and "
                                                 f"${cost:.4f}: {total.budget_tokens} tokens, ${total.cost_usd:.4f} in all")
-        return self._end(decision, handoff)
+        return decision, handoff
 
-    def _wrapup_act(self, work, progress, its, decision, parts, allowance) -> tuple[int, str, float]:
+    def _wrapup_act(self, view: RunView, decision, parts, allowance, backend) -> tuple[int, str, float]:
         """Run the wrap-up act; returns (its attempt, the model's text or '', its time)."""
+        work, progress, its = view.work, view.progress, view.iterations
         n, attempt = progress.iterations + 1, work.attempt + 1
         t0 = self.clock()                       # before started_at: the counted time covers the span
         with self.w.transaction() as tx:        # committed first: a crash never buys a second one
-            self._write_reflection(tx)
+            self.write_reflection(tx)
             tx.update("work_items", self.work_id, attempt=attempt, updated_at=tx.now)
             tx.insert("attempts", {"work_id": self.work_id, "attempt": attempt, "iteration": n, "wrapup": 1,
                                    "instance": self.w.instance, "started_at": tx.now})
@@ -388,7 +434,7 @@ class Acting:
         outcome = None
         try:
             with read_only(), telemetry.current().step("wrap_up"):
-                outcome = self.backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
+                outcome = backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
         except Exception as exc:  # noqa: BLE001 - the note then comes from the record; the run ends all the same
             self.log.warning("wrapup_failed", error=str(exc), next="a hand-off note from the record")
         if outcome is not None:
@@ -402,7 +448,7 @@ class Acting:
                       detail=None if wrapped else (outcome.status if outcome else "error"))
             tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
                       updated_at=tx.now)
-        self.history.reset_to(self._settled(its))   # whatever the act did, the run ends where it stood
+        self.history.reset_to(self.settled(its))   # whatever the act did, the run ends where it stood
         ok = outcome is not None and outcome.status in ("ok", "failed") and outcome.turns > 0
         return attempt, (outcome.summary if ok else ""), elapsed
 

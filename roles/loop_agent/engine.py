@@ -6,8 +6,11 @@ names and returns the next one — act again, await a verdict, reflect, wrap up,
 parked, paused, ended — so where a run stands is a value. A run that pauses or parks stores its
 next step on the work item; the engine that picks it up again resumes from it (checked against
 state.db, which stays the truth: a step that finds the run moved on derives the next from it).
-What one attempt does — gather, act, commit, reflect, and the wrap-up act — is ``acting``'s
-half of the engine; this module decides which step comes next.
+What one attempt does — gather, act, commit, reflect, and the wrap-up act — is done by the engine's
+``Acting`` (``roles.loop_agent.acting``); this module decides which step comes next. Each step
+``derive`` returns carries the view of the run it was derived from (``steps.RunView``), and
+``advance`` acts on that view, never on a cache of its own: a step without one (decoded from the
+work item) is derived again from state.db first.
 
 Every ending goes through the stop policy (``policy``) and ``state_db.ending.end_run``: a model
 error, a cancel, the org spend cap and a verdict wait given up all raise the policy's flags, and
@@ -33,6 +36,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Callable
 
 import structlog
@@ -43,16 +47,16 @@ from roles.loop_agent.acting import INTERRUPTED, Acting  # noqa: F401 - INTERRUP
 from roles.loop_agent.backends.base import Backend
 from roles.loop_agent.remote_verify import VerifyAbandoned, VerifyInterrupted
 from roles.loop_agent.policy import StopPolicy, policy_from_caps
-from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitVerdict, Ended, Parked, Paused, AwaitPreflight, Reflect,
-                                    Step, WrapUp)
+from roles.loop_agent.steps import (ActAgain, AwaitHuman, AwaitPreflight, AwaitVerdict, Ended, Parked, Paused,
+                                    Reflect, RunView, Step, WrapUp)
 from roles.loop_agent.stop import StopDecision
 from roles.workbench.workspace import delivered
-from roles.loop_agent.transcript import RUN_BYTES, Transcript
+from roles.loop_agent.transcript import RUN_BYTES
 from state_db import ending
 from state_db.kernel.errors import Conflict, OrgError
 from state_db.queries import loop as loopq, work as work_q
 from state_db.queries.iterations import count, iteration as iteration_row
-from state_db.queries.usage import of_work, org_spend
+from state_db.queries.usage import of_work
 from state_db.queries.verdicts import latest_eval_verdict, verified
 from state_db.queries.work import Ladder, WorkItem
 from state_db.vocab import StopReason, WorkStatus
@@ -124,7 +128,7 @@ def _same(a: Step, b: Step) -> bool:
     return type(a) is type(b) and getattr(a, "n", None) == getattr(b, "n", None)
 
 
-class LoopEngine(Acting):
+class LoopEngine:
     """Runs one work item's loop for one loop-agent.
 
     Args:
@@ -152,28 +156,16 @@ class LoopEngine(Acting):
         self.settings = settings or LoopSettings()
         self.interrupt = interrupt or threading.Event()
         self.pause = pause or threading.Event()
-        self._needs_reset = True          # the first attempt of every engine (a new process) resets
-        self._reflected = prog.Reflected()
-        self._unwritten: tuple[int, dict] | None = None   # a reflection the next transaction writes
-        self._waited = 0.0                # time spent waiting for verdicts, written with the reflection
-        self._transcript: Transcript | None = None   # the open attempt's entries not yet written
         self._policy: StopPolicy | None = None
-        self._model_error: str | None = None            # the policy's model_error flag, with its detail
         self._abandoned: tuple[str, str] | None = None  # a verdict wait given up: (reason, detail)
-        self._fresh: Step | None = None   # the step ``derive`` just returned (its context is ``_ctx``)
-        self._ctx: tuple = ()             # (work, progress, iterations, verdicts) of that derivation
         self.clock = clock
         self.log = structlog.get_logger("loop").bind(work_id=work_id, instance=writer.instance)
+        self.acting = Acting(writer, work_id, history, self.settings, interrupt=self.interrupt, clock=clock,
+                             log=self.log)
 
     # -- reading ------------------------------------------------------------------------------
     def work(self) -> WorkItem:
         return work_q.item(self.w.conn, self.work_id)
-
-    def _org_spend_over(self) -> bool:
-        cap = self.settings.org_spend_cap_usd
-        if cap is None:
-            return False
-        return org_spend(self.w.conn) >= cap
 
     @property
     def policy(self) -> StopPolicy:
@@ -190,9 +182,9 @@ class LoopEngine(Acting):
             step = self.resume()
             while not isinstance(step, (Ended, Parked, Paused)):
                 step = self.advance(step)
-            if self._unwritten is not None:            # paused, parked, or ended by the eval-agent
+            if self.acting.unwritten is not None:      # paused, parked, or ended by the eval-agent
                 with self.w.transaction() as tx:
-                    self._write_reflection(tx)
+                    self.acting.write_reflection(tx)
             if not isinstance(step, Ended):
                 self.store(step)
                 return None
@@ -211,7 +203,7 @@ class LoopEngine(Acting):
             return Ended(done)
         self._policy = policy_for(work, self.settings)
         self._on_rung(work.ladder)
-        self._start(work)
+        self.acting.start(work)
         stored = steps.decode(work.next_step)
         if isinstance(stored, Paused):
             stored = stored.next
@@ -226,30 +218,35 @@ class LoopEngine(Acting):
                 tx.update("work_items", self.work_id, next_step=steps.dumps(step), updated_at=tx.now)
 
     def derive(self) -> Step:
-        """The next step as state.db says, the stop policy deciding whether the run ends."""
+        """The next step as state.db says, the stop policy deciding whether the run ends; it
+        carries the view of the run it was derived from (``RunView``)."""
         work = self.work()
         done = ending.recorded(work)
         conn = self.w.conn
-        progress, its, verdicts = prog.load(conn, work, running_s=self._waited, org_limit=self._org_spend_over(),
-                                            model_error=self._model_error or False,
+        acting = self.acting
+        progress, its, verdicts = prog.load(conn, work, running_s=acting.waited, org_limit=acting.org_spend_over(),
+                                            model_error=acting.model_error or False,
                                             human_rejected=gate.rejected_with_stop(conn, self.work_id),
                                             needs_human=_confirmed(conn, self.work_id),
-                                            reflected=self._reflected, unwritten=self._unwritten)
-        self._ctx = (work, progress, its, verdicts)
+                                            reflected=acting.reflected, unwritten=acting.unwritten)
+        view = RunView(work, progress, tuple(its), verdicts)
+
+        def derived(step: Step) -> Step:
+            return replace(step, view=view)
         decision = self.policy.evaluate(progress)
         if done is not None:        # ended meanwhile (the verdict's goal_met, a cancel): end_run keeps that ending
-            return self._derived(Ended(self._end(decision or done)))
+            return derived(Ended(self._end(decision or done)))
         if decision is None and self._abandoned is not None:     # the policy always agrees; never wait again
             decision = StopDecision(StopReason(self._abandoned[0]), self._abandoned[1])
         if self._abandoned is None or decision is None:
             if not its and not verified(conn, self.work_id, 0):
                 # the verify commands run once on the baseline before the first model call: one
                 # that cannot start ends the run (verify_unrunnable) before a token is spent
-                return self._derived(AwaitPreflight())
+                return derived(AwaitPreflight())
             if its and its[-1]["n"] not in verdicts:
-                return self._derived(AwaitVerdict(its[-1]["n"]))     # resumed between commit and verdict
+                return derived(AwaitVerdict(its[-1]["n"]))     # resumed between commit and verdict
             if its and its[-1]["verdict_id"] is None:
-                return self._derived(Reflect(its[-1]["n"]))
+                return derived(Reflect(its[-1]["n"]))
         if (decision is not None and decision.reason in CLIMBS and done is None and self._abandoned is None
                 and work.ladder.can_climb()):
             self._climb(work.ladder, progress.iterations, decision)
@@ -259,19 +256,19 @@ class LoopEngine(Acting):
             # a cap fires: the honest answer comes first; the cap ends the run if the human says go on
             asked = loopq.pending_endings(conn, self.work_id)
             if asked:
-                return self._derived(AwaitHuman(asked))
+                return derived(AwaitHuman(asked))
         if decision is not None:
             if self._abandoned is not None and decision.reason == self._abandoned[0]:
                 decision = StopDecision(decision.reason, self._abandoned[1])    # the wait's own account
             if work.ladder.models:            # the stop reason records the rung the run ended on
                 decision = StopDecision(decision.reason, f"{decision.detail} (on {work.ladder.label()})")
             if self.policy.wraps_up(decision):
-                return self._derived(WrapUp(decision))
-            return self._derived(Ended(self._end(decision)))
+                return derived(WrapUp(decision))
+            return derived(Ended(self._end(decision)))
         if work.status == WorkStatus.PAUSED or loopq.open_decisions(conn, self.work_id):
-            return self._derived(AwaitHuman(loopq.pending_decisions(conn, self.work_id)))
+            return derived(AwaitHuman(loopq.pending_decisions(conn, self.work_id)))
         nxt = ActAgain(progress.iterations + 1)
-        return self._derived(Paused(nxt) if self.interrupt.is_set() or self.pause.is_set() else nxt)
+        return derived(Paused(nxt) if self.interrupt.is_set() or self.pause.is_set() else nxt)
 
     def _on_rung(self, ladder: Ladder) -> None:
         """Act on the model of the ladder's rung (no ladder: the backend as built)."""
@@ -292,56 +289,54 @@ class LoopEngine(Acting):
         self.log.info("ladder_climbed", model=up.model, rung=up.rung + 1, of=len(up.models), why=str(decision.reason),
                       next="the next iteration acts on the stronger model")
 
-    def _derived(self, step: Step) -> Step:
-        self._fresh = step
-        return step
-
     def advance(self, step: Step) -> Step:
-        """Take ``step``; return the one after it. A step not just derived (a stored one) is
-        checked against state.db first."""
-        if step is not self._fresh:
+        """Take ``step``; return the one after it. It acts on the step's own view of the run; a
+        step without one (a stored step) is checked against state.db first, derived again."""
+        view = step.view
+        if view is None:
             fresh = self.derive()
             if not _same(fresh, step):
                 self.log.info("step_moved_on", stored=step.kind, now=fresh.kind)
                 return fresh
-            step = fresh
-        self._fresh = None
-        work, progress, its, verdicts = self._ctx
+            step, view = fresh, fresh.view
         if isinstance(step, AwaitPreflight):
             return self._await(0) or self.derive()
         if isinstance(step, AwaitVerdict):
             return self._await_verdict(step.n)
         if isinstance(step, Reflect):
-            self._reflect(its[-1], verdicts[step.n])
+            self.acting.reflect(view.iteration(step.n), view.verdicts[step.n])
             return self.derive()
         if isinstance(step, WrapUp):
-            return Ended(self._wrap_up(step.decision))
+            return Ended(self._end(*self.acting.wrap_up(view, step.decision, self.backend, self.policy)))
         if isinstance(step, AwaitHuman):
+            its = view.iterations
             if not gate.settle(self.w, self.work_id, str(self.history.workspace), self.settings.gate_runner,
-                               before_action=lambda: self._reset_once(its), after_action=self._checkpoint_action):
+                               before_action=lambda: self.acting.reset_once(its),
+                               after_action=partial(self.acting.checkpoint_action, its)):
                 self.log.info("parked", why="a decision waits for a human",
                               next="whichever loop-agent is free resumes it once decided")
                 return Parked(loopq.pending_decisions(self.w.conn, self.work_id))
             return self.derive()
         if isinstance(step, ActAgain):
-            return self._act_again(step, work, progress, its, verdicts)
+            return self._act_again(step, view)
         raise Conflict(f"the loop cannot take a {step.kind} step", hint="a paused, parked or ended run is resumed")
 
-    def _act_again(self, step: ActAgain, work, progress, its, verdicts) -> Step:
-        """One attempt at iteration ``step.n`` and, once it is committed, the wait for its verdict
-        (both in the iteration's span, derived ids: ``roles.base.telemetry``)."""
-        n, attempt = progress.iterations + 1, work.attempt + 1
+    def _act_again(self, step: ActAgain, view: RunView) -> Step:
+        """One attempt at iteration ``step.n`` on the run as ``view`` shows it and, once it is
+        committed, the wait for its verdict (both in the iteration's span, derived ids:
+        ``roles.base.telemetry``)."""
+        n, attempt = view.progress.iterations + 1, view.work.attempt + 1
         with telemetry.current().iteration(self.work_id, n, attempt) as span:
             try:
-                result = self._act(work, progress, its, verdicts)
+                result = self.acting.act(view, self.backend, self.policy)
             except Exception as exc:  # noqa: BLE001 - an error out of an act: known ones propagate, new ones ask
-                asked = self._ask_about(exc, its)
+                asked = self._ask_about(exc, view.iterations)
                 if asked is None:
                     raise
                 span.set({"loop_org.outcome": "asked a human"})
                 return asked
             span.set({"loop_org.outcome": "committed" if result is True else "discarded" if result is False
-                      else f"ended:{self._model_error and 'model_error' or 'policy'}"})
+                      else f"ended:{self.acting.model_error and 'model_error' or 'policy'}"})
             if result is True:
                 return self._await_verdict(n)
         if result is False:
@@ -368,7 +363,7 @@ class LoopEngine(Acting):
             return self.derive()
         finally:
             if n:
-                self._waited += self.clock() - t0  # the run's time: acts plus waits for verdicts
+                self.acting.count_wait(self.clock() - t0)  # the run's time: acts plus waits for verdicts
         return None
 
     def _await_verdict(self, n: int) -> Step:
@@ -384,10 +379,10 @@ class LoopEngine(Acting):
                                hint="the eval-agent must verify every committed iteration")
         else:
             it = iteration_row(self.w.conn, self.work_id, n)
-            self._reflect({"n": n, "checkpoint": it.checkpoint}, verdict)
+            self.acting.reflect({"n": n, "checkpoint": it.checkpoint}, verdict)
         return self.derive()
 
-    def _ask_about(self, exc: Exception, its: list[dict]) -> Step | None:
+    def _ask_about(self, exc: Exception, its) -> Step | None:
         """An exception out of an act: a class this run has not met asks a human (the run parks);
         one it has met propagates (the loop-agent retries on a later tick)."""
         cls = triage.exception_class(exc)
@@ -419,7 +414,7 @@ class LoopEngine(Acting):
         """The policy's ``decision`` through ``end_run`` (with the hand-off note, if any, in the
         same transaction); returns the ending recorded — an earlier one if the run had ended."""
         with self.w.transaction() as tx:
-            self._write_reflection(tx)
+            self.acting.write_reflection(tx)
             if handoff is not None:
                 tx.insert("handoffs", handoff)
             recorded = ending.end_run(tx, self.work_id, decision)

@@ -16,27 +16,65 @@ it and resumes from there.
 - ``Paused(next)``: stopped at a safe boundary (suspend, shutdown); ``next`` is where it goes on;
 - ``Ended(decision)``: the run ended with ``decision`` (a ``StopDecision``).
 
+A step the engine derives carries what its move needs: ``view``, the ``RunView`` it was derived
+from (the work item, its progress, the committed iterations and their verdicts, as
+``state_db.queries`` read them), so ``advance`` acts on the step's own data — ``Reflect`` on the
+verdict in its view, ``ActAgain`` on the iterations and progress in its view. The view is never
+stored and never compared: a step decoded from the work item has none, and ``advance`` derives
+it again from state.db first.
+
 Every step is safe to take again: a stored step is never ahead of state.db (it is written with,
 or after, the state it describes), and a step that finds the run moved on (a verdict already
 written, an iteration already committed) derives the next one from state.db instead.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Mapping
 
 import orjson
 
+from roles.loop_agent.stop import RunProgress
 from state_db.ending import StopDecision
+from state_db.queries.verdicts import Verdict
+from state_db.queries.work import WorkItem
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run as state.db said when a step was derived (``progress.load``): the work item, its
+    progress as the stop policy sees it, its committed iterations (rows, oldest first) and the
+    eval-agent's verdict of each (by iteration)."""
+
+    work: WorkItem
+    progress: RunProgress
+    iterations: tuple[dict, ...] = ()
+    verdicts: Mapping[int, Verdict] = field(default_factory=dict)
+
+    @property
+    def last(self) -> dict | None:
+        """The latest committed iteration's row (None: none yet)."""
+        return self.iterations[-1] if self.iterations else None
+
+    def iteration(self, n: int) -> dict:
+        """The row of committed iteration ``n``. Raises KeyError when it is not in the view."""
+        for row in reversed(self.iterations):
+            if row["n"] == n:
+                return row
+        raise KeyError(n)
 
 
 @dataclass(frozen=True)
 class Step:
     kind: ClassVar[str]
+    #: the run as derived for this step (None for a step decoded from storage): not stored, not compared
+    view: RunView | None = field(default=None, compare=False, repr=False, kw_only=True)
 
     def encode(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}
         for f in fields(self):
+            if f.name == "view":
+                continue
             value = getattr(self, f.name)
             out[f.name] = value.encode() if isinstance(value, (StopDecision, Step)) else \
                 list(value) if isinstance(value, tuple) else value
@@ -113,6 +151,8 @@ def decode(data: dict[str, Any] | str | None) -> Step | None:
         raise ValueError(f"unknown next step {kind!r}; known: {sorted(_KINDS)}")
     args: dict[str, Any] = {}
     for f in fields(cls):
+        if f.name == "view":
+            continue
         value = data.get(f.name)
         if f.name == "decision":
             value = StopDecision.decode(value)
