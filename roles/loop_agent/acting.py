@@ -1,5 +1,5 @@
 """What one attempt does, for the loop engine: gather, act, commit the iteration and its
-checkpoint, reflect on the verdict — and, when a budget trips, the one wrap-up act.
+checkpoint, reflect on the verdict (the wrap-up act that may end a run is ``wrapup.hand_off``).
 
 ``Acting`` touches the workspace and the model; the loop engine (``roles.loop_agent.engine``)
 decides which step comes next and hands it, with each step, the view of the run the step was
@@ -15,30 +15,25 @@ import time
 from dataclasses import replace
 
 from roles.base import telemetry
-from roles.loop_agent import gate, progress as prog, triage, wrapup
+from roles.loop_agent import gate, progress as prog, triage
 from roles.loop_agent.backends.base import ActContext, ActOutcome, Remaining, Usage
-from roles.loop_agent.conditions import MIN_WRAPUP_SECONDS, MIN_WRAPUP_TOKENS
 from roles.loop_agent.context import assemble
 from roles.loop_agent.lessons import derive_lesson
 from roles.loop_agent.steps import RunView
-from roles.loop_agent.stop import RunProgress, StopDecision, fingerprint
-from roles.loop_agent.tools import read_only
+from roles.loop_agent.stop import RunProgress, fingerprint
 from roles.loop_agent.transcript import Transcript
 from state_db.kernel.errors import Conflict
-from state_db.queries import loop as loopq, work as work_q
+from state_db.queries import work as work_q
 from state_db.queries.decisions import Decision
 from state_db.queries.iterations import open_attempts
 from state_db.queries.transcript import used_bytes as transcript_bytes
-from state_db.queries.usage import of_attempt, of_doer, org_spend
+from state_db.queries.usage import of_attempt, org_spend
 from state_db.queries.verdicts import Verdict
 from state_db.queries.work import WorkItem
-from state_db.vocab import ActStatus, AttemptOutcome, StopReason, TranscriptKind, VerdictOutcome, WorkStatus
+from state_db.vocab import AttemptOutcome, StopReason, TranscriptKind, VerdictOutcome, WorkStatus
 
 INTERRUPTED = "interrupted"
 DISCARDED = "discarded"         # an attempt thrown away because the run must stop (the policy says why)
-# Backends whose agent brings its own tools (an agent CLI): a wrap-up cannot be held to the reading
-# tools there, nor within its slice inside the CLI's session, so their hand-off note is the record's.
-OWN_TOOLS = frozenset({"command"})
 
 
 class Acting:
@@ -162,7 +157,7 @@ class Acting:
             prompt = assemble(
                 work.goal + _verify_note(work) + _rung_note(work), self.settings.instructions, self.settings.skills,
                 self.settings.knowledge, prog.digests(its, verdicts, self.reflected), prog.lessons(its, self.settings.lessons_max, self.reflected),
-                _feedback(self.w.conn, self.work_id, its, verdicts), n,
+                feedback(self.w.conn, self.work_id, its, verdicts), n,
                 k_recent=self.settings.recent_iterations, summary_cap_chars=self.settings.summary_cap_chars)
             span.set({"loop_org.prompt_bytes": prompt.manifest.get("variable_bytes")})
         spent = {"tokens": progress.tokens, "cost": progress.cost_usd,
@@ -186,17 +181,17 @@ class Acting:
                              cost_usd=left(trips.get("cost_usd"), now.cost_usd),
                              seconds=left(trips.get("elapsed_s"), now.elapsed_s))
 
-        record = self._transcript = self._new_transcript(n, attempt)
+        record = self._transcript = self.new_transcript(n, attempt)
         record.record(TranscriptKind.PROMPT, {"text": prompt.variable, "system_bytes": len(prompt.system_prefix),
                                               "manifest": prompt.manifest})
         ctx = ActContext(self.work_id, n, attempt, self.history.workspace, prompt.system_prefix, prompt.variable,
                          max_turns=self.settings.max_turns, remaining=remaining, record=record.record)
 
         def on_usage(u: Usage) -> None:
-            self._commit_usage(u, n, attempt)
+            self.commit_usage(u, n, attempt)
             spent["tokens"] += u.budget_tokens
             spent["cost"] += u.cost_usd
-            spent["largest_input"] = max(spent["largest_input"], _input_of(u))
+            spent["largest_input"] = max(spent["largest_input"], input_of(u))
             spent["largest_cost"] = max(spent["largest_cost"], u.cost_usd)
 
         def budget_left() -> str | None:
@@ -217,7 +212,7 @@ class Acting:
         except Exception as exc:
             self._keep_transcript_of_failed_act(exc)
             raise
-        record.record(TranscriptKind.OUTCOME, _outcome_entry(outcome))
+        record.record(TranscriptKind.OUTCOME, outcome_entry(outcome))
         if outcome.status == "budget_exhausted" and outcome.error_code in (INTERRUPTED, StopReason.CANCELLED,
                                                                              StopReason.ORG_LIMIT):
             self._close_attempt(attempt, AttemptOutcome.INTERRUPTED, t0, outcome.error_code)
@@ -234,7 +229,7 @@ class Acting:
         self._commit(work, n, attempt, outcome, prompt.manifest, t0, last, its, backend, policy)
         return True
 
-    def _new_transcript(self, n: int, attempt: int) -> Transcript:
+    def new_transcript(self, n: int, attempt: int) -> Transcript:
         return Transcript(self.work_id, n, attempt, used_bytes=transcript_bytes(self.w.conn, self.work_id),
                           run_bytes=self.settings.transcript_bytes, clock=time.time)   # wall time: shown to people
 
@@ -253,7 +248,7 @@ class Acting:
         if self._transcript is not None:
             self._transcript.flush(tx)
 
-    def _commit_usage(self, u: Usage, n: int, attempt: int) -> None:
+    def commit_usage(self, u: Usage, n: int, attempt: int) -> None:
         try:
             with self.w.transaction(render=False) as tx:
                 tx.insert("model_calls", {"request_id": u.request_id, "work_id": self.work_id, "iteration": n,
@@ -350,137 +345,19 @@ class Acting:
             tx.update("work_items", self.work_id, elapsed_s=work.elapsed_s + elapsed,
                       discarded_s=work.discarded_s + elapsed, updated_at=tx.now)
 
-    # -- the wrap-up ----------------------------------------------------------------------------
-    def wrap_up(self, view: RunView, decision: StopDecision, backend, policy) -> tuple[StopDecision, dict]:
-        """A budget tripped: one bounded act (with ``backend``, within what ``policy`` keeps
-        back) writes the hand-off note (``wrapup``). Returns the decision the run ends with (its
-        detail says what was used, the wrap-up included) and the hand-off row, for the engine's
-        ``end_run`` transaction."""
-        work, progress, its, verdicts = view.work, view.progress, view.iterations, view.verdicts
-        conn = self.w.conn
-        continued, since = loopq.endings(conn, self.work_id)
-        parts = wrapup.record_parts(prog.digests(its, verdicts, self.reflected), _feedback(conn, self.work_id, its, verdicts),
-                                    prog.lessons(its, self.settings.lessons_max, self.reflected))
-        allowance = policy.wrapup_allowance(progress)
-        attempt, note, elapsed = loopq.wrapup_attempt(conn, self.work_id, since), "", 0.0
-        why_not = ("a wrap-up act was begun before and cut; it is not bought twice" if attempt is not None
-                   else "the command backend's CLI brings its own tools, which cannot be held to the slice"
-                   if backend.name in OWN_TOOLS else _why_not(allowance, progress))
-        if why_not is None:
-            attempt, note, elapsed = self._wrapup_act(view, decision, parts, allowance, backend)
-        said = wrapup.parse(note)
-        tokens, cost = loopq.attempt_usage(conn, self.work_id, attempt) if attempt else (0, 0.0)
-        act = (f"not made: {why_not}" if why_not is not None
-               else f"ran (attempt {attempt}) and wrote the note" if said
-               else f"ran (attempt {attempt}) but its answer held no Done/Remains/Learned note")
-        handoff = {"work_id": self.work_id, "ending": continued + 1, **parts, **said, "note": note[:4000],
-                   "source": "wrapup" if said else "record", "allowance": allowance, "attempt": attempt,
-                   "tokens": tokens, "cost_usd": cost, "elapsed_s": round(elapsed, 4), "act": act,
-                   "written_by": self.w.instance, "at": time.time()}
-        self.log.info("handed_off", source=handoff["source"], tokens=tokens, allowance=allowance, act=act,
-                      next=f"the run ends {decision.reason}")
-        if why_not is None:
-            # the detail says what was really used, the wrap-up included
-            total = of_doer(conn, self.work_id)
-            decision = replace(decision, detail=f"{decision.detail}; with the wrap-up's {tokens} tokens and "
-                                                f"${cost:.4f}: {total.budget_tokens} tokens, ${total.cost_usd:.4f} in all")
-        return decision, handoff
 
-    def _wrapup_act(self, view: RunView, decision, parts, allowance, backend) -> tuple[int, str, float]:
-        """Run the wrap-up act; returns (its attempt, the model's text or '', its time)."""
-        work, progress, its = view.work, view.progress, view.iterations
-        n, attempt = progress.iterations + 1, work.attempt + 1
-        t0 = self.clock()                       # before started_at: the counted time covers the span
-        with self.w.transaction() as tx:        # committed first: a crash never buys a second one
-            self.write_reflection(tx)
-            tx.update("work_items", self.work_id, attempt=attempt, updated_at=tx.now)
-            tx.insert("attempts", {"work_id": self.work_id, "attempt": attempt, "iteration": n, "wrapup": 1,
-                                   "instance": self.w.instance, "started_at": tx.now})
-        # the wrap-up's own largest call; its first call's input is taken to be the run's largest
-        spent = {"tokens": 0, "cost": 0.0, "largest_input": 0, "largest_cost": 0.0}
-
-        def remaining() -> Remaining:
-            def left(cap, used):
-                return None if cap is None else max(0, cap - used)
-            ahead = spent["largest_input"] or progress.largest_input
-            return Remaining(tokens=left(allowance["tokens"], spent["tokens"] + ahead),
-                             cost_usd=left(allowance["cost_usd"], spent["cost"]),
-                             seconds=left(allowance["seconds"], self.clock() - t0))
-
-        def on_usage(u: Usage) -> None:
-            self._commit_usage(u, n, attempt)
-            spent["tokens"] += u.budget_tokens
-            spent["cost"] += u.cost_usd
-            spent["largest_input"] = max(spent["largest_input"], _input_of(u))
-            spent["largest_cost"] = max(spent["largest_cost"], u.cost_usd)
-
-        def budget_left() -> str | None:
-            """A second call only if one with an input the size of its largest so far still fits the slice."""
-            if self.interrupt.is_set():
-                return INTERRUPTED
-            if spent["tokens"] and allowance["tokens"] is not None \
-                    and spent["tokens"] + spent["largest_input"] >= allowance["tokens"]:
-                return str(StopReason.TOKEN_BUDGET)
-            if spent["cost"] and allowance["cost_usd"] is not None \
-                    and spent["cost"] + spent["largest_cost"] > allowance["cost_usd"]:
-                return str(StopReason.COST_BUDGET)
-            return None
-
-        text = wrapup.prompt(work.goal, n, decision, parts, allowance["tokens"])
-        record = self._transcript = self._new_transcript(n, attempt)
-        record.record(TranscriptKind.PROMPT, {"text": text, "wrapup": True})
-        ctx = ActContext(self.work_id, n, attempt, self.history.workspace, wrapup.INSTRUCTIONS, text,
-                         max_turns=wrapup.MAX_TURNS, remaining=remaining, record=record.record)
-        outcome = None
-        try:
-            with read_only(), telemetry.current().step("wrap_up"):
-                outcome = backend.act(ctx, on_usage=on_usage, budget_left=budget_left)
-        except Exception as exc:  # noqa: BLE001 - the note then comes from the record; the run ends all the same
-            self.log.warning("wrapup_failed", error=str(exc), next="a hand-off note from the record")
-        if outcome is not None:
-            record.record(TranscriptKind.OUTCOME, _outcome_entry(outcome))
-        with self.w.transaction() as tx:
-            elapsed = self.clock() - t0
-            wrapped = outcome is not None and outcome.status == ActStatus.OK
-            record.flush(tx)
-            tx.update("attempts", (self.work_id, attempt), ended_at=tx.now,
-                      outcome=AttemptOutcome.WRAPPED_UP if wrapped else AttemptOutcome.WRAPUP_FAILED,
-                      detail=None if wrapped else (outcome.status if outcome else "error"))
-            tx.update("work_items", self.work_id, elapsed_s=work_q.item(tx.conn, self.work_id).elapsed_s + elapsed,
-                      updated_at=tx.now)
-        self.history.reset_to(self.settled(its))   # whatever the act did, the run ends where it stood
-        ok = outcome is not None and outcome.status in ("ok", "failed") and outcome.turns > 0
-        return attempt, (outcome.summary if ok else ""), elapsed
-
-
-def _outcome_entry(outcome: ActOutcome) -> dict:
+def outcome_entry(outcome: ActOutcome) -> dict:
     """The transcript's record of how an act ended."""
     return {"status": outcome.status, "stop_reason": outcome.stop_reason, "error_code": outcome.error_code,
             "error": outcome.error, "turns": outcome.turns, "summary": outcome.summary}
 
 
-def _why_not(allowance: dict, progress: RunProgress) -> str | None:
-    """Why the wrap-up's slice leaves no room for a call the size of the run's largest (or for a
-    prompt and a note) on some budget; None when it does."""
-    tokens, cost, seconds = allowance["tokens"], allowance["cost_usd"], allowance["seconds"]
-    if cost is not None and (cost <= 0 or cost < progress.largest_cost):
-        return f"${max(0.0, cost):.4f} was left, and a call of this run has cost up to ${progress.largest_cost:.4f}"
-    if seconds is not None and seconds < MIN_WRAPUP_SECONDS:
-        return f"{max(0.0, seconds):.1f} s was left, under the {MIN_WRAPUP_SECONDS:g} s a wrap-up needs"
-    if not wrapup.fits(tokens):
-        return f"{tokens:g} tokens were left, under the {MIN_WRAPUP_TOKENS} a prompt and a note need"
-    if tokens is not None and tokens < progress.largest_input + MIN_WRAPUP_TOKENS:
-        return (f"{tokens:g} tokens were left, and a call of this run has taken up to {progress.largest_input} "
-                "of input before its answer")
-    return None
-
-
-def _input_of(u: Usage) -> int:
+def input_of(u: Usage) -> int:
     """What of a call's budget tokens is its input (known only once the call is answered)."""
     return u.input_tokens + u.cache_creation_input_tokens
 
 
-def _feedback(conn, work_id: str, its: list, verdicts: dict) -> str:
+def feedback(conn, work_id: str, its: list, verdicts: dict) -> str:
     if not its:
         return ""
     last = its[-1]["n"]

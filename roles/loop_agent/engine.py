@@ -15,7 +15,7 @@ work item) is derived again from state.db first.
 Every ending goes through the stop policy (``policy``) and ``state_db.ending.end_run``: a model
 error, a cancel, the org spend cap and a verdict wait given up all raise the policy's flags, and
 the policy's decision is what ends the run. When a budget trips, one bounded wrap-up act writes
-a hand-off note first (``roles.loop_agent.wrapup``); the stop reason stays the budget's. An error
+a hand-off note first (``roles.loop_agent.wrapup.hand_off``); the stop reason stays the budget's. An error
 the policy does not know pauses the run for a human (``roles.loop_agent.triage``).
 
 Exactly-once, precisely:
@@ -42,7 +42,7 @@ from typing import Callable
 import structlog
 
 from roles.base import telemetry
-from roles.loop_agent import gate, progress as prog, steps, triage
+from roles.loop_agent import gate, progress as prog, steps, triage, wrapup
 from roles.loop_agent.acting import INTERRUPTED, Acting  # noqa: F401 - INTERRUPTED: the code of a cut act
 from roles.loop_agent.backends.base import Backend
 from roles.loop_agent.remote_verify import VerifyAbandoned, VerifyInterrupted
@@ -307,7 +307,7 @@ class LoopEngine:
             self.acting.reflect(view.iteration(step.n), view.verdicts[step.n])
             return self.derive()
         if isinstance(step, WrapUp):
-            return Ended(self._end(*self.acting.wrap_up(view, step.decision, self.backend, self.policy)))
+            return Ended(self._end(*wrapup.hand_off(self.acting, view, step.decision, self.backend, self.policy)))
         if isinstance(step, AwaitHuman):
             its = view.iterations
             if not gate.settle(self.w, self.work_id, str(self.history.workspace), self.settings.gate_runner,

@@ -134,8 +134,8 @@ class Ended(Step):
     decision: StopDecision
 
 
-_KINDS: dict[str, type[Step]] = {c.kind: c for c in (AwaitPreflight, ActAgain, AwaitVerdict, Reflect, WrapUp, AwaitHuman,
-                                                     Parked, Paused, Ended)}
+_KINDS: dict[str, type[Step]] = {c.kind: c for c in (AwaitPreflight, ActAgain, AwaitVerdict, Reflect, WrapUp,
+                                                     AwaitHuman, Parked, Paused, Ended)}
 
 
 def decode(data: dict[str, Any] | str | None) -> Step | None:
