@@ -23,7 +23,8 @@ Usage: ``bench/loop.py --json [--iterations N]`` (default run ≤ 45 s).
   half again from hour to hour, and the overhead with it. Only the on-disk figure is held to
   the target. What was made before the run starts is frozen out of the collector's way
   (``gc.freeze()``), as a role process does once it is ready.
-Targets: overhead ≤ 3 ms, ratio ≤ 1.3, checkpoint ≤ 50 ms.
+Targets: overhead ≤ 10 ms (a guard: checkpoints stay real git objects through libgit2, and the earlier
+≤ 3 ms target is retired with that decision), ratio ≤ 1.3, checkpoint ≤ 50 ms.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TARGETS = {"overhead_ms_per_iteration": 3.0, "variable_prompt_growth_ratio": 1.3, "checkpoint_ms_10k_files": 50.0}
+TARGETS = {"overhead_ms_per_iteration": 10.0, "variable_prompt_growth_ratio": 1.3, "checkpoint_ms_10k_files": 50.0}
 
 
 # A realistic goal and a realistic failing check: its output (≈1.3 kB, like a short pytest
