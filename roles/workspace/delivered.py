@@ -16,7 +16,17 @@ Why no byte the user runs can differ from a byte the checks ran:
    commit (``WorkspaceHistory.reset_to``: everything the commit does not describe is removed,
    ignored files and build caches included). The doer's changes outside the scope are kept
    first, apart, as a commit of their own (``refs/held/<n>``: ``org export ID --held`` writes
-   them as a patch, ``org apply ID --held`` applies it).
+   them as a patch, ``org apply ID --held`` applies it). What no commit could keep — a compiled
+   cache, a fifo, the work tree of a repository the doer nested — is named in the proof
+   (``Delivery.removed``, walked before the reset by name and type: ``unrecorded``), so the
+   human sees what was taken out as well as what was kept.
+
+   The allow-list is the verified tree itself, and nothing else. The environments a project
+   keeps in its workspace (a ``.venv``, ``node_modules``, ignored as they are) are recorded
+   like every other file, and are outside every default change scope, so the verified tree
+   holds them as they were at the baseline — the environment the user made and the checks ran
+   with — and delivery puts them back so, whatever the doer changed there. The one exception
+   is below: a repository nested at the baseline, the user's own checkout.
 4. *It is proved, not assumed.* ``differences`` then reads every file of the workspace and
    compares its git object id — a hash of its content, read without following links or blocking
    (``blob_id``) — and its mode with the verified tree's (not a stat: a file whose stat was kept
@@ -62,13 +72,15 @@ class VerifiedUnknown(HistoryError):
 @dataclass(frozen=True)
 class Delivery:
     """What ``deliver`` did: the verified commit the workspace now holds, the commit that keeps the
-    doer's changes outside the scope (None: there were none), the paths they touch, and the
-    paths where the workspace still differs from the verified tree (empty: proved)."""
+    doer's changes outside the scope (None: there were none), the paths they touch, the paths
+    where the workspace still differs from the verified tree (empty: proved), and what delivery
+    took out that no commit records (``unrecorded``: a folder ends in ``/``)."""
 
     verified: str
     held: str | None
     held_paths: tuple[str, ...]
     differs: tuple[str, ...]
+    removed: tuple[str, ...] = ()
 
     @property
     def proved(self) -> bool:
@@ -185,6 +197,45 @@ def touched_since(workspace: Path, folders: list[str], since_ns: int, *, limit: 
     return sorted(found)[:limit]
 
 
+def unrecorded(workspace: Path, repo: pygit2.Repository, verified: str, held: str | None, *,
+               limit: int = 200) -> list[str]:
+    """What the workspace holds that neither the verified tree nor the held commit records as a
+    file: build caches, special files, and each repository the doer nested, named once as its
+    folder (``dir/``: its work tree is recorded as a commit id at most, which delivery does not
+    keep). A repository nested at the baseline and still in the verified tree is the user's and
+    is left alone. Read by name and type only, without following links; at most ``limit``."""
+    want = shadow.files(repo, repo[pygit2.Oid(hex=verified)].tree_id)
+    kept = {p for p, (mode, _) in want.items() if mode != 0o160000}
+    theirs = {p for p, (mode, _) in want.items() if mode == 0o160000}
+    if held:
+        kept |= {p for p, (mode, _) in shadow.files(repo, repo[pygit2.Oid(hex=held)].tree_id).items()
+                 if mode != 0o160000}
+    found: list[str] = []
+    top = os.fsencode(workspace)
+    stack = [b""]
+    while stack and len(found) < limit:
+        rel = stack.pop()
+        try:
+            entries = sorted(os.scandir(top + b"/" + rel if rel else top), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for entry in entries:
+            if not rel and entry.name == b".git":
+                continue
+            sub = rel + b"/" + entry.name if rel else entry.name
+            text = os.fsdecode(sub)
+            if entry.is_dir(follow_symlinks=False):
+                if text in theirs:
+                    continue
+                if os.path.lexists(entry.path + b"/.git"):
+                    found.append(text + "/")
+                else:
+                    stack.append(sub)
+            elif text not in kept:
+                found.append(text)
+    return sorted(found)[:limit]
+
+
 def _nested_left(paths: list[str], tree: set[str]) -> list[str]:
     """The folders of repositories the doer nested that are not part of ``tree`` (their ``.git``
     is what is left of them after a reset)."""
@@ -221,6 +272,7 @@ def deliver(history, verified: str, n: int) -> Delivery:
     ref = HELD_REF.format(n=n)
     held = history.record_apart(ref, verified, f"loop-org changes held outside the scope\n\niteration: {n}")
     held_paths = tuple(history.changed_paths(verified, held)) if held else ()
+    removed = tuple(history.unrecorded(verified, held))
     history.reset_to(verified)
     differs = history.workspace_differences(verified)
     leftovers = _nested_left(differs, set(history.entries(verified)))
@@ -229,7 +281,7 @@ def deliver(history, verified: str, n: int) -> Delivery:
     if leftovers:
         differs = history.workspace_differences(verified)
     differs = tuple(differs)
-    result = Delivery(verified, held, held_paths, differs)
+    result = Delivery(verified, held, held_paths, differs, removed)
     log.info("workspace_delivered", workspace=str(history.workspace), verified=verified, held=held,
-             held_paths=len(held_paths), proved=result.proved, differs=list(differs[:5]))
+             held_paths=len(held_paths), removed=list(removed[:5]), proved=result.proved, differs=list(differs[:5]))
     return result
