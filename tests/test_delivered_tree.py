@@ -160,3 +160,37 @@ def test_what_the_runtime_would_load_beside_the_verified_tree_is_taken_out_and_n
     from scripts.cli.commands.show import delivered_lines
     lines = delivered_lines({"id": "w", "delivered": got.encode()})
     assert lines[-1] == f"taken out (never recorded, so never verified): {pyc}, pkg/impl/"
+
+
+def test_compiled_code_planted_in_a_repository_nested_at_the_baseline_is_taken_out(tmp_path, ws):
+    """The user's own nested checkout is left as it is, but for its build caches: an unchecked
+    compiled module there is what the interpreter loads instead of the checkout's source."""
+    import py_compile
+    import sys
+
+    nested = ws / "vendor"
+    nested.mkdir()
+    (nested / "__init__.py").write_text("")
+    (nested / "lib.py").write_text("def g():\n    return 'source'\n")
+    git = ["git", "-C", str(nested), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(nested)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    hist = _hist(tmp_path, ws)
+    hist.baseline()
+    (tmp_path / "planted.py").write_text("def g():\n    return 'planted'\n")
+    pyc = f"vendor/__pycache__/lib.{sys.implementation.cache_tag}.pyc"
+    (ws / "vendor" / "__pycache__").mkdir()
+    py_compile.compile(str(tmp_path / "planted.py"), cfile=str(ws / pyc), dfile="vendor/lib.py",
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+
+    def runs() -> str:
+        return subprocess.run([sys.executable, "-c", "from vendor.lib import g; print(g())"], cwd=ws,
+                              capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+
+    assert runs() == "planted"
+    c1 = hist.checkpoint(1)
+    assert "vendor/__pycache__/" in differences(ws, hist._repo, hist.tree_id(c1))
+    got = deliver(hist, c1, 1)
+    assert got.proved and got.removed == ("vendor/__pycache__/",)
+    assert runs() == "source" and (nested / "lib.py").exists() and (nested / ".git").is_dir()

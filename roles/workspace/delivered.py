@@ -43,6 +43,9 @@ in it at the baseline (recorded as its ``HEAD``, as git records it): the user's 
 which the checks never see either (a snapshot holds an empty folder there). Its files are not
 compared by content; instead any of them changed after the baseline was recorded — by its
 ctime, which an unprivileged process cannot set back — makes the pass fail (``touched_since``).
+Its build caches are not looked at there (a test run makes them), so delivery removes them and
+the proof finds none left (``caches_below``): compiled code in them is loaded before the source
+it was compiled from, and may not have been compiled from it.
 """
 from __future__ import annotations
 
@@ -145,6 +148,8 @@ def differences(workspace: Path, repo: pygit2.Repository, tree: pygit2.Oid | str
             if stat.S_ISDIR(st.st_mode):
                 if text in gitlinks:
                     seen.add(text)
+                    if not skip_caches:       # compiled code the runtime would load before the source
+                        found.extend(p + "/" for p in caches_below(workspace, text))
                 elif skip_caches and name in shadow.CACHE_DIRS:
                     continue
                 else:
@@ -169,6 +174,30 @@ def differences(workspace: Path, repo: pygit2.Repository, tree: pygit2.Oid | str
     walk(b"")
     if len(found) < limit:
         found += sorted(p for p in want if p not in seen)[: limit - len(found)]
+    return sorted(found)
+
+
+def caches_below(workspace: Path, folder: str) -> list[str]:
+    """The build caches (``shadow.CACHE_DIRS``) below ``folder`` of ``workspace`` (a repository
+    nested at the baseline, whose work tree the history does not record), its ``.git`` aside;
+    links are not followed."""
+    found: list[str] = []
+    top = os.fsencode(workspace)
+    stack = [os.fsencode(folder)]
+    while stack:
+        rel = stack.pop()
+        try:
+            entries = list(os.scandir(top + b"/" + rel))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for entry in entries:
+            if entry.name == b".git" or not entry.is_dir(follow_symlinks=False):
+                continue
+            sub = rel + b"/" + entry.name
+            if entry.name in shadow.CACHE_DIRS:
+                found.append(os.fsdecode(sub))
+            else:
+                stack.append(sub)
     return sorted(found)
 
 
@@ -278,7 +307,14 @@ def deliver(history, verified: str, n: int) -> Delivery:
     leftovers = _nested_left(differs, set(history.entries(verified)))
     for folder in leftovers:                # a repository the doer nested: libgit2 leaves its .git
         shadow.remove(os.fsencode(Path(history.workspace) / folder))
-    if leftovers:
+    # a repository nested at the baseline is the user's, left as it is but for its build caches,
+    # which nothing records: compiled code there is what the runtime would load before the source
+    theirs = [p for p, (mode, _) in history.entries(verified).items() if mode == 0o160000]
+    caches = [c for folder in theirs for c in caches_below(Path(history.workspace), folder)]
+    for cache in caches:
+        shadow.remove(os.fsencode(Path(history.workspace) / cache))
+    removed = (*removed, *(c + "/" for c in caches))
+    if leftovers or caches:
         differs = history.workspace_differences(verified)
     differs = tuple(differs)
     result = Delivery(verified, held, held_paths, differs, removed)
