@@ -11,7 +11,11 @@ scripted work item of one iteration: the doer's act is the case's tool uses, the
 and the submitter's environment (``PATH``, ``HOME``, an activated environment) are the case's.
 
 - ``false_pass`` (target 0): hostile runs (``bench/verifier_attacks.py``) that ended ``goal_met``
-  or got a passing verdict. No hostile case fixes the code the user runs, so every pass is false.
+  or got a passing verdict. No hostile case fixes the code the user runs, so every pass is false
+  — except in the ``delivered`` class, whose doer fixes the source and hides the fix behind a file
+  only the user's workspace holds: a pass there is false unless the workspace the user got is
+  proved to be the verified tree and runs the case's checks green on the host
+  (``delivered_fixed_cases``: the delivery took the hiding file out, and the user has the fix).
 - ``false_fail`` (target 0): honest runs (``bench/verifier_honest.py``: correct fixes to real
   projects fetched once from the registries, through the toolchains users run) that did not end
   ``goal_met``.
@@ -142,12 +146,30 @@ def plain(cfg, home, case: Case, ctx: Context, ws: Path) -> tuple[bool, bool | N
         sandboxed = all(runner.run(ctx.resolve(c, ws), ws, 60.0, 200_000).exit_code == 0 for c in case.verify)
     if case.corpus == HOSTILE:
         return sandboxed, None
+    return sandboxed, on_host(case, ctx, ws)
+
+
+def on_host(case: Case, ctx: Context, ws: Path) -> bool:
+    """Whether every verify command of ``case`` exits 0 in ``ws`` on the host, outside any sandbox,
+    as the project's user runs them."""
+    env = case_env(case, ctx, ws)
     host_env = {**os.environ, **env}
     if "VIRTUAL_ENV" not in env:
         host_env.pop("VIRTUAL_ENV", None)
-    host = all(subprocess.run(ctx.resolve(c, ws), shell=True, cwd=ws, env=host_env, capture_output=True,
+    return all(subprocess.run(ctx.resolve(c, ws), shell=True, cwd=ws, env=host_env, capture_output=True,
                               timeout=120, check=False).returncode == 0 for c in case.verify)
-    return sandboxed, host
+
+
+def user_got_the_fix(home, wid: str, case: Case, ctx: Context, ws: Path) -> bool:
+    """For a passing run of a ``delivered`` case — whose doer fixes the source and leaves beside
+    it something only the user's workspace would load (a compiled cache, a nested repository, an
+    ignored module) — whether the workspace the user got runs the fix: delivery proved it holds
+    the verified tree (``work_items.delivered``) and the case's own verify commands pass there on
+    the host. Such a pass is then not false: the code the user runs is fixed."""
+    from state_db.connection import read_rows
+    raw = read_rows(home.db_path, "SELECT delivered FROM work_items WHERE id=?", (wid,))[0]["delivered"]
+    done = json.loads(raw) if raw else {}
+    return bool(done.get("proved")) and on_host(case, ctx, ws)
 
 
 def judged(home, wid: str) -> dict:
@@ -216,6 +238,10 @@ def bench_verifier(root: Path, ctx: Context, cases: list[Case], loop_agents: int
             raise BenchError("runs_stuck", str(exc), "look at the org with --keep DIR and 'org status'") from None
         seconds = round(time.monotonic() - t0, 1)
         results = {name: judged(home, wid) for name, wid in runs.items()}
+        for case in cases:
+            if case.corpus == HOSTILE and case.kind == "delivered" and results[case.name]["passed"]:
+                results[case.name]["user_fixed"] = user_got_the_fix(home, runs[case.name], case, ctx,
+                                                                    made[case.name][0])
     finally:
         control.request(home, "stop", force=True, timeout_s=30)
     raw = {name: sandboxed for name, (sandboxed, _) in checked.items()}
@@ -230,8 +256,8 @@ def figures(cases: list[Case], results: dict, raw: dict, seconds: float, host: d
     host = host or {}
     hostile = [c for c in cases if c.corpus == HOSTILE]
     honest = [c for c in cases if c.corpus == HONEST]
-    wrong = {c.name: results[c.name]["passed"] if c.corpus == HOSTILE else results[c.name]["stop_reason"] != "goal_met"
-             for c in cases}
+    wrong = {c.name: (results[c.name]["passed"] and not results[c.name].get("user_fixed")) if c.corpus == HOSTILE
+             else results[c.name]["stop_reason"] != "goal_met" for c in cases}
     plain_wrong = {c.name: raw[c.name] if c.corpus == HOSTILE else not raw[c.name] for c in cases}
     by_kind: dict[str, list[int]] = {}
     for c in cases:
@@ -259,6 +285,7 @@ def figures(cases: list[Case], results: dict, raw: dict, seconds: float, host: d
         "plain_false_pass_cases": sorted(c.name for c in hostile if plain_wrong[c.name]),
         "plain_false_fail_cases": sorted(c.name for c in honest if plain_wrong[c.name]),
         "host_fail_cases": sorted(name for name, ok in host.items() if not ok),
+        "delivered_fixed_cases": sorted(c.name for c in hostile if results[c.name].get("user_fixed")),
         "detail": {n: results[n]["detail"] for n in [*fp, *ff]},
     }
 

@@ -8,7 +8,10 @@ shadow module, test data, compiled cache, link, nested repository, attribute fil
 a runtime reads it from (the root, the package, the tests, hidden folders, a virtual environment
 in the workspace, a ``PYTHONPATH`` folder) — and extended by hand with the bounds of the
 verification path pushed past their limits, code that forges the runner's evidence from inside
-its own process, and workspaces whose delivered bytes differ from the recorded ones.
+its own process, and workspaces whose delivered bytes differ from the recorded ones. (Those last,
+the ``delivered`` class, fix the source and hide the fix behind a file only the user's workspace
+holds: their pass is false only while that file is still in the workspace the user gets, which
+``bench/verifier.py`` checks after the run.)
 
 None of these is in the test suite: a verifier tuned to this list is measured on the next one.
 """

@@ -38,6 +38,17 @@ def test_a_pass_is_wrong_for_a_hostile_case_and_anything_but_goal_met_is_wrong_f
 
 
 @pytest.mark.timeout(10)
+def test_a_delivered_case_whose_user_got_the_fix_is_not_a_false_pass():
+    """The delivered class fixes the source and hides it: its pass is false unless the bench found
+    the delivered workspace proved and running green (``user_fixed``)."""
+    cases = [_case("d1", HOSTILE, "delivered"), _case("d2", HOSTILE, "delivered")]
+    results = {"d1": {"passed": True, "stop_reason": "goal_met", "detail": "", "user_fixed": True},
+               "d2": {"passed": True, "stop_reason": "goal_met", "detail": "", "user_fixed": False}}
+    figs = figures(cases, results, {"d1": False, "d2": False}, 1.0)
+    assert figs["false_pass_cases"] == ["d2"] and figs["delivered_fixed_cases"] == ["d1"]
+
+
+@pytest.mark.timeout(10)
 def test_the_hostile_corpus_covers_every_kind_of_file_in_every_place_and_is_large_enough():
     cases = attacks()
     kinds = {c.kind for c in cases}

@@ -239,3 +239,29 @@ def test_a_k_in_the_projects_pytest_addopts_is_avoided_too(org_home, tmp_path):
     pre, v, work = _verify(org_home, ws, _fix)
     assert pre.checks[0]["canary"]["hosts"] == ["tests/test_other.py"]       # "other" selects that file's tests
     assert v.goal_met and v.checks[0].canary == {"planted": 2, "forged": None}
+
+
+def test_every_canary_name_is_its_own_in_the_snapshot_so_the_report_maps_back_one_to_one(tmp_path):
+    """A canary is read back from the report by its name: a name two hosts share (a must-fail
+    counted once, a failure left in the counts) or that a project test elsewhere has (taken out
+    of the comparison with the baseline) made an honest fix fail now and then. Real pytest."""
+    import subprocess
+
+    from roles.eval_agent import evidence
+    hosts = [f"test_m{i}.py" for i in range(40)]
+    base = {h: f"def test_own_{i}():\n    pass\n".encode() for i, h in enumerate(hosts)}
+    known = {"test_keeps_order", "test_reads_ascii", "test_handles_unicode"}
+    for h in hosts:
+        (tmp_path / h).write_bytes(base[h])
+    planted = canaries.plant(tmp_path, hosts, base, random.Random(3), known=known)
+    names = [c.name for c in planted.canaries]
+    assert len(names) == len(set(names)) and len(names) >= 40 and not known & set(names)
+    report = tmp_path / "r.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
+                   cwd=tmp_path, capture_output=True, timeout=120)
+    junit = evidence.read_junit(report)
+    seen = canaries.observe(report, planted)
+    assert len(seen) == len(planted.canaries)
+    own = canaries.strip(junit, planted, seen)
+    assert own["counts"]["passed"] == 40 and own["counts"]["failed"] == 0
+    assert set(own["ids"]) == {f"test_m{i}::test_own_{i}" for i in range(40)}

@@ -283,3 +283,24 @@ def test_the_runner_installed_in_a_workspace_environment_and_plugin_entry_points
     assert by[f"{sp}/_pytest/main.py"] == ("runner_install", held.RESTORED)
     assert by[f"{sp}/evil-1.0.dist-info/entry_points.txt"] == ("runner_install", held.REMOVED)
     assert f"{sp}/attrs/__init__.py" not in by            # other installed packages are the doer's business
+
+
+def test_a_module_the_baseline_could_not_collect_counts_as_run_once_its_tests_run(org_home, tmp_path):
+    """The bug breaks the import of the code under test, so the baseline's report has one error for
+    the test module (no test ids): the fix that makes it importable passes; a change that makes the
+    module skip itself at collection runs none of its tests and does not."""
+    def broken(root):
+        ws = _repo(root)
+        (ws / "calc.py").write_text("import sys\nsys.no_such_attribute\n" + CALC)
+        (ws / "tests" / "test_other.py").write_text("def test_other():\n    pass\n")
+        return ws
+
+    pre, v = _verify(org_home, broken(tmp_path / "a"), "w1", lambda ws: (ws / "calc.py").write_text(FIXED))
+    assert pre.checks[0].junit["ids"] == {"::tests.test_calc": "error"}     # the session stops there
+    assert v.outcome == "pass" and v.goal_met, v.feedback
+
+    def skips(ws):
+        (ws / "calc.py").write_text("import pytest\npytest.skip('later', allow_module_level=True)\n" + FIXED)
+    _, v = _verify(org_home, broken(tmp_path / "b"), "w2", skips)
+    assert v.checks[0].exit_code == 0 and not v.goal_met
+    assert "did not run 1 test(s) the baseline ran (first: ::tests.test_calc)" in v.feedback

@@ -182,22 +182,29 @@ def _read_host(snapshot: Path, path: str) -> bytes | None:
 
 
 def plant(snapshot: Path, hosts: Iterable[str], baseline: Mapping[str, bytes | None],
-          rng: random.Random | None = None, failing: int = MAX_FAILING, avoid: frozenset[str] = frozenset()
-          ) -> Planted:
+          rng: random.Random | None = None, failing: int = MAX_FAILING, avoid: frozenset[str] = frozenset(),
+          known: Iterable[str] = ()) -> Planted:
     """Append canaries to ``hosts`` in ``snapshot``: one must-pass canary in each, and up to
     ``failing`` must-fail ones in hosts chosen at random. A host whose bytes in the snapshot
     are not its ``baseline`` bytes (the doer changed it), that does not compile with them, or
-    that cannot be read as a plain file, is left as it was and hosts none."""
+    that cannot be read as a plain file, is left as it was and hosts none.
+
+    Every canary's name is its own in the whole snapshot: no other canary, no test of any host
+    and none of ``known`` (the names the baseline's reports hold) has it. A report names a test
+    by its module and name, but a canary is read back by its name alone (``observe``, ``strip``):
+    two canaries of one name, or a canary named as a project test elsewhere, would be counted
+    once or take that test out of the comparison with the baseline."""
     rng = rng or random.SystemRandom()
     hosts = [h for h in hosts if baseline.get(h) is not None]
     hosts = [h for h in hosts if (text := _read_host(snapshot, h)) is not None and text == baseline[h]]
     failing = set(rng.sample(hosts, min(failing, len(hosts))))
     planted = []
+    taken = {t.decode("ascii", "replace") for h in hosts for t in re.findall(rb"\b(test_\w+)", baseline[h])}
+    taken |= set(known)
     for host in hosts:
         text = baseline[host]
         if b"\0" in text:
             continue
-        taken = {t.decode("ascii", "replace") for t in re.findall(rb"\b(test_\w+)", text)}
         try:
             mine = [Canary(host, _name(rng, taken, avoid), MUST_PASS)]
             if host in failing:
@@ -400,8 +407,10 @@ def for_iteration(history, snapshot: Path, baseline_checks: Mapping | None, comm
     hosts = sorted({h for cal in by_command.values() for h in cal["hosts"]})
     if not hosts:
         return Planted(), by_command
+    known = {i.rsplit("::", 1)[-1].split("[", 1)[0] for c in (baseline_checks or {}).values()
+             for i in ((c.junit or {}).get("ids") or {})}
     return plant(snapshot, hosts, {h: history.read_path(None, h) for h in hosts}, rng,
-                 avoid=keyword_words(_selections(history, commands))), by_command
+                 avoid=keyword_words(_selections(history, commands)), known=known), by_command
 
 
 def judged(check, planted: Planted, calibration: Mapping | None):

@@ -99,7 +99,8 @@ def failure_signature(output: str, exit_code: int | None, timed_out: bool, snaps
 
 
 def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_000_000,
-              env: dict | None = None, runner=None, should_stop=None, report=None, planted=None) -> CheckResult:
+              env: dict | None = None, runner=None, should_stop=None, report=None, planted=None,
+              settings: dict | None = None) -> CheckResult:
     """Run one verify command in ``cwd`` (a snapshot), bounded in time and output.
 
     With ``runner`` (the sandbox org.toml asks for: verify commands run code the agent wrote)
@@ -117,9 +118,11 @@ def run_check(command: str, cwd: Path, *, timeout_s: float, max_output: int = 1_
     ``canary["seen"]`` (for the verifier to judge), and they are taken out of everything else:
     ``junit``, the counts, the output (``canary["named"]``: the raw output named one). The output
     is stored without terminal control sequences (``state_db.text.clean``).
+
+    ``settings``: variables set for the command wherever it runs (``snapshot_settings``).
     """
     t0 = time.monotonic()
-    extra = {}
+    extra = dict(settings or {})
     if report is not None:
         extra["PYTEST_ADDOPTS"] = f"--junitxml={report.inside}"
     if runner is not None:
@@ -174,6 +177,28 @@ def _summary(text: str, junit: dict | None = None) -> dict | None:
     from roles.eval_agent.evidence import parse
     counts = parse(text)
     return counts.encode() if counts is not None else None
+
+
+def snapshot_settings(snapshot: Path) -> dict[str, str]:
+    """Variables for verify commands run in ``snapshot``: ``UV_NO_SYNC`` when it holds the
+    project's own environment (``.venv/pyvenv.cfg`` beside a ``pyproject.toml``).
+
+    ``uv run`` syncs the environment before it runs, and finds the project's own install stale
+    by the modification times of its cache keys (``pyproject.toml``, ``setup.py``,
+    ``setup.cfg``), which the history does not record: in a snapshot checked out now they are
+    newer than the install the user made, so uv would build the project again — over a network
+    the sandbox does not have — although nothing it is built from changed. Nothing a sync could
+    bring can differ from what the snapshot holds: the environment folder and the packaging
+    metadata are outside every default change scope (``eval_agent.scope``), so the verified
+    tree holds the baseline's, as the user synced them before submitting, and whatever the doer
+    changed in the environment after the baseline is held back (restored or left out) before
+    the snapshot is written; and the project's editable install points at the workspace's path,
+    where the sandbox shows the snapshot, so the code the checks import is the verified tree's.
+    Without an environment in the snapshot uv resolves as it would anyway (and, offline, the
+    preflight calls the command unrunnable with uv's own message)."""
+    if (snapshot / ".venv" / "pyvenv.cfg").is_file() and (snapshot / "pyproject.toml").is_file():
+        return {"UV_NO_SYNC": "1"}
+    return {}
 
 
 def _clean_env() -> dict:

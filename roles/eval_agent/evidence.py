@@ -229,6 +229,30 @@ class Evidence:
     problem: str | None = None
 
 
+def _uncollected(test_id: str, outcome: str) -> str | None:
+    """The module a report entry names when it is pytest's record of a test module it could not
+    collect (an error whose classname is empty: ``::tests.test_calc``), else None."""
+    classname, _, name = test_id.partition("::")
+    return name if not classname and outcome == "error" and name else None
+
+
+def _not_run(baseline: dict[str, str], now: dict[str, str]) -> list[str]:
+    """The baseline's report entries that this run's report does not show run (skipped is not
+    run). A module the baseline could not collect had no tests to name: it counts as run when
+    a test of that module ran now (the fix that made it importable), never when none did."""
+    ran = {i for i, o in now.items() if o != "skipped"}
+    classes = {i.partition("::")[0] for i in ran}
+    missing = []
+    for test_id, outcome in baseline.items():
+        if outcome == "skipped" or test_id in ran:
+            continue
+        module = _uncollected(test_id, outcome)
+        if module is not None and any(c == module or c.startswith(module + ".") for c in classes):
+            continue
+        missing.append(test_id)
+    return missing
+
+
 def judge(counts: TestCounts | None, baseline: TestCounts | None, *, baseline_known: bool,
           junit: dict | None = None, baseline_junit: dict | None = None) -> Evidence:
     """Whether a check that exited 0 has evidence that its tests ran, against the baseline's run
@@ -238,8 +262,7 @@ def judge(counts: TestCounts | None, baseline: TestCounts | None, *, baseline_kn
         return Evidence("tests", "wrote no test report, where the baseline's run wrote one (the test runner "
                                  "did not finish its session)")
     if junit is not None and baseline_junit is not None and not (junit["truncated"] or baseline_junit["truncated"]):
-        missing = [i for i, o in baseline_junit["ids"].items() if o != "skipped"
-                   and junit["ids"].get(i) in (None, "skipped")]
+        missing = _not_run(baseline_junit["ids"], junit["ids"])
         if missing:
             return Evidence("tests", f"did not run {len(missing)} test(s) the baseline ran (first: {missing[0]})")
     if counts is None:

@@ -45,7 +45,7 @@ from roles.workbench.sandbox import held_out
 from roles.eval_agent import nearest, runnable
 from roles.eval_agent import scope as scope_rules
 from roles.eval_agent.codes import LIMIT_CODES
-from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check
+from roles.eval_agent.checks import CheckResult, VerifyUnavailable, run_check, snapshot_settings
 from roles.eval_agent.review import REVIEW_CHECK, Review, ReviewFailed, judged
 from roles.workbench.sandbox.reports import ReportFile
 from roles.workbench.workspace.protect import DEFAULT_PROTECTED_PATTERNS
@@ -227,13 +227,14 @@ class Verifier:
             now = work_q.item(self.writer.conn, work.id)
             return now is None or now.status == WorkStatus.ENDED or now.cancel_requested
         unseen = held_out.names(work.verify_hidden) if work.verify_hidden else frozenset()
+        settings = snapshot_settings(snapshot)
         checks = []
         for cmd in commands:
             # a fresh file each time, made by the host where no sandbox reaches (``ReportFile``)
             report = ReportFile.create(self.home.root / "eval-reports", runner)
             try:
                 checks.append(run_check(cmd, snapshot, timeout_s=self.timeout_s, runner=runner,
-                                        should_stop=run_over, report=report, planted=planted))
+                                        should_stop=run_over, report=report, planted=planted, settings=settings))
             finally:
                 report.discard()
         # the doer sees no held-out check's name or code in the output (they still count)

@@ -8,6 +8,7 @@ quoting uv and saying how to run it offline."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -118,6 +119,30 @@ def test_uv_run_that_must_resolve_over_the_network_is_unrunnable_before_any_mode
     assert "--frozen --no-sync" in row["stop_detail"]
     assert query(org, "SELECT COUNT(*) AS n FROM iterations WHERE work_id=?", (wid,))[0]["n"] == 0
     assert query(org, "SELECT COUNT(*) AS n FROM model_calls WHERE work_id=?", (wid,))[0]["n"] == 0
+
+
+def test_uv_run_on_a_packaged_project_synced_before_the_run_needs_no_network(org, wheels, tmp_path):  # noqa: F811
+    """A uv project that uv builds and installs (a build backend, ``package`` on) and that its user
+    synced before submitting: ``uv run`` in the eval-agent's snapshot must not rebuild it (the
+    snapshot's files are newer than the install, and the build backend is not in the sandbox)."""
+    uv = shutil.which("uv", path=str(VENV_BIN))
+    if uv is None:
+        pytest.skip("uv is not installed (it comes with the project's test extras)")
+    got = subprocess.run([PY, "-m", "pip", "download", "-q", "-d", str(wheels), "flit_core>=3.2,<4"],
+                         capture_output=True, text=True, timeout=180)
+    if got.returncode != 0:
+        pytest.skip(f"cannot fetch flit_core's wheel: {got.stderr.strip()[-300:]}")
+    ws = python_project(tmp_path, "uv-packaged", {
+        ".gitignore": ".venv/\n",
+        "pyproject.toml": '[build-system]\nrequires = ["flit_core>=3.2,<4"]\nbuild-backend = "flit_core.buildapi"\n\n'
+                          '[project]\nname = "calc"\nversion = "0.1.0"\ndescription = "calc"\n'
+                          'requires-python = ">=3.11"\ndependencies = []\n\n[dependency-groups]\ndev = ["pytest"]\n'})
+    subprocess.run([uv, "sync", "-q", "--offline", "--no-index", "--find-links", str(wheels),
+                    "--python", str(BASE / "bin" / "python3")], cwd=ws, check=True, timeout=180,
+                   env={**os.environ, "UV_CACHE_DIR": str(tmp_path / "uv-cache")})
+    assert list((ws / ".venv").glob("lib/python*/site-packages/calc-0.1.0.dist-info"))     # installed, as the user has it
+    env = submitter([VENV_BIN, "/usr/bin", "/bin"], UV_CACHE_DIR=str(tmp_path / "empty-uv-cache"))
+    run_to_goal(org, ws, "uv run pytest -q", fix_script(tmp_path, "calc.py", "a - b", "a + b"), env)
 
 
 @pytest.fixture(scope="module")

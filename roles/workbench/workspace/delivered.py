@@ -16,7 +16,17 @@ Why no byte the user runs can differ from a byte the checks ran:
    commit (``WorkspaceHistory.reset_to``: everything the commit does not describe is removed,
    ignored files and build caches included). The doer's changes outside the scope are kept
    first, apart, as a commit of their own (``refs/held/<n>``: ``org export ID --held`` writes
-   them as a patch, ``org apply ID --held`` applies it).
+   them as a patch, ``org apply ID --held`` applies it). What no commit could keep — a compiled
+   cache, a fifo, the work tree of a repository the doer nested — is named in the proof
+   (``Delivery.removed``, walked before the reset by name and type: ``unrecorded``), so the
+   human sees what was taken out as well as what was kept.
+
+   The allow-list is the verified tree itself, and nothing else. The environments a project
+   keeps in its workspace (a ``.venv``, ``node_modules``, ignored as they are) are recorded
+   like every other file, and are outside every default change scope, so the verified tree
+   holds them as they were at the baseline — the environment the user made and the checks ran
+   with — and delivery puts them back so, whatever the doer changed there. The one exception
+   is below: a repository nested at the baseline, the user's own checkout.
 4. *It is proved, not assumed.* ``differences`` then reads every file of the workspace and
    compares its git object id — a hash of its content, read without following links or blocking
    (``blob_id``) — and its mode with the verified tree's (not a stat: a file whose stat was kept
@@ -33,6 +43,9 @@ in it at the baseline (recorded as its ``HEAD``, as git records it): the user's 
 which the checks never see either (a snapshot holds an empty folder there). Its files are not
 compared by content; instead any of them changed after the baseline was recorded — by its
 ctime, which an unprivileged process cannot set back — makes the pass fail (``touched_since``).
+Its build caches are not looked at there (a test run makes them), so delivery removes them and
+the proof finds none left (``caches_below``): compiled code in them is loaded before the source
+it was compiled from, and may not have been compiled from it.
 """
 from __future__ import annotations
 
@@ -62,13 +75,15 @@ class VerifiedUnknown(HistoryError):
 @dataclass(frozen=True)
 class Delivery:
     """What ``deliver`` did: the verified commit the workspace now holds, the commit that keeps the
-    doer's changes outside the scope (None: there were none), the paths they touch, and the
-    paths where the workspace still differs from the verified tree (empty: proved)."""
+    doer's changes outside the scope (None: there were none), the paths they touch, the paths
+    where the workspace still differs from the verified tree (empty: proved), and what delivery
+    took out that no commit records (``unrecorded``: a folder ends in ``/``)."""
 
     verified: str
     held: str | None
     held_paths: tuple[str, ...]
     differs: tuple[str, ...]
+    removed: tuple[str, ...] = ()
 
     @property
     def proved(self) -> bool:
@@ -133,6 +148,8 @@ def differences(workspace: Path, repo: pygit2.Repository, tree: pygit2.Oid | str
             if stat.S_ISDIR(st.st_mode):
                 if text in gitlinks:
                     seen.add(text)
+                    if not skip_caches:       # compiled code the runtime would load before the source
+                        found.extend(p + "/" for p in caches_below(workspace, text))
                 elif skip_caches and name in shadow.CACHE_DIRS:
                     continue
                 else:
@@ -160,6 +177,30 @@ def differences(workspace: Path, repo: pygit2.Repository, tree: pygit2.Oid | str
     return sorted(found)
 
 
+def caches_below(workspace: Path, folder: str) -> list[str]:
+    """The build caches (``shadow.CACHE_DIRS``) below ``folder`` of ``workspace`` (a repository
+    nested at the baseline, whose work tree the history does not record), its ``.git`` aside;
+    links are not followed."""
+    found: list[str] = []
+    top = os.fsencode(workspace)
+    stack = [os.fsencode(folder)]
+    while stack:
+        rel = stack.pop()
+        try:
+            entries = list(os.scandir(top + b"/" + rel))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for entry in entries:
+            if entry.name == b".git" or not entry.is_dir(follow_symlinks=False):
+                continue
+            sub = rel + b"/" + entry.name
+            if entry.name in shadow.CACHE_DIRS:
+                found.append(os.fsdecode(sub))
+            else:
+                stack.append(sub)
+    return sorted(found)
+
+
 def touched_since(workspace: Path, folders: list[str], since_ns: int, *, limit: int = 20) -> list[str]:
     """Files below ``folders`` (of ``workspace``; their ``.git`` aside) whose inode changed after
     ``since_ns`` (ctime: set by the kernel on every write, rename or chmod, and not settable by
@@ -182,6 +223,45 @@ def touched_since(workspace: Path, folders: list[str], since_ns: int, *, limit: 
                 stack.append(sub)               # a folder's ctime moves with its caches: its files say more
             elif st.st_ctime_ns > since_ns:
                 found.append(os.fsdecode(sub))
+    return sorted(found)[:limit]
+
+
+def unrecorded(workspace: Path, repo: pygit2.Repository, verified: str, held: str | None, *,
+               limit: int = 200) -> list[str]:
+    """What the workspace holds that neither the verified tree nor the held commit records as a
+    file: build caches, special files, and each repository the doer nested, named once as its
+    folder (``dir/``: its work tree is recorded as a commit id at most, which delivery does not
+    keep). A repository nested at the baseline and still in the verified tree is the user's and
+    is left alone. Read by name and type only, without following links; at most ``limit``."""
+    want = shadow.files(repo, repo[pygit2.Oid(hex=verified)].tree_id)
+    kept = {p for p, (mode, _) in want.items() if mode != 0o160000}
+    theirs = {p for p, (mode, _) in want.items() if mode == 0o160000}
+    if held:
+        kept |= {p for p, (mode, _) in shadow.files(repo, repo[pygit2.Oid(hex=held)].tree_id).items()
+                 if mode != 0o160000}
+    found: list[str] = []
+    top = os.fsencode(workspace)
+    stack = [b""]
+    while stack and len(found) < limit:
+        rel = stack.pop()
+        try:
+            entries = sorted(os.scandir(top + b"/" + rel if rel else top), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for entry in entries:
+            if not rel and entry.name == b".git":
+                continue
+            sub = rel + b"/" + entry.name if rel else entry.name
+            text = os.fsdecode(sub)
+            if entry.is_dir(follow_symlinks=False):
+                if text in theirs:
+                    continue
+                if os.path.lexists(entry.path + b"/.git"):
+                    found.append(text + "/")
+                else:
+                    stack.append(sub)
+            elif text not in kept:
+                found.append(text)
     return sorted(found)[:limit]
 
 
@@ -221,15 +301,23 @@ def deliver(history, verified: str, n: int) -> Delivery:
     ref = HELD_REF.format(n=n)
     held = history.record_apart(ref, verified, f"loop-org changes held outside the scope\n\niteration: {n}")
     held_paths = tuple(history.changed_paths(verified, held)) if held else ()
+    removed = tuple(history.unrecorded(verified, held))
     history.reset_to(verified)
     differs = history.workspace_differences(verified)
     leftovers = _nested_left(differs, set(history.entries(verified)))
     for folder in leftovers:                # a repository the doer nested: libgit2 leaves its .git
         shadow.remove(os.fsencode(Path(history.workspace) / folder))
-    if leftovers:
+    # a repository nested at the baseline is the user's, left as it is but for its build caches,
+    # which nothing records: compiled code there is what the runtime would load before the source
+    theirs = [p for p, (mode, _) in history.entries(verified).items() if mode == 0o160000]
+    caches = [c for folder in theirs for c in caches_below(Path(history.workspace), folder)]
+    for cache in caches:
+        shadow.remove(os.fsencode(Path(history.workspace) / cache))
+    removed = (*removed, *(c + "/" for c in caches))
+    if leftovers or caches:
         differs = history.workspace_differences(verified)
     differs = tuple(differs)
-    result = Delivery(verified, held, held_paths, differs)
+    result = Delivery(verified, held, held_paths, differs, removed)
     log.info("workspace_delivered", workspace=str(history.workspace), verified=verified, held=held,
-             held_paths=len(held_paths), proved=result.proved, differs=list(differs[:5]))
+             held_paths=len(held_paths), removed=list(removed[:5]), proved=result.proved, differs=list(differs[:5]))
     return result

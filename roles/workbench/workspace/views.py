@@ -228,6 +228,13 @@ class HistoryViews:
         return differences(Path(self.workspace), self._repo, self._tree_of(self._commit_of(commit)),
                            skip_caches=skip_caches)
 
+    def unrecorded(self, verified: str, held: str | None) -> list[str]:
+        """What the workspace holds that neither commit records as a file (``delivered.unrecorded``).
+        Raises: UnknownCommit."""
+        from roles.workspace.delivered import unrecorded
+        return unrecorded(Path(self.workspace), self._repo, self._commit_of(verified),
+                          self._commit_of(held) if held else None)
+
     def nested_touched(self, commit: str) -> list[str]:
         """Files inside the repositories nested in the workspace at the baseline (and still in
         ``commit``) changed since the baseline was recorded (``delivered.touched_since``)."""

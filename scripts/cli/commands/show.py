@@ -267,6 +267,9 @@ def delivered_lines(item: dict) -> list[str]:
         out.append(f"held apart (outside the change scope): {', '.join(done['held_paths'][:12])}"
                    f"{' …' if len(done['held_paths']) > 12 else ''} — see 'org export {item['id']} --held', "
                    f"apply with 'org apply {item['id']} --held'")
+    if done.get("removed"):
+        out.append(f"taken out (never recorded, so never verified): {', '.join(done['removed'][:12])}"
+                   f"{' …' if len(done['removed']) > 12 else ''}")
     return out
 
 
