@@ -231,7 +231,7 @@ class HistoryViews:
     def unrecorded(self, verified: str, held: str | None) -> list[str]:
         """What the workspace holds that neither commit records as a file (``delivered.unrecorded``).
         Raises: UnknownCommit."""
-        from roles.workspace.delivered import unrecorded
+        from roles.workbench.workspace.delivered import unrecorded
         return unrecorded(Path(self.workspace), self._repo, self._commit_of(verified),
                           self._commit_of(held) if held else None)
 
