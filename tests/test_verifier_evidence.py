@@ -296,7 +296,7 @@ def test_a_module_the_baseline_could_not_collect_counts_as_run_once_its_tests_ru
         return ws
 
     pre, v = _verify(org_home, broken(tmp_path / "a"), "w1", lambda ws: (ws / "calc.py").write_text(FIXED))
-    assert pre.checks[0].junit["ids"] == {"::tests.test_calc": "error"}     # the session stops there
+    assert pre.checks[0]["junit"]["ids"] == {"::tests.test_calc": "error"}     # the session stops there
     assert v.outcome == "pass" and v.goal_met, v.feedback
 
     def skips(ws):
