@@ -298,8 +298,18 @@ class WorkspaceTools:
                 if last < len(lines) else "")
         return "\n".join(out) + tail
 
+    def writable(self, rel: str) -> Path:
+        """``resolve(rel)`` for a write: never into a repository's own metadata (a ``.git`` folder
+        or file at any depth), which is the user's — a hook or a config written there would run at
+        the user's next git command, outside the sandbox. Errors: ``ToolError`` ``path_protected``."""
+        target = self.resolve(rel)
+        if ".git" in PurePosixPath(self._rel(target)).parts:
+            raise ToolError("path_protected", f"{rel!r} is inside a repository's own metadata (.git), which "
+                                              "is the user's; change the project's files instead")
+        return target
+
     def _write(self, path: str, content: str) -> str:
-        target = self.resolve(path)
+        target = self.writable(path)
         data = content.encode("utf-8")
         if len(data) > self.limits.write_max_bytes:
             raise ToolError("too_large", f"content is {len(data)} bytes; the limit is {self.limits.write_max_bytes}")
@@ -310,7 +320,7 @@ class WorkspaceTools:
         return f"wrote {len(data)} bytes to {self._rel(target)}"
 
     def _edit(self, path: str, old_string: str, new_string: str) -> str:
-        target = self.resolve(path)
+        target = self.writable(path)
         if not old_string:
             raise ToolError("bad_tool_input", "old_string must not be empty; use write_file to create a file")
         text = self._text(target)

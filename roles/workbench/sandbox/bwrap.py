@@ -107,6 +107,15 @@ def mount_args(view: View, workspace: Path, *, inside: Path | None = None, writa
             raise SandboxConfigError(f"sandbox path {real} does not exist; create it or drop it from the binds")
         target = real if dest == source else os.path.normpath(dest)
         entries[target] = (2, real)
+    # the repository's own metadata is the user's, never the doer's: a hook, a config
+    # (core.fsmonitor, core.hooksPath) or an alias written there would run at the user's next git
+    # command, outside any sandbox. It is shown read-only where the workspace is: commands may
+    # read the history (a version from tags, a diff), none may change it.
+    ws_real = os.path.realpath(workspace)
+    ws_dest = os.path.normpath(inside or workspace) if inside is not None else ws_real
+    meta = os.path.join(ws_real, ".git")
+    if os.path.lexists(meta) and not os.path.islink(meta):
+        entries[os.path.join(ws_dest, ".git")] = (3, meta)
     args = _system_links() + ["--dev", "/dev", "--proc", "/proc",
                               *(["--size", str(tmp_mb * 2**20)] if tmp_mb else []), "--tmpfs", "/tmp", "--dir", home]
     folders = set()
@@ -115,6 +124,9 @@ def mount_args(view: View, workspace: Path, *, inside: Path | None = None, writa
     for dest, (kind, source) in sorted(entries.items(), key=lambda e: (e[0].rstrip("/").count("/"), e[1][0], e[0])):
         if kind == 0 and not os.path.isdir(dest):
             args += ["--ro-bind", "/dev/null", dest]      # a hidden file reads as empty
+            continue
+        if kind == 3:                                     # read-only inside a writable bind
+            args += ["--ro-bind", source, dest]
             continue
         if kind == 1 and not os.path.exists(source):
             continue
