@@ -135,3 +135,23 @@ def test_counters_shared_with_a_sender_are_flushed_on_close(db):
     counters.add("fell_back")
     ledger.close()
     assert read_counters(db, "loop-agent-1") == {"loop-agent-1": {"fell_back": 1, "pushed": 3}}
+
+
+@pytest.mark.timeout(30)
+def test_a_quiet_ledger_never_checkpoints_and_a_busy_one_does_every_so_many_commits(db):
+    """Every role has a ledger: one that checkpointed on a timer made an org of N roles checkpoint
+    state.db N times a second (each followed by a WAL restart synced inside a writer's lock)."""
+    import time
+    ledger = Ledger(db, "loop-agent-1")
+    try:
+        cp = ledger._checkpointer
+        time.sleep(1.5)                                 # the old timer's period, and then some
+        assert cp.checkpoints == 0
+        for n in range(Ledger.checkpoint_every):
+            ledger.record([env(n)])
+        deadline = time.monotonic() + 10
+        while cp.checkpoints == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert cp.checkpoints == 1
+    finally:
+        ledger.close()

@@ -92,13 +92,21 @@ class _Checkpointer:
     A checkpoint fsyncs; done inside a commit (SQLite's auto-checkpoint) it adds milliseconds
     to whichever message happens to cross the threshold. Here it runs beside the receiver: the
     sqlite3 module releases the GIL while SQLite works, and PASSIVE never blocks writers.
+
+    It checkpoints when poked (every ``Ledger.checkpoint_every`` commits of its ledger), never on
+    a timer: every role runs one, and checkpointing every second made an org of N roles
+    checkpoint N times a second whatever it did. Each time the WAL was all copied back, the next
+    writer started it over with an fsync inside its write lock: an idle org of 128 loop-agents
+    synced state.db's WAL 130 times a second. Checkpoints now follow the writes; the other
+    connections' own auto-checkpoint (1,000 pages) bounds the WAL of an org whose ledgers are
+    quiet. The connection is opened at the first checkpoint (a quiet role holds none).
     """
 
-    def __init__(self, db_path: Path | str, every_s: float) -> None:
+    def __init__(self, db_path: Path | str) -> None:
         self.db_path = db_path
-        self.every_s = every_s
         self._due = threading.Event()
         self._closed = False
+        self.checkpoints = 0
         self._thread = threading.Thread(target=self._run, name="wal-checkpoint", daemon=True)
         self._thread.start()
 
@@ -113,19 +121,22 @@ class _Checkpointer:
     def _run(self) -> None:
         from state_db.connection import connect
 
-        conn = connect(self.db_path)
+        conn = None
         try:
             while True:
-                self._due.wait(self.every_s)
+                self._due.wait()
                 self._due.clear()
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except Exception:  # noqa: BLE001 - busy or locked: the next round retries
-                    pass
                 if self._closed:
                     return
+                try:
+                    conn = conn or connect(self.db_path)
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    self.checkpoints += 1
+                except Exception:  # noqa: BLE001 - busy or locked: the next round retries
+                    pass
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
 
 
 class Ledger:
@@ -143,7 +154,7 @@ class Ledger:
             in one ``message_rejected_suppressed`` event.
         background_checkpoint: turn SQLite's auto-checkpoint off on this writer's connection
             and checkpoint from a background thread instead (every ``checkpoint_every``
-            transactions or second), so no message waits for a checkpoint's fsync.
+            transactions), so no message waits for a checkpoint's fsync.
     """
 
     checkpoint_every = 64
@@ -173,7 +184,7 @@ class Ledger:
         from state_db.store import is_postgres
         if background_checkpoint and not is_postgres(self.writer.db_path):    # SQLite's WAL only
             self.writer.conn.execute("PRAGMA wal_autocheckpoint=0")
-            self._checkpointer = _Checkpointer(self.writer.db_path, every_s=1.0)
+            self._checkpointer = _Checkpointer(self.writer.db_path)
 
     def record(self, accepted: Sequence[Envelope], rejected: Sequence[Rejection] = (), *,
                flush_counters: bool | None = None) -> list[Envelope]:

@@ -86,6 +86,7 @@ class ForkServer:
         self.sock: socket.socket | None = None
         self._buf = b""
         self._roles: dict[int, ForkedRole] = {}
+        self._orphans: list[ForkedRole] = []
         self._answers: list[dict] = []
         self.warm = False           # the template has imported the heavy stage
 
@@ -97,6 +98,10 @@ class ForkServer:
         """Take over a template ``template.launch`` started (the supervisor starts it before it
         imports anything else)."""
         self.proc, self.sock, self._buf, self.warm = proc, sock, b"", False
+        # the roles of a template that died end with it, but their exits went to init, not here:
+        # each is marked ended once it is gone (``pump``), whatever the new template says
+        self._orphans += [r for r in self._roles.values() if r.returncode is None]
+        self._roles = {}
         self._write_pidfile()
 
     def started(self) -> bool:
@@ -139,6 +144,11 @@ class ForkServer:
 
     def pump(self, timeout: float) -> None:
         """Read what the template said (answers and exits), waiting up to ``timeout`` seconds."""
+        if self._orphans:
+            for role in self._orphans:
+                if _gone(role.pid):
+                    role.returncode = -signal.SIGKILL
+            self._orphans = [r for r in self._orphans if r.returncode is None]
         if self.sock is None:
             self._lost()                            # roles of a dead template: ended when gone
             return
