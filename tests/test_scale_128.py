@@ -74,12 +74,12 @@ def test_an_org_of_128_loop_agents_starts_runs_an_item_on_each_suspends_resumes_
             ids.append(submit(home, cfg, SubmitRequest(
                 goal="make answer.txt say right", workspace=str(ws), verify=[workload.VERIFY],
                 scope=list(workload.SCOPE), caps=Caps(max_iterations=4), backend=f"scripted:{spec}"))["id"])
-        # every loop-agent takes one: N idle agents, N items, none left waiting for another's
+        # every item runs; which agent takes which depends on when each became idle (an agent that
+        # ended its item while the others were still being submitted takes the next one)
         wait_for(lambda: len(query(home, "SELECT DISTINCT work_id FROM iterations")) == N, timeout=300,
                  what="every item's first iteration committed")
         firsts = query(home, "SELECT work_id, instance FROM attempts WHERE attempt = 1")
-        per_agent = Counter(r["instance"] for r in firsts)
-        assert len(per_agent) == N and set(per_agent.values()) == {1}, per_agent.most_common(3)
+        assert len({r["work_id"] for r in firsts}) == N
 
         out = control.request(home, "suspend", timeout_s=120)
         assert out["status"] == "suspended"
