@@ -7,6 +7,7 @@ a recording fake Messages API, both on 127.0.0.1; the verifier is the eval-agent
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -412,3 +413,35 @@ def test_only_end_run_ends_a_run():
     found = [str(p.relative_to(root)) for top in ("roles", "scripts", "knowledge", "skills", "state_db", "transport")
              for p in (root / top).rglob("*.py") if p.name != "ending.py" and by_hand.search(p.read_text())]
     assert found == []
+
+
+def test_a_store_lock_held_past_its_wait_is_the_machines_and_is_retried_not_asked(org_home, ws):
+    """SQLite's busy timeout out of an act (a writer waited past it, as on a host running 128
+    loop-agents) is never a question for a human: it propagates, the loop-agent retries the run
+    on a later tick, and the run goes on to its goal."""
+    submit(org_home, ws)
+
+    class StoreBusy(ScriptedActs):
+        def act(self, ctx, *, on_usage, budget_left):
+            raise sqlite3.OperationalError("database is locked")
+
+    with pytest.raises(sqlite3.OperationalError):
+        engine(org_home, "w1", StoreBusy([[BAD]])).run()
+    assert query(org_home, "SELECT id FROM decisions") == []
+    assert work(org_home)["status"] != "paused"
+    assert engine(org_home, "w1", ScriptedActs([[GOOD]])).run().reason == StopReason.GOAL_MET
+
+
+def test_a_write_into_the_repositorys_metadata_is_a_tool_error_the_policy_knows(org_home, ws, scripted):
+    """The doer's write into .git is refused (``path_protected``) and fed back to the model like
+    any tool error it can correct: no question for a human."""
+    (ws / ".git").mkdir()
+    (ws / ".git" / "config").write_text("[core]\n")
+    submit(org_home, ws)
+    turns = [{"text": "Set the config.", "tool_uses": [{"name": "write_file", "input": {"path": ".git/config", "content": "[core]\n\tfsmonitor = x\n"}}]},
+             *_fix_turns("right")]
+    backend, _ = scripted([turns])
+    decision = engine(org_home, "w1", backend).run()
+    assert query(org_home, "SELECT id FROM decisions") == []
+    assert decision is not None and decision.reason == StopReason.GOAL_MET
+    assert (ws / ".git" / "config").read_text() == "[core]\n"

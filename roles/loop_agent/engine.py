@@ -385,6 +385,9 @@ class LoopEngine:
     def _ask_about(self, exc: Exception, its) -> Step | None:
         """An exception out of an act: a class this run has not met asks a human (the run parks);
         one it has met propagates (the loop-agent retries on a later tick)."""
+        if triage.machine_busy(exc):
+            self.log.warning("store_busy", error=str(exc), next="retried on a later tick, as after a crash")
+            return None
         cls = triage.exception_class(exc)
         if self.policy.recognises(cls) or cls in loopq.errors_asked(self.w.conn, self.work_id):
             return None

@@ -31,7 +31,7 @@ from state_db.vocab import StopReason
 KNOWN_TOOL_ERRORS = frozenset({
     "bad_path", "path_absolute", "path_escape", "bad_tool_input", "bad_regex", "binary_file", "edit_no_match",
     "edit_not_unique", "is_directory", "not_found", "not_text", "too_large", "unknown_tool", "run_timeout",
-    "command_failed", "command_timeout",
+    "command_failed", "command_timeout", "path_protected",
 })
 #: The stop reasons a budget trips with: the ones a wrap-up act follows.
 BUDGET_REASONS = frozenset({StopReason.TOKEN_BUDGET, StopReason.COST_BUDGET, StopReason.TIMEOUT})

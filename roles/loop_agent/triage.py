@@ -16,6 +16,8 @@ An answered class is known to the run from then on: it never asks twice about on
 """
 from __future__ import annotations
 
+import sqlite3
+
 import uuid
 from typing import Iterable
 
@@ -38,6 +40,12 @@ def error_class(code: str, text: str = "") -> str:
         head = said.strip().split(":")[0].split("\n")[0].strip()[:60]
         return f"{code}: {head}" if head else code
     return code
+
+
+def machine_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is the store's lock held past its wait (SQLite's busy timeout): the
+    machine's failure, passing, never a question for a human; the run is retried as after a crash."""
+    return isinstance(exc, sqlite3.OperationalError) and any(w in str(exc).lower() for w in ("locked", "busy"))
 
 
 def exception_class(exc: BaseException) -> str:
