@@ -56,8 +56,15 @@ The closing figures: ``throughput_ratio_n32`` (``ratio`` at the largest N), ``ov
 ``pss_mb_idle_loop_agent`` (mean over the idle loop-agents at the largest N), ``startup_ms`` (the
 median of ``--startups`` cold starts of the default org, 2 loop-agents, each a fresh home; every
 start in ``startup_ms_runs``) and ``binding_limit``, in words: what binds first.
-Targets (issue: the ceiling on one host): ratio ≥ 0.8, overhead p99 ≤ 50 ms, PSS per idle
-loop-agent ≤ 40 MB, start-up ≤ 500 ms.
+``machine_cpu_ms_per_iteration_n32`` and ``added_latency_ms_p50_n32`` are those of the N = 32
+row (None when N = 32 did not run). Targets: ratio ≥ 0.8, machine CPU ≤ 35 ms and added latency
+p50 ≤ 50 ms per iteration at N = 32, PSS per idle loop-agent ≤ 15 MB, start-up ≤ 300 ms; the p99
+overhead at a saturated N = 32 is reported but is no target (queueing on a busy host).
+
+``--cpu-steps`` also measures, inside every role, the CPU of each step of an iteration
+(``bench/cpu_steps/sitecustomize.py``: each step's thread CPU, inclusive of what it calls):
+``cpu_ms_per_iteration_by_step``, per kind of role, ms and calls per committed iteration, beside
+the role processes' own CPU (``process_ms``).
 
 The real-latency sweep (``--real-ns``, default 10, 30, 100; ``--real-ns ''`` skips it) runs the
 same org and items with a model that answers each call in ``--real-latency`` seconds (default 3,
@@ -90,7 +97,9 @@ from bench import workload  # noqa: E402
 from bench.common import BenchError, finish, quiet_logs  # noqa: E402
 
 TARGETS_MIN = {"throughput_ratio_n32": 0.8}
-TARGETS_MAX = {"overhead_ms_p99_n32": 50.0, "pss_mb_idle_loop_agent": 40.0, "startup_ms": 500.0}
+# the p99 overhead at a saturated N = 32 is reported, not a target (queueing on a busy host)
+TARGETS_MAX = {"machine_cpu_ms_per_iteration_n32": 35.0, "added_latency_ms_p50_n32": 50.0,
+               "pss_mb_idle_loop_agent": 15.0, "startup_ms": 300.0}
 TARGETS_REAL_MIN = {"throughput_ratio_n100_real": 0.9}
 TARGETS_REAL_MAX = {"dispatch_ms_p99_n100_real": 500.0, "org_pss_mb_n100": 2000.0}
 STEPS = ("act", "verify", "checks", "next")
@@ -217,15 +226,21 @@ class LockProbe(threading.Thread):
 # -- one N -----------------------------------------------------------------------------------------
 
 def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iterations: int,
-          eval_agents: int = 1) -> dict:
+          eval_agents: int = 1, cpu_steps: bool = False) -> dict:
     from roles.operations.submit import SubmitRequest, submit
     from scripts import control
     from state_db.queries.work import Caps
 
     # the org as a user runs it: org.toml's heartbeats and outbox sweeps, not a chaos run's
     home, cfg = workload.new_org(root, n, eval_agents=eval_agents, quick=False)
+    steps_dir = root / "cpu-steps"
+    env = None
+    if cpu_steps:
+        steps_dir.mkdir()
+        env = {"ORG_CPU_STEPS_DIR": str(steps_dir),
+               "PYTHONPATH": os.pathsep.join(p for p in (str(STEPS_SITE), os.environ.get("PYTHONPATH")) if p)}
     t0 = time.monotonic()
-    control.start_background(home, timeout_s=180)
+    control.start_background(home, timeout_s=180, env=env)
     startup_ms = round((time.monotonic() - t0) * 1000, 1)
     try:
         settled_ms = _settle(home, n, t0)
@@ -239,6 +254,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
         for k in range(items_per_agent * n):
             spaces.append(root / "ws" / f"i{k:03d}")
             shutil.copytree(template, spaces[-1])
+        steps0 = read_steps(steps_dir) if cpu_steps else {}
         cpu0, own0, (busy0, total0) = _cpu_by_role(pids), _own_cpu_by_role(pids), host_cpu()
         bench0 = _cpu_s(os.getpid())
         probe = LockProbe(home.db_path)
@@ -261,6 +277,9 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
         kids_by = {k: max(0.0, v - (own1.get(k, 0.0) - own0.get(k, 0.0))) for k, v in cpu_by.items()}
         busy1, total1 = host_cpu()
         bench_s = _cpu_s(os.getpid()) - bench0
+        if cpu_steps:
+            time.sleep(1.2)             # each role writes its totals every second
+            steps1 = read_steps(steps_dir)
     finally:
         control.request(home, "stop", force=True, timeout_s=60)
         workload.kill_everything(home)
@@ -274,7 +293,47 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
     figures["machine_cpu_ms_per_iteration"] = round(machine_s * 1000 / its, 1)
     figures["cpu_ms_per_iteration_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(cpu_by.items())}
     figures["cpu_ms_per_iteration_children_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(kids_by.items())}
+    if cpu_steps:
+        figures["cpu_ms_per_iteration_by_step"] = steps_by_role(steps0, steps1, pids1, its)
     return figures
+
+
+STEPS_SITE = Path(__file__).resolve().parent / "cpu_steps"
+
+
+def read_steps(folder: Path) -> dict[int, dict]:
+    """pid → the totals ``bench/cpu_steps/sitecustomize.py`` last wrote for that role process."""
+    out = {}
+    for f in folder.glob("[0-9]*.json"):
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        out[data["pid"]] = data
+    return out
+
+
+def steps_by_role(before: dict[int, dict], after: dict[int, dict], pids: dict[str, int], iterations: int) -> dict:
+    """Per kind of role, the thread CPU of each step during the run, in ms per committed
+    iteration (with calls per iteration), and the role processes' own CPU beside it."""
+    kinds = {pid: (inst.rsplit("-", 1)[0] if inst[-1:].isdigit() else inst) for inst, pid in pids.items()}
+    out: dict[str, dict] = {}
+    for pid, data in after.items():
+        kind = kinds.get(pid)
+        if kind is None:
+            continue
+        old = before.get(pid, {"cpu_s": 0.0, "steps": {}})
+        role = out.setdefault(kind, {"process_ms": 0.0, "steps": {}})
+        role["process_ms"] += (data["cpu_s"] - old["cpu_s"]) * 1000 / iterations
+        for step, (spent, calls) in data["steps"].items():
+            was = old["steps"].get(step, [0.0, 0])
+            acc = role["steps"].setdefault(step, [0.0, 0.0])
+            acc[0] += (spent - was[0]) * 1000 / iterations
+            acc[1] += (calls - was[1]) / iterations
+    return {kind: {"process_ms": round(r["process_ms"], 2),
+                   "steps": {s: {"ms": round(ms, 2), "calls": round(c, 2)}
+                             for s, (ms, c) in sorted(r["steps"].items(), key=lambda kv: -kv[1][0]) if c}}
+            for kind, r in sorted(out.items())}
 
 
 def default_startups(root: Path, runs: int) -> list[float]:
@@ -481,6 +540,8 @@ def main(argv=None) -> int:
                     help="eval-agents side by side ([org] eval_agents); 0: one per 16 loop-agents")
     ap.add_argument("--real-ns", default="10,30,100", help="the real-latency sweep's N ('': skip it)")
     ap.add_argument("--real-latency", type=float, default=3.0, help="seconds per model call in the real sweep")
+    ap.add_argument("--cpu-steps", action="store_true",
+                    help="also measure each role's CPU by step (bench/cpu_steps): cpu_ms_per_iteration_by_step")
     args = ap.parse_args(argv)
     ns = [int(x) for x in args.ns.split(",") if x.strip()]
     real_ns = [int(x) for x in args.real_ns.split(",") if x.strip()]
@@ -508,6 +569,7 @@ def main(argv=None) -> int:
         figures.update({
             "throughput_ratio_n32": top["ratio"], "overhead_ms_p99_n32": top["overhead_ms_p99"],
             "added_latency_ms_p50_n32": n32["added_latency_ms_p50"] if n32 else None,
+            "machine_cpu_ms_per_iteration_n32": n32["machine_cpu_ms_per_iteration"] if n32 else None,
             "pss_mb_idle_loop_agent": top["pss_mb"]["loop_agent_mean"],
             "binding_limit": binding_limit(rows), "model_latency_s": args.latency, "largest_n": top["n"],
             "per_n": rows})
@@ -534,7 +596,8 @@ def sweep(ns: list[int], latency: float, args) -> list[dict]:
     for n in ns:
         with tempfile.TemporaryDirectory(prefix="sc", dir="/tmp") as d:
             rows.append(run_n(Path(d), n, latency=latency, items_per_agent=args.items_per_agent,
-                              iterations=args.iterations, eval_agents=args.eval_agents or max(1, n // 16)))
+                              iterations=args.iterations, eval_agents=args.eval_agents or max(1, n // 16),
+                              cpu_steps=args.cpu_steps))
         print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 

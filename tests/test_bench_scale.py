@@ -44,3 +44,57 @@ def test_no_start_to_take_the_median_of_is_one_coded_line():
     assert out.returncode == 2 and not out.stdout
     assert out.stderr.strip() == ("error[bad_argument]: --startups 0: startup_ms is the median of the starts "
                                   "— give --startups 1 or more")
+
+
+def test_cpu_by_step_counts_only_the_run_and_names_each_pid_by_its_role():
+    """``--cpu-steps``: the totals each role wrote before the run are taken off, pids are named
+    by the role they are, a pid no role holds is left out, and each figure is per iteration."""
+    sys.path.insert(0, str(ROOT))
+    from bench.scale import steps_by_role
+
+    before = {11: {"pid": 11, "cpu_s": 1.0, "steps": {"loop: act": [0.5, 10]}},
+              12: {"pid": 12, "cpu_s": 2.0, "steps": {}}}
+    after = {11: {"pid": 11, "cpu_s": 1.4, "steps": {"loop: act": [0.8, 30]}},
+             12: {"pid": 12, "cpu_s": 2.2, "steps": {"loop: act": [0.1, 20]}},
+             13: {"pid": 13, "cpu_s": 1.0, "steps": {"loop: act": [0.9, 5]}},     # not a role of the org
+             21: {"pid": 21, "cpu_s": 0.5, "steps": {"eval: snapshot": [0.02, 4]}}}
+    pids = {"loop-agent-1": 11, "loop-agent-2": 12, "eval-agent": 21}
+    got = steps_by_role(before, after, pids, iterations=40)
+    assert got["loop-agent"]["process_ms"] == round((0.4 + 0.2) * 1000 / 40, 2)
+    assert got["loop-agent"]["steps"]["loop: act"] == {"ms": round((0.3 + 0.1) * 1000 / 40, 2), "calls": 1.0}
+    assert got["eval-agent"]["steps"]["eval: snapshot"] == {"ms": 0.5, "calls": 0.1}
+    assert set(got) == {"loop-agent", "eval-agent"}
+
+
+def test_the_step_meter_wraps_only_inside_roles_forked_from_the_template(tmp_path):
+    """``bench/cpu_steps/sitecustomize.py`` does nothing in a process that is not the role
+    template, and in a child forked from the template it wraps the named steps and writes their
+    thread CPU (a real fork of a process whose command line names the template)."""
+    out = tmp_path / "steps"
+    out.mkdir()
+    code = (
+        "import os, sys\n"
+        "import roles.loop_agent.engine as e\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    wrapped = hasattr(e.LoopEngine.derive, '__wrapped__')\n"
+        "    if wrapped:\n"
+        "        import sitecustomize\n"
+        "        sitecustomize._dump()\n"
+        "    os._exit(0 if wrapped else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(hasattr(e.LoopEngine.derive, '__wrapped__'), os.waitstatus_to_exitcode(status))\n")
+    env = {**os.environ, "ORG_CPU_STEPS_DIR": str(out),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "bench" / "cpu_steps"), str(ROOT)])}
+    # argv names the template module, as the supervisor starts it
+    got = subprocess.run([sys.executable, "-c", code, "roles.supervisor.forkserver"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert got.stdout.strip() == "False 0"        # the template itself is never wrapped; its child is
+    dumped = list(out.glob("[0-9]*.json"))
+    assert len(dumped) == 1
+    import json as _json
+    assert _json.loads(dumped[0].read_text())["steps"] == {}
+    plain = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert plain.stdout.strip() == "False 3"      # not the template: nothing is wrapped in its child either
