@@ -7,7 +7,10 @@ Usage: ``bench/scale.py --json [--ns 1,2,4,8,16,32] [--latency 0.3] [--items-per
 Each N gets a fresh org (supervisor, coordinator, eval-agent, curator and N loop-agents on
 ipc://, with org.toml's default heartbeats and outbox sweeps, as a user's org runs) and
 ``items-per-agent × N`` work items whose scripted model answers every call after a fixed
-``latency`` (two calls an iteration: the act's tool turn and its closing turn) and never meets
+``latency`` (``--model-double process``, the default: one server process of its own that every
+loop-agent reaches through the SDK over HTTP, as a hosted model is, its CPU reported apart as
+``model_double_cpu_ms_per_iteration`` and left out of the org's; ``role``: the scripted
+backend's own server inside each loop-agent, as ``scripted:FILE`` runs it) (two calls an iteration: the act's tool turn and its closing turn) and never meets
 the goal, so every item runs exactly ``iterations`` iterations; the verify command is trivial
 (``cat`` and a comparison). Per N it reports:
 
@@ -226,13 +229,53 @@ class LockProbe(threading.Thread):
 # -- one N -----------------------------------------------------------------------------------------
 
 def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iterations: int,
-          eval_agents: int = 1, cpu_steps: bool = False) -> dict:
+          eval_agents: int = 1, cpu_steps: bool = False, double: str = "process") -> dict:
+    from roles.operations.submit import SubmitRequest, submit
+    from scripts import control
+    from state_db.queries.work import Caps
+
+    spec = script(root / "scale.json", iterations, latency)
+    server, extra, backend = None, "", f"scripted:{spec}"
+    if double == "process":
+        # the model double off the org, as a hosted model is: one server process every loop-agent
+        # calls through the SDK ([model] base_url), its CPU measured apart; no review (as with
+        # scripted:FILE, whose script answers none)
+        server, url = model_double(spec, root / "model.jsonl")
+        extra, backend = f'[model]\nname = "scripted"\nbase_url = "{url}"\n[review]\ndefault_on = false\n', "anthropic"
+    try:
+        return _run_n(root, n, latency=latency, items_per_agent=items_per_agent, iterations=iterations,
+                      eval_agents=eval_agents, cpu_steps=cpu_steps, spec=spec, extra=extra, backend=backend,
+                      server=server)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+
+
+def model_double(spec: Path, log: Path):
+    """Start the scripted model server (``python -m roles.workbench.scripted.server``) in a
+    process of its own; returns it and its URL."""
+    import subprocess
+    proc = subprocess.Popen([sys.executable, "-m", "roles.workbench.scripted.server", "--script", str(spec),
+                             "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            cwd=str(Path(__file__).resolve().parents[1]))
+    url = proc.stdout.readline().strip()
+    if not url.startswith("http://127.0.0.1:"):
+        proc.kill()
+        proc.wait()
+        raise BenchError("model_double", f"the scripted model server did not start (it printed {url!r})",
+                         "run python -m roles.workbench.scripted.server --script FILE --log FILE to see why")
+    return proc, url
+
+
+def _run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iterations: int, eval_agents: int,
+           cpu_steps: bool, spec: Path, extra: str, backend: str, server) -> dict:
     from roles.operations.submit import SubmitRequest, submit
     from scripts import control
     from state_db.queries.work import Caps
 
     # the org as a user runs it: org.toml's heartbeats and outbox sweeps, not a chaos run's
-    home, cfg = workload.new_org(root, n, eval_agents=eval_agents, quick=False)
+    home, cfg = workload.new_org(root, n, extra_config=extra, eval_agents=eval_agents, quick=False)
     steps_dir = root / "cpu-steps"
     env = None
     if cpu_steps:
@@ -249,7 +292,6 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
         template = procs_template(home)
         org_pss = round(sum(v for v in [*pss.values(), pss_mb(template) if template else None] if v), 1)
         template = workload.make_template(root / "template")
-        spec = script(root / "scale.json", iterations, latency)
         spaces = []          # the bench's own setup, made before anything is timed
         for k in range(items_per_agent * n):
             spaces.append(root / "ws" / f"i{k:03d}")
@@ -257,6 +299,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
         steps0 = read_steps(steps_dir) if cpu_steps else {}
         cpu0, own0, (busy0, total0) = _cpu_by_role(pids), _own_cpu_by_role(pids), host_cpu()
         bench0 = _cpu_s(os.getpid())
+        model0 = _cpu_s(server.pid) if server is not None else 0.0
         probe = LockProbe(home.db_path)
         probe.start()
         w0 = time.time()
@@ -264,7 +307,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
         for ws in spaces:
             ids.append(submit(home, cfg, SubmitRequest(
                 goal="make answer.txt say right", workspace=str(ws), verify=[workload.VERIFY],
-                scope=list(workload.SCOPE), caps=Caps(max_iterations=iterations), backend=f"scripted:{spec}"))["id"])
+                scope=list(workload.SCOPE), caps=Caps(max_iterations=iterations), backend=backend))["id"])
         workload.wait(lambda: not workload.unfinished(home, ids), 60 + 3 * iterations * items_per_agent * n,
                       f"{len(ids)} items to end", interval=0.1)
         probe.stop.set()
@@ -277,6 +320,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
         kids_by = {k: max(0.0, v - (own1.get(k, 0.0) - own0.get(k, 0.0))) for k, v in cpu_by.items()}
         busy1, total1 = host_cpu()
         bench_s = _cpu_s(os.getpid()) - bench0
+        model_s = (_cpu_s(server.pid) - model0) if server is not None else None
         if cpu_steps:
             time.sleep(1.2)             # each role writes its totals every second
             steps1 = read_steps(steps_dir)
@@ -289,8 +333,10 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
     its = figures["iterations"]           # at least one: require_iterations
     # the whole machine's busy time, less this benchmark's own: what fits on the host, with what
     # no role's process tree holds (the kernel's own work for the sandboxes' namespaces)
-    machine_s = (busy1 - busy0) / CLK - bench_s
+    machine_s = (busy1 - busy0) / CLK - bench_s - (model_s or 0.0)
     figures["machine_cpu_ms_per_iteration"] = round(machine_s * 1000 / its, 1)
+    figures["model_double"] = "process" if server is not None else "in each loop-agent"
+    figures["model_double_cpu_ms_per_iteration"] = round(model_s * 1000 / its, 1) if model_s is not None else None
     figures["cpu_ms_per_iteration_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(cpu_by.items())}
     figures["cpu_ms_per_iteration_children_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(kids_by.items())}
     if cpu_steps:
@@ -540,6 +586,9 @@ def main(argv=None) -> int:
                     help="eval-agents side by side ([org] eval_agents); 0: one per 16 loop-agents")
     ap.add_argument("--real-ns", default="10,30,100", help="the real-latency sweep's N ('': skip it)")
     ap.add_argument("--real-latency", type=float, default=3.0, help="seconds per model call in the real sweep")
+    ap.add_argument("--model-double", choices=("process", "role"), default="process",
+                    help="where the scripted model runs: a process of its own, reached over HTTP as a hosted "
+                         "model is (its CPU reported apart), or inside each loop-agent (scripted:FILE)")
     ap.add_argument("--cpu-steps", action="store_true",
                     help="also measure each role's CPU by step (bench/cpu_steps): cpu_ms_per_iteration_by_step")
     args = ap.parse_args(argv)
@@ -597,7 +646,7 @@ def sweep(ns: list[int], latency: float, args) -> list[dict]:
         with tempfile.TemporaryDirectory(prefix="sc", dir="/tmp") as d:
             rows.append(run_n(Path(d), n, latency=latency, items_per_agent=args.items_per_agent,
                               iterations=args.iterations, eval_agents=args.eval_agents or max(1, n // 16),
-                              cpu_steps=args.cpu_steps))
+                              cpu_steps=args.cpu_steps, double=args.model_double))
         print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 
