@@ -229,7 +229,7 @@ class LockProbe(threading.Thread):
 # -- one N -----------------------------------------------------------------------------------------
 
 def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iterations: int,
-          eval_agents: int = 1, cpu_steps: bool = False, double: str = "process") -> dict:
+          eval_agents: int = 1, cpu_steps: bool = False, double: str = "process", history: int = 0) -> dict:
     from roles.operations.submit import SubmitRequest, submit
     from scripts import control
     from state_db.queries.work import Caps
@@ -245,7 +245,7 @@ def run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteration
     try:
         return _run_n(root, n, latency=latency, items_per_agent=items_per_agent, iterations=iterations,
                       eval_agents=eval_agents, cpu_steps=cpu_steps, spec=spec, extra=extra, backend=backend,
-                      server=server)
+                      server=server, history=history)
     finally:
         if server is not None:
             server.terminate()
@@ -269,13 +269,15 @@ def model_double(spec: Path, log: Path):
 
 
 def _run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iterations: int, eval_agents: int,
-           cpu_steps: bool, spec: Path, extra: str, backend: str, server) -> dict:
+           cpu_steps: bool, spec: Path, extra: str, backend: str, server, history: int) -> dict:
     from roles.operations.submit import SubmitRequest, submit
     from scripts import control
     from state_db.queries.work import Caps
 
     # the org as a user runs it: org.toml's heartbeats and outbox sweeps, not a chaos run's
     home, cfg = workload.new_org(root, n, extra_config=extra, eval_agents=eval_agents, quick=False)
+    if history:
+        workload.add_history(home, history)
     steps_dir = root / "cpu-steps"
     env = None
     if cpu_steps:
@@ -336,6 +338,7 @@ def _run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteratio
     machine_s = (busy1 - busy0) / CLK - bench_s - (model_s or 0.0)
     figures["machine_cpu_ms_per_iteration"] = round(machine_s * 1000 / its, 1)
     figures["model_double"] = "process" if server is not None else "in each loop-agent"
+    figures["history_items"] = history
     figures["model_double_cpu_ms_per_iteration"] = round(model_s * 1000 / its, 1) if model_s is not None else None
     figures["cpu_ms_per_iteration_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(cpu_by.items())}
     figures["cpu_ms_per_iteration_children_by_role"] = {k: round(v * 1000 / its, 1) for k, v in sorted(kids_by.items())}
@@ -589,6 +592,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model-double", choices=("process", "role"), default="process",
                     help="where the scripted model runs: a process of its own, reached over HTTP as a hosted "
                          "model is (its CPU reported apart), or inside each loop-agent (scripted:FILE)")
+    ap.add_argument("--history", type=int, default=0,
+                    help="ended work items of the past in each org's store before it starts (workload.add_history)")
     ap.add_argument("--cpu-steps", action="store_true",
                     help="also measure each role's CPU by step (bench/cpu_steps): cpu_ms_per_iteration_by_step")
     args = ap.parse_args(argv)
@@ -646,7 +651,7 @@ def sweep(ns: list[int], latency: float, args) -> list[dict]:
         with tempfile.TemporaryDirectory(prefix="sc", dir="/tmp") as d:
             rows.append(run_n(Path(d), n, latency=latency, items_per_agent=args.items_per_agent,
                               iterations=args.iterations, eval_agents=args.eval_agents or max(1, n // 16),
-                              cpu_steps=args.cpu_steps, double=args.model_double))
+                              cpu_steps=args.cpu_steps, double=args.model_double, history=args.history))
         print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,3 +180,43 @@ def kill_everything(home) -> None:
     """Kill -9 the supervisor and every role process recorded for ``home`` (pid + start time)."""
     from roles.supervisor import procs
     procs.kill_org(home)
+
+
+def add_history(home, items: int, iterations: int = 3) -> None:
+    """Give the org ``items`` ended work items of the past, each with a preflight and
+    ``iterations`` committed, verified iterations (their attempts and two model calls each), as
+    a store that has served months of work holds them: what an org reads per iteration must
+    not grow with them. Written straight into state.db before the org starts; every row is one
+    the org itself would write (the vocabularies' guards hold)."""
+    import sqlite3
+
+    conn = sqlite3.connect(home.db_path)
+    t = time.time() - 86400.0
+    try:
+        conn.execute("BEGIN")
+        for k in range(items):
+            wid = f"past-{k:06d}"
+            at = t + k * 0.01
+            conn.execute("INSERT INTO work_items (id, goal, workspace, verify, backend, status, stop_reason, "
+                         "stop_detail, attempt, created_by, created_at, updated_at, ended_at) "
+                         "VALUES (?, ?, ?, ?, 'anthropic', 'ended', 'goal_met', 'verified', ?, 'bench', ?, ?, ?)",
+                         (wid, f"past goal {k}: make answer.txt say right", f"/srv/past/{k}", json.dumps([VERIFY]),
+                          iterations, at, at, at + 30))
+            conn.execute("INSERT INTO preflights (work_id, outcome, checks, detail, written_by, at) "
+                         "VALUES (?, 'ready', '[]', 'baseline: 0 passed, 1 failed', 'eval-agent', ?)", (wid, at))
+            for n in range(1, iterations + 1):
+                conn.execute("INSERT INTO attempts (work_id, attempt, iteration, instance, started_at, ended_at, "
+                             "outcome) VALUES (?, ?, ?, 'loop-agent-1', ?, ?, 'committed')", (wid, n, n, at, at + 1))
+                conn.execute("INSERT INTO iterations (work_id, n, attempt, act_status, act_summary, committed_at, "
+                             "verdict_id, checkpoint) VALUES (?, ?, ?, 'ok', 'wrote the answer', ?, ?, ?)",
+                             (wid, n, n, at + 1, f"v-{wid}-{n}", f"{k:032x}{n:08x}"))
+                conn.execute("INSERT INTO verdicts (id, work_id, iteration, outcome, feedback, written_by, at) "
+                             "VALUES (?, ?, ?, ?, 'FAIL: the answer is wrong', 'eval-agent', ?)",
+                             (f"v-{wid}-{n}", wid, n, "pass" if n == iterations else "fail", at + 2))
+                for call in (1, 2):
+                    conn.execute("INSERT INTO model_calls (request_id, work_id, iteration, attempt, instance, model, "
+                                 "input_tokens, output_tokens, at) VALUES (?, ?, ?, ?, 'loop-agent-1', 'scripted', "
+                                 "1200, 40, ?)", (f"req-{wid}-{n}-{call}", wid, n, n, at + 1))
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
