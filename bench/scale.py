@@ -282,7 +282,7 @@ def _run_n(root: Path, n: int, *, latency: float, items_per_agent: int, iteratio
     env = None
     if cpu_steps:
         steps_dir.mkdir()
-        env = {"ORG_CPU_STEPS_DIR": str(steps_dir),
+        env = {"ORG_CPU_STEPS_DIR": str(steps_dir), "ORG_CPU_STEPS_SQL": "1",
                "PYTHONPATH": os.pathsep.join(p for p in (str(STEPS_SITE), os.environ.get("PYTHONPATH")) if p)}
     t0 = time.monotonic()
     control.start_background(home, timeout_s=180, env=env)
@@ -372,16 +372,21 @@ def steps_by_role(before: dict[int, dict], after: dict[int, dict], pids: dict[st
         if kind is None:
             continue
         old = before.get(pid, {"cpu_s": 0.0, "steps": {}})
-        role = out.setdefault(kind, {"process_ms": 0.0, "steps": {}})
+        role = out.setdefault(kind, {"process_ms": 0.0, "steps": {}, "sql": {}})
         role["process_ms"] += (data["cpu_s"] - old["cpu_s"]) * 1000 / iterations
-        for step, (spent, calls) in data["steps"].items():
-            was = old["steps"].get(step, [0.0, 0])
-            acc = role["steps"].setdefault(step, [0.0, 0.0])
-            acc[0] += (spent - was[0]) * 1000 / iterations
-            acc[1] += (calls - was[1]) / iterations
-    return {kind: {"process_ms": round(r["process_ms"], 2),
-                   "steps": {s: {"ms": round(ms, 2), "calls": round(c, 2)}
-                             for s, (ms, c) in sorted(r["steps"].items(), key=lambda kv: -kv[1][0]) if c}}
+        for part in ("steps", "sql"):
+            for step, (spent, calls) in data.get(part, {}).items():
+                was = old.get(part, {}).get(step, [0.0, 0])
+                acc = role.setdefault(part, {}).setdefault(step, [0.0, 0.0])
+                acc[0] += (spent - was[0]) * 1000 / iterations
+                acc[1] += (calls - was[1]) / iterations
+
+    def table(rows: dict, top: int | None = None) -> dict:
+        ranked = [(s, ms, c) for s, (ms, c) in sorted(rows.items(), key=lambda kv: -kv[1][0]) if c]
+        return {s: {"ms": round(ms, 2), "calls": round(c, 2)} for s, ms, c in ranked[:top]}
+    return {kind: {"process_ms": round(r["process_ms"], 2), "steps": table(r["steps"]),
+                   **({"sql_ms": round(sum(ms for ms, _ in r["sql"].values()), 2), "sql_top": table(r["sql"], 12)}
+                      if r.get("sql") else {})}
             for kind, r in sorted(out.items())}
 
 

@@ -145,6 +145,8 @@ def record_use(writer, work_id: str | None = None) -> dict[str, int]:
     """
     conn = writer.conn
     names = Q.skill_names(conn) if work_id is None else Q.skills_carried_by(conn, work_id)
+    if not names:                       # a run that carried no skill: nothing to recount
+        return {}
     counted = Q.skill_uses(conn, None if work_id is None else names)
     out = {}
     with writer.transaction(render=False) as tx:

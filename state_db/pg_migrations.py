@@ -435,4 +435,47 @@ CREATE TABLE replay_plans (
     created_at DOUBLE PRECISION NOT NULL
 );
 """,
+    "0023_history": """
+DROP INDEX work_items_status;
+CREATE INDEX work_items_status ON work_items(status, created_at);
+CREATE INDEX work_items_live ON work_items(created_at) WHERE status <> 'ended';
+CREATE INDEX work_items_workspace ON work_items(workspace, created_at);
+CREATE INDEX attempts_instance ON attempts(instance, started_at);
+CREATE TABLE usage_total (
+    id BIGINT PRIMARY KEY CHECK (id = 1),
+    calls BIGINT NOT NULL, input_tokens BIGINT NOT NULL, output_tokens BIGINT NOT NULL,
+    cache_write_tokens BIGINT NOT NULL, cache_read_tokens BIGINT NOT NULL, cost_usd DOUBLE PRECISION NOT NULL
+);
+INSERT INTO usage_total (id, calls, input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, cost_usd)
+    SELECT 1, (SELECT COUNT(*) FROM model_calls) + (SELECT COALESCE(SUM(calls), 0) FROM usage_summaries),
+    (SELECT COALESCE(SUM(input_tokens), 0) FROM model_calls) + (SELECT COALESCE(SUM(input_tokens), 0) FROM usage_summaries),
+    (SELECT COALESCE(SUM(output_tokens), 0) FROM model_calls) + (SELECT COALESCE(SUM(output_tokens), 0) FROM usage_summaries),
+    (SELECT COALESCE(SUM(cache_write_tokens), 0) FROM model_calls) + (SELECT COALESCE(SUM(cache_write_tokens), 0) FROM usage_summaries),
+    (SELECT COALESCE(SUM(cache_read_tokens), 0) FROM model_calls) + (SELECT COALESCE(SUM(cache_read_tokens), 0) FROM usage_summaries),
+    (SELECT COALESCE(SUM(cost_usd), 0) FROM model_calls) + (SELECT COALESCE(SUM(cost_usd), 0) FROM usage_summaries);
+CREATE FUNCTION usage_total_follows_calls() RETURNS trigger LANGUAGE plpgsql AS '
+BEGIN
+    IF TG_OP IN (''DELETE'', ''UPDATE'') THEN
+        UPDATE usage_total SET calls = calls - 1, input_tokens = input_tokens - OLD.input_tokens, output_tokens = output_tokens - OLD.output_tokens, cache_write_tokens = cache_write_tokens - OLD.cache_write_tokens, cache_read_tokens = cache_read_tokens - OLD.cache_read_tokens, cost_usd = cost_usd - OLD.cost_usd WHERE id = 1;
+    END IF;
+    IF TG_OP IN (''INSERT'', ''UPDATE'') THEN
+        UPDATE usage_total SET calls = calls + 1, input_tokens = input_tokens + NEW.input_tokens, output_tokens = output_tokens + NEW.output_tokens, cache_write_tokens = cache_write_tokens + NEW.cache_write_tokens, cache_read_tokens = cache_read_tokens + NEW.cache_read_tokens, cost_usd = cost_usd + NEW.cost_usd WHERE id = 1;
+    END IF;
+    RETURN NULL;
+END';
+CREATE FUNCTION usage_total_follows_summaries() RETURNS trigger LANGUAGE plpgsql AS '
+BEGIN
+    IF TG_OP IN (''DELETE'', ''UPDATE'') THEN
+        UPDATE usage_total SET calls = calls - OLD.calls, input_tokens = input_tokens - OLD.input_tokens, output_tokens = output_tokens - OLD.output_tokens, cache_write_tokens = cache_write_tokens - OLD.cache_write_tokens, cache_read_tokens = cache_read_tokens - OLD.cache_read_tokens, cost_usd = cost_usd - OLD.cost_usd WHERE id = 1;
+    END IF;
+    IF TG_OP IN (''INSERT'', ''UPDATE'') THEN
+        UPDATE usage_total SET calls = calls + NEW.calls, input_tokens = input_tokens + NEW.input_tokens, output_tokens = output_tokens + NEW.output_tokens, cache_write_tokens = cache_write_tokens + NEW.cache_write_tokens, cache_read_tokens = cache_read_tokens + NEW.cache_read_tokens, cost_usd = cost_usd + NEW.cost_usd WHERE id = 1;
+    END IF;
+    RETURN NULL;
+END';
+CREATE TRIGGER usage_calls AFTER INSERT OR DELETE OR UPDATE ON model_calls
+    FOR EACH ROW EXECUTE FUNCTION usage_total_follows_calls();
+CREATE TRIGGER usage_summaries AFTER INSERT OR DELETE OR UPDATE ON usage_summaries
+    FOR EACH ROW EXECUTE FUNCTION usage_total_follows_summaries();
+""",
 }

@@ -224,6 +224,14 @@ def table_digest(conn, table: str, columns: list[str]) -> tuple[int, str, set[by
     return len(digests), hashlib.sha256(b"".join(digests)).hexdigest(), set(digests)
 
 
+# tables whose rows the store's triggers derive from others (migration 0023_history): the
+# migration writes them, the copy does not, and their value is set to the source's at its end
+_TOTALS = ("calls", "input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens", "cost_usd")
+DERIVED = {"usage_total": ("SELECT calls, input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, cost_usd, id "
+                           "FROM usage_total",
+                           f"UPDATE usage_total SET {', '.join(f'{c} = ?' for c in _TOTALS)} WHERE id = ?")}
+
+
 def copy_from_sqlite(db_path: str | Path, url: str) -> dict:
     """Copy the org's state.db at ``db_path`` into the PostgreSQL store at ``url`` (migrated
     here first; it must hold no rows), in one locked transaction, then verify every table row by
@@ -259,16 +267,23 @@ def copy_from_sqlite(db_path: str | Path, url: str) -> dict:
                     if table not in present:
                         raise StateError(f"table {table} of state.db has no twin in the PostgreSQL store",
                                          code="copy_failed", hint="both stores must be at the same schema version")
-                    if dest.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is not None:
+                    if table not in DERIVED and dest.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is not None:
                         raise StateError(f"the PostgreSQL store already holds rows ({table})", code="store_not_empty",
                                          hint="copy into an empty database or schema")
                 for table in tables:
+                    if table in DERIVED:
+                        continue
                     cols = _columns_of(src, table)
                     try:
                         dest.copy_rows(table, cols, src.execute(f"SELECT {', '.join(cols)} FROM {table}"))
                     except sqlite3.Error as exc:
                         raise StateError(f"PostgreSQL refused a row of {table}: {exc}", code="copy_failed",
                                          hint="nothing was copied; fix the row in state.db ('org doctor') and retry") from None
+                # the running total the triggers kept while the rows came in, set to state.db's
+                # own (the same sum, added in another order)
+                for read, write in DERIVED.values():
+                    for row in src.execute(read):
+                        dest.execute(write, tuple(row))
                 for table, column in _identities(dest):
                     dest.run(f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), "
                              f"GREATEST((SELECT MAX({column}) FROM {table}), 1))")

@@ -527,6 +527,42 @@ CREATE TABLE transcript (
 );
 """
 
+# What an org reads per iteration must not grow with the work it has ended: the live items are
+# found through a partial index, a workspace's items and an instance's attempts through their
+# own, and the org's usage (its spend: the org-wide cap, read before every model call) is
+# kept as a running total that triggers update with every row of usage, so no reader sums the history.
+HISTORY = """
+DROP INDEX work_items_status;
+CREATE INDEX work_items_status ON work_items(status, created_at);
+CREATE INDEX work_items_live ON work_items(created_at) WHERE status != 'ended';
+CREATE INDEX work_items_workspace ON work_items(workspace, created_at);
+CREATE INDEX attempts_instance ON attempts(instance, started_at);
+CREATE TABLE usage_total (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    calls INTEGER NOT NULL, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+    cache_write_tokens INTEGER NOT NULL, cache_read_tokens INTEGER NOT NULL, cost_usd REAL NOT NULL
+);
+INSERT INTO usage_total (id, calls, input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, cost_usd)
+    SELECT 1, (SELECT COUNT(*) FROM model_calls) + (SELECT COALESCE(SUM(calls), 0) FROM usage_summaries),
+    (SELECT COALESCE(SUM(input_tokens), 0) FROM model_calls) + (SELECT COALESCE(SUM(input_tokens), 0) FROM usage_summaries),
+    (SELECT COALESCE(SUM(output_tokens), 0) FROM model_calls) + (SELECT COALESCE(SUM(output_tokens), 0) FROM usage_summaries),
+    (SELECT COALESCE(SUM(cache_write_tokens), 0) FROM model_calls) + (SELECT COALESCE(SUM(cache_write_tokens), 0) FROM usage_summaries),
+    (SELECT COALESCE(SUM(cache_read_tokens), 0) FROM model_calls) + (SELECT COALESCE(SUM(cache_read_tokens), 0) FROM usage_summaries),
+    (SELECT COALESCE(SUM(cost_usd), 0) FROM model_calls) + (SELECT COALESCE(SUM(cost_usd), 0) FROM usage_summaries);
+CREATE TRIGGER usage_calls_added AFTER INSERT ON model_calls
+BEGIN UPDATE usage_total SET calls = calls + 1, input_tokens = input_tokens + NEW.input_tokens, output_tokens = output_tokens + NEW.output_tokens, cache_write_tokens = cache_write_tokens + NEW.cache_write_tokens, cache_read_tokens = cache_read_tokens + NEW.cache_read_tokens, cost_usd = cost_usd + NEW.cost_usd WHERE id = 1; END;
+CREATE TRIGGER usage_calls_removed AFTER DELETE ON model_calls
+BEGIN UPDATE usage_total SET calls = calls - 1, input_tokens = input_tokens - OLD.input_tokens, output_tokens = output_tokens - OLD.output_tokens, cache_write_tokens = cache_write_tokens - OLD.cache_write_tokens, cache_read_tokens = cache_read_tokens - OLD.cache_read_tokens, cost_usd = cost_usd - OLD.cost_usd WHERE id = 1; END;
+CREATE TRIGGER usage_calls_changed AFTER UPDATE ON model_calls
+BEGIN UPDATE usage_total SET input_tokens = input_tokens - OLD.input_tokens + NEW.input_tokens, output_tokens = output_tokens - OLD.output_tokens + NEW.output_tokens, cache_write_tokens = cache_write_tokens - OLD.cache_write_tokens + NEW.cache_write_tokens, cache_read_tokens = cache_read_tokens - OLD.cache_read_tokens + NEW.cache_read_tokens, cost_usd = cost_usd - OLD.cost_usd + NEW.cost_usd WHERE id = 1; END;
+CREATE TRIGGER usage_summaries_added AFTER INSERT ON usage_summaries
+BEGIN UPDATE usage_total SET calls = calls + NEW.calls, input_tokens = input_tokens + NEW.input_tokens, output_tokens = output_tokens + NEW.output_tokens, cache_write_tokens = cache_write_tokens + NEW.cache_write_tokens, cache_read_tokens = cache_read_tokens + NEW.cache_read_tokens, cost_usd = cost_usd + NEW.cost_usd WHERE id = 1; END;
+CREATE TRIGGER usage_summaries_removed AFTER DELETE ON usage_summaries
+BEGIN UPDATE usage_total SET calls = calls - OLD.calls, input_tokens = input_tokens - OLD.input_tokens, output_tokens = output_tokens - OLD.output_tokens, cache_write_tokens = cache_write_tokens - OLD.cache_write_tokens, cache_read_tokens = cache_read_tokens - OLD.cache_read_tokens, cost_usd = cost_usd - OLD.cost_usd WHERE id = 1; END;
+CREATE TRIGGER usage_summaries_changed AFTER UPDATE ON usage_summaries
+BEGIN UPDATE usage_total SET calls = calls - OLD.calls + NEW.calls, input_tokens = input_tokens - OLD.input_tokens + NEW.input_tokens, output_tokens = output_tokens - OLD.output_tokens + NEW.output_tokens, cache_write_tokens = cache_write_tokens - OLD.cache_write_tokens + NEW.cache_write_tokens, cache_read_tokens = cache_read_tokens - OLD.cache_read_tokens + NEW.cache_read_tokens, cost_usd = cost_usd - OLD.cost_usd + NEW.cost_usd WHERE id = 1; END;
+"""
+
 
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", INITIAL),
@@ -550,4 +586,5 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0020_doors", DOORS),
     ("0021_evidence", EVIDENCE),
     ("0022_replays", REPLAYS),
+    ("0023_history", HISTORY),
 ]

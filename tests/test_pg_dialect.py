@@ -58,6 +58,8 @@ NOT_ON_POSTGRES = {
     ("state_db/pg_schema.py", "PRAGMA foreign_key_list("): "copy_from_sqlite reads its SQLite source",
     ("state_db/pg_schema.py", "PRAGMA table_info("): "copy_from_sqlite reads its SQLite source",
     ("state_db/pg_schema.py", "SELECT status FROM org_session"): "copy_from_sqlite asks its SQLite source",
+    ("state_db/pg_schema.py", "SELECT calls, input_tokens"): "copy_from_sqlite reads its SQLite source's totals "
+                                                             "(the UPDATE that sets them runs on PostgreSQL)",
     ("state_db/store.py", "COPY"): "sent through psycopg's COPY protocol (copy_rows), not execute; "
                                    "copy_from_sqlite is driven below and verifies every row it copied",
     ("state_db/store.py", "PRAGMA"): "the message refusing a PRAGMA the store does not answer",

@@ -58,6 +58,7 @@ STEPS = (
 )
 
 _totals: dict[str, list] = {}
+_sql: dict[str, list] = {}
 _lock = threading.Lock()
 
 
@@ -76,7 +77,51 @@ def _wrap(fn, step: str):
     return timed
 
 
+def _sql_meter() -> None:
+    """Each statement's thread CPU, by its text (whitespace folded; a long one by its first 100
+    and last 80 characters), for every
+    SQLite connection the role opens from now on (``sqlite3.connect``'s ``factory``)."""
+    import re
+    import sqlite3
+
+    space = re.compile(r"\s+")
+
+    def note(sql: str, spent: float) -> None:
+        key = space.sub(" ", sql).strip()
+        if len(key) > 184:
+            key = f"{key[:100]} … {key[-80:]}"
+        with _lock:
+            acc = _sql.setdefault(key, [0.0, 0])
+            acc[0] += spent
+            acc[1] += 1
+
+    class Metered(sqlite3.Connection):
+        def execute(self, sql, *args):
+            t0 = time.thread_time()
+            try:
+                return super().execute(sql, *args)
+            finally:
+                note(sql, time.thread_time() - t0)
+
+        def executemany(self, sql, *args):
+            t0 = time.thread_time()
+            try:
+                return super().executemany(sql, *args)
+            finally:
+                note(sql, time.thread_time() - t0)
+
+    connect = sqlite3.connect
+
+    @functools.wraps(connect)
+    def metered(*args, **kwargs):
+        kwargs.setdefault("factory", Metered)
+        return connect(*args, **kwargs)
+    sqlite3.connect = metered
+
+
 def _install() -> None:
+    if os.environ.get("ORG_CPU_STEPS_SQL"):
+        _sql_meter()
     for module, qualname, step in STEPS:
         try:
             owner = importlib.import_module(module)
@@ -92,7 +137,8 @@ def _install() -> None:
 def _dump() -> None:
     t = os.times()
     with _lock:
-        data = {"pid": os.getpid(), "cpu_s": t.user + t.system, "steps": {k: list(v) for k, v in _totals.items()}}
+        data = {"pid": os.getpid(), "cpu_s": t.user + t.system, "steps": {k: list(v) for k, v in _totals.items()},
+                "sql": {k: list(v) for k, v in _sql.items()}}
     tmp = os.path.join(OUT, f".{os.getpid()}.json")
     with open(tmp, "w") as f:
         json.dump(data, f)
@@ -116,6 +162,7 @@ def _in_role() -> None:
     wrappers), count from zero, write the totals every second."""
     global _wrapped
     _totals.clear()
+    _sql.clear()
     if not _wrapped:
         _install()
         _wrapped = True

@@ -66,8 +66,9 @@ def dispatch(tx, alive: dict[str, bool]) -> list[tuple[str, str]]:
     """Give queued items to free live loop-agents, oldest item first, least-recently-used agent first."""
     # a paused run holds its loop-agent only until that loop-agent parks it
     busy = work.busy_agents(tx.conn, *ACTIVE_ASSIGNED, WorkStatus.PAUSED)
-    last_used = last_started_by_instance(tx.conn)
-    free = sorted((a for a, ok in alive.items() if ok and a not in busy), key=lambda a: (last_used.get(a, 0), a))
+    idle = [a for a, ok in alive.items() if ok and a not in busy]
+    last_used = last_started_by_instance(tx.conn, idle)
+    free = sorted(idle, key=lambda a: (last_used.get(a, 0), a))
     pairs = []
     for item, agent in zip(work.with_status(tx.conn, WorkStatus.QUEUED), free):
         tx.set_status("work_items", item.id, WorkStatus.DISPATCHED, assigned_to=agent)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from state_db.queries.base import columns, loads, scalar
 
@@ -144,6 +145,11 @@ def open_attempt(conn: sqlite3.Connection, work_id: str) -> Attempt | None:
     return found[0] if found else None
 
 
-def last_started_by_instance(conn: sqlite3.Connection) -> dict[str, float]:
-    """Instance → when it last started an attempt (its last use, for fair dispatch)."""
-    return {r[0]: r[1] or 0 for r in conn.execute("SELECT instance, MAX(started_at) FROM attempts GROUP BY instance")}
+def last_started_by_instance(conn: sqlite3.Connection, instances: Iterable[str]) -> dict[str, float]:
+    """Instance → when it last started an attempt (its last use, for fair dispatch), for the
+    ``instances`` asked about (each one look-up in the index ``attempts_instance``)."""
+    out = {}
+    for name in instances:
+        row = conn.execute("SELECT MAX(started_at) FROM attempts WHERE instance = ?", (name,)).fetchone()
+        out[name] = (row[0] if row is not None else None) or 0
+    return out

@@ -140,8 +140,8 @@ def unmeasured_candidates(conn: sqlite3.Connection) -> set[str]:
 def active_count(conn: sqlite3.Connection) -> int:
     """Replay runs not ended yet (queued, waiting, dispatched, running or paused)."""
     return conn.execute(
-        """SELECT COUNT(*) FROM replays p JOIN work_items w ON w.id = p.work_id WHERE w.status != ?""",
-        (WorkStatus.ENDED,)).fetchone()[0]
+        """SELECT COUNT(*) FROM work_items w WHERE w.status != 'ended'
+              AND EXISTS (SELECT 1 FROM replays p WHERE p.work_id = w.id)""").fetchone()[0]
 
 
 def source_runs(conn: sqlite3.Connection, note_ids: list[str] | tuple[str, ...]) -> list[str]:

@@ -2,7 +2,10 @@
 
 Every sum counts what retention folded into ``usage_summaries`` along with the per-call rows
 that remain (``state_db/retention.py`` prunes calls of ended runs into one summary row each), so
-no total — the org-wide spend cap least of all — forgets old spend.
+no total — the org-wide spend cap least of all — forgets old spend. The org's totals are one row,
+``usage_total``, that the store's own triggers keep equal to the sums of both tables as each row is
+written, moved or removed (migration ``0023_history``): the spend cap is read before every model
+call, and summing the whole history there made each call cost more the longer the org had run.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ _SUMS = """COALESCE(SUM(input_tokens),0) AS input_tokens, COALESCE(SUM(output_to
            COALESCE(SUM(cache_read_tokens),0) AS cache_read_tokens, COALESCE(SUM(cost_usd),0) AS cost_usd"""
 _CALLS = f"SELECT COUNT(*) AS calls, {_SUMS} FROM model_calls"
 _SUMMARIES = f"SELECT COALESCE(SUM(calls),0) AS calls, {_SUMS} FROM usage_summaries"
+_TOTALS = "calls, input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, cost_usd"
 
 
 @dataclass(frozen=True)
@@ -71,15 +75,15 @@ class ModelCall:
 def org_spend(conn: sqlite3.Connection) -> float:
     """Everything the org has spent, in USD: per-call usage plus what retention folded into
     summaries (the org-wide spend cap must not forget old spend)."""
-    return conn.execute("""SELECT (SELECT COALESCE(SUM(cost_usd), 0) FROM model_calls)
-                                + (SELECT COALESCE(SUM(cost_usd), 0) FROM usage_summaries)""").fetchone()[0]
+    return conn.execute("SELECT cost_usd FROM usage_total WHERE id = 1").fetchone()[0]
 
 
 def of_work(conn: sqlite3.Connection, work_id: str | None = None) -> Usage:
     """Tokens and cost of ``work_id`` (None: the whole org), calls and summaries together."""
-    where, params = ("", ()) if work_id is None else (" WHERE work_id = ?", (work_id,))
-    return (Usage.from_row(conn.execute(_CALLS + where, params).fetchone())
-            + Usage.from_row(conn.execute(_SUMMARIES + where, params).fetchone()))
+    if work_id is None:
+        return Usage.from_row(conn.execute(f"SELECT {_TOTALS} FROM usage_total WHERE id = 1").fetchone())
+    return (Usage.from_row(conn.execute(_CALLS + " WHERE work_id = ?", (work_id,)).fetchone())
+            + Usage.from_row(conn.execute(_SUMMARIES + " WHERE work_id = ?", (work_id,)).fetchone()))
 
 
 def of_attempt(conn: sqlite3.Connection, work_id: str, iteration: int, attempt: int) -> Usage:

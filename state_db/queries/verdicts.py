@@ -152,12 +152,14 @@ def due(conn: sqlite3.Connection, owns: Callable[[str], bool] | None = None) -> 
     """What the eval-agent must verify, in order: preflights of live runs that have none and no
     iteration yet (oldest run first), then committed iterations of live runs with no verdict.
     ``owns``: of several eval-agents, which work items are this one's."""
-    preflights = conn.execute("""SELECT w.id, 0, w.assigned_to FROM work_items w WHERE w.status != ?
+    # the live items only (the partial index work_items_live: its predicate is written as the
+    # index's), then their iterations by key: what is due never reads the ended history
+    preflights = conn.execute("""SELECT w.id, 0, w.assigned_to FROM work_items w WHERE w.status != 'ended'
                                    AND NOT EXISTS (SELECT 1 FROM preflights p WHERE p.work_id = w.id)
                                    AND NOT EXISTS (SELECT 1 FROM iterations i WHERE i.work_id = w.id)
-                                 ORDER BY w.created_at""", (WorkStatus.ENDED,)).fetchall()
-    pending = conn.execute("""SELECT i.work_id, i.n, w.assigned_to FROM iterations i JOIN work_items w ON w.id = i.work_id
-                               WHERE w.status != ?
+                                 ORDER BY w.created_at""").fetchall()
+    pending = conn.execute("""SELECT i.work_id, i.n, w.assigned_to FROM work_items w CROSS JOIN iterations i
+                               WHERE w.status != 'ended' AND i.work_id = w.id
                                  AND NOT EXISTS (SELECT 1 FROM verdicts v WHERE v.work_id = i.work_id AND v.iteration = i.n)
-                               ORDER BY i.committed_at""", (WorkStatus.ENDED,)).fetchall()
+                               ORDER BY i.committed_at""").fetchall()
     return [Due(r[0], r[1], r[2]) for r in (*preflights, *pending) if owns is None or owns(r[0])]
