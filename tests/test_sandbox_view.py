@@ -412,3 +412,26 @@ def test_socket_paths_are_resolved_as_realpath_resolves_them(tmp_path):
         + "0000: 00000002 00000000 00010000 0001 01 9 @abstract\n")
     assert host_sockets(str(table)) == list(dict.fromkeys(os.path.realpath(p) for p in paths))
     assert f"{elsewhere}/target" in host_sockets(str(table))
+
+
+def test_the_socket_table_is_read_as_the_kernel_writes_it_and_hidden_folders_are_left_out(tmp_path):
+    """``host_sockets`` reads each bound path whole (spaces and all), leaves abstract and unnamed
+    sockets out, resolves each folder once, and drops the sockets of a folder ``skip_folder``
+    names (a hidden place: an org home's run/s holds most of the table at a hundred agents)."""
+    from roles.workbench.sandbox.view import host_sockets
+
+    org = tmp_path / "org" / "run" / "s"
+    shown = tmp_path / "shown dir"
+    org.mkdir(parents=True)
+    shown.mkdir()
+    rows = ["Num       RefCount Protocol Flags    Type St Inode Path",
+            *(f"0000000000000000: 00000003 00000000 00010000 0001 01 {900 + i} {org}/loop-agent-{i % 7}"
+              for i in range(50)),
+            "0000000000000000: 00000002 00000000 00010000 0001 01 11 @/abstract/name",
+            "0000000000000000: 00000002 00000000 00000000 0001 03 12",
+            f"0000000000000000: 00000002 00000000 00010000 0001 01 13 {shown}/a socket"]
+    table = tmp_path / "unix"
+    table.write_text("\n".join(rows) + "\n")
+    every = host_sockets(str(table))
+    assert sorted(every) == sorted([*(f"{org}/loop-agent-{i}" for i in range(7)), f"{shown}/a socket"])
+    assert host_sockets(str(table), skip_folder=lambda folder: folder == str(org)) == [f"{shown}/a socket"]

@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from roles.workbench.sandbox.environment import CACHES
 from roles.workbench.sandbox.toolchains import SYSTEM, Exposure, Toolchain, discover, is_system
@@ -74,10 +74,13 @@ def _homes_below(places: Sequence[str], registered: tuple[str, ...], own: Path |
     return list(out)
 
 
-def host_sockets(table: str = "/proc/net/unix") -> list[str]:
+def host_sockets(table: str = "/proc/net/unix", skip_folder: Callable[[str], bool] | None = None) -> list[str]:
     """Real paths of the Unix sockets bound in this machine's network namespace (abstract and
     unnamed ones aside: the sandbox's own network namespace already keeps those out). ``build``
-    keeps those inside what a command sees and within its reach (``_reachable``)."""
+    keeps those inside what a command sees and within its reach (``_reachable``).
+    ``skip_folder``: real folders whose sockets are not wanted (``build``'s: the hidden places,
+    where every org's own sockets live: at a hundred loop-agents they are most of the table, and
+    each would cost a look at its name)."""
     try:
         with open(table, "rb") as f:
             lines = f.read().splitlines()[1:]
@@ -85,9 +88,11 @@ def host_sockets(table: str = "/proc/net/unix") -> list[str]:
         return []
     bound: dict[bytes, None] = {}       # a listener's accepted connections repeat its path
     for line in lines:
-        parts = line.split(None, 7)     # Num RefCount Protocol Flags Type St Inode [Path]
-        if len(parts) == 8 and parts[7].startswith(b"/"):
-            bound[parts[7]] = None
+        # Num RefCount Protocol Flags Type St Inode [Path]: the seven fields before the path are
+        # numbers, so the first " /" starts a path name (abstract "@" and unnamed ones have none)
+        at = line.find(b" /")
+        if at >= 0:
+            bound[line[at + 1:]] = None
     # many sockets share a folder (an org's run/s): each folder is resolved once, and a name is
     # resolved on its own only where it is a symbolic link
     folders: dict[str, str] = {}
@@ -96,7 +101,12 @@ def host_sockets(table: str = "/proc/net/unix") -> list[str]:
         folder, name = os.path.split(os.fsdecode(raw))
         real = folders.get(folder)
         if real is None:
-            real = folders[folder] = os.path.realpath(folder)
+            real = os.path.realpath(folder)
+            if skip_folder is not None and skip_folder(real):
+                real = ""
+            folders[folder] = real
+        if not real:
+            continue
         path = os.path.join(real, name)
         out[os.path.realpath(path) if name in ("", ".", "..") or os.path.islink(path) else path] = None
     return list(out)
@@ -205,7 +215,9 @@ def build(toolchain: Toolchain | None, *, own_home: Path | None, readonly: Seque
             while len(_SHOWN) > _SHOWN_MAX:
                 del _SHOWN[next(iter(_SHOWN))]
     reach = _Tops([os.path.realpath(workspace)]) if workspace is not None else None
-    hidden = [*shown.hidden, *(Exposure(p, SOCKET) for p in host_sockets()
+    # a socket under a hidden place is covered with it (the filter below would drop it): its
+    # folder is left out before each of its names is looked at
+    hidden = [*shown.hidden, *(Exposure(p, SOCKET) for p in host_sockets(skip_folder=shown.covered.cover)
                                if (shown.kept.cover(p) or (reach is not None and reach.cover(p)))
                                and not shown.covered.cover(p) and _reachable(p))]
     places = [*([os.path.realpath(workspace)] if workspace is not None else []), *(e.path for e in readonly)]
