@@ -113,11 +113,11 @@ def has_retro(conn: sqlite3.Connection, run_id: str) -> bool:
     return Q.raw_note(conn, note_id(run_id, 0, ending(conn, run_id))) is not None
 
 
-def runs_without_retro(conn: sqlite3.Connection, limit: int = 50) -> list[str]:
+def runs_without_retro(conn: sqlite3.Connection, limit: int = 50, since: float | None = None) -> list[str]:
     """Ended runs whose retro of their current ending is not written yet, oldest first. A run
     that ended because its verify commands could not run (``verify_unrunnable``) taught nothing
     about the work: the machine failed, not the doer, so it never becomes lessons, knowledge or
     skills; nor does one whose test report was forged (``evidence_forged``), nor an ending
-    recorded as ``retro.skipped`` (``skip_retro``)."""
-    return Q.runs_without_retro(conn, limit)
+    recorded as ``retro.skipped`` (``skip_retro``). ``since``: only runs that ended at or after it."""
+    return Q.runs_without_retro(conn, limit, since)
 

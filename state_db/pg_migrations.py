@@ -440,6 +440,7 @@ DROP INDEX work_items_status;
 CREATE INDEX work_items_status ON work_items(status, created_at);
 CREATE INDEX work_items_live ON work_items(created_at) WHERE status <> 'ended';
 CREATE INDEX work_items_workspace ON work_items(workspace, created_at);
+CREATE INDEX work_items_ended ON work_items(ended_at) WHERE status = 'ended';
 CREATE INDEX attempts_instance ON attempts(instance, started_at);
 CREATE TABLE usage_total (
     id BIGINT PRIMARY KEY CHECK (id = 1),

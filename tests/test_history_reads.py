@@ -134,3 +134,32 @@ def test_the_running_usage_total_equals_the_sums_it_replaces_through_writes_prun
     for w in (h, la):
         w.close()
     conn.close()
+
+
+def test_the_curator_looks_for_runs_without_a_retro_only_among_those_that_ended_since_its_last_pass(org_home):
+    """Its first pass reads every ending once; each later one only the endings since (an index
+    range), so a run that ends later, or is continued and ends again, is still found."""
+    from roles.curator.pipeline import RETRO_MARGIN_S, Pipeline, Thresholds
+    from state_db.queries.knowledge import runs_without_retro
+
+    _with_history(org_home, items=40)
+    conn = connect(org_home.db_path, readonly=True)
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    runs_without_retro(conn, 50, since=time.time() - 600)
+    conn.set_trace_callback(None)
+    assert not _scans(conn, seen[-1]), seen[-1]
+    now = [time.time()]
+    pipe = Pipeline(StateWriter(org_home.db_path, "curator", "curator"), Thresholds(),
+                    org_home.root / "skills", clock=lambda: now[0])
+    first = pipe.retros(limit=100)
+    assert len(first) + len(runs_without_retro(conn, 100)) >= 40 and runs_without_retro(conn, 100) == []
+    assert pipe._retros_since == now[0] - RETRO_MARGIN_S
+    h = StateWriter(org_home.db_path, "human", clock=lambda: now[0] + 5)
+    with h.transaction() as tx:
+        tx.set_status("work_items", "live-1", "ended", stop_reason="cancelled")
+    now[0] += 10
+    pipe.retros(limit=100)                      # its retro, or its skip, is written
+    assert runs_without_retro(conn, 100) == []
+    h.close()
+    conn.close()

@@ -51,6 +51,9 @@ class PassReport:
                     or self.retirement_proposed)
 
 
+RETRO_MARGIN_S = 600.0
+
+
 class Pipeline:
     """The curator's work, pure over state.db and the skills folder.
 
@@ -75,6 +78,7 @@ class Pipeline:
         self.clock = clock
         self._flight = threading.Lock()
         self.wait_for_replays = wait_for_replays   # a batch offers only candidates whose replays ended
+        self._retros_since: float | None = None    # every run that ended before it has its retro
 
     def run(self, *, slow: bool = False) -> PassReport:
         """One pass; ``slow`` adds the periodic work (use recount, retirement proposals)."""
@@ -105,8 +109,10 @@ class Pipeline:
         """Write the retro of every ended run that has none (exactly once per run). A run that
         failed only because of its environment is recorded as skipped instead, whoever the
         author: no note, so no knowledge and no skill, comes of it."""
+        started = self.clock()
+        runs = N.runs_without_retro(self.w.conn, limit, since=self._retros_since)
         done = []
-        for run_id in N.runs_without_retro(self.w.conn, limit):
+        for run_id in runs:
             try:
                 if replays_q.is_replay(self.w.conn, run_id):
                     with self.w.transaction() as tx:   # it measured a skill; its lessons are the item's own
@@ -124,6 +130,12 @@ class Pipeline:
                 done.append(run_id)
             except (RetroExists, RunNotEnded):
                 continue                        # another writer was first; nothing to do
+        if len(runs) < limit:
+            # every run then waiting was just seen to: the next pass looks only at what ended
+            # since (less a margin for a writer that stamped its ending before it committed, or
+            # on another host's clock), not through the whole history again. A run continued and
+            # ended again has a new ending time; a process that starts again looks at all once.
+            self._retros_since = started - RETRO_MARGIN_S
         return done
 
     def consolidate(self, report: PassReport) -> None:

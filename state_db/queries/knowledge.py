@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from state_db.queries.base import columns, loads, marks, scalar
-from state_db.vocab import NoteKind, NoteStatus, StopReason, WorkStatus
+from state_db.vocab import NoteKind, NoteStatus, StopReason
 
 
 def note_kind(evidence: dict[str, Any]) -> NoteKind:
@@ -130,20 +130,21 @@ def raw_notes(conn: sqlite3.Connection, ids: list[str] | tuple[str, ...]) -> lis
         f"SELECT * FROM raw_notes WHERE id IN ({marks(ids)}) ORDER BY created_at, id", tuple(ids))]
 
 
-def runs_without_retro(conn: sqlite3.Connection, limit: int = 50) -> list[str]:
+def runs_without_retro(conn: sqlite3.Connection, limit: int = 50, since: float | None = None) -> list[str]:
     """Ended runs whose current ending has neither a retro (its first note, ``note_id(w.id, 0,
     ending)``) nor a ``retro.skipped`` event, oldest first; runs that ended ``verify_unrunnable``
     (the machine failed, not the doer) or ``evidence_forged`` (the doer's evidence cannot be
-    believed, so neither can anything learnt from the run) are left out."""
+    believed, so neither can anything learnt from the run) are left out. ``since``: only runs
+    that ended at or after it (the curator's own mark: every earlier ending was seen to)."""
     return [r[0] for r in conn.execute(
-        """SELECT w.id FROM work_items w WHERE w.status = ?
+        """SELECT w.id FROM work_items w WHERE w.status = 'ended' AND w.ended_at >= ?
              AND w.stop_reason NOT IN (?, ?)
              AND NOT EXISTS (SELECT 1 FROM raw_notes r WHERE r.id = 'rn-' || w.id || COALESCE(
                    '.' || NULLIF((SELECT COUNT(*) FROM stop_history s WHERE s.work_id = w.id), 0), '') || '-0')
              AND NOT EXISTS (SELECT 1 FROM events e WHERE e.kind = 'retro.skipped' AND e.subject = w.id
                    AND json_extract(e.data, '$.ending') = (SELECT COUNT(*) FROM stop_history s WHERE s.work_id = w.id))
-           ORDER BY w.ended_at, w.id LIMIT ?""", (WorkStatus.ENDED, StopReason.VERIFY_UNRUNNABLE,
-                                                  StopReason.EVIDENCE_FORGED, limit))]
+           ORDER BY w.ended_at, w.id LIMIT ?""", (since if since is not None else float("-inf"),
+                                                  StopReason.VERIFY_UNRUNNABLE, StopReason.EVIDENCE_FORGED, limit))]
 
 
 def pending_notes(conn: sqlite3.Connection) -> list[RawNote]:

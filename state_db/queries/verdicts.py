@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from state_db.queries.base import columns, loads
-from state_db.vocab import Actor, VerdictOutcome, WorkStatus
+from state_db.vocab import Actor, VerdictOutcome
 
 # A literal pattern, not a bound one: SQLite prepares a statement again on every run when a LIKE's
 # pattern is a parameter (its LIKE optimisation depends on the value), ~80 µs a query. lower():
