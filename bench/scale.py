@@ -385,7 +385,7 @@ def steps_by_role(before: dict[int, dict], after: dict[int, dict], pids: dict[st
         ranked = [(s, ms, c) for s, (ms, c) in sorted(rows.items(), key=lambda kv: -kv[1][0]) if c]
         return {s: {"ms": round(ms, 2), "calls": round(c, 2)} for s, ms, c in ranked[:top]}
     return {kind: {"process_ms": round(r["process_ms"], 2), "steps": table(r["steps"]),
-                   **({"sql_ms": round(sum(ms for ms, _ in r["sql"].values()), 2), "sql_top": table(r["sql"], 12)}
+                   **({"sql_ms": round(sum(ms for ms, _ in r["sql"].values()), 2), "sql_top": table(r["sql"], 40)}
                       if r.get("sql") else {})}
             for kind, r in sorted(out.items())}
 

@@ -7,7 +7,7 @@ Measures, in one run and between real processes:
 - ``raw_zmq_*``: plain pyzmq PUSH → PULL one way (the floor);
 - ``push_*``: through the whole seam — envelope, HMAC, push, decode and checks, the ledger
   transaction in state.db, the handler call in a receiver process (``transport.probe``);
-- ``fallback_*``: outbox file write (temp, fsync, rename) → watchdog → handler call;
+- ``fallback_*``: outbox file write (temp, fsync, rename) → the receiver's wake FIFO → handler call;
 - ``throughput_msgs_s``: sustained, one receiver, ledger on, batching allowed;
 - ``duplicates_handled``: handler calls beyond one per id when every message goes both ways.
 
