@@ -1,0 +1,135 @@
+"""A role that waits for a busy store is alive: its beat (roles/base/beat.py) does not wait for
+the store's write lock, so the supervisor does not kill it and the coordinator does not hand its
+run away; a role that is really stuck still is killed and restarted. Real processes on ipc://."""
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+
+import pytest
+
+from roles.base import beat
+from roles.coordinator.dispatch import live_agents, requeue_orphans
+from roles.supervisor import procs
+from scripts import control
+from state_db.bootstrap import init_home
+from state_db.kernel.home import OrgHome
+from state_db.vocab import Actor, RoleStatus, WorkStatus
+from state_db.writer import StateWriter
+from tests.support.org import cleanup, roles, short_home_dir, wait_for, write_config
+
+pytestmark = pytest.mark.timeout(180)
+
+# one interpreter per role: no idle loop-agent is replaced by a fork of the warm template while
+# the test compares which processes run before and after
+
+TIMEOUT_S = 2.0
+CONFIG = f"""
+[org]
+loop_agents = 2
+[supervisor]
+spawn = "exec"
+heartbeat_s = 0.2
+heartbeat_timeout_s = {TIMEOUT_S}
+restart_max = 5
+restart_window_s = 60.0
+stop_timeout_s = 5.0
+"""
+
+
+@pytest.fixture
+def org(monkeypatch):
+    home = OrgHome(short_home_dir() / "org")
+    write_config(home, CONFIG)
+    init_home(home)
+    monkeypatch.setenv("ORG_HOME", str(home.root))
+    yield home
+    cleanup(home)
+
+
+def _identities(home) -> dict[str, tuple]:
+    return {n: (r["pid"], r["pid_start"], r["restarts"]) for n, r in roles(home).items()}
+
+
+def test_roles_waiting_for_a_store_held_past_their_heartbeat_timeout_are_not_killed(org):
+    control.start_background(org, timeout_s=30)
+    before = _identities(org)
+    wait_for(lambda: all(beat.last(org.run_dir, n) for n in before), what="every role's beat file")
+    hold = sqlite3.connect(org.db_path, isolation_level=None)
+    hold.execute("BEGIN IMMEDIATE")                  # the store busy for three heartbeat timeouts
+    held_at = time.time()
+    try:
+        stale_beats = []
+        while time.time() - held_at < 3 * TIMEOUT_S:
+            time.sleep(0.25)
+            now = time.time()
+            stale_beats += [(n, round(now - (beat.last(org.run_dir, n) or 0), 2)) for n in before
+                            if now - (beat.last(org.run_dir, n) or 0) > TIMEOUT_S]
+        rows = roles(org)
+    finally:
+        hold.execute("ROLLBACK")
+        hold.close()
+    released_at = time.time()
+    # no row was written while the store was held (the lock was real), yet every role beat on
+    assert all((r["heartbeat_at"] or 0) <= held_at for r in rows.values()), rows
+    assert stale_beats == []
+    wait_for(lambda: all((r["heartbeat_at"] or 0) > released_at and r["status"] == "ready"
+                         for r in roles(org).values()), what="every role's heartbeat row after the store is free")
+    assert _identities(org) == before                # same processes, none restarted
+    assert all(procs.is_alive(pid, start) for pid, start, _ in before.values())
+    assert control.request(org, "stop", timeout_s=30)["status"] == "stopped"
+
+
+def test_a_role_that_is_stuck_is_still_killed_and_restarted(org):
+    """Its beat stops with it (SIGSTOP: neither its main loop nor a store wait goes on)."""
+    control.start_background(org, timeout_s=30)
+    victim = roles(org)["loop-agent-1"]
+    os.kill(victim["pid"], signal.SIGSTOP)
+    try:
+        after = wait_for(lambda: (r := roles(org)["loop-agent-1"])["status"] == "ready"
+                         and r["pid"] != victim["pid"] and r, timeout=30, what="the stuck loop-agent replaced")
+    finally:
+        if procs.is_alive(victim["pid"], victim["pid_start"]):
+            os.kill(victim["pid"], signal.SIGKILL)
+    assert after["restarts"] == 1
+    assert control.request(org, "stop", timeout_s=30)["status"] == "stopped"
+
+
+def test_the_coordinator_keeps_a_run_with_a_loop_agent_whose_row_is_late_but_beats(org_home, tmp_path):
+    """Dispatch's liveness: the later of the heartbeat row and the beat file of this host; a
+    loop-agent of another host (no file here) by its row alone, as before."""
+    w = StateWriter(org_home.db_path, Actor.SUPERVISOR)
+    now = time.time()
+    with w.transaction() as tx:
+        for name in ("loop-agent-1", "loop-agent-2"):
+            tx.insert("role_instances", {"instance": name, "role": "loop-agent", "status": RoleStatus.STOPPED,
+                                         "updated_at": now})
+    for name in ("loop-agent-1", "loop-agent-2"):
+        la = StateWriter(org_home.db_path, Actor.LOOP_AGENT, name)
+        with la.transaction() as tx:     # ready, its last row 30 s old
+            tx.set_status("role_instances", name, RoleStatus.STARTING, updated_at=now)
+            tx.set_status("role_instances", name, RoleStatus.READY, heartbeat_at=now - 30, updated_at=now)
+        la.close()
+    human = StateWriter(org_home.db_path, Actor.HUMAN)
+    with human.transaction() as tx:
+        tx.insert("work_items", {"id": "w1", "goal": "g", "workspace": str(tmp_path), "verify": [], "caps": {},
+                                 "backend": "anthropic", "status": WorkStatus.QUEUED, "created_by": "human",
+                                 "created_at": now, "updated_at": now})
+    co = StateWriter(org_home.db_path, Actor.COORDINATOR)
+    with co.transaction() as tx:
+        tx.set_status("work_items", "w1", WorkStatus.DISPATCHED, assigned_to="loop-agent-1")
+    b = beat.Beat(org_home.run_dir, "loop-agent-1")
+    b.touch(time.time())                              # loop-agent-1 beats; loop-agent-2 does not
+    with co.transaction() as tx:
+        alive = live_agents(tx, 10.0, org_home.run_dir)
+        assert alive == {"loop-agent-1": True, "loop-agent-2": False}
+        assert requeue_orphans(tx, alive) == []
+        assert live_agents(tx, 10.0) == {"loop-agent-1": False, "loop-agent-2": False}     # the rows alone
+    b.touch(time.time() - 60)                         # its beat stopped a minute ago: gone
+    with co.transaction() as tx:
+        assert requeue_orphans(tx, live_agents(tx, 10.0, org_home.run_dir)) == ["w1"]
+    b.close()
+    for x in (w, human, co):
+        x.close()
