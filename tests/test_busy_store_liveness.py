@@ -14,7 +14,9 @@ from roles.base import beat
 from roles.coordinator.dispatch import live_agents, requeue_orphans
 from roles.supervisor import procs
 from scripts import control
+from scripts.cli.commands.status import load
 from state_db.bootstrap import init_home
+from state_db.connection import connect
 from state_db.kernel.home import OrgHome
 from state_db.vocab import Actor, RoleStatus, WorkStatus
 from state_db.writer import StateWriter
@@ -68,6 +70,10 @@ def test_roles_waiting_for_a_store_held_past_their_heartbeat_timeout_are_not_kil
             stale_beats += [(n, round(now - (beat.last(org.run_dir, n) or 0), 2)) for n in before
                             if now - (beat.last(org.run_dir, n) or 0) > TIMEOUT_S]
         rows = roles(org)
+        conn = connect(org.db_path, readonly=True)      # what 'org status' shows meanwhile
+        shown = load(conn, run_dir=org.run_dir)["roles"]
+        conn.close()
+        shown_at = time.time()
     finally:
         hold.execute("ROLLBACK")
         hold.close()
@@ -75,6 +81,7 @@ def test_roles_waiting_for_a_store_held_past_their_heartbeat_timeout_are_not_kil
     # no row was written while the store was held (the lock was real), yet every role beat on
     assert all((r["heartbeat_at"] or 0) <= held_at for r in rows.values()), rows
     assert stale_beats == []
+    assert all(shown_at - r["heartbeat_at"] <= TIMEOUT_S and r["activity"] == "idle" for r in shown), shown
     wait_for(lambda: all((r["heartbeat_at"] or 0) > released_at and r["status"] == "ready"
                          for r in roles(org).values()), what="every role's heartbeat row after the store is free")
     assert _identities(org) == before                # same processes, none restarted
@@ -93,7 +100,7 @@ def test_a_role_that_is_stuck_is_still_killed_and_restarted(org):
     finally:
         if procs.is_alive(victim["pid"], victim["pid_start"]):
             os.kill(victim["pid"], signal.SIGKILL)
-    assert after["restarts"] == 1
+    assert after["restarts"] >= 1          # (a replacement slow to start on a loaded host may be replaced again)
     assert control.request(org, "stop", timeout_s=30)["status"] == "stopped"
 
 
