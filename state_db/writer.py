@@ -50,7 +50,7 @@ def beat_while_waiting(beat: Callable[[], None] | None) -> None:
     through more than one writer (its own, the transport's ledger), and a role that waits for a
     busy store is alive, not hung: its beat (``roles/base/beat.py``) must not depend on winning
     the lock. Bound to one thread, so a worker's wait never beats for a main loop that is stuck.
-    ``None`` stops it. On a PostgreSQL store the wait is the connection's ``lock_timeout``, whole."""
+    ``None`` stops it. On a PostgreSQL store the slices are ``lock_timeout``'s."""
     global _beat
     _beat = None if beat is None else (threading.get_ident(), beat)
 
@@ -285,25 +285,20 @@ class StateWriter:
         """``BEGIN IMMEDIATE`` within ``wait_s`` (default the busy timeout); in slices with a beat
         between them in the thread that beats (``beat_while_waiting``). Raises StoreBusy."""
         beat = _beat[1] if _beat is not None and _beat[0] == threading.get_ident() else None
-        if not isinstance(conn, sqlite3.Connection) or (wait_s is None and beat is None):
-            self._set_busy_ms(conn, BUSY_TIMEOUT_MS)
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                if conn.in_transaction:        # PostgreSQL: BEGIN ran, its lock did not come
-                    conn.execute("ROLLBACK")
-                if (busy := as_store_busy(exc)) is None:
-                    raise
-                raise busy from exc
-            return
         deadline = time.monotonic() + (BUSY_TIMEOUT_MS / 1000 if wait_s is None else wait_s)
         while True:
-            left = deadline - time.monotonic()
-            self._set_busy_ms(conn, max(0, int(1000 * (min(left, WAIT_SLICE_S) if beat else left))))
+            if beat is None and wait_s is None:
+                ms = BUSY_TIMEOUT_MS            # the common case: the connection's own, set once
+            else:
+                left = deadline - time.monotonic()
+                ms = max(0, int(1000 * (min(left, WAIT_SLICE_S) if beat else left)))
+            self._set_busy_ms(conn, ms)
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
+                if conn.in_transaction:        # PostgreSQL: BEGIN ran, its lock did not come
+                    conn.execute("ROLLBACK")
                 if (busy := as_store_busy(exc)) is None:
                     raise
                 if beat is None or time.monotonic() >= deadline:
@@ -311,9 +306,15 @@ class StateWriter:
             beat()
 
     def _set_busy_ms(self, conn, ms: int) -> None:
-        if ms != self._busy_ms and isinstance(conn, sqlite3.Connection):
+        """The longest the next lock wait may take: SQLite's busy timeout, PostgreSQL's
+        ``lock_timeout`` (where 0 would mean no limit: at least 1 ms)."""
+        if ms == self._busy_ms:
+            return
+        if isinstance(conn, sqlite3.Connection):
             conn.execute(f"PRAGMA busy_timeout={ms}")
-            self._busy_ms = ms
+        else:
+            conn.run(f"SET lock_timeout = {max(1, ms)}")
+        self._busy_ms = ms
 
     def run_once(self, key: str, command: str, fn: Callable[[Transaction], dict], *,
                  args: Any) -> tuple[dict, bool]:

@@ -280,6 +280,35 @@ def test_a_writer_past_the_lock_timeout_raises_store_busy_and_writes_nothing(pg_
     w.close(), holder.close()
 
 
+def test_a_thread_that_beats_keeps_beating_while_it_waits_for_the_pg_lock(pg_url, monkeypatch):
+    """The wait is taken in slices of lock_timeout with a beat between them, as on SQLite; a
+    heartbeat's short wait (``wait_s``) ends in StoreBusy; the next plain write waits as before."""
+    from state_db import writer as writer_mod
+    migrate(pg_url)
+    monkeypatch.setattr(writer_mod, "WAIT_SLICE_S", 0.1)
+    monkeypatch.setattr(writer_mod, "BUSY_TIMEOUT_MS", 700)
+    holder = store.connect(pg_url)
+    holder.execute("BEGIN IMMEDIATE")
+    beats: list[float] = []
+    writer_mod.beat_while_waiting(lambda: beats.append(time.monotonic()))
+    w = StateWriter(pg_url, Actor.HUMAN)
+    try:
+        with pytest.raises(StoreBusy):
+            with w.transaction():
+                pass
+        assert len(beats) >= 3, beats
+        with pytest.raises(StoreBusy):
+            with w.transaction(wait_s=0.05):
+                pass
+    finally:
+        writer_mod.beat_while_waiting(None)
+        holder.execute("ROLLBACK")
+    with w.transaction() as tx:
+        tx.journal("written", "x")
+    assert w.conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'written'").fetchone()[0] == 1
+    w.close(), holder.close()
+
+
 def test_a_serialization_failure_is_store_busy(pg_url):
     """PostgreSQL gives up a snapshot transaction whose row another committed meanwhile
     (``serialization_failure``): the store stayed busy for it, the same coded error."""
