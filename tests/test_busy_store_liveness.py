@@ -1,9 +1,12 @@
 """A role that waits for a busy store is alive: its beat (roles/base/beat.py) does not wait for
 the store's write lock, so the supervisor does not kill it and the coordinator does not hand its
-run away; a role that is really stuck still is killed and restarted. Real processes on ipc://."""
+run away; a role that is really stuck still is killed and restarted; a run handed over all the
+same goes on with its new holder (``run_taken``). Real processes on ipc://."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import sqlite3
 import time
@@ -140,3 +143,57 @@ def test_the_coordinator_keeps_a_run_with_a_loop_agent_whose_row_is_late_but_bea
     b.close()
     for x in (w, human, co):
         x.close()
+
+
+def test_a_run_handed_over_while_its_loop_agent_acts_goes_on_with_the_new_holder_nothing_asked(tmp_path):
+    """Real processes: the coordinator hands a run to loop-agent B while loop-agent A is inside a
+    model call (as when A was taken for gone). A's commit is refused (``run_taken``): its act is
+    discarded, nothing is asked of a human, A is not restarted; B waits for A to let go, resets
+    the workspace and takes the run to its goal, each iteration committed once."""
+    from bench import workload
+    from roles.operations.submit import SubmitRequest, submit
+    from state_db.queries.work import Caps
+    from tests.support.org import query
+
+    root = short_home_dir()
+    home = None
+    try:
+        home, cfg = workload.new_org(root, 2)
+        control.start_background(home, timeout_s=60)
+        acts = [[{"text": "writing", "delay_s": 3.0, "tool_uses": [{"name": "write_file", "input": {
+                     "path": "answer.txt", "content": answer + "\n"}}]},
+                 {"text": f"wrote {answer}"}] for answer in ("wrong-one", "right")]
+        script = root / "acts.json"
+        script.write_text(json.dumps({"version": 1, "acts": acts}))
+        ws = root / "ws"
+        workload.make_template(ws)
+        wid = submit(home, cfg, SubmitRequest(goal="make answer.txt say right", workspace=str(ws),
+                                              verify=[workload.VERIFY], scope=list(workload.SCOPE),
+                                              caps=Caps(max_iterations=4), backend=f"scripted:{script}"))["id"]
+        first = wait_for(lambda: (r := query(home, "SELECT instance FROM attempts WHERE work_id = ? AND attempt = 1 "
+                                                   "AND ended_at IS NULL", (wid,))) and r[0]["instance"],
+                         timeout=60, what="the first attempt acting")
+        other = "loop-agent-2" if first == "loop-agent-1" else "loop-agent-1"
+        before = _identities(home)
+        co = StateWriter(home.db_path, Actor.COORDINATOR)
+        with co.transaction() as tx:                   # what dispatch does with a run whose agent it took for gone
+            tx.set_status("work_items", wid, WorkStatus.QUEUED, assigned_to=None)
+            tx.set_status("work_items", wid, WorkStatus.DISPATCHED, assigned_to=other)
+        co.close()
+        wait_for(lambda: query(home, "SELECT status FROM work_items WHERE id = ?", (wid,))[0]["status"] == "ended"
+                 or query(home, "SELECT id FROM decisions"), timeout=90, what="the run ended (or a question asked)")
+        assert query(home, "SELECT kind, question FROM decisions") == []
+        item = query(home, "SELECT stop_reason, assigned_to FROM work_items WHERE id = ?", (wid,))[0]
+        assert (item["stop_reason"], item["assigned_to"]) == ("goal_met", other)
+        its = query(home, "SELECT i.n, a.instance FROM iterations i JOIN attempts a "
+                          "ON a.work_id = i.work_id AND a.attempt = i.attempt ORDER BY i.n")
+        assert [(r["n"], r["instance"]) for r in its] == [(1, other), (2, other)]
+        cut = query(home, "SELECT instance, outcome FROM attempts WHERE work_id = ? AND attempt = 1", (wid,))[0]
+        assert (cut["instance"], cut["outcome"]) == (first, "discarded")
+        assert '"run_taken"' in (home.logs_dir / f"{first}.log").read_text()
+        assert _identities(home)[first] == before[first]       # A went on, not restarted
+        assert control.request(home, "stop", timeout_s=60)["status"] == "stopped"
+    finally:
+        if home is not None:
+            procs.kill_org(home)
+        shutil.rmtree(root, ignore_errors=True)
