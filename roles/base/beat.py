@@ -7,7 +7,7 @@ written too, but only when the store is free within a short wait: when writers q
 128 loop-agents on two cores), a row written behind them is late, and a role judged by it alone
 was killed as hung by the supervisor, and its run handed to another loop-agent by the coordinator,
 while it worked. So whoever judges a role of this host alive — the supervisor's check, the
-coordinator's dispatch — takes the later of the two (``last``): the file says "alive, and the
+coordinator's dispatch, ``org status`` — takes the later of the two (``latest``): the file says "alive, and the
 store is busy", the row says it for a role of another host, which has no file here.
 
 A file's time rather than a pipe or a socket: it costs one ``futimens`` a second, needs no reader
