@@ -104,6 +104,10 @@ def test_a_role_that_is_stuck_is_still_killed_and_restarted(org):
         if procs.is_alive(victim["pid"], victim["pid_start"]):
             os.kill(victim["pid"], signal.SIGKILL)
     assert after["restarts"] >= 1          # (a replacement slow to start on a loaded host may be replaced again)
+    logged = "".join(p.read_text() for p in org.logs_dir.glob("supervisor*.log"))
+    stale = [json.loads(line) for line in logged.splitlines() if '"heartbeat_stale"' in line]
+    assert stale, f"no heartbeat_stale among {sorted(p.name for p in org.logs_dir.iterdir())}"
+    assert stale[0]["instance"] == "loop-agent-1" and stale[0]["state"] == "T" and stale[0]["silent_s"] > TIMEOUT_S
     assert control.request(org, "stop", timeout_s=30)["status"] == "stopped"
 
 

@@ -332,7 +332,14 @@ class Supervisor:
             last = beat.latest(row.heartbeat_at, self.home.run_dir, name)
             started_long_ago = self.clock() - child.spawned_at > limit
             if started_long_ago and (last is None or now - last > limit):
-                self.log.warning("heartbeat_stale", instance=name, pid=child.proc.pid, next="kill and restart")
+                if not procs.is_alive(child.proc.pid, child.started):
+                    continue                 # it has ended: its exit is on its way (reap_and_restart)
+                # what it was doing says why it was silent: R (runnable: starved of CPU), S (waiting
+                # on something other than the store), D (in I/O the kernel does not interrupt), T
+                self.log.warning("heartbeat_stale", instance=name, pid=child.proc.pid,
+                                 state=procs.state(child.proc.pid), silent_s=None if last is None else round(now - last, 1),
+                                 row_silent_s=None if row.heartbeat_at is None else round(now - row.heartbeat_at, 1),
+                                 next="kill and restart")
                 procs.signal_if_same(child.proc.pid, child.started, signal.SIGKILL)
 
     def apply_retention(self) -> None:
