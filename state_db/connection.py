@@ -5,7 +5,7 @@ import sqlite3
 from pathlib import Path
 
 from state_db import store
-from state_db.kernel.errors import HomeNotFound, StateError
+from state_db.kernel.errors import HomeNotFound, StateError, StoreBusy
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -48,6 +48,25 @@ def connect(db_path: str | Path, *, readonly: bool = False,
         raise StateError(f"{path} is not a usable SQLite database: {exc}", code="db_unreadable",
                          hint="restore it from backups/ in the org home, or move it aside") from exc
     return conn
+
+
+#: SQLite's primary result codes of a lock it could not get within its busy timeout.
+_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
+
+def as_store_busy(exc: BaseException) -> StoreBusy | None:
+    """``exc`` as the store's coded ``StoreBusy`` when it says the store stayed busy past its
+    wait, else None. Judged by SQLite's result code (the primary code of an extended one such as
+    ``SQLITE_BUSY_SNAPSHOT``), never by the message; a PostgreSQL store raises ``StoreBusy``
+    itself (``state_db/store.py``)."""
+    if isinstance(exc, StoreBusy):
+        return exc
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF in _BUSY_CODES:
+        busy = StoreBusy(str(exc))
+        busy.sqlite_errorcode, busy.sqlite_errorname = code, getattr(exc, "sqlite_errorname", "")
+        return busy
+    return None
 
 
 def read_rows(db_path: str | Path, sql: str, params=()) -> list[dict]:

@@ -45,7 +45,8 @@ leaves it held). SERIALIZABLE was not chosen: it would abort conflicting read-th
 transactions with serialization failures, which needs every caller's transaction body (Python
 with side effects) to be re-runnable under a retry loop; SQLite's writers never see such a
 failure, they wait. A wait longer than ``lock_timeout`` (SQLite's busy_timeout, 10 s) raises
-``sqlite3.OperationalError`` as SQLite's "database is locked" does. A plain ``BEGIN`` (SQLite's
+``StoreBusy`` (code ``store_busy``, a ``sqlite3.OperationalError``), as SQLite's "database is
+locked" does once ``StateWriter`` has translated it. A plain ``BEGIN`` (SQLite's
 deferred snapshot) becomes REPEATABLE READ. Readers never take the lock: a read outside a
 transaction sees the latest commit, as in SQLite's WAL mode.
 
@@ -65,7 +66,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 from urllib.parse import unquote, urlsplit
 
-from state_db.kernel.errors import StateError
+from state_db.kernel.errors import StateError, StoreBusy
 from state_db.vocab_guard import GUARDED, PREFIX, allowed
 
 SCHEMES = ("postgresql://", "postgres://")
@@ -436,8 +437,10 @@ def _as_sqlite(exc) -> sqlite3.Error:
         message = f"{table}.{column}: value is not one of {', '.join(allowed(table, column))}"
     if isinstance(exc, (psycopg.IntegrityError, psycopg.DataError)):
         err: sqlite3.Error = sqlite3.IntegrityError(message)
-    elif isinstance(exc, (E.LockNotAvailable, E.QueryCanceled)):
-        err = sqlite3.OperationalError(f"database is locked ({message})")
+    elif isinstance(exc, (E.LockNotAvailable, E.QueryCanceled, E.SerializationFailure, E.DeadlockDetected)):
+        # the store stayed busy past its wait (lock_timeout), or PostgreSQL gave up a transaction
+        # that waited on another: one coded error, as SQLite's busy timeout (connection.as_store_busy)
+        err = StoreBusy(f"database is locked ({message})")
     elif isinstance(exc, (psycopg.OperationalError, psycopg.ProgrammingError, psycopg.InternalError)):
         err = sqlite3.OperationalError(message)
     else:

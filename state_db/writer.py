@@ -11,6 +11,7 @@ from __future__ import annotations
 import getpass
 import re
 import sqlite3
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,8 +19,8 @@ from typing import Any, Callable, Iterator
 
 import orjson
 
-from state_db.connection import connect
-from state_db.kernel.errors import Conflict, IllegalTransition, NotAllowed, NotFound, StateError
+from state_db.connection import BUSY_TIMEOUT_MS, as_store_busy, connect
+from state_db.kernel.errors import Conflict, IllegalTransition, NotAllowed, NotFound, RunTaken, StateError
 from state_db.migrations import check_version
 from state_db.queries.verdicts import latest_iteration_passed
 from state_db.kernel.secrets import redact_text, secret_values
@@ -35,6 +36,23 @@ _RAW_WRITE = re.compile(r"^\s*(?:INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE(?:\s+OR\s+
                         re.IGNORECASE)
 
 Hook = Callable[["StateWriter", list[dict]], None]
+
+#: While a thread that beats (``beat_while_waiting``) waits for SQLite's write lock, it beats
+#: at least this often.
+WAIT_SLICE_S = 1.0
+_beat: tuple[int, Callable[[], None]] | None = None      # (thread id, its beat)
+
+
+def beat_while_waiting(beat: Callable[[], None] | None) -> None:
+    """Have the calling thread ``beat()`` while any ``StateWriter`` of this process, in this
+    thread, waits for SQLite's write lock: the wait (as long as before: the store's busy timeout)
+    is taken in slices of ``WAIT_SLICE_S`` with a beat between them. A role's main thread writes
+    through more than one writer (its own, the transport's ledger), and a role that waits for a
+    busy store is alive, not hung: its beat (``roles/base/beat.py``) must not depend on winning
+    the lock. Bound to one thread, so a worker's wait never beats for a main loop that is stuck.
+    ``None`` stops it. On a PostgreSQL store the slices are ``lock_timeout``'s."""
+    global _beat
+    _beat = None if beat is None else (threading.get_ident(), beat)
 
 
 def dumps(value: Any, secrets: list[str] | None = None) -> str:
@@ -162,8 +180,7 @@ class Transaction:
             if work is None:
                 raise NotFound(f"work item {row['work_id']} does not exist")
             if work["assigned_to"] != instance:
-                raise NotAllowed(actor, f"commit an iteration of {row['work_id']}",
-                                 f"it is assigned to {work['assigned_to']}")
+                raise RunTaken(actor, row["work_id"], work["assigned_to"])
             if work["status"] == WorkStatus.ENDED:
                 raise IllegalTransition("work_items", row["work_id"], work["status"], "iteration")
             last = self.one("SELECT MAX(n) FROM iterations WHERE work_id=?", (row["work_id"],))[0] or 0
@@ -220,6 +237,7 @@ class StateWriter:
         self.clock = clock
         self.hooks: list[Hook] = list(hooks or [])
         self._conn: sqlite3.Connection | None = None
+        self._busy_ms = BUSY_TIMEOUT_MS     # the connection's busy timeout as last set
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -227,25 +245,76 @@ class StateWriter:
             conn = connect(self.db_path)
             check_version(conn)
             self._conn = conn
+            self._busy_ms = BUSY_TIMEOUT_MS
         return self._conn
 
     @contextmanager
-    def transaction(self, *, render: bool = True) -> Iterator[Transaction]:
+    def transaction(self, *, render: bool = True, wait_s: float | None = None) -> Iterator[Transaction]:
         """Open ``BEGIN IMMEDIATE``; commit on normal exit, roll back on any exception. On a
         PostgreSQL store it is ``BEGIN`` and the store's advisory write lock (``state_db/store.py``).
 
-        ``render=False`` skips post-commit hooks (ledger and heartbeat writes)."""
+        ``render=False`` skips post-commit hooks (ledger and heartbeat writes). ``wait_s``: wait
+        at most this long for SQLite's write lock (default: its busy timeout).
+
+        Raises:
+            StoreBusy: the store stayed busy past the wait (nothing was written); any other
+                error of the body, after the rollback."""
         conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
+        self._begin(conn, wait_s)
         tx = Transaction(self, conn, self.clock())
         try:
             yield tx
-        except BaseException:
+        except BaseException as exc:
             conn.execute("ROLLBACK")
+            busy = as_store_busy(exc)
+            if busy is not None and busy is not exc:
+                raise busy from exc
             raise
-        conn.execute("COMMIT")
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            if (busy := as_store_busy(exc)) is None:
+                raise
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise busy from exc
         if render and tx.changes:
             self._after_commit(tx.changes)
+
+    def _begin(self, conn, wait_s: float | None) -> None:
+        """``BEGIN IMMEDIATE`` within ``wait_s`` (default the busy timeout); in slices with a beat
+        between them in the thread that beats (``beat_while_waiting``). Raises StoreBusy."""
+        beat = _beat[1] if _beat is not None and _beat[0] == threading.get_ident() else None
+        deadline = time.monotonic() + (BUSY_TIMEOUT_MS / 1000 if wait_s is None else wait_s)
+        while True:
+            if beat is None and wait_s is None:
+                ms = BUSY_TIMEOUT_MS            # the common case: the connection's own, set once
+            else:
+                left = deadline - time.monotonic()
+                ms = max(0, int(1000 * (min(left, WAIT_SLICE_S) if beat else left)))
+            self._set_busy_ms(conn, ms)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if conn.in_transaction:        # PostgreSQL: BEGIN ran, its lock did not come
+                    conn.execute("ROLLBACK")
+                if (busy := as_store_busy(exc)) is None:
+                    raise
+                if beat is None or time.monotonic() >= deadline:
+                    raise busy from exc
+            beat()
+
+    def _set_busy_ms(self, conn, ms: int) -> None:
+        """The longest the next lock wait may take: SQLite's busy timeout, PostgreSQL's
+        ``lock_timeout`` (where 0 would mean no limit: at least 1 ms)."""
+        if ms == self._busy_ms:
+            return
+        if isinstance(conn, sqlite3.Connection):
+            conn.execute(f"PRAGMA busy_timeout={ms}")
+        else:
+            conn.run(f"SET lock_timeout = {max(1, ms)}")
+        self._busy_ms = ms
 
     def run_once(self, key: str, command: str, fn: Callable[[Transaction], dict], *,
                  args: Any) -> tuple[dict, bool]:

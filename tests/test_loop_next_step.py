@@ -32,6 +32,8 @@ from state_db import ending
 from state_db.connection import connect
 from state_db.queries.work import WorkItem
 from state_db.vocab import Actor, StopReason, WorkStatus
+from state_db import writer as writer_mod
+from state_db.kernel.errors import RunTaken, StoreBusy
 from state_db.writer import StateWriter
 from tests.fake_messages_api import FakeMessagesAPI, text_turn, tool_use_turn
 from tests.support.loop import BUGGY, FIXED, ScriptedActs, engine, make_workspace, submit
@@ -415,18 +417,28 @@ def test_only_end_run_ends_a_run():
     assert found == []
 
 
-def test_a_store_lock_held_past_its_wait_is_the_machines_and_is_retried_not_asked(org_home, ws):
+def test_a_store_lock_held_past_its_wait_is_the_machines_and_is_retried_not_asked(org_home, ws, monkeypatch):
     """SQLite's busy timeout out of an act (a writer waited past it, as on a host running 128
     loop-agents) is never a question for a human: it propagates, the loop-agent retries the run
     on a later tick, and the run goes on to its goal."""
     submit(org_home, ws)
+    monkeypatch.setattr(writer_mod, "BUSY_TIMEOUT_MS", 200)     # a short busy timeout: provoked at once
 
-    class StoreBusy(ScriptedActs):
+    class LockHeld(ScriptedActs):
         def act(self, ctx, *, on_usage, budget_left):
-            raise sqlite3.OperationalError("database is locked")
+            other = sqlite3.connect(org_home.db_path, isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")          # another writer holds the store past the wait
+            try:
+                return super().act(ctx, on_usage=on_usage, budget_left=budget_left)
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
 
-    with pytest.raises(sqlite3.OperationalError):
-        engine(org_home, "w1", StoreBusy([[BAD]])).run()
+    with pytest.raises(StoreBusy):
+        run = engine(org_home, "w1", LockHeld([[BAD]]))
+        run.w.conn.execute("PRAGMA busy_timeout=200")
+        run.w._busy_ms = 200
+        run.run()
     assert query(org_home, "SELECT id FROM decisions") == []
     assert work(org_home)["status"] != "paused"
     assert engine(org_home, "w1", ScriptedActs([[GOOD]])).run().reason == StopReason.GOAL_MET
@@ -445,3 +457,40 @@ def test_a_write_into_the_repositorys_metadata_is_a_tool_error_the_policy_knows(
     assert query(org_home, "SELECT id FROM decisions") == []
     assert decision is not None and decision.reason == StopReason.GOAL_MET
     assert (ws / ".git" / "config").read_text() == "[core]\n"
+
+
+def test_a_commit_refused_after_a_hand_off_discards_the_act_asks_nothing_and_the_holder_goes_on(org_home, ws):
+    """The coordinator took loop-agent-1 for gone and gave its run to loop-agent-2 while
+    loop-agent-1 acted: loop-agent-1's commit is refused as ``run_taken`` (the coded error its
+    loop knows), its act is discarded with nothing asked and nothing written to the run, and
+    loop-agent-2 goes on from the last committed iteration: no iteration twice, usage once."""
+    from roles.coordinator.dispatch import dispatch, requeue_orphans
+    submit(org_home, ws)
+
+    class HandedOff(ScriptedActs):
+        def act(self, ctx, *, on_usage, budget_left):
+            outcome = super().act(ctx, on_usage=on_usage, budget_left=budget_left)
+            if ctx.iteration == 2:        # the coordinator's reconcile, while this act runs
+                co = StateWriter(org_home.db_path, Actor.COORDINATOR)
+                with co.transaction() as tx:
+                    assert requeue_orphans(tx, {"loop-agent-1": False, "loop-agent-2": True}) == ["w1"]
+                    assert dispatch(tx, {"loop-agent-2": True}) == [("w1", "loop-agent-2")]
+                co.close()
+            return outcome
+
+    first = HandedOff([[BAD], [BAD]])
+    with pytest.raises(RunTaken) as err:
+        engine(org_home, "w1", first).run()
+    assert err.value.code == "run_taken" and err.value.holder == "loop-agent-2"
+    assert query(org_home, "SELECT id FROM decisions") == []
+    after = work(org_home)
+    assert (after["status"], after["assigned_to"], after["next_step"]) == ("dispatched", "loop-agent-2", None)
+    assert [r["n"] for r in query(org_home, "SELECT n FROM iterations ORDER BY n")] == [1]
+    decision = engine(org_home, "w1", ScriptedActs([[GOOD]]), instance="loop-agent-2").run()
+    assert decision.reason == StopReason.GOAL_MET
+    its = query(org_home, "SELECT n, attempt FROM iterations ORDER BY n")
+    assert [r["n"] for r in its] == [1, 2] and its[1]["attempt"] == 3      # attempt 2 was loop-agent-1's
+    attempts = {r["attempt"]: r for r in query(org_home, "SELECT * FROM attempts WHERE work_id='w1'")}
+    assert (attempts[2]["instance"], attempts[2]["outcome"]) == ("loop-agent-1", "discarded")
+    calls = query(org_home, "SELECT request_id FROM model_calls")
+    assert len(calls) == len({c["request_id"] for c in calls}) == len(first.calls) + 1

@@ -63,6 +63,8 @@ NOT_ON_POSTGRES = {
     ("state_db/store.py", "COPY"): "sent through psycopg's COPY protocol (copy_rows), not execute; "
                                    "copy_from_sqlite is driven below and verifies every row it copied",
     ("state_db/store.py", "PRAGMA"): "the message refusing a PRAGMA the store does not answer",
+    ("state_db/writer.py", "PRAGMA busy_timeout"): "SQLite's lock wait (_set_busy_ms); on PostgreSQL "
+                                                   "SET lock_timeout (tests/test_pg_store.py)",
 }
 # functions of state_db.queries that run their caller's statement (it is counted where it is written)
 EXECUTORS = {"state_db.queries.base.scalar", "state_db.queries.base.exists", "state_db.queries.rows"}

@@ -28,7 +28,7 @@ import tests.test_vocab_guard as vocab_tests
 from state_db.kernel import config as config_mod
 from state_db import pg_migrations, pg_schema, store
 from state_db.connection import connect
-from state_db.kernel.errors import MigrationFailed, SchemaTooNew
+from state_db.kernel.errors import MigrationFailed, SchemaTooNew, StoreBusy
 from state_db.kernel.home import OrgHome
 from state_db.migrations import migrate
 from state_db.schema import MIGRATIONS
@@ -250,16 +250,81 @@ def test_a_second_writer_waits_for_the_first_and_then_sees_its_commit(pg_url):
         c.close()
 
 
-def test_a_lock_held_past_the_timeout_is_database_is_locked(pg_url, monkeypatch):
+def test_a_lock_held_past_the_timeout_is_the_coded_store_busy(pg_url, monkeypatch):
     migrate(pg_url)
     first, second = store.connect(pg_url), store.connect(pg_url)
     second.run("SET lock_timeout = 200")
     first.execute("BEGIN IMMEDIATE")
-    with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+    with pytest.raises(StoreBusy, match="database is locked") as err:
         second.execute("BEGIN IMMEDIATE")
+    assert err.value.code == "store_busy" and isinstance(err.value, sqlite3.OperationalError)
+    assert err.value.sqlstate == "55P03"              # lock_not_available
     second.execute("ROLLBACK")
     first.execute("ROLLBACK")
     first.close(), second.close()
+
+
+def test_a_writer_past_the_lock_timeout_raises_store_busy_and_writes_nothing(pg_url):
+    """Through ``StateWriter``, as on SQLite (tests/test_store_busy.py): one coded error."""
+    migrate(pg_url)
+    holder = store.connect(pg_url)
+    holder.execute("BEGIN IMMEDIATE")
+    w = StateWriter(pg_url, Actor.HUMAN)
+    w.conn.run("SET lock_timeout = 200")
+    with pytest.raises(StoreBusy) as err:
+        with w.transaction() as tx:
+            tx.journal("never", "x")
+    assert err.value.code == "store_busy"
+    holder.execute("ROLLBACK")
+    assert w.conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'never'").fetchone()[0] == 0
+    w.close(), holder.close()
+
+
+def test_a_thread_that_beats_keeps_beating_while_it_waits_for_the_pg_lock(pg_url, monkeypatch):
+    """The wait is taken in slices of lock_timeout with a beat between them, as on SQLite; a
+    heartbeat's short wait (``wait_s``) ends in StoreBusy; the next plain write waits as before."""
+    from state_db import writer as writer_mod
+    migrate(pg_url)
+    monkeypatch.setattr(writer_mod, "WAIT_SLICE_S", 0.1)
+    monkeypatch.setattr(writer_mod, "BUSY_TIMEOUT_MS", 700)
+    holder = store.connect(pg_url)
+    holder.execute("BEGIN IMMEDIATE")
+    beats: list[float] = []
+    writer_mod.beat_while_waiting(lambda: beats.append(time.monotonic()))
+    w = StateWriter(pg_url, Actor.HUMAN)
+    try:
+        with pytest.raises(StoreBusy):
+            with w.transaction():
+                pass
+        assert len(beats) >= 3, beats
+        with pytest.raises(StoreBusy):
+            with w.transaction(wait_s=0.05):
+                pass
+    finally:
+        writer_mod.beat_while_waiting(None)
+        holder.execute("ROLLBACK")
+    with w.transaction() as tx:
+        tx.journal("written", "x")
+    assert w.conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'written'").fetchone()[0] == 1
+    w.close(), holder.close()
+
+
+def test_a_serialization_failure_is_store_busy(pg_url):
+    """PostgreSQL gives up a snapshot transaction whose row another committed meanwhile
+    (``serialization_failure``): the store stayed busy for it, the same coded error."""
+    migrate(pg_url)
+    setup = store.connect(pg_url)
+    setup.execute("INSERT INTO events(at, actor, kind) VALUES (1, 'human', 'row')")
+    first, second = store.connect(pg_url), store.connect(pg_url)
+    first.execute("BEGIN")                          # REPEATABLE READ: SQLite's deferred snapshot
+    first.execute("SELECT COUNT(*) FROM events").fetchone()
+    second.execute("UPDATE events SET kind = 'changed' WHERE kind = 'row'")
+    with pytest.raises(StoreBusy) as err:
+        first.execute("UPDATE events SET kind = 'mine' WHERE kind = 'row'")
+    assert err.value.code == "store_busy" and err.value.sqlstate == "40001"
+    first.execute("ROLLBACK")
+    for c in (setup, first, second):
+        c.close()
 
 
 # ------------------------------------------------------------------------------------ migrations

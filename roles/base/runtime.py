@@ -21,12 +21,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from roles.base.beat import Beat
 from roles.base.transport_link import TransportLink
 from state_db.kernel import config as config_mod
-from state_db.kernel.errors import OrgError
+from state_db.kernel.errors import OrgError, StoreBusy
 from state_db.kernel.home import OrgHome
 from state_db.kernel.logsetup import configure
 from state_db.vocab import RoleStatus
+from state_db import writer as writer_mod
 from state_db.writer import StateWriter
 from transport.envelope import Envelope
 from transport.kinds import Kind, role_of
@@ -34,6 +36,7 @@ from transport.role import RoleTransport
 
 
 STOP_LATENCY_MS = 100     # the longest a turn waits where nothing else wakes it on a stop
+BEAT_ROW_WAIT_S = 0.1     # the longest a heartbeat row waits for the store (the beat file never waits)
 
 
 class RoleProcess:
@@ -68,6 +71,7 @@ class RoleProcess:
         from roles.base import telemetry
         telemetry.configure(self.cfg, self.role, instance)     # OFF unless org.toml asks: nothing imported
         self.heartbeat_s = self.cfg.supervisor.heartbeat_s
+        self.beat = Beat(home.run_dir, instance)     # roles/base/beat.py: read by the supervisor and the coordinator
         self.stopping = False
         self.stop_reason = ""
         self._transport: RoleTransport | None = transport
@@ -133,12 +137,21 @@ class RoleProcess:
                 pass
 
     def heartbeat(self, status: str | None = None) -> None:
-        with self.writer.transaction(render=status is not None) as tx:
-            if status is not None:
+        """Beat (the file, at once), then record it in the role's row: with ``status`` (ready,
+        stopped) as long as the store makes it wait; a plain heartbeat row only if the store is
+        free within ``BEAT_ROW_WAIT_S`` — when it is not, the file's beat stands for this one and
+        the main loop goes on (``roles/base/beat.py``)."""
+        self.beat.touch(self.clock())
+        if status is not None:
+            with self.writer.transaction() as tx:
                 tx.set_status("role_instances", self.instance, status, heartbeat_at=tx.now, updated_at=tx.now,
                               pid=os.getpid())
-            else:
+            return
+        try:
+            with self.writer.transaction(render=False, wait_s=BEAT_ROW_WAIT_S) as tx:
                 tx.update("role_instances", self.instance, heartbeat_at=tx.now, updated_at=tx.now)
+        except StoreBusy:
+            pass
 
     def start(self) -> None:
         """Open the transport and record the role ready (its row must exist: the supervisor's)."""
@@ -207,6 +220,7 @@ class RoleProcess:
         except Exception as exc:  # the supervisor records the exit either way
             self.log.warning("stop_not_recorded", error=str(exc))
         self.writer.close()
+        self.beat.close()
         if self._interrupt is not None:
             try:
                 signal.set_wakeup_fd(-1)
@@ -221,6 +235,8 @@ class RoleProcess:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
         signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))
+        # this thread beats while it waits for the store's write lock: waiting is not hanging
+        writer_mod.beat_while_waiting(lambda: self.beat.touch(self.clock()))
         self.start()
         self._wake_on_stop()
         self.warm_up()

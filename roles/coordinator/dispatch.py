@@ -4,7 +4,9 @@ every read a typed query (state_db.queries) inside it."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+from roles.base import beat
 from state_db.queries import processes, work
 from state_db.queries.iterations import last_started_by_instance
 from state_db.queries.usage import org_spend
@@ -29,11 +31,15 @@ def release_locks(tx) -> list[str]:
     return promoted
 
 
-def live_agents(tx, heartbeat_timeout_s: float) -> dict[str, bool]:
-    """Loop-agent instance → alive (ready and heartbeating)."""
-    return {r.instance: (r.status == RoleStatus.READY and r.heartbeat_at is not None
-                         and tx.now - r.heartbeat_at <= heartbeat_timeout_s)
-            for r in processes.role_instances(tx.conn, Actor.LOOP_AGENT)}
+def live_agents(tx, heartbeat_timeout_s: float, run_dir: Path | None = None) -> dict[str, bool]:
+    """Loop-agent instance → alive (ready and heartbeating). Its heartbeat is the later of its
+    row's and, for a loop-agent of this host (``run_dir``: this host's), its beat file's
+    (``roles/base/beat.py``): one that waits for a busy store is not gone, and its run stays its own."""
+    alive = {}
+    for r in processes.role_instances(tx.conn, Actor.LOOP_AGENT):
+        last = beat.latest(r.heartbeat_at, run_dir, r.instance)
+        alive[r.instance] = r.status == RoleStatus.READY and last is not None and tx.now - last <= heartbeat_timeout_s
+    return alive
 
 
 def requeue_orphans(tx, alive: dict[str, bool]) -> list[str]:
@@ -90,12 +96,14 @@ def enforce_spend_cap(tx, cap_usd: float) -> list[str]:
     return ended
 
 
-def reconcile(writer: StateWriter, *, heartbeat_timeout_s: float, spend_cap_usd: float) -> dict:
-    """One pass; returns what changed: {"promoted", "requeued", "dispatched", "capped"}."""
+def reconcile(writer: StateWriter, *, heartbeat_timeout_s: float, spend_cap_usd: float,
+              run_dir: Path | None = None) -> dict:
+    """One pass; returns what changed: {"promoted", "requeued", "dispatched", "capped"}.
+    ``run_dir``: this host's, where its loop-agents' beat files are."""
     with writer.transaction() as tx:
         capped = enforce_spend_cap(tx, spend_cap_usd)
         promoted = release_locks(tx)
-        alive = live_agents(tx, heartbeat_timeout_s)
+        alive = live_agents(tx, heartbeat_timeout_s, run_dir)
         requeued = requeue_orphans(tx, alive)
         unparked = unpark(tx)
         pairs = dispatch(tx, alive)

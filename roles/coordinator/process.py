@@ -21,7 +21,7 @@ class CoordinatorProcess(RoleProcess):
             self._watcher.start()
         self.replays()                                       # skill replays due: dispatched below
         changed = dispatch.reconcile(self.writer, heartbeat_timeout_s=self.cfg.supervisor.heartbeat_timeout_s,
-                                     spend_cap_usd=self.cfg.limits.total_spend_usd)
+                                     spend_cap_usd=self.cfg.limits.total_spend_usd, run_dir=self.home.run_dir)
         for work_id, agent in changed["dispatched"]:
             self.log.info("dispatched", work_id=work_id, to=agent, next="the loop-agent starts its loop")
             self.transport.send(agent, Kind.DISPATCH, {"work_id": work_id})

@@ -53,7 +53,7 @@ from roles.loop_agent.stop import StopDecision
 from roles.workbench.workspace import delivered
 from roles.loop_agent.transcript import RUN_BYTES
 from state_db import ending
-from state_db.kernel.errors import Conflict, OrgError
+from state_db.kernel.errors import Conflict, OrgError, RunTaken
 from state_db.queries import loop as loopq, work as work_q
 from state_db.queries.iterations import count, iteration as iteration_row
 from state_db.queries.usage import of_work
@@ -387,6 +387,8 @@ class LoopEngine:
         one it has met propagates (the loop-agent retries on a later tick)."""
         if triage.machine_busy(exc):
             self.log.warning("store_busy", error=str(exc), next="retried on a later tick, as after a crash")
+            return None
+        if isinstance(exc, RunTaken):     # the run is another loop-agent's now: nothing of it is this one's to ask
             return None
         cls = triage.exception_class(exc)
         if self.policy.recognises(cls) or cls in loopq.errors_asked(self.w.conn, self.work_id):

@@ -18,7 +18,7 @@ from roles.base.runtime import RoleProcess
 from state_db.connection import connect
 from state_db.queries import work as work_q
 from state_db.queries.iterations import open_attempt
-from state_db.kernel.errors import OrgError
+from state_db.kernel.errors import OrgError, RunTaken
 from state_db.queries.work import assigned_to
 from state_db.vocab import WorkStatus
 from transport.kinds import Kind
@@ -218,6 +218,11 @@ class LoopAgentProcess(RoleProcess):
                 sender.send("coordinator", Kind.RUN_ENDED, {"work_id": work_id, "reason": str(decision.reason)})
             else:
                 log.info("loop_paused", next="continues from its last committed iteration on resume")
+        except RunTaken as exc:
+            # handed to another loop-agent while this one acted (it was taken for gone): this act
+            # is discarded — its commit was refused, its usage stays counted once — and the run is
+            # the holder's, which waits for this thread's run lock and resets the workspace first
+            log.warning("run_taken", holder=exc.holder, next="this act is discarded; the holder goes on")
         except Exception as exc:  # noqa: BLE001 - the run stays in state.db; a later tick retries it
             log.error("loop_failed", error=str(exc), code=exc.code if isinstance(exc, OrgError) else None, exc_info=True,
                       next="retry on a later tick")

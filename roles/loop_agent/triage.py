@@ -16,14 +16,13 @@ An answered class is known to the run from then on: it never asks twice about on
 """
 from __future__ import annotations
 
-import sqlite3
-
 import uuid
 from typing import Iterable
 
 import orjson
 
 from roles.loop_agent.policy import StopPolicy
+from state_db.connection import as_store_busy
 from state_db.kernel.errors import OrgError
 from state_db.queries.decisions import has_pending
 from state_db.queries.loop import UNKNOWN_ERROR, errors_asked
@@ -43,9 +42,11 @@ def error_class(code: str, text: str = "") -> str:
 
 
 def machine_busy(exc: BaseException) -> bool:
-    """Whether ``exc`` is the store's lock held past its wait (SQLite's busy timeout): the
-    machine's failure, passing, never a question for a human; the run is retried as after a crash."""
-    return isinstance(exc, sqlite3.OperationalError) and any(w in str(exc).lower() for w in ("locked", "busy"))
+    """Whether ``exc`` is the store's ``StoreBusy`` (code ``store_busy``: its lock held past its
+    wait — SQLite's busy timeout, PostgreSQL's lock_timeout or serialization failure), or an
+    SQLite error with the same result code raised outside a writer's transaction: the machine's
+    failure, passing, never a question for a human; the run is retried as after a crash."""
+    return as_store_busy(exc) is not None
 
 
 def exception_class(exc: BaseException) -> str:

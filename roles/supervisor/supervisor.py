@@ -21,6 +21,7 @@ from typing import Protocol
 
 import structlog
 
+from roles.base import beat
 from roles.base.instances import InstanceSpec, org_instances
 from roles.supervisor import procs
 from roles.supervisor.forkserver import ForkedRole, ForkServer, ForkServerError
@@ -318,7 +319,9 @@ class Supervisor:
             self.log.warning("role_failed_not_sent", error=str(exc))
 
     def check_heartbeats(self) -> None:
-        """Kill (then restart) a role whose heartbeat is stale: hung, not just slow to start."""
+        """Kill (then restart) a role whose heartbeat is stale: hung, not just slow to start. Its
+        heartbeat is the later of its row's and its beat file's (``roles/base/beat.py``): a role
+        that waits for a busy store beats on, its row behind the writers queued before it."""
         limit = self.cfg.supervisor.heartbeat_timeout_s
         now = time.time()
         rows = {r.instance: r for r in role_instances(self.writer.conn)}
@@ -326,10 +329,17 @@ class Supervisor:
             row = rows.get(name)
             if child.proc is None or self._exit_code(child.proc) is not None or row is None:
                 continue
-            last = row.heartbeat_at
+            last = beat.latest(row.heartbeat_at, self.home.run_dir, name)
             started_long_ago = self.clock() - child.spawned_at > limit
             if started_long_ago and (last is None or now - last > limit):
-                self.log.warning("heartbeat_stale", instance=name, pid=child.proc.pid, next="kill and restart")
+                if not procs.is_alive(child.proc.pid, child.started):
+                    continue                 # it has ended: its exit is on its way (reap_and_restart)
+                # what it was doing says why it was silent: R (runnable: starved of CPU), S (waiting
+                # on something other than the store), D (in I/O the kernel does not interrupt), T
+                self.log.warning("heartbeat_stale", instance=name, pid=child.proc.pid,
+                                 state=procs.state(child.proc.pid), silent_s=None if last is None else round(now - last, 1),
+                                 row_silent_s=None if row.heartbeat_at is None else round(now - row.heartbeat_at, 1),
+                                 next="kill and restart")
                 procs.signal_if_same(child.proc.pid, child.started, signal.SIGKILL)
 
     def apply_retention(self) -> None:

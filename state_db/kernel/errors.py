@@ -8,6 +8,8 @@ and everything else is a bug.
 """
 from __future__ import annotations
 
+import sqlite3
+
 
 class OrgError(Exception):
     """The root of every expected error.
@@ -76,6 +78,34 @@ class NotAllowed(StateError):
         self.actor, self.what = actor, what
         super().__init__(f"{actor} may not {what}" + (f": {why}" if why else ""),
                          hint="this change belongs to another role")
+
+
+class RunTaken(NotAllowed):
+    """A loop-agent's commit of an iteration was refused because the run is assigned to another
+    loop-agent now: the coordinator handed it over (it took this one for gone) while this one
+    acted. Not the doer's failure and not a question for a human: the act is discarded and the
+    run's new holder goes on from the last committed iteration."""
+
+    code = "run_taken"
+
+    def __init__(self, actor: str, work_id: str, holder: str | None):
+        self.work_id, self.holder = work_id, holder
+        super().__init__(actor, f"commit an iteration of {work_id}", f"it is assigned to {holder}")
+        self.hint = "this act is discarded; the run's holder goes on from its last committed iteration"
+
+
+class StoreBusy(StateError, sqlite3.OperationalError):
+    """The store stayed busy past its wait: SQLite's write lock held by others longer than its
+    busy timeout (``database is locked``/``busy``), or on PostgreSQL a lock wait past
+    ``lock_timeout``, a serialization failure or a deadlock. The machine's failure, passing: the
+    transaction was rolled back and may be tried again. It is also a ``sqlite3.OperationalError``,
+    the class every caller written for SQLite already catches."""
+
+    code = "store_busy"
+
+    def __init__(self, message: str):
+        super().__init__(f"the store stayed busy past its wait: {message}",
+                         hint="another writer held it; the write was rolled back and is tried again later")
 
 
 class NotFound(StateError):

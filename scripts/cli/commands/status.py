@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import time
 
-from scripts.cli.output import add_json, emit_json, read_conn, table
+from scripts.cli.output import add_json, emit_json, home_of, read_conn, table
 from state_db import views
 
 NAME = "status"
@@ -22,7 +22,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     conn = read_conn(args)
     try:
-        st = load(conn)
+        st = load(conn, run_dir=home_of(args).require().run_dir)
     finally:
         conn.close()
     if getattr(args, "orders", False):
@@ -39,11 +39,17 @@ def run(args) -> int:
     return 0
 
 
-def load(conn) -> dict:
+def load(conn, run_dir=None) -> dict:
     """What ``org status --json`` prints (and the dashboard's org page reads): ``views.org_view``
-    plus ``unsent_wakes`` and ``standing_orders`` (every schedule and trigger: ``schedules.overview``)."""
+    plus ``unsent_wakes`` and ``standing_orders`` (every schedule and trigger: ``schedules.overview``).
+    ``run_dir`` (this host's): a role's ``heartbeat_at`` is the later of its row's and its beat
+    file's (``roles/base/beat.py``), the time the supervisor judges it by."""
     from roles.operations.schedules import overview
     st = views.org_view(conn)
+    if run_dir is not None:
+        from roles.base import beat
+        for r in st["roles"]:
+            r["heartbeat_at"] = beat.latest(r["heartbeat_at"], run_dir, r["instance"])
     st["unsent_wakes"] = unsent_wakes(st["transport"])
     st["standing_orders"] = overview(conn)
     return st
