@@ -77,7 +77,7 @@ def _word(i: int) -> str:
         i, r = divmod(i, 26)
         letters = "abcdefghijklmnopqrstuvwxyz"[r] + letters
         if i == 0:
-            return "value-" + letters
+            return "value_" + letters
 
 
 def make_script(path: Path, iterations: int) -> None:
@@ -118,7 +118,10 @@ def bench_loop(root: Path, iterations: int) -> dict:
     make_script(script, iterations)
     human = StateWriter(home.db_path, "human")
     with human.transaction() as tx:
+        # the doer's file is data, outside the default (code only) change scope: named, as a user
+        # submitting this run would (--scope n.txt), or the verified tree would never hold it
         tx.insert("work_items", {"id": "b1", "goal": GOAL, "workspace": str(ws), "verify": [FAILING_CHECK],
+                                 "scope": ["n.txt"],
                                  "caps": {"max_iterations": iterations}, "backend": f"scripted:{script}",
                                  "status": "dispatched", "assigned_to": "loop-agent-1", "created_by": "bench",
                                  "created_at": time.time(), "updated_at": time.time()})
