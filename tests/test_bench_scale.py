@@ -66,35 +66,35 @@ def test_cpu_by_step_counts_only_the_run_and_names_each_pid_by_its_role():
     assert set(got) == {"loop-agent", "eval-agent"}
 
 
-def test_the_step_meter_wraps_only_inside_roles_forked_from_the_template(tmp_path):
-    """``bench/cpu_steps/sitecustomize.py`` does nothing in a process that is not the role
-    template, and in a child forked from the template it wraps the named steps and writes their
-    thread CPU (a real fork of a process whose command line names the template)."""
+def test_the_step_meter_wraps_the_steps_as_they_are_imported_and_counts_each_forked_process_from_zero(tmp_path):
+    """``bench/cpu_steps/sitecustomize.py`` (with ``ORG_CPU_STEPS_DIR`` set) wraps a step's
+    function when its module is imported, in the process and in every child forked from it,
+    and each child writes its own totals, counted from its fork; without the variable nothing
+    is wrapped."""
     out = tmp_path / "steps"
     out.mkdir()
     code = (
         "import os, sys\n"
         "import roles.loop_agent.engine as e\n"
+        "print(getattr(e.LoopEngine.derive, '_cpu_step', False))\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
-        "    wrapped = hasattr(e.LoopEngine.derive, '__wrapped__')\n"
-        "    if wrapped:\n"
-        "        import sitecustomize\n"
-        "        sitecustomize._dump()\n"
-        "    os._exit(0 if wrapped else 3)\n"
-        "_, status = os.waitpid(pid, 0)\n"
-        "print(hasattr(e.LoopEngine.derive, '__wrapped__'), os.waitstatus_to_exitcode(status))\n")
+        "    import sitecustomize\n"
+        "    sitecustomize._dump()\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "print(pid)\n")
     env = {**os.environ, "ORG_CPU_STEPS_DIR": str(out),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "bench" / "cpu_steps"), str(ROOT)])}
-    # argv names the template module, as the supervisor starts it
-    got = subprocess.run([sys.executable, "-c", code, "roles.supervisor.forkserver"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=60)
+    got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60)
     assert got.returncode == 0, got.stderr[-2000:]
-    assert got.stdout.strip() == "False 0"        # the template itself is never wrapped; its child is
-    dumped = list(out.glob("[0-9]*.json"))
-    assert len(dumped) == 1
+    wrapped, child = got.stdout.split()
+    assert wrapped == "True"
     import json as _json
-    assert _json.loads(dumped[0].read_text())["steps"] == {}
+    assert _json.loads((out / f"{child}.json").read_text()) == {"pid": int(child), "cpu_s": pytest.approx(0, abs=5),
+                                                                 "steps": {}, "sql": {}}
+    env.pop("ORG_CPU_STEPS_DIR")
     plain = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=60)
-    assert plain.stdout.strip() == "False 3"      # not the template: nothing is wrapped in its child either
+    assert plain.returncode == 0 and plain.stdout.split()[0] == "False"

@@ -1,14 +1,15 @@
 """CPU by step, inside a running org: ``bench/scale.py --cpu-steps`` puts this folder first on
-the org's ``PYTHONPATH``, so the interpreter of the supervisor's role template
-(``roles/supervisor/forkserver.py``) runs it at start-up and every role forked from the template
-inherits it.
+the org's ``PYTHONPATH`` with ``ORG_CPU_STEPS_DIR`` set, so every interpreter of the org (the
+supervisor, its role template) runs it at start-up and every role forked from them inherits it.
 
-In each forked role it wraps the functions named in ``STEPS`` (the steps of an iteration, by
-role) so each call adds the calling thread's CPU time (``time.thread_time``: user + system of
-that thread only, never time spent waiting) to its step, inclusive of what it calls, and writes
-the totals to ``$ORG_CPU_STEPS_DIR/<pid>.json`` every second and at exit. ``bench/scale.py``
-names each pid's role from state.db and divides by the iterations committed. A wrapper costs
-about a microsecond a call; nothing is wrapped unless the variable is set.
+It wraps the functions named in ``STEPS`` (the steps of an iteration, by role) as their modules
+are imported, so each call adds the calling thread's CPU time (``time.thread_time``: user +
+system of that thread only, never time spent waiting) to its step, inclusive of what it calls;
+with ``ORG_CPU_STEPS_SQL`` set, every SQLite statement's too. Each process (counting from zero
+again in each forked child) writes its totals to ``$ORG_CPU_STEPS_DIR/<pid>.json`` every second
+and at exit; ``bench/scale.py`` names each pid's role from state.db and divides by the
+iterations committed. A wrapper costs about a microsecond a call; nothing is wrapped unless the
+variable is set.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import functools
 import importlib
 import json
 import os
+import sys
 import threading
 import time
 
@@ -119,19 +121,46 @@ def _sql_meter() -> None:
     sqlite3.connect = metered
 
 
-def _install() -> None:
-    if os.environ.get("ORG_CPU_STEPS_SQL"):
-        _sql_meter()
-    for module, qualname, step in STEPS:
-        try:
-            owner = importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - a module this org does not have: not measured
+def _wrap_module(module) -> None:
+    """Wrap the steps ``module`` holds (once: a wrapped function is left as it is)."""
+    for name, qualname, step in STEPS:
+        if name != module.__name__:
             continue
-        *path, name = qualname.split(".")
+        owner = module
+        *path, attr = qualname.split(".")
         for part in path:
             owner = getattr(owner, part, None)
-        if owner is not None and callable(getattr(owner, name, None)):
-            setattr(owner, name, _wrap(getattr(owner, name), step))
+        fn = getattr(owner, attr, None) if owner is not None else None
+        if callable(fn) and not getattr(fn, "_cpu_step", False):
+            wrapped = _wrap(fn, step)
+            wrapped._cpu_step = True
+            setattr(owner, attr, wrapped)
+
+
+class _WrapOnImport:
+    """A meta-path finder that wraps a module's steps as soon as it has been executed (roles
+    import some of their code lazily: the verifier at the first verification)."""
+
+    wanted = frozenset(m for m, _, _ in STEPS)
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.wanted:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                run = spec.loader.exec_module
+
+                def exec_module(module, run=run):
+                    run(module)
+                    _wrap_module(module)
+                spec.loader.exec_module = exec_module
+                return spec
+            if spec is not None:
+                return spec
+        return None
 
 
 def _dump() -> None:
@@ -154,29 +183,23 @@ def _every_second() -> None:
             return
 
 
-_wrapped = False
-
-
-def _in_role() -> None:
-    """In a process just forked from the template: wrap once (a grandchild inherits the
-    wrappers), count from zero, write the totals every second."""
-    global _wrapped
+def _start() -> None:
+    """In this process (and again in each child forked from it): count from zero, write the
+    totals every second and at exit."""
     _totals.clear()
     _sql.clear()
-    if not _wrapped:
-        _install()
-        _wrapped = True
     threading.Thread(target=_every_second, name="cpu-steps", daemon=True).start()
+
+
+if OUT:
+    # every process of the org: the supervisor, its role template and each role forked from it
+    # (a role's pid names it; the others' files are left aside by bench/scale.py)
+    for _name in list(sys.modules):
+        if _name in _WrapOnImport.wanted:
+            _wrap_module(sys.modules[_name])
+    sys.meta_path.insert(0, _WrapOnImport())
+    if os.environ.get("ORG_CPU_STEPS_SQL"):
+        _sql_meter()
+    _start()
     atexit.register(_dump)
-
-
-def _is_template() -> bool:
-    try:
-        with open("/proc/self/cmdline", "rb") as f:
-            return b"roles.supervisor.forkserver" in f.read()
-    except OSError:
-        return False
-
-
-if OUT and _is_template():
-    os.register_at_fork(after_in_child=_in_role)
+    os.register_at_fork(after_in_child=_start)
