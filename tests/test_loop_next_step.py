@@ -494,3 +494,32 @@ def test_a_commit_refused_after_a_hand_off_discards_the_act_asks_nothing_and_the
     assert (attempts[2]["instance"], attempts[2]["outcome"]) == ("loop-agent-1", "discarded")
     calls = query(org_home, "SELECT request_id FROM model_calls")
     assert len(calls) == len({c["request_id"] for c in calls}) == len(first.calls) + 1
+
+
+def test_a_run_handed_off_mid_act_makes_no_more_model_calls(org_home, ws):
+    """The hand-off lands between two model calls of one act: the next call is not made (the
+    run is checked before each), the act ends ``run_taken`` with nothing asked, and the usage
+    of the call already made stays counted once."""
+    from roles.coordinator.dispatch import dispatch, requeue_orphans
+    submit(org_home, ws)
+
+    class HandedOffBetweenCalls(ScriptedActs):
+        def act(self, ctx, *, on_usage, budget_left):
+            def counted(u):
+                on_usage(u)
+                if ctx.iteration == 2 and len(self.calls) == 2:   # the first call of iteration 2 is in
+                    co = StateWriter(org_home.db_path, Actor.COORDINATOR)
+                    with co.transaction() as tx:
+                        requeue_orphans(tx, {"loop-agent-1": False, "loop-agent-2": True})
+                        dispatch(tx, {"loop-agent-2": True})
+                    co.close()
+            return super().act(ctx, on_usage=counted, budget_left=budget_left)
+
+    first = HandedOffBetweenCalls([[BAD], [BAD, BAD, BAD]])
+    with pytest.raises(RunTaken) as err:
+        engine(org_home, "w1", first).run()
+    assert err.value.holder == "loop-agent-2"
+    assert len(first.calls) == 2                      # iteration 1's call, then one of iteration 2's three
+    assert query(org_home, "SELECT id FROM decisions") == []
+    calls = query(org_home, "SELECT request_id FROM model_calls")
+    assert sorted(c["request_id"] for c in calls) == sorted(first.calls)

@@ -22,7 +22,7 @@ from roles.loop_agent.lessons import derive_lesson
 from roles.loop_agent.steps import RunView
 from roles.loop_agent.stop import RunProgress, fingerprint
 from roles.loop_agent.transcript import Transcript
-from state_db.kernel.errors import Conflict
+from state_db.kernel.errors import Conflict, RunTaken
 from state_db.queries import work as work_q
 from state_db.queries.decisions import Decision
 from state_db.queries.iterations import open_attempts
@@ -198,6 +198,10 @@ class Acting:
             if self.interrupt.is_set():
                 return INTERRUPTED
             now = self.work()
+            if now.assigned_to != self.w.instance:
+                # handed to another loop-agent while this one acted (the coordinator took it for
+                # gone): no more model calls for a run this one can no longer commit
+                raise RunTaken(self.w.actor, self.work_id, now.assigned_to)
             live = replace(seen(), cancelled=now.cancel_requested, org_limit=self.org_spend_over())
             reason = policy.budget_check(live)
             if reason is None and live.cancelled:
