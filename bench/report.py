@@ -75,10 +75,14 @@ def run_bench(name: str) -> dict:
     return {**figures, "_exit": proc.returncode, "_seconds": seconds, "_error": None}
 
 
-# the columns of a benchmark's per-N table (bench/scale.py)
-PER_N = ("n", "iterations_per_s", "bound_per_s", "ratio", "overhead_ms_p50", "overhead_ms_p99", "dispatch_ms_p50",
-         "sqlite_write_wait_ms_p99", "cpu_ms_per_iteration", "host_cpu_busy", "eval_agent_busy", "startup_ms",
-         "pss_mb.loop_agent_mean")
+# the columns of a benchmark's per-N tables (bench/scale.py): the first sweep, the real-latency one
+PER_N = ("n", "iterations_per_s", "bound_per_s", "ratio", "added_latency_ms_p50", "overhead_ms_p99", "dispatch_ms_p50",
+         "sqlite_write_wait_ms_p99", "cpu_ms_per_iteration", "machine_cpu_ms_per_iteration",
+         "model_double_cpu_ms_per_iteration", "host_cpu_busy", "eval_agent_busy", "startup_ms", "pss_mb.loop_agent_mean")
+PER_N_REAL = ("n", "iterations_per_s", "bound_per_s", "ratio", "dispatch_ms_p50", "dispatch_ms_p99",
+              "sqlite_write_wait_ms_p99", "org_pss_mb", "host_cpu_busy", "machine_cpu_ms_per_iteration",
+              "added_latency_ms_p50", "binds")
+STEPS_SHOWN = 8         # a role's steps listed in the CPU-by-step table (its largest)
 
 
 def _dig(row: dict, key: str):
@@ -156,10 +160,21 @@ def render(results: dict[str, dict], started: str, load_before: str = "") -> tup
         out.append(f"- **{name}** ({ran})"
                    + (": " + "; ".join(f"`{k}` {fmt(v)}" for k, v in extra.items()) if extra else ""))
     for name, r in results.items():
-        if r.get("per_n"):
-            out += ["", f"## {name}: per number of loop-agents", "", "| " + " | ".join(PER_N) + " |",
-                    "|" + "---|" * len(PER_N)]
-            out += ["| " + " | ".join(fmt(_dig(row, k)) for k in PER_N) + " |" for row in r["per_n"]]
+        for key, cols, title in (("per_n", PER_N, "per number of loop-agents"),
+                                 ("per_n_real", PER_N_REAL, "per number of loop-agents at a hosted model's latency")):
+            if r.get(key):
+                out += ["", f"## {name}: {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+                out += ["| " + " | ".join(fmt(_dig(row, k)) for k in cols) + " |" for row in r[key]]
+        for row in [*r.get("per_n", []), *r.get("per_n_real", [])]:
+            by_step = row.get("cpu_ms_per_iteration_by_step")
+            if not by_step:
+                continue
+            out += ["", f"## {name}: CPU per iteration by role and step at N = {row['n']} (ms, calls)", "",
+                    "| role | process | SQL | steps (thread CPU, inclusive) |", "|---|---|---|---|"]
+            for role, got in by_step.items():
+                steps = list(got.get("steps", {}).items())[:STEPS_SHOWN]
+                out.append(f"| {role} | {fmt(got.get('process_ms'))} | {fmt(got.get('sql_ms'))} | "
+                           + "; ".join(f"{step} {fmt(v['ms'])} ({fmt(v['calls'])})" for step, v in steps) + " |")
     for name, r in results.items():
         named = {k: v for k, v in r.items() if k.endswith("_cases") and isinstance(v, list) and v}
         if named:
