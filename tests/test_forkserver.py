@@ -107,6 +107,24 @@ def test_roles_asked_for_together_are_forked_in_one_exchange_each_with_its_own_r
     assert server.spawn("platform", [], {}, tmp_path / "o").wait(20) == 0     # the exchange is over
 
 
+def test_an_exit_read_together_with_its_forks_answer_is_not_lost(tmp_path):
+    """A role that ends at once: the template's answer and the role's exit can arrive in one
+    read; the exit belongs to the role the answer names, whoever reads it."""
+    import socket
+    import subprocess
+    ours, theirs = socket.socketpair()
+    stand_in = subprocess.Popen(["sleep", "60"])             # the template, alive, answering nothing itself
+    fs = ForkServer()
+    fs.adopt(stand_in, ours)
+    try:
+        theirs.sendall(b'{"pid": 4242, "warm": false}\n{"exit": 4242, "code": 3}\n')
+        role = fs.spawn("platform", [], {}, tmp_path / "o")
+        assert role.pid == 4242 and role.poll() == 3
+    finally:
+        fs.close()
+        theirs.close()
+
+
 def test_an_orphan_of_a_role_is_adopted_and_reaped_by_the_template_and_not_reported(server, tmp_path):
     """A process a role's child leaves behind (as bubblewrap leaves its sandbox's first process
     for every command) is given to the template, not to the machine's init, and is reaped there

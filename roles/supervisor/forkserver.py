@@ -87,7 +87,7 @@ class ForkServer:
         self._buf = b""
         self._roles: dict[int, ForkedRole] = {}
         self._orphans: list[ForkedRole] = []
-        self._answers: list[dict] = []
+        self._answers: list = []           # a ForkedRole per fork, or the error said instead
         self.warm = False           # the template has imported the heavy stage
 
     # -- the template process ------------------------------------------------------------
@@ -148,15 +148,8 @@ class ForkServer:
                 raise ForkServerError("the fork server did not answer a spawn request")
             self.pump(0.05)
         answers, self._answers = self._answers[:len(requests)], self._answers[len(requests):]
-        out: list = []
-        for answer in answers:
-            if "pid" not in answer:
-                out.append(ForkServerError(f"the fork server could not fork: {answer.get('error')}"))
-                continue
-            role = ForkedRole(self, answer["pid"], bool(answer.get("warm")))
-            self._roles[role.pid] = role
-            out.append(role)
-        return out
+        return [a if isinstance(a, ForkedRole) else ForkServerError(f"the fork server could not fork: {a.get('error')}")
+                for a in answers]
 
     def pump(self, timeout: float) -> None:
         """Read what the template said (answers and exits), waiting up to ``timeout`` seconds."""
@@ -187,6 +180,12 @@ class ForkServer:
                         role.returncode = msg["code"]
                 elif "warm" in msg and "pid" not in msg:
                     self.warm = True
+                elif "pid" in msg:
+                    # known from its answer on: its exit may come in the same read, before the
+                    # spawn that asked for it has looked at its answers
+                    role = ForkedRole(self, msg["pid"], bool(msg.get("warm")))
+                    self._roles[role.pid] = role
+                    self._answers.append(role)
                 else:
                     self._answers.append(msg)
         elif not self.alive():
