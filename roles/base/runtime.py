@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from roles.base import readiness
 from roles.base.transport_link import TransportLink
 from state_db.kernel import config as config_mod
 from state_db.kernel.errors import OrgError
@@ -139,6 +140,8 @@ class RoleProcess:
                               pid=os.getpid())
             else:
                 tx.update("role_instances", self.instance, heartbeat_at=tx.now, updated_at=tx.now)
+        if status is not None:                   # committed: whoever waits for it looks now
+            readiness.poke(self.home.run_dir)
 
     def start(self) -> None:
         """Open the transport and record the role ready (its row must exist: the supervisor's)."""

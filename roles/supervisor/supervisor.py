@@ -21,6 +21,7 @@ from typing import Protocol
 
 import structlog
 
+from roles.base import readiness
 from roles.base.instances import InstanceSpec, org_instances
 from roles.supervisor import procs
 from roles.supervisor.forkserver import ForkedRole, ForkServer, ForkServerError
@@ -257,6 +258,9 @@ class Supervisor:
             for child in children:
                 tx.update("role_instances", child.spec.instance, pid=child.proc.pid, pid_start=child.started,
                           started_at=now, heartbeat_at=None, updated_at=now)
+        # a role quicker than this commit wrote its ready row before its pid and start: who waits
+        # for it looks again now (``roles.base.readiness``), not on a timeout
+        readiness.poke(self.home.run_dir)
         for child in children:
             procs.write_pidfile(self.home.run_dir / f"{child.spec.instance}.pid", child.proc.pid)
             self.log.info("role_spawned", instance=child.spec.instance, pid=child.proc.pid)
@@ -329,6 +333,7 @@ class Supervisor:
                 current = RoleStatus.CRASHED
             if _can(current, status):
                 tx.set_status("role_instances", name, status, last_exit=detail, updated_at=now, **extra)
+        readiness.poke(self.home.run_dir)          # 'org start' waits for a failed role too
 
     def _notify_failed(self, name: str) -> None:
         try:
