@@ -183,6 +183,38 @@ def test_every_role_is_a_fork_of_the_template_and_idle_loop_agents_are_reforked_
     assert not _alive(template[0])
 
 
+def _cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
+def _environ(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+
+
+def test_the_template_is_the_supervisor_forked_before_its_first_import(org):
+    """No second interpreter starts: the template is a fork of the supervisor, taken before the
+    supervisor imported anything but the standard library (template.launch(fork=True))."""
+    control.start_background(org, timeout_s=60)
+    sup = procs.read_pidfile(org.run_dir / "supervisor.pid")
+    template = procs.read_pidfile(org.run_dir / "forkserver.pid")
+    assert _ppid(template[0]) == sup[0]
+    assert "roles.supervisor.main" in _cmdline(template[0]) and "roles.supervisor.forkserver" not in _cmdline(template[0])
+    assert all(_ppid(r["pid"]) == template[0] for r in roles(org).values())
+
+
+def test_with_an_org_key_in_its_environment_the_template_is_a_new_interpreter_without_it(org):
+    """A fork keeps the environment its process started with (/proc/PID/environ): a supervisor
+    given an ORG_KEY* starts the template as an interpreter of its own, and neither the template
+    nor any role (all forks of it) holds the key anywhere."""
+    control.start_background(org, timeout_s=60, env={"ORG_KEY_PROBE": "do-not-pass"})
+    sup = procs.read_pidfile(org.run_dir / "supervisor.pid")
+    template = procs.read_pidfile(org.run_dir / "forkserver.pid")
+    assert any(e.startswith("ORG_KEY_PROBE=") for e in _environ(sup[0]))
+    assert "roles.supervisor.forkserver" in _cmdline(template[0])
+    for pid in [template[0], *(r["pid"] for r in roles(org).values())]:
+        assert not any("do-not-pass" in e for e in _environ(pid)), pid
+
+
 def test_killing_the_supervisor_takes_the_template_and_every_role_with_it(org):
     control.start_background(org, timeout_s=60)
     template = procs.read_pidfile(org.run_dir / "forkserver.pid")

@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     forks = launched = None
     if os.environ.get("ORG_SPAWN", "fork") != "exec":
         from roles.supervisor.template import launch
-        launched = launch(sys.executable)
+        launched = launch(sys.executable, fork=True)
     import argparse
     from pathlib import Path
     parser = argparse.ArgumentParser(prog="python -m roles.supervisor.main")
