@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,30 @@ def test_the_template_warms_up_when_idle_and_later_forks_say_so(server, tmp_path
     assert first.warm is False
     later = server.spawn("platform", [], {}, tmp_path / "o")
     assert later.wait(20) == 0 and later.warm is True
+
+
+def test_the_heavy_stage_waits_until_the_roles_forked_cold_are_ready(server, tmp_path):
+    """A role that takes longer than the pause in the requests to start keeps the template from
+    its heavy stage (~2 s of CPU in an org) until it says it is ready."""
+    trigger = tmp_path / "go"
+    probe = tmp_path / "slowrole.py"
+    probe.write_text("import os, sys, time\n"
+                     "from roles.base import readiness\n"
+                     f"while not os.path.exists({str(trigger)!r}):\n"
+                     "    time.sleep(0.02)\n"
+                     "print(readiness.tell_template(), flush=True)\n"
+                     "time.sleep(60)\n")
+    out = tmp_path / "out"
+    role = server.spawn("slowrole", [], {}, out)
+    deadline = time.monotonic() + 1.5                  # 7 times the pause the old template waited for
+    while time.monotonic() < deadline:
+        server.pump(0.05)
+    assert not server.warm and role.poll() is None
+    trigger.touch()
+    wait_for(lambda: server.pump(0.05) or server.warm, timeout=30, what="the heavy stage once the role is ready")
+    assert out.read_text().split() == ["True"]          # it closed the pipe it was given
+    os.kill(role.pid, signal.SIGKILL)
+    assert role.wait(20) == -signal.SIGKILL
 
 
 def test_roles_die_with_a_killed_template(server, tmp_path):

@@ -1,4 +1,5 @@
-"""Waking whoever waits for the org's roles to change status, instead of having it poll state.db.
+"""Waking whoever waits for the org's roles to change status, instead of having it poll state.db;
+and telling the role template a role it forked is ready (``tell_template``).
 
 ``org start`` (``scripts.control.wait_ready``) waits until every role has written its ready row.
 Each waiter holds a FIFO of its own in ``run/ready/``; a role that has committed a new status
@@ -19,6 +20,9 @@ import stat
 from pathlib import Path
 
 WAKE_DIR = "ready"
+# in a role forked by the role template: the write end of the pipe it closes once it is ready
+# (set by roles/supervisor/forkserver.py in the forked process; never inherited through exec)
+template_pipe: int | None = None
 
 
 def poke(run_dir: Path | str) -> int:
@@ -52,6 +56,20 @@ def poke(run_dir: Path | str) -> int:
         finally:
             os.close(fd)
     return woken
+
+
+def tell_template() -> bool:
+    """Close the pipe the role template gave this role (``template_pipe``): it begins its heavy
+    stage once every role it forked is ready. Returns whether there was one to close."""
+    global template_pipe
+    fd, template_pipe = template_pipe, None
+    if fd is None:
+        return False
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    return True
 
 
 class Waiter:

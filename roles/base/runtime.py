@@ -148,6 +148,7 @@ class RoleProcess:
         link = self.transport
         link.start(self._on_message)
         self.heartbeat(RoleStatus.READY)
+        readiness.tell_template()
         self.log.info("role_ready", pid=os.getpid(), endpoint=link.endpoint, next="reconcile, then serve")
         self._next_tick = self._next_beat = self.monotonic()
 

@@ -37,12 +37,14 @@ from pathlib import Path
 
 import orjson
 
+from roles.base import readiness
 from roles.supervisor.template import HEAVY, LIGHT, PRELOAD, launch, pdeathsig, subreaper
 from state_db.kernel.errors import OrgError
 
 __all__ = ["ForkServer", "ForkServerError", "ForkedRole", "HEAVY", "LIGHT", "PRELOAD", "serve"]
 
-IDLE_BEFORE_HEAVY_S = 0.2      # no spawn request for this long: the start-up burst is over
+IDLE_BEFORE_HEAVY_S = 0.2      # nothing asked or said for this long: the start-up burst is over
+READY_WAIT_MAX_S = 10.0        # the longest the heavy stage waits for the roles forked cold to be ready
 
 
 class ForkServerError(OrgError):
@@ -228,8 +230,11 @@ def _gone(pid: int) -> bool:
 
 # -- the template ---------------------------------------------------------------------------------
 
-def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict) -> None:
-    """In the forked child: become the role, then exit with its status (never returns)."""
+def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict, said: int | None = None,
+           others: list = ()) -> None:
+    """In the forked child: become the role, then exit with its status (never returns).
+    ``said``: the pipe it closes once ready (``readiness.tell_template``); ``others``: the
+    template's ends of the other roles' pipes, closed here."""
     code = 1
     try:
         signal.set_wakeup_fd(-1)
@@ -239,6 +244,9 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict) -> None:
         sock.close()
         os.close(wake_r)
         os.close(wake_w)
+        for end in others:
+            if end is not None:
+                os.close(end)
         pdeathsig(signal.SIGTERM)
         if os.getppid() == 1:                       # the template died while forking
             os._exit(1)
@@ -251,6 +259,7 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict) -> None:
         os.close(out)
         os.environ.clear()
         os.environ.update(req["env"])
+        readiness.template_pipe = said
         # the template's objects stay frozen in the role: the collector never walks them (a full
         # collection over ~190,000 inherited objects takes 100-175 ms and writes to every page
         # they sit on, unsharing it); what the role itself makes is collected as usual
@@ -323,12 +332,32 @@ def serve(fd: int, preload: list[str]) -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     buf = b""
+    # The heavy stage (~2 s of CPU) waits until the roles forked before it are ready, not only
+    # for a pause in the requests: on a busy host a role takes longer than the pause to start,
+    # and the heavy stage would take the CPU it needs. Each role forked cold is given the write
+    # end of a pipe of its own and closes it once its ready row is written (``readiness.
+    # tell_template``); its exit closes it too. The template watches the read ends: all of them at
+    # their end, and the pause, and it imports the heavy stage (``READY_WAIT_MAX_S`` at the most:
+    # a module run here need not be a role that says so).
+    starting: dict[int, float] = {}                 # read end -> when its role was forked
     while True:
+        if warm:
+            timeout = None
+        elif starting:
+            timeout = max(0.0, min(starting.values()) + READY_WAIT_MAX_S - time.monotonic())
+        else:
+            timeout = IDLE_BEFORE_HEAVY_S
         try:
-            ready, _, _ = select.select([sock, wake_r], [], [], None if warm else IDLE_BEFORE_HEAVY_S)
+            ready, _, _ = select.select([sock, wake_r, *starting], [], [], timeout)
         except InterruptedError:
             ready = []
-        if not ready and not warm:                  # idle after the start-up burst: the heavy stage
+        for r in [r for r in ready if r in starting]:
+            os.close(r)                             # its role is ready, or gone
+            del starting[r]
+        if not ready and not warm:                  # the start-up is over: the heavy stage
+            for r in starting:
+                os.close(r)
+            starting.clear()
             _load(heavy)
             warm = True
             sock.sendall(orjson.dumps({"warm": True}) + b"\n")
@@ -344,13 +373,20 @@ def serve(fd: int, preload: list[str]) -> int:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 req = orjson.loads(line)
+                said_r, said_w = os.pipe() if not warm else (None, None)     # both close on exec
                 try:
                     pid = os.fork()
                 except OSError as exc:
+                    for end in (said_r, said_w):
+                        if end is not None:
+                            os.close(end)
                     sock.sendall(orjson.dumps({"error": str(exc)}) + b"\n")
                     continue
                 if pid == 0:
-                    _child(sock, wake_r, wake_w, req)
+                    _child(sock, wake_r, wake_w, req, said_w, [*starting, said_r])
+                if said_w is not None:
+                    os.close(said_w)
+                    starting[said_r] = time.monotonic()
                 forked.add(pid)
                 sock.sendall(orjson.dumps({"pid": pid, "warm": warm}) + b"\n")
 

@@ -20,7 +20,8 @@ import sys
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 # What the roles import, in two stages. The template forks the first roles as soon as the light
-# stage is in, then imports the heavy stage while idle and says it is warm; a role forked after
+# stage is in, then imports the heavy stage once they are ready (``forkserver.serve``) and says
+# it is warm; a role forked after
 # that finds all of it already imported. The light stage is what a role needs to be ready (the
 # runtime, the transport, the store: a loop-agent's process without its engine). What a role
 # needs only to work is in the heavy stage: the loop engine and the workspace history, the
@@ -32,6 +33,9 @@ _PR_SET_CHILD_SUBREAPER = 36
 # it reports the failure itself).
 LIGHT = (
     "roles.loop_agent.process",
+    # every role imports these before it is ready: once here rather than once in each
+    "roles.base.telemetry",
+    "pwd",
 )
 HEAVY = (
     "roles.loop_agent.engine",
