@@ -216,9 +216,9 @@ def _environ(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
 
 
-def test_the_template_is_the_supervisor_forked_before_its_first_import(org):
-    """No second interpreter starts: the template is a fork of the supervisor, taken before the
-    supervisor imported anything but the standard library (template.launch(fork=True))."""
+def test_the_template_is_the_supervisor_forked_not_a_second_interpreter(org):
+    """No second interpreter starts and imports what the supervisor already has: the template is
+    a fork of the supervisor (template.launch(fork=True))."""
     control.start_background(org, timeout_s=60)
     sup = procs.read_pidfile(org.run_dir / "supervisor.pid")
     template = procs.read_pidfile(org.run_dir / "forkserver.pid")
@@ -353,20 +353,25 @@ def test_exec_mode_starts_each_role_as_its_own_interpreter(org, monkeypatch):
     assert all(_ppid(r["pid"]) == sup[0] for r in roles(org).values())
 
 
-def test_the_template_is_started_before_the_supervisor_imports_anything_beyond_the_standard_library():
-    """``roles.supervisor.main`` starts the template first: what it imports to do so must be the
-    standard library only, or the template's imports (the start-up's longest step) wait for it."""
-    import subprocess
-    import sys
-    probe = ("import sys, roles.supervisor.template; "
-             "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30,
-                         cwd=Path(__file__).resolve().parents[1])
-    assert out.returncode == 0, out.stderr
-    # beyond the standard library: the project's package, and site's own hooks (underscored)
-    assert {m for m in eval(out.stdout) if not m.startswith("_")} == {"roles"}, out.stdout
-    main = (Path(__file__).resolve().parents[1] / "roles/supervisor/main.py").read_text()
-    head = main[:main.index("launched = launch(")]
-    assert "state_db" not in head.split('"""', 2)[-1] and "structlog" not in head
-    # not even its arguments are parsed first (argparse and pathlib are ~5 ms of the start-up)
-    assert "argparse" not in head and "pathlib" not in head
+def test_the_template_is_forked_from_the_supervisor_before_it_opens_anything(org):
+    """The supervisor imports what it and every role need (template.COMMON) once, then forks the
+    template: the template and every role hold no file of the supervisor's (its store, its log,
+    its lock), and the supervisor itself holds them all."""
+    control.start_background(org, timeout_s=60)
+    sup = procs.read_pidfile(org.run_dir / "supervisor.pid")
+    template = procs.read_pidfile(org.run_dir / "forkserver.pid")
+
+    def files(pid):
+        out = set()
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                out.add(os.readlink(fd))
+            except OSError:
+                pass
+        return out
+    theirs = {f for f in files(sup[0]) if f.startswith(str(org.root))}
+    assert {str(org.run_dir / "supervisor.lock"), str(org.logs_dir / "supervisor.log"), str(org.db_path)} <= theirs
+    assert not any(f.startswith(str(org.root)) and not f.startswith(str(org.logs_dir / "supervisor.out"))
+                   for f in files(template[0])), files(template[0])
+    for r in roles(org).values():
+        assert not theirs & files(r["pid"]) - {str(org.db_path), str(org.db_path) + "-wal", str(org.db_path) + "-shm"}

@@ -41,7 +41,7 @@ from roles.base import readiness
 from roles.supervisor.template import HEAVY, LIGHT, PRELOAD, launch, pdeathsig, subreaper
 from state_db.kernel.errors import OrgError
 
-__all__ = ["ForkServer", "ForkServerError", "ForkedRole", "HEAVY", "LIGHT", "PRELOAD", "serve"]
+__all__ = ["ForkServer", "ForkServerError", "ForkedRole", "HEAVY", "LIGHT", "PRELOAD", "build_validators", "serve"]
 
 IDLE_BEFORE_HEAVY_S = 0.2      # nothing asked or said for this long: the start-up burst is over
 READY_WAIT_MAX_S = 10.0        # the longest the heavy stage waits for the roles forked cold to be ready
@@ -293,16 +293,18 @@ def _load(names, *, collect: bool = True) -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the role that needs it reports it
             pass
-    _validators()
+    build_validators()
     if collect:
         gc.collect()
     gc.freeze()
 
 
-def _validators() -> None:
-    """Build org.toml's validators once, here. pydantic builds them when a configuration is first
-    validated (``defer_build``), ~50 ms of CPU, and every role validates its org.toml first thing:
-    built before the fork, no role builds its own copy. Once built, this costs nothing."""
+def build_validators() -> None:
+    """Build org.toml's validators once, before the forks (in the supervisor, before it forks the
+    template, and in a template started as its own interpreter). pydantic builds them when a
+    configuration is first validated (``defer_build``), ~25-50 ms of CPU, and the supervisor and
+    every role validate their org.toml first thing: built before the fork, none builds its own
+    copy. Once built, this costs nothing."""
     if "state_db.kernel.config" not in sys.modules:
         return
     try:

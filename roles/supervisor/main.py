@@ -6,16 +6,21 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    # The role template starts first, before this process imports anything but the few standard
-    # modules it takes to start it (not even its arguments are read before), and imports the
-    # roles' code while this process imports its own and opens the org (two cores: the two
-    # overlap). Closed again if org.toml says [supervisor] spawn = "exec", or if this supervisor
-    # does not get to run.
-    from roles.supervisor.template import open_files_limit
+    # The role template is this process, forked once it has imported what both need (and built
+    # org.toml's validators) and before it reads its arguments or opens anything; then the
+    # template imports the rest of the roles' code while this process imports its own few
+    # modules and opens the org (two cores: the two overlap). Closed again if org.toml says
+    # [supervisor] spawn = "exec", or if this supervisor does not get to run.
+    from roles.supervisor.template import COMMON, open_files_limit
     open_files_limit()                  # before the template starts: every role inherits it
     forks = launched = None
     if os.environ.get("ORG_SPAWN", "fork") != "exec":
+        import importlib
+        for name in COMMON:
+            importlib.import_module(name)
+        from roles.supervisor.forkserver import build_validators
         from roles.supervisor.template import launch
+        build_validators()
         launched = launch(sys.executable, fork=True)
     import argparse
     from pathlib import Path

@@ -4,8 +4,9 @@ The supervisor starts the template first thing, before it imports anything of it
 template's imports are the longest step of the org's start-up, and on two cores they overlap
 with the supervisor's own imports and with it opening the org only if the template is already
 running. So this module imports nothing beyond the standard library, and neither does the
-package it is in. At that point the supervisor is as bare as a new interpreter, so the template
-is the supervisor itself, forked (``launch(fork=True)``): no second interpreter starts first.
+package it is in. The template is the supervisor itself, forked (``launch(fork=True)``) once it
+has imported what both need (``COMMON``) and before it opens anything: no second interpreter
+starts, and nothing both need is imported twice.
 """
 from __future__ import annotations
 
@@ -59,6 +60,20 @@ HEAVY = (
     "encodings.idna",
 )
 PRELOAD = LIGHT + ("--",) + HEAVY
+# What the supervisor needs that every role needs too (the configuration and its validators, the
+# store, the logs, the error tree): the supervisor imports it before it forks the template
+# (``launch(fork=True)``), so it is imported once, not once in each process side by side; after
+# the fork the two go on at once, the template with the rest of the light stage, the supervisor
+# with its own few modules and opening the org.
+COMMON = (
+    "roles.supervisor.forkserver",
+    "roles.base.instances",
+    "state_db.kernel.config",
+    "state_db.kernel.home",
+    "state_db.kernel.logsetup",
+    "state_db.queries",
+    "state_db.writer",
+)
 
 
 def pdeathsig(sig: int) -> None:
@@ -106,15 +121,17 @@ def launch(python: str = sys.executable, preload: tuple[str, ...] = PRELOAD, *,
     It dies with this process (``PR_SET_PDEATHSIG``) and is not given the org's keys.
 
     ``fork``: the template is this process, forked, rather than a new interpreter: no interpreter
-    starts and nothing is imported twice (25-30 ms of the start-up's longest step). Only for a
-    process that has imported nothing but the standard library and runs one thread (the
-    supervisor, first thing): the template must begin as bare as a new interpreter, and a fork
-    of a threaded process may inherit a held lock. And only when this process's environment
-    holds none of the org's keys: a fork keeps the environment it started with in its memory
-    (``/proc/PID/environ``), whatever ``os.environ`` is made to say, and every role is a fork of
-    the template. Otherwise it starts an interpreter, with the keys left out."""
+    starts, and what this process imported (``COMMON``) is not imported again. Only for a
+    process that has imported modules and nothing else, the supervisor before it opens the org:
+    it runs one thread (a fork of a threaded process may inherit a held lock) and holds no file
+    but its standard input and output (the template gets no database, log or lock of the
+    supervisor's). And only when its environment holds none of the org's keys: a fork keeps the
+    environment it started with in its memory (``/proc/PID/environ``), whatever ``os.environ``
+    is made to say, and every role is a fork of the template. Otherwise it starts an
+    interpreter, with the keys left out."""
+    bare = fork and _one_thread_stdio_only() and not any(k.startswith("ORG_KEY") for k in os.environ)
     ours, theirs = socket.socketpair()
-    if fork and len(os.listdir("/proc/self/task")) == 1 and not any(k.startswith("ORG_KEY") for k in os.environ):
+    if bare:
         try:
             return _fork(ours, theirs, preload), ours
         except BaseException:
@@ -134,6 +151,11 @@ def launch(python: str = sys.executable, preload: tuple[str, ...] = PRELOAD, *,
     finally:
         theirs.close()
     return proc, ours
+
+
+def _one_thread_stdio_only() -> bool:
+    fds = os.listdir("/proc/self/fd")           # its own descriptor for the listing is one more
+    return len(os.listdir("/proc/self/task")) == 1 and len(set(fds) - {"0", "1", "2"}) <= 1
 
 
 def _fork(ours: socket.socket, theirs: socket.socket, preload: tuple[str, ...]) -> "ForkedTemplate":
