@@ -66,6 +66,7 @@ PRELOAD = LIGHT + ("--",) + HEAVY
 # the fork the two go on at once, the template with the rest of the light stage, the supervisor
 # with its own few modules and opening the org.
 COMMON = (
+    "argparse",
     "roles.supervisor.forkserver",
     "roles.base.instances",
     "state_db.kernel.config",
@@ -73,6 +74,7 @@ COMMON = (
     "state_db.kernel.logsetup",
     "state_db.queries",
     "state_db.writer",
+    "transport.keys",
 )
 
 
