@@ -6,13 +6,18 @@ own copy of every page of it. The template imports it once, in the two stages
 ``roles.supervisor.template`` lists; each role is then a ``fork()`` of it, and the imported code's
 pages stay shared between the roles (copy-on-write; ``gc.freeze()`` keeps the collector from
 touching them), which ``bench/scale.py`` measures as proportional set size per role. The
-supervisor starts the template before its own imports (``template.launch``), so on two cores the
-two import side by side; a role forked before the second stage imports what it lacks itself.
+template is the supervisor itself, forked once it has imported what both need
+(``template.COMMON``, ``template.launch(fork=True)``); then the template imports the rest of the
+first stage while the supervisor opens the org, side by side on two cores. A role forked before
+the second stage imports what it lacks itself, and the second stage waits until those roles are
+ready (``serve``). A template that dies is started again as an interpreter of its own.
 
 Protocol, over a socketpair, one JSON object per line:
 
-- supervisor → template: ``{"spawn": module, "argv": [...], "env": {...}, "out": path}``;
-- template → supervisor: ``{"pid": N}`` or ``{"error": "..."}`` in answer, and
+- supervisor → template: ``{"spawn": module, "argv": [...], "env": {...}, "out": path}``, one
+  line per role, many sent at once (``ForkServer.spawn_many``);
+- template → supervisor: ``{"pid": N, "warm": bool}`` or ``{"error": "..."}`` in answer, in the
+  order asked, ``{"warm": true}`` once the second stage is in, and
   ``{"exit": N, "code": C}`` whenever a forked role ends (``C`` as ``Popen.returncode``: the
   exit status, or minus the signal number).
 
