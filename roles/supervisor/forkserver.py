@@ -43,7 +43,7 @@ from pathlib import Path
 import orjson
 
 from roles.base import readiness
-from roles.supervisor.template import HEAVY, LIGHT, PRELOAD, launch, pdeathsig, subreaper
+from roles.supervisor.template import HEAVY, LIGHT, PRELOAD, launch, pdeathsig, run_and_exit, subreaper
 from state_db.kernel.errors import OrgError
 
 __all__ = ["ForkServer", "ForkServerError", "ForkedRole", "HEAVY", "LIGHT", "PRELOAD", "build_validators", "serve"]
@@ -240,8 +240,7 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict, said: int |
     """In the forked child: become the role, then exit with its status (never returns).
     ``said``: the pipe it closes once ready (``readiness.tell_template``); ``others``: the
     template's ends of the other roles' pipes, closed here."""
-    code = 1
-    try:
+    def become() -> int:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -254,7 +253,7 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict, said: int |
                 os.close(end)
         pdeathsig(signal.SIGTERM)
         if os.getppid() == 1:                       # the template died while forking
-            os._exit(1)
+            return 1
         null = os.open(os.devnull, os.O_RDONLY)
         out = os.open(req["out"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(null, 0)
@@ -270,21 +269,10 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict, said: int |
         # they sit on, unsharing it); what the role itself makes is collected as usual
         import runpy
         sys.argv = [req["spawn"], *req["argv"]]
-        try:
-            runpy.run_module(req["spawn"], run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 - the role's own crash: printed, exit 1
-        import traceback
-        traceback.print_exc()
-        code = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        runpy.run_module(req["spawn"], run_name="__main__", alter_sys=True)
+        return 0
+
+    run_and_exit(become)
 
 
 def _load(names, *, collect: bool = True) -> None:

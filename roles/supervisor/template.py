@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+from typing import NoReturn
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -165,22 +166,34 @@ def _fork(ours: socket.socket, theirs: socket.socket, preload: tuple[str, ...]) 
     pid = os.fork()
     if pid:
         return ForkedTemplate(pid)
-    code = 1
-    try:                                     # the template: as launched, never back to the caller
+
+    def template() -> int:                   # as launched, never back to the caller
         ours.close()
         pdeathsig(signal.SIGKILL)
         if os.getppid() != parent:           # the supervisor died before the line above
-            os._exit(1)
+            return 1
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
         from roles.supervisor.forkserver import serve
-        code = serve(theirs.fileno(), list(preload))
+        return serve(theirs.fileno(), list(preload))
+
+    run_and_exit(template)
+
+
+def run_and_exit(body) -> NoReturn:
+    """In a forked child: run ``body`` (it returns an exit status), print what it raises, and
+    exit with its status (``SystemExit`` as the interpreter would), never returning to the code
+    the fork was taken in nor running its clean-ups."""
+    code = 1
+    try:
+        code = body()
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 0
-    except BaseException:  # noqa: BLE001 - printed to the supervisor's output, exit 1
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - printed to the process's output, exit 1
         import traceback
         traceback.print_exc()
+        code = 1
     finally:
         try:
             sys.stdout.flush()
