@@ -334,7 +334,11 @@ def serve(fd: int, preload: list[str]) -> int:
     # tell_template``); its exit closes it too. The template watches the read ends: all of them at
     # their end, and the pause, and it imports the heavy stage (``READY_WAIT_MAX_S`` at the most:
     # a module run here need not be a role that says so).
+    # (poll, not select: an org of many roles holds more descriptors than select's 1,024)
     starting: dict[int, float] = {}                 # read end -> when its role was forked
+    poller = select.poll()
+    for fd_ in (sock.fileno(), wake_r):
+        poller.register(fd_, select.POLLIN)
     while True:
         if warm:
             timeout = None
@@ -343,14 +347,16 @@ def serve(fd: int, preload: list[str]) -> int:
         else:
             timeout = IDLE_BEFORE_HEAVY_S
         try:
-            ready, _, _ = select.select([sock, wake_r, *starting], [], [], timeout)
+            ready = [fd_ for fd_, _ in poller.poll(None if timeout is None else timeout * 1000)]
         except InterruptedError:
             ready = []
         for r in [r for r in ready if r in starting]:
+            poller.unregister(r)
             os.close(r)                             # its role is ready, or gone
             del starting[r]
         if not ready and not warm:                  # the start-up is over: the heavy stage
             for r in starting:
+                poller.unregister(r)
                 os.close(r)
             starting.clear()
             _load(heavy)
@@ -360,7 +366,7 @@ def serve(fd: int, preload: list[str]) -> int:
         if wake_r in ready:
             os.read(wake_r, 4096)
         _reap(sock, forked)
-        if sock in ready:
+        if sock.fileno() in ready:
             data = sock.recv(65536)
             if not data:                            # the supervisor closed it: stop
                 return 0
@@ -382,6 +388,7 @@ def serve(fd: int, preload: list[str]) -> int:
                 if said_w is not None:
                     os.close(said_w)
                     starting[said_r] = time.monotonic()
+                    poller.register(said_r, select.POLLIN)
                 forked.add(pid)
                 sock.sendall(orjson.dumps({"pid": pid, "warm": warm}) + b"\n")
 
