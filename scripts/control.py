@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+from roles.base import readiness
 from roles.operations.lifecycle import record_intent
 from roles.supervisor import procs
 from state_db.connection import connect
@@ -23,6 +24,7 @@ from state_db.writer import StateWriter
 
 
 POLL_S = 0.02       # how often start and stop look at state.db while they wait
+WAKE_FALLBACK_S = 0.25     # the longest start waits for a wake before it looks at state.db anyway
 
 
 class ControlError(StateError):
@@ -60,7 +62,8 @@ def wait_ready(home: OrgHome, *, timeout_s: float, proc: subprocess.Popen | None
     for the new org."""
     deadline = time.monotonic() + timeout_s
     seen: list[RoleInstance] = []
-    conn = wanted = None            # opened once the home exists; what org.toml asks for, read once
+    conn = wanted = waiter = None   # opened once the home exists; what org.toml asks for, read once
+    exited = _exit_fd(proc)         # readable once the supervisor has exited
     try:
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
@@ -68,6 +71,10 @@ def wait_ready(home: OrgHome, *, timeout_s: float, proc: subprocess.Popen | None
                 raise ControlError(f"the supervisor exited with {proc.returncode}: {' '.join(tail)}",
                                    hint="see 'org logs --role supervisor' and logs/supervisor.out")
             if conn is None and home.exists():
+                try:                # before the first look: no status written after it goes unwoken
+                    waiter = readiness.Waiter(home.run_dir)
+                except OSError:
+                    waiter = None   # looked at every POLL_S instead
                 conn = connect(home.db_path, readonly=True)
             if conn is not None:
                 session = org_session(conn)
@@ -78,19 +85,44 @@ def wait_ready(home: OrgHome, *, timeout_s: float, proc: subprocess.Popen | None
                 if _joined(home):                    # the session is the coordinator host's
                     if wanted <= settled:
                         return [r.as_dict() for r in seen if r.instance in wanted]
-                    time.sleep(POLL_S)
+                    _wait(waiter, exited, deadline)
                     continue
                 ours = session is not None and (proc is None or session.supervisor_pid == proc.pid)
                 if ours and session.status == SessionStatus.RUNNING and session.supervisor_pid \
                         and wanted <= settled:
                     return [r.as_dict() for r in seen]
-            time.sleep(POLL_S)
+            _wait(waiter, exited, deadline)
     finally:
         if conn is not None:
             conn.close()
+        if waiter is not None:
+            waiter.close()
+        if exited is not None:
+            os.close(exited)
     raise ControlError(f"the org did not become ready in {timeout_s:.0f}s; roles: "
                        + ", ".join(f"{r.instance}={r.status}" for r in seen),
                        hint="see 'org logs' and 'org doctor'")
+
+
+def _wait(waiter: "readiness.Waiter | None", exited: int | None, deadline: float) -> None:
+    """Until a role's status changes (``roles.base.readiness``), the supervisor exits, or
+    ``WAKE_FALLBACK_S`` passes (a lost wake; a status written by the supervisor); without a
+    waiter, ``POLL_S``."""
+    left = deadline - time.monotonic()
+    if waiter is None:
+        time.sleep(max(0.0, min(POLL_S, left)))
+    else:
+        waiter.wait(min(WAKE_FALLBACK_S, left), *([exited] if exited is not None else []))
+
+
+def _exit_fd(proc: subprocess.Popen | None) -> int | None:
+    """A pidfd of ``proc``: readable once it has exited (None where the system has none)."""
+    if proc is None:
+        return None
+    try:
+        return os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _wanted(home: OrgHome) -> set[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,39 @@ def test_exit_codes_are_reported_as_popen_reports_them(server, tmp_path):
     assert sleeper.wait(20) == -signal.SIGKILL
 
 
+def test_roles_asked_for_together_are_forked_in_one_exchange_each_with_its_own_request(server, tmp_path):
+    """``spawn_many`` (the org's start-up): the requests go out together and come back in order,
+    one role each, with its own arguments, environment and output file; a role that fails is its own."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os, sys\nprint(sys.argv[1], os.environ['V'])\nsys.exit(int(sys.argv[1]))\n")
+    asks = [("probe", [str(k)], {"V": f"v{k}"}, tmp_path / f"out{k}") for k in range(4)]
+    asks.append(("no_such_module_here", [], {}, tmp_path / "out-missing"))
+    got = server.spawn_many(asks)
+    assert len({r.pid for r in got}) == 5
+    assert [r.wait(20) for r in got] == [0, 1, 2, 3, 1]
+    assert [(tmp_path / f"out{k}").read_text().split() for k in range(4)] == [[str(k), f"v{k}"] for k in range(4)]
+    assert "No module named no_such_module_here" in (tmp_path / "out-missing").read_text()
+    assert server.spawn("platform", [], {}, tmp_path / "o").wait(20) == 0     # the exchange is over
+
+
+def test_an_exit_read_together_with_its_forks_answer_is_not_lost(tmp_path):
+    """A role that ends at once: the template's answer and the role's exit can arrive in one
+    read; the exit belongs to the role the answer names, whoever reads it."""
+    import socket
+    import subprocess
+    ours, theirs = socket.socketpair()
+    stand_in = subprocess.Popen(["sleep", "60"])             # the template, alive, answering nothing itself
+    fs = ForkServer()
+    fs.adopt(stand_in, ours)
+    try:
+        theirs.sendall(b'{"pid": 4242, "warm": false}\n{"exit": 4242, "code": 3}\n')
+        role = fs.spawn("platform", [], {}, tmp_path / "o")
+        assert role.pid == 4242 and role.poll() == 3
+    finally:
+        fs.close()
+        theirs.close()
+
+
 def test_an_orphan_of_a_role_is_adopted_and_reaped_by_the_template_and_not_reported(server, tmp_path):
     """A process a role's child leaves behind (as bubblewrap leaves its sandbox's first process
     for every command) is given to the template, not to the machine's init, and is reaped there
@@ -122,6 +156,30 @@ def test_the_template_warms_up_when_idle_and_later_forks_say_so(server, tmp_path
     assert later.wait(20) == 0 and later.warm is True
 
 
+def test_the_heavy_stage_waits_until_the_roles_forked_cold_are_ready(server, tmp_path):
+    """A role that takes longer than the pause in the requests to start keeps the template from
+    its heavy stage (~2 s of CPU in an org) until it says it is ready."""
+    trigger = tmp_path / "go"
+    probe = tmp_path / "slowrole.py"
+    probe.write_text("import os, sys, time\n"
+                     "from roles.base import readiness\n"
+                     f"while not os.path.exists({str(trigger)!r}):\n"
+                     "    time.sleep(0.02)\n"
+                     "print(readiness.tell_template(), flush=True)\n"
+                     "time.sleep(60)\n")
+    out = tmp_path / "out"
+    role = server.spawn("slowrole", [], {}, out)
+    deadline = time.monotonic() + 1.5                  # 7 times the pause the old template waited for
+    while time.monotonic() < deadline:
+        server.pump(0.05)
+    assert not server.warm and role.poll() is None
+    trigger.touch()
+    wait_for(lambda: server.pump(0.05) or server.warm, timeout=30, what="the heavy stage once the role is ready")
+    assert out.read_text().split() == ["True"]          # it closed the pipe it was given
+    os.kill(role.pid, signal.SIGKILL)
+    assert role.wait(20) == -signal.SIGKILL
+
+
 def test_roles_die_with_a_killed_template(server, tmp_path):
     role = server.spawn("http.server", ["0", "--bind", "127.0.0.1"], {}, tmp_path / "o")
     wait_for(lambda: _alive(role.pid), what="the role to run")
@@ -148,6 +206,38 @@ def test_every_role_is_a_fork_of_the_template_and_idle_loop_agents_are_reforked_
     assert {n: r["restarts"] for n, r in rs.items()} == {n: 0 for n in rs}     # replaced, not crashed
     assert control.request(org, "stop", timeout_s=30)["status"] == "stopped"
     assert not _alive(template[0])
+
+
+def _cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
+def _environ(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+
+
+def test_the_template_is_the_supervisor_forked_not_a_second_interpreter(org):
+    """No second interpreter starts and imports what the supervisor already has: the template is
+    a fork of the supervisor (template.launch(fork=True))."""
+    control.start_background(org, timeout_s=60)
+    sup = procs.read_pidfile(org.run_dir / "supervisor.pid")
+    template = procs.read_pidfile(org.run_dir / "forkserver.pid")
+    assert _ppid(template[0]) == sup[0]
+    assert "roles.supervisor.main" in _cmdline(template[0]) and "roles.supervisor.forkserver" not in _cmdline(template[0])
+    assert all(_ppid(r["pid"]) == template[0] for r in roles(org).values())
+
+
+def test_with_an_org_key_in_its_environment_the_template_is_a_new_interpreter_without_it(org):
+    """A fork keeps the environment its process started with (/proc/PID/environ): a supervisor
+    given an ORG_KEY* starts the template as an interpreter of its own, and neither the template
+    nor any role (all forks of it) holds the key anywhere."""
+    control.start_background(org, timeout_s=60, env={"ORG_KEY_PROBE": "do-not-pass"})
+    sup = procs.read_pidfile(org.run_dir / "supervisor.pid")
+    template = procs.read_pidfile(org.run_dir / "forkserver.pid")
+    assert any(e.startswith("ORG_KEY_PROBE=") for e in _environ(sup[0]))
+    assert "roles.supervisor.forkserver" in _cmdline(template[0])
+    for pid in [template[0], *(r["pid"] for r in roles(org).values())]:
+        assert not any("do-not-pass" in e for e in _environ(pid)), pid
 
 
 def test_killing_the_supervisor_takes_the_template_and_every_role_with_it(org):
@@ -263,18 +353,25 @@ def test_exec_mode_starts_each_role_as_its_own_interpreter(org, monkeypatch):
     assert all(_ppid(r["pid"]) == sup[0] for r in roles(org).values())
 
 
-def test_the_template_is_started_before_the_supervisor_imports_anything_beyond_the_standard_library():
-    """``roles.supervisor.main`` starts the template first: what it imports to do so must be the
-    standard library only, or the template's imports (the start-up's longest step) wait for it."""
-    import subprocess
-    import sys
-    probe = ("import sys, roles.supervisor.template; "
-             "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30,
-                         cwd=Path(__file__).resolve().parents[1])
-    assert out.returncode == 0, out.stderr
-    # beyond the standard library: the project's package, and site's own hooks (underscored)
-    assert {m for m in eval(out.stdout) if not m.startswith("_")} == {"roles"}, out.stdout
-    main = (Path(__file__).resolve().parents[1] / "roles/supervisor/main.py").read_text()
-    head = main[:main.index("launched = launch(")]
-    assert "state_db" not in head.split('"""', 2)[-1] and "structlog" not in head
+def test_the_template_is_forked_from_the_supervisor_before_it_opens_anything(org):
+    """The supervisor imports what it and every role need (template.COMMON) once, then forks the
+    template: the template and every role hold no file of the supervisor's (its store, its log,
+    its lock), and the supervisor itself holds them all."""
+    control.start_background(org, timeout_s=60)
+    sup = procs.read_pidfile(org.run_dir / "supervisor.pid")
+    template = procs.read_pidfile(org.run_dir / "forkserver.pid")
+
+    def files(pid):
+        out = set()
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                out.add(os.readlink(fd))
+            except OSError:
+                pass
+        return out
+    theirs = {f for f in files(sup[0]) if f.startswith(str(org.root))}
+    assert {str(org.run_dir / "supervisor.lock"), str(org.logs_dir / "supervisor.log"), str(org.db_path)} <= theirs
+    assert not any(f.startswith(str(org.root)) and not f.startswith(str(org.logs_dir / "supervisor.out"))
+                   for f in files(template[0])), files(template[0])
+    for r in roles(org).values():
+        assert not theirs & files(r["pid"]) - {str(org.db_path), str(org.db_path) + "-wal", str(org.db_path) + "-shm"}

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from roles.base import readiness
 from roles.base.beat import Beat
 from roles.base.transport_link import TransportLink
 from state_db.kernel import config as config_mod
@@ -146,6 +147,7 @@ class RoleProcess:
             with self.writer.transaction() as tx:
                 tx.set_status("role_instances", self.instance, status, heartbeat_at=tx.now, updated_at=tx.now,
                               pid=os.getpid())
+            readiness.poke(self.home.run_dir)       # committed: whoever waits for it looks now
             return
         try:
             with self.writer.transaction(render=False, wait_s=BEAT_ROW_WAIT_S) as tx:
@@ -158,6 +160,7 @@ class RoleProcess:
         link = self.transport
         link.start(self._on_message)
         self.heartbeat(RoleStatus.READY)
+        readiness.tell_template()
         self.log.info("role_ready", pid=os.getpid(), endpoint=link.endpoint, next="reconcile, then serve")
         self._next_tick = self._next_beat = self.monotonic()
 

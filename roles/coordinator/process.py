@@ -1,7 +1,6 @@
 """Coordinator process: reconciles (locks, dispatch, recovery, spend cap) and announces."""
 from __future__ import annotations
 
-from roles.coordinator import announce, dispatch, schedules
 from roles.base.runtime import RoleProcess
 from transport.kinds import Kind
 
@@ -14,6 +13,9 @@ class CoordinatorProcess(RoleProcess):
     _watcher = None
 
     def reconcile(self) -> None:
+        # imported once the role is ready (its ready row written), not before: the coordinator is
+        # forked before the role template has them, and ~13 ms of CPU on the start-up's last step
+        from roles.coordinator import announce, dispatch, schedules
         schedules.tick(self.writer, self.home, self.cfg)     # standing orders due now: dispatched below
         if self._watcher is None:                            # triggers: a thread (a check may take minutes)
             from roles.coordinator import triggers          # its checks' code: imported once the role is ready

@@ -6,13 +6,18 @@ own copy of every page of it. The template imports it once, in the two stages
 ``roles.supervisor.template`` lists; each role is then a ``fork()`` of it, and the imported code's
 pages stay shared between the roles (copy-on-write; ``gc.freeze()`` keeps the collector from
 touching them), which ``bench/scale.py`` measures as proportional set size per role. The
-supervisor starts the template before its own imports (``template.launch``), so on two cores the
-two import side by side; a role forked before the second stage imports what it lacks itself.
+template is the supervisor itself, forked once it has imported what both need
+(``template.COMMON``, ``template.launch(fork=True)``); then the template imports the rest of the
+first stage while the supervisor opens the org, side by side on two cores. A role forked before
+the second stage imports what it lacks itself, and the second stage waits until those roles are
+ready (``serve``). A template that dies is started again as an interpreter of its own.
 
 Protocol, over a socketpair, one JSON object per line:
 
-- supervisor → template: ``{"spawn": module, "argv": [...], "env": {...}, "out": path}``;
-- template → supervisor: ``{"pid": N}`` or ``{"error": "..."}`` in answer, and
+- supervisor → template: ``{"spawn": module, "argv": [...], "env": {...}, "out": path}``, one
+  line per role, many sent at once (``ForkServer.spawn_many``);
+- template → supervisor: ``{"pid": N, "warm": bool}`` or ``{"error": "..."}`` in answer, in the
+  order asked, ``{"warm": true}`` once the second stage is in, and
   ``{"exit": N, "code": C}`` whenever a forked role ends (``C`` as ``Popen.returncode``: the
   exit status, or minus the signal number).
 
@@ -37,12 +42,14 @@ from pathlib import Path
 
 import orjson
 
-from roles.supervisor.template import HEAVY, LIGHT, PRELOAD, launch, pdeathsig, subreaper
+from roles.base import readiness
+from roles.supervisor.template import HEAVY, LIGHT, PRELOAD, launch, pdeathsig, run_and_exit, subreaper
 from state_db.kernel.errors import OrgError
 
-__all__ = ["ForkServer", "ForkServerError", "ForkedRole", "HEAVY", "LIGHT", "PRELOAD", "serve"]
+__all__ = ["ForkServer", "ForkServerError", "ForkedRole", "HEAVY", "LIGHT", "PRELOAD", "build_validators", "serve"]
 
-IDLE_BEFORE_HEAVY_S = 0.2      # no spawn request for this long: the start-up burst is over
+IDLE_BEFORE_HEAVY_S = 0.2      # nothing asked or said for this long: the start-up burst is over
+READY_WAIT_MAX_S = 10.0        # the longest the heavy stage waits for the roles forked cold to be ready
 
 
 class ForkServerError(OrgError):
@@ -87,7 +94,7 @@ class ForkServer:
         self._buf = b""
         self._roles: dict[int, ForkedRole] = {}
         self._orphans: list[ForkedRole] = []
-        self._answers: list[dict] = []
+        self._answers: list = []           # a ForkedRole per fork, or the error said instead
         self.warm = False           # the template has imported the heavy stage
 
     # -- the template process ------------------------------------------------------------
@@ -123,24 +130,33 @@ class ForkServer:
 
     def spawn(self, module: str, argv: list[str], env: dict[str, str], out: Path) -> ForkedRole:
         """Fork a role running ``python -m module argv...`` with ``env``, output to ``out``."""
+        role = self.spawn_many([(module, argv, env, out)])[0]
+        if isinstance(role, ForkServerError):
+            raise role
+        return role
+
+    def spawn_many(self, requests: list[tuple[str, list[str], dict[str, str], Path]]) -> list:
+        """Fork one role per ``(module, argv, env, out)``, the requests sent together, so the
+        template forks them back to back instead of one per round trip (the org's start-up).
+
+        Returns, in order, a ``ForkedRole`` or the ``ForkServerError`` of a fork that failed.
+        Raises ForkServerError when the template is gone or does not answer."""
         if not self.alive():
             self._lost()
             self.start()
         try:
-            self.sock.sendall(orjson.dumps({"spawn": module, "argv": argv, "env": env, "out": str(out)}) + b"\n")
+            self.sock.sendall(b"".join(orjson.dumps({"spawn": module, "argv": argv, "env": env, "out": str(out)})
+                                       + b"\n" for module, argv, env, out in requests))
         except OSError as exc:
             raise ForkServerError(f"the fork server is gone: {exc}") from exc
         deadline = time.monotonic() + 30
-        while not self._answers:
+        while len(self._answers) < len(requests):
             if time.monotonic() > deadline or not self.alive():
                 raise ForkServerError("the fork server did not answer a spawn request")
             self.pump(0.05)
-        answer = self._answers.pop(0)
-        if "pid" not in answer:
-            raise ForkServerError(f"the fork server could not fork: {answer.get('error')}")
-        role = ForkedRole(self, answer["pid"], bool(answer.get("warm")))
-        self._roles[role.pid] = role
-        return role
+        answers, self._answers = self._answers[:len(requests)], self._answers[len(requests):]
+        return [a if isinstance(a, ForkedRole) else ForkServerError(f"the fork server could not fork: {a.get('error')}")
+                for a in answers]
 
     def pump(self, timeout: float) -> None:
         """Read what the template said (answers and exits), waiting up to ``timeout`` seconds."""
@@ -171,6 +187,12 @@ class ForkServer:
                         role.returncode = msg["code"]
                 elif "warm" in msg and "pid" not in msg:
                     self.warm = True
+                elif "pid" in msg:
+                    # known from its answer on: its exit may come in the same read, before the
+                    # spawn that asked for it has looked at its answers
+                    role = ForkedRole(self, msg["pid"], bool(msg.get("warm")))
+                    self._roles[role.pid] = role
+                    self._answers.append(role)
                 else:
                     self._answers.append(msg)
         elif not self.alive():
@@ -213,10 +235,12 @@ def _gone(pid: int) -> bool:
 
 # -- the template ---------------------------------------------------------------------------------
 
-def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict) -> None:
-    """In the forked child: become the role, then exit with its status (never returns)."""
-    code = 1
-    try:
+def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict, said: int | None = None,
+           others: list = ()) -> None:
+    """In the forked child: become the role, then exit with its status (never returns).
+    ``said``: the pipe it closes once ready (``readiness.tell_template``); ``others``: the
+    template's ends of the other roles' pipes, closed here."""
+    def become() -> int:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -224,9 +248,12 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict) -> None:
         sock.close()
         os.close(wake_r)
         os.close(wake_w)
+        for end in others:
+            if end is not None:
+                os.close(end)
         pdeathsig(signal.SIGTERM)
         if os.getppid() == 1:                       # the template died while forking
-            os._exit(1)
+            return 1
         null = os.open(os.devnull, os.O_RDONLY)
         out = os.open(req["out"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(null, 0)
@@ -236,43 +263,41 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict) -> None:
         os.close(out)
         os.environ.clear()
         os.environ.update(req["env"])
+        readiness.template_pipe = said
         # the template's objects stay frozen in the role: the collector never walks them (a full
         # collection over ~190,000 inherited objects takes 100-175 ms and writes to every page
         # they sit on, unsharing it); what the role itself makes is collected as usual
         import runpy
         sys.argv = [req["spawn"], *req["argv"]]
-        try:
-            runpy.run_module(req["spawn"], run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 - the role's own crash: printed, exit 1
-        import traceback
-        traceback.print_exc()
-        code = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        runpy.run_module(req["spawn"], run_name="__main__", alter_sys=True)
+        return 0
+
+    run_and_exit(become)
 
 
-def _load(names) -> None:
+def _load(names, *, collect: bool = True) -> None:
+    """Import ``names`` and freeze what is now alive (imported objects stay on shared pages).
+
+    ``collect``: a full collection first, so garbage is not frozen with them. The light stage
+    goes without: it finds nothing to free there (imports make next to no cyclic garbage), and
+    walking every object takes 15-20 ms of the start-up's longest step, before the first fork."""
     for name in names:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the role that needs it reports it
             pass
-    _validators()
-    gc.collect()
-    gc.freeze()                                     # imported objects stay on shared pages
+    build_validators()
+    if collect:
+        gc.collect()
+    gc.freeze()
 
 
-def _validators() -> None:
-    """Build org.toml's validators once, here. pydantic builds them when a configuration is first
-    validated (``defer_build``), ~50 ms of CPU, and every role validates its org.toml first thing:
-    built before the fork, no role builds its own copy. Once built, this costs nothing."""
+def build_validators() -> None:
+    """Build org.toml's validators once, before the forks (in the supervisor, before it forks the
+    template, and in a template started as its own interpreter). pydantic builds them when a
+    configuration is first validated (``defer_build``), ~25-50 ms of CPU, and the supervisor and
+    every role validate their org.toml first thing: built before the fork, none builds its own
+    copy. Once built, this costs nothing."""
     if "state_db.kernel.config" not in sys.modules:
         return
     try:
@@ -286,7 +311,7 @@ def serve(fd: int, preload: list[str]) -> int:
     sock = socket.socket(fileno=fd)
     light, heavy = (preload[:preload.index("--")], preload[preload.index("--") + 1:]) if "--" in preload \
         else (preload, [])
-    _load(light)
+    _load(light, collect=False)
     warm = not heavy
     # Every sandboxed command leaves an orphan: bubblewrap returns as soon as the sandbox's first
     # process reports the command's status, before that process has exited. Given to the
@@ -302,12 +327,38 @@ def serve(fd: int, preload: list[str]) -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     buf = b""
+    # The heavy stage (~2 s of CPU) waits until the roles forked before it are ready, not only
+    # for a pause in the requests: on a busy host a role takes longer than the pause to start,
+    # and the heavy stage would take the CPU it needs. Each role forked cold is given the write
+    # end of a pipe of its own and closes it once its ready row is written (``readiness.
+    # tell_template``); its exit closes it too. The template watches the read ends: all of them at
+    # their end, and the pause, and it imports the heavy stage (``READY_WAIT_MAX_S`` at the most:
+    # a module run here need not be a role that says so).
+    # (poll, not select: an org of many roles holds more descriptors than select's 1,024)
+    starting: dict[int, float] = {}                 # read end -> when its role was forked
+    poller = select.poll()
+    for fd_ in (sock.fileno(), wake_r):
+        poller.register(fd_, select.POLLIN)
     while True:
+        if warm:
+            timeout = None
+        elif starting:
+            timeout = max(0.0, min(starting.values()) + READY_WAIT_MAX_S - time.monotonic())
+        else:
+            timeout = IDLE_BEFORE_HEAVY_S
         try:
-            ready, _, _ = select.select([sock, wake_r], [], [], None if warm else IDLE_BEFORE_HEAVY_S)
+            ready = [fd_ for fd_, _ in poller.poll(None if timeout is None else timeout * 1000)]
         except InterruptedError:
             ready = []
-        if not ready and not warm:                  # idle after the start-up burst: the heavy stage
+        for r in [r for r in ready if r in starting]:
+            poller.unregister(r)
+            os.close(r)                             # its role is ready, or gone
+            del starting[r]
+        if not ready and not warm:                  # the start-up is over: the heavy stage
+            for r in starting:
+                poller.unregister(r)
+                os.close(r)
+            starting.clear()
             _load(heavy)
             warm = True
             sock.sendall(orjson.dumps({"warm": True}) + b"\n")
@@ -315,7 +366,7 @@ def serve(fd: int, preload: list[str]) -> int:
         if wake_r in ready:
             os.read(wake_r, 4096)
         _reap(sock, forked)
-        if sock in ready:
+        if sock.fileno() in ready:
             data = sock.recv(65536)
             if not data:                            # the supervisor closed it: stop
                 return 0
@@ -323,13 +374,21 @@ def serve(fd: int, preload: list[str]) -> int:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 req = orjson.loads(line)
+                said_r, said_w = os.pipe() if not warm else (None, None)     # both close on exec
                 try:
                     pid = os.fork()
                 except OSError as exc:
+                    for end in (said_r, said_w):
+                        if end is not None:
+                            os.close(end)
                     sock.sendall(orjson.dumps({"error": str(exc)}) + b"\n")
                     continue
                 if pid == 0:
-                    _child(sock, wake_r, wake_w, req)
+                    _child(sock, wake_r, wake_w, req, said_w, [*starting, said_r])
+                if said_w is not None:
+                    os.close(said_w)
+                    starting[said_r] = time.monotonic()
+                    poller.register(said_r, select.POLLIN)
                 forked.add(pid)
                 sock.sendall(orjson.dumps({"pid": pid, "warm": warm}) + b"\n")
 

@@ -1,26 +1,39 @@
 """``python -m roles.supervisor.main --home H``: the supervisor process itself."""
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m roles.supervisor.main")
-    parser.add_argument("--home", required=True, help="org home")
-    args = parser.parse_args(argv)
-    # The role template starts first, before this process imports anything but the standard
-    # library, and imports the roles' code while this process imports its own and opens the org
-    # (two cores: the two overlap). Closed again if org.toml says [supervisor] spawn = "exec", or
-    # if this supervisor does not get to run.
-    from roles.supervisor.template import open_files_limit
+    # The role template is this process, forked once it has imported what both need (and built
+    # org.toml's validators) and before it reads its arguments or opens anything; then the
+    # template imports the rest of the roles' code while this process imports its own few
+    # modules and opens the org (two cores: the two overlap). Closed again if org.toml says
+    # [supervisor] spawn = "exec", or if this supervisor does not get to run.
+    from roles.supervisor.template import COMMON, open_files_limit
     open_files_limit()                  # before the template starts: every role inherits it
     forks = launched = None
     if os.environ.get("ORG_SPAWN", "fork") != "exec":
+        import importlib
+        for name in COMMON:
+            importlib.import_module(name)
+        from roles.supervisor.forkserver import build_validators
         from roles.supervisor.template import launch
-        launched = launch(sys.executable)
+        build_validators()
+        launched = launch(sys.executable, fork=True)
+    import argparse
+    from pathlib import Path
+    parser = argparse.ArgumentParser(prog="python -m roles.supervisor.main")
+    parser.add_argument("--home", required=True, help="org home")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:
+        if launched is not None:        # --help or a bad argument: the template ends here too
+            launched[1].close()
+            launched[0].kill()
+            launched[0].wait()
+        raise
     from state_db.kernel.errors import OrgError
     if launched is not None:
         from roles.supervisor.forkserver import ForkServer

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import structlog
 
-from roles.base import beat
+from roles.base import beat, readiness
 from roles.base.instances import InstanceSpec, org_instances
 from roles.supervisor import procs
 from roles.supervisor.forkserver import ForkedRole, ForkServer, ForkServerError
@@ -201,46 +201,69 @@ class Supervisor:
 
     # -- children -------------------------------------------------------------------------
     def spawn(self, child: Child) -> None:
-        name = child.spec.instance
+        self.spawn_all([child])
+
+    def spawn_all(self, children: list[Child]) -> None:
+        """Start ``children``: one transaction marks them starting, the template forks them all
+        from requests sent together (``ForkServer.spawn_many``), one transaction records their
+        pids. At the org's start that is every role, not a round trip and two commits each."""
         now = time.time()
         with self.writer.transaction() as tx:
-            current = role_instance(tx.conn, name).status
-            if current in (RoleStatus.READY, RoleStatus.STOPPING):
-                tx.set_status("role_instances", name, RoleStatus.CRASHED, updated_at=now,
-                              last_exit="lost with an earlier supervisor")
-            if current != RoleStatus.STARTING:
-                tx.set_status("role_instances", name, RoleStatus.STARTING, updated_at=now)
-        out_path = self.home.logs_dir / f"{name}.out"
-        if out_path.exists() and out_path.stat().st_size > self.cfg.logs.max_bytes:
-            out_path.replace(out_path.with_name(out_path.name + ".1"))     # stdout/stderr of a role: rotated
-        out = open(out_path, "ab")
+            for child in children:
+                name = child.spec.instance
+                current = role_instance(tx.conn, name).status
+                if current in (RoleStatus.READY, RoleStatus.STOPPING):
+                    tx.set_status("role_instances", name, RoleStatus.CRASHED, updated_at=now,
+                                  last_exit="lost with an earlier supervisor")
+                if current != RoleStatus.STARTING:
+                    tx.set_status("role_instances", name, RoleStatus.STARTING, updated_at=now)
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORG_KEY")}
-        argv = ["--home", str(self.home.root), "--instance", name]
-        child.proc = None
+        asks = []
+        for child in children:
+            name = child.spec.instance
+            out_path = self.home.logs_dir / f"{name}.out"
+            if out_path.exists() and out_path.stat().st_size > self.cfg.logs.max_bytes:
+                out_path.replace(out_path.with_name(out_path.name + ".1"))     # stdout/stderr of a role: rotated
+            child.proc = None
+            asks.append((child, ["--home", str(self.home.root), "--instance", name], out_path))
         if self.spawner is not None:
-            child.proc = self.spawner(child.spec, argv, env, out_path)
+            for child, argv, out_path in asks:
+                child.proc = self.spawner(child.spec, argv, env, out_path)
         elif self.forks is not None:
             try:
-                child.proc = self.forks.spawn(child.spec.module, argv, {**env, "ORG_FORKED": "1"}, out_path)
-            except ForkServerError as exc:          # start it as its own interpreter instead
-                self.log.warning("fork_server_failed", error=str(exc), next="exec")
-                self.forks.close()
-                self.forks = None
-        if child.proc is None:
-            child.proc = subprocess.Popen(
-                [self.python, "-m", child.spec.module, *argv],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, close_fds=True,
-                preexec_fn=_die_with_parent)
-        out.close()
-        child.started = procs.start_time(child.proc.pid)
-        child.spawned_at = self.clock()
-        child.restart_at = None
-        child.stopping = False
+                forked = self.forks.spawn_many([(c.spec.module, argv, {**env, "ORG_FORKED": "1"}, out_path)
+                                                for c, argv, out_path in asks])
+            except ForkServerError as exc:
+                forked = [exc] * len(asks)
+            for (child, _, _), got in zip(asks, forked):
+                if isinstance(got, ForkServerError):  # start it as its own interpreter instead
+                    if self.forks is not None:
+                        self.log.warning("fork_server_failed", error=str(got), next="exec")
+                        self.forks.close()
+                        self.forks = None
+                else:
+                    child.proc = got
+        for child, argv, out_path in asks:
+            if child.proc is None:
+                with open(out_path, "ab") as out:
+                    child.proc = subprocess.Popen(
+                        [self.python, "-m", child.spec.module, *argv],
+                        stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, close_fds=True,
+                        preexec_fn=_die_with_parent)
+            child.started = procs.start_time(child.proc.pid)
+            child.spawned_at = self.clock()
+            child.restart_at = None
+            child.stopping = False
         with self.writer.transaction(render=False) as tx:
-            tx.update("role_instances", name, pid=child.proc.pid, pid_start=child.started,
-                      started_at=now, heartbeat_at=None, updated_at=now)
-        procs.write_pidfile(self.home.run_dir / f"{name}.pid", child.proc.pid)
-        self.log.info("role_spawned", instance=name, pid=child.proc.pid)
+            for child in children:
+                tx.update("role_instances", child.spec.instance, pid=child.proc.pid, pid_start=child.started,
+                          started_at=now, heartbeat_at=None, updated_at=now)
+        # a role quicker than this commit wrote its ready row before its pid and start: who waits
+        # for it looks again now (``roles.base.readiness``), not on a timeout
+        readiness.poke(self.home.run_dir)
+        for child in children:
+            procs.write_pidfile(self.home.run_dir / f"{child.spec.instance}.pid", child.proc.pid)
+            self.log.info("role_spawned", instance=child.spec.instance, pid=child.proc.pid)
 
     def _on_exit(self, child: Child, code: int) -> None:
         name = child.spec.instance
@@ -310,6 +333,7 @@ class Supervisor:
                 current = RoleStatus.CRASHED
             if _can(current, status):
                 tx.set_status("role_instances", name, status, last_exit=detail, updated_at=now, **extra)
+        readiness.poke(self.home.run_dir)          # 'org start' waits for a failed role too
 
     def _notify_failed(self, name: str) -> None:
         try:
@@ -372,13 +396,16 @@ class Supervisor:
         crashed one whose backoff has passed."""
         if self.forks is not None:
             self.forks.pump(0)               # every exit the template reported so far
+        due = []
         for child in self.children.values():
             if child.proc is not None and (code := self._exit_code(child.proc)) is not None:
                 child.proc = None
                 self._on_exit(child, code)
             if (child.proc is None and not child.failed and child.restart_at is not None
                     and self.clock() >= child.restart_at):
-                self.spawn(child)
+                due.append(child)
+        if due:
+            self.spawn_all(due)
 
     def request_stop(self, why: str) -> None:
         self._stop_requested = why
@@ -398,8 +425,7 @@ class Supervisor:
         self.open_session()
         self.register_peers()
         self.serve_histories()
-        for child in self.children.values():
-            self.spawn(child)
+        self.spawn_all(list(self.children.values()))
         if on_ready:
             on_ready()
         last_hb_check = next_git = self.clock()
@@ -449,7 +475,7 @@ class Supervisor:
             self.log.info("org_runs_again", next="start this host's roles")
             for child in self.children.values():
                 child.failed, child.crashes = False, deque()
-                self.spawn(child)
+            self.spawn_all(list(self.children.values()))
 
     def _stop_children(self, force: bool) -> None:
         """SIGTERM every live child, wait stop_timeout_s, then SIGKILL (at once with force)."""

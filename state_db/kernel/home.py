@@ -15,6 +15,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from state_db.kernel import tomlfile
 from state_db.kernel.errors import ConfigError, HomeNotFound, StateError, UnsupportedPlatform
 
 ENV_HOME = "ORG_HOME"
@@ -78,8 +79,7 @@ class OrgHome:
         if env is not None:
             return env.strip()
         try:
-            with open(self.root / "org.toml", "rb") as f:
-                table = tomllib.load(f).get("state")
+            table = tomlfile.loads((self.root / "org.toml").read_bytes().decode()).get("state")
         except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
             return ""
         url = table.get("url") if isinstance(table, dict) else None
