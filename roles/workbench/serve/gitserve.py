@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -89,6 +90,17 @@ def _accepts(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def _dies_with_parent() -> list[str]:
+    """The daemon ends with the process that started it (the supervisor), however that one
+    ends: ``setpriv --pdeathsig TERM`` arms the parent-death signal before ``git`` runs (its own
+    session keeps it out of the supervisor's signals otherwise), and ``git`` ends the
+    ``git-daemon`` it runs on TERM. A supervisor killed with -9 left its daemon listening on the
+    port, and the next org given that port could not start. Without ``setpriv`` (util-linux) the
+    daemon is stopped only by ``stop()``."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
 class GitServer:
@@ -146,8 +158,8 @@ class GitServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
             try:
-                self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=out,
-                                              stderr=out, env=self._env(), start_new_session=True)
+                self._proc = subprocess.Popen([*_dies_with_parent(), *self.command()], stdin=subprocess.DEVNULL,
+                                              stdout=out, stderr=out, env=self._env(), start_new_session=True)
             except FileNotFoundError:
                 raise GitServeError("git is not installed", code="git_missing",
                                     hint="install git on the coordinator host") from None
