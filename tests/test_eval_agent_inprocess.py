@@ -213,3 +213,49 @@ def test_a_machine_without_bubblewrap_is_named_in_the_error_verdict_not_a_generi
     assert [c.get("code") for c in checks] == ["sandbox_unavailable"], checks
     assert "bubblewrap" in checks[0]["output_tail"]
     assert set(MACHINE_CODES) == set(UNRUNNABLE_CODES) - {"verify_unrunnable", "verifier_error"}
+
+
+def test_a_preflight_that_ran_while_its_item_was_queued_wakes_the_loop_agent_dispatched_meanwhile(org_home, ws):
+    """A preflight starts as soon as its item is queued; the coordinator dispatches the item while
+    it runs. The wake goes to the loop-agent the item is assigned to when the preflight is
+    written, not to nobody (the assignment read when it fell due): that loop-agent waits for it."""
+    from roles.eval_agent.verifier import Verifier
+    from roles.workbench.sandbox import runner_from_config
+    from state_db.vocab import WorkStatus
+
+    human = StateWriter(org_home.db_path, Actor.HUMAN)
+    with human.transaction() as tx:
+        tx.insert("work_items", {"id": "w1", "goal": "make add() add", "workspace": str(ws),
+                                 "verify": ["python3 -c 'import calc'"], "caps": {"max_iterations": 6},
+                                 "backend": "anthropic", "status": WorkStatus.QUEUED, "created_by": "human",
+                                 "created_at": 1.0, "updated_at": 1.0})
+    human.close()
+
+    class DispatchedMeanwhile(Verifier):
+        def preflight(self, work_id):
+            co = StateWriter(org_home.db_path, Actor.COORDINATOR)
+            with co.transaction() as tx:
+                tx.set_status("work_items", work_id, WorkStatus.DISPATCHED, assigned_to="loop-agent-7")
+            co.close()
+            return super().preflight(work_id)
+
+    def make(writer):
+        return DispatchedMeanwhile(org_home, writer, timeout_s=30.0,
+                                   runner_factory=lambda snap, w: runner_from_config(proc.cfg, org_home, snap,
+                                                                                      present_at=w))
+
+    sup = StateWriter(org_home.db_path, Actor.SUPERVISOR)
+    with sup.transaction() as tx:
+        tx.insert("role_instances", {"instance": "eval-agent", "role": "eval-agent", "status": "starting",
+                                     "updated_at": tx.now})
+    sup.close()
+    stub = StubTransport("eval-agent")
+    proc = EvalAgentProcess(org_home, "eval-agent", transport=stub, make_verifier=make)
+    proc.start()
+    try:
+        proc.reconcile()
+        got = stub.wait_for(Kind.VERDICT_READY, recipient="loop-agent-7", timeout_s=30)
+        assert got[0].payload == {"work_id": "w1", "iteration": 0, "verdict": "preflight"}
+    finally:
+        proc.request_stop("test over")
+        proc.close()

@@ -204,6 +204,9 @@ class EvalAgentProcess(RoleProcess):
         sender = self.transport.thread_sender()
         agents = OrgEvalAgents(self.cfg, writer.conn)
         verifier = self.make_verifier(writer)
+        if self.cfg.sandbox.mode != "unsandboxed":
+            from roles.workbench.sandbox.mode import warm
+            warm()      # before the first preflight waits on it (the workers share what it makes)
         failures = self.failures
         me = threading.current_thread().name
         try:
@@ -236,7 +239,7 @@ class EvalAgentProcess(RoleProcess):
                         kept = self._let_go(row)
                         self._show_busy(writer)
                     if result is not None and kept:
-                        self._announce(sender, row, result)
+                        self._announce(sender, row, result, writer.conn)
                     self.more.set()                 # what is due has changed: read it again
                     break
         finally:
@@ -280,16 +283,27 @@ class EvalAgentProcess(RoleProcess):
             failures.pop(key, None)
         return result
 
-    def _announce(self, sender, row: Due, result) -> None:
-        """Log the verdict (or preflight) and wake whoever waits for it."""
+    def _announce(self, sender, row: Due, result, conn=None) -> None:
+        """Log the verdict (or preflight) and wake whoever waits for it: the loop-agent the run is
+        assigned to *now* (``conn``: read again), not when it fell due — a preflight starts as
+        soon as its item is queued, and the loop-agent dispatched meanwhile waits for this wake
+        (without it, for its next look at the store, up to half a second later)."""
         if row.n == 0:
             self.log.info("preflight", work_id=row.work_id, outcome=result.outcome, detail=result.detail[:300],
                           ended=result.ended)
         else:
             self.log.info("verdict", work_id=row.work_id, iteration=row.n, outcome=result.outcome,
                           goal_met=result.goal_met, held_back=len(result.held_back), ended=result.ended)
-        if row.assigned_to:
-            sender.send(row.assigned_to, Kind.VERDICT_READY,
+        to = row.assigned_to
+        if conn is not None:
+            try:
+                from state_db.queries import work as work_q
+                item = work_q.item(conn, row.work_id)
+                to = (item.assigned_to if item is not None else None) or to
+            except Exception:  # noqa: BLE001 - a wake only: the loop-agent also looks at the store
+                pass
+        if to:
+            sender.send(to, Kind.VERDICT_READY,
                         {"work_id": row.work_id, "iteration": row.n, "verdict": getattr(result, "id", "preflight")})
         if result.ended:
             sender.send("coordinator", Kind.WAKE, {"work_id": row.work_id, "ended": str(result.ended)})

@@ -292,6 +292,14 @@ def _load(names, *, collect: bool = True) -> None:
     gc.freeze()
 
 
+def _warm_sandbox() -> None:
+    """What every sandboxed command needs and a process keeps once made (``sandbox.mode.warm``),
+    made here once for every role forked warm, not once in each on its first command."""
+    mode = sys.modules.get("roles.workbench.sandbox.mode")
+    if mode is not None:
+        mode.warm()
+
+
 def build_validators() -> None:
     """Build org.toml's validators once, before the forks (in the supervisor, before it forks the
     template, and in a template started as its own interpreter). pydantic builds them when a
@@ -360,6 +368,7 @@ def serve(fd: int, preload: list[str]) -> int:
                 os.close(r)
             starting.clear()
             _load(heavy)
+            _warm_sandbox()
             warm = True
             sock.sendall(orjson.dumps({"warm": True}) + b"\n")
             continue

@@ -46,6 +46,9 @@ HEAVY = (
     "roles.eval_agent.process",
     "roles.eval_agent.verifier",
     "roles.eval_agent.review",
+    # its warm-up (``forkserver._warm_sandbox``) runs after the heavy stage: what each sandboxed
+    # command needs, made once for every role forked warm
+    "roles.workbench.sandbox.mode",
     "croniter",
     "roles.coordinator.process",
     "roles.coordinator.triggers",

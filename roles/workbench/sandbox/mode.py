@@ -35,6 +35,27 @@ def unsandboxed_allowed(cfg) -> bool:
     return cfg.sandbox.mode == "unsandboxed" and bool(cfg.sandbox.allow_unsandboxed)
 
 
+def warm() -> None:
+    """Make, ahead of the first sandboxed command, what every command needs and each process keeps
+    once made: bubblewrap's probe, the system-call filter, the root-private files under the shown
+    system folders (``root_private_paths``: thousands of stat calls) and this process's
+    toolchain's listing. Met cold, they cost the first command ~150 ms of CPU, paid by whoever
+    waits for it: an eval-agent's first preflight held every run it was to start. The role
+    template runs this after its heavy stage, so every role forked from it shares what it made;
+    an eval-agent forked before runs it once ready, ahead of its first verification. Never
+    raises: what fails here fails again, coded, at the command."""
+    from roles.workbench.sandbox.seccomp import program
+    from roles.workbench.sandbox.view import build
+    try:
+        found = bubblewrap()
+        if found is not None:
+            probe(found)
+        program()
+        build(None, own_home=None)
+    except Exception:  # noqa: BLE001 - the command that needs it reports the failure itself
+        pass
+
+
 def default_hidden(org_home: Path) -> list[Path]:
     """Paths no agent command may see even when a caller shows a folder around them: the org
     home, the real home, /run, and what only the host's root user or group may read
@@ -43,7 +64,6 @@ def default_hidden(org_home: Path) -> list[Path]:
     return [p for p in hidden if str(p) not in ("/", "")]
 
 
-@functools.lru_cache(maxsize=4)
 def root_private_paths(roots: tuple[str, ...] = _PRIVATE_ROOTS, max_depth: int = 4) -> tuple[Path, ...]:
     """Files and folders under ``roots`` that only the host's root user or group may read.
 
@@ -52,18 +72,31 @@ def root_private_paths(roots: tuple[str, ...] = _PRIVATE_ROOTS, max_depth: int =
     root-group file's group bits) let it through — /etc/shadow, /etc/ssl/private, host keys.
     Those are hidden, found by their mode bits rather than listed by name, down to
     ``max_depth`` levels below each root, on the root's own file system. A hidden folder is
-    not walked; symbolic links are not followed. Computed once per process (a file made
-    private later is hidden from the next process on).
-    """
+    not walked; symbolic links are not followed. Each root is walked once per process (a file
+    made private later is hidden from the next process on: ``warm`` walks the shown ones in the
+    role template, so the roles forked from it share that walk)."""
+    return tuple(sorted(p for root in roots for p in _root_private_under(root, max_depth)))
+
+
+def shown_private_roots(folders: Sequence[str]) -> tuple[str, ...]:
+    """The roots of ``root_private_paths`` that a file inside one of ``folders`` can lie in: those
+    inside a folder, or holding one. The others need no walk (what they hold is not shown), and
+    /var alone is a third of the walk's stat calls on a Debian host."""
+    def within(path: str, top: str) -> bool:
+        return path == top or path.startswith(top.rstrip("/") + "/")
+    return tuple(r for r in _PRIVATE_ROOTS if any(within(r, f) or within(f, r) for f in folders))
+
+
+@functools.lru_cache(maxsize=32)
+def _root_private_under(root: str, max_depth: int) -> tuple[Path, ...]:
     found: list[Path] = []
-    stack: list[tuple[str, int, int]] = []
-    for root in roots:
-        try:
-            st = os.stat(root, follow_symlinks=False)
-        except OSError:
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            stack.append((root, 1, st.st_dev))
+    try:
+        st = os.stat(root, follow_symlinks=False)
+    except OSError:
+        return ()
+    if not stat.S_ISDIR(st.st_mode):
+        return ()
+    stack: list[tuple[str, int, int]] = [(root, 1, st.st_dev)]
     while stack:
         top, depth, dev = stack.pop()
         try:
@@ -84,7 +117,7 @@ def root_private_paths(roots: tuple[str, ...] = _PRIVATE_ROOTS, max_depth: int =
                     stack.append((entry.path, depth + 1, dev))
             elif stat.S_ISREG(st.st_mode) and not st.st_mode & stat.S_IROTH:
                 found.append(Path(entry.path))
-    return tuple(sorted(found))
+    return tuple(found)
 
 
 _OTHERS_ENTER = stat.S_IROTH | stat.S_IXOTH

@@ -383,10 +383,11 @@ def _denied(homes: Iterable[str], shown: Sequence[str],
 
 
 def root_private_in(folders: Sequence[str]) -> list[Path]:
-    """Files only root may read (``root_private_paths``) inside the shown folders."""
-    from roles.workbench.sandbox.mode import root_private_paths
+    """Files only root may read (``root_private_paths``) inside the shown folders: only the roots
+    a shown folder reaches are walked (``shown_private_roots``)."""
+    from roles.workbench.sandbox.mode import root_private_paths, shown_private_roots
     tops = _Tops(folders)
-    return [p for p in root_private_paths() if tops.cover(str(p))]
+    return [p for p in root_private_paths(shown_private_roots(folders)) if tops.cover(str(p))]
 
 
 def exposed(cfg, org_home, toolchain: Toolchain | None = None) -> list[tuple[str, str]]:
