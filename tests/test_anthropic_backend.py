@@ -361,3 +361,26 @@ def test_file_rate_gate_is_shared_across_processes(tmp_path):
     assert gate.not_before() == 5000.5
     gate.path.write_text("garbage")
     assert gate.not_before() == 0.0, "a corrupt gate file opens the gate rather than stopping the org"
+
+
+def test_the_runs_of_a_process_share_one_sdk_client_per_endpoint_and_a_fork_starts_without(fake, workspace):
+    """A loop-agent builds a backend for each run; the SDK client (and its connection pool) is the
+    process's, by key, endpoint and timeout, so the next run's first call does not build one and
+    connect again. A process forked from it (the role template's children) holds none of them:
+    their connections are the parent's."""
+    import os
+    from roles.loop_agent.backends import anthropic_backend as ab
+
+    first, _ = make_backend(fake)
+    second, _ = make_backend(fake)
+    fake.enqueue(text_turn("one"), text_turn("two"))
+    assert run_act(first, workspace)[0].status == "ok"
+    assert run_act(second, workspace)[0].status == "ok"
+    assert first._client is second._client and len(fake.requests) == 2
+    other = AnthropicBackend(AnthropicConfig(model=MODEL, max_tokens=256, base_url=fake.base_url, timeout_s=7.0),
+                             PRICES, environ={"ANTHROPIC_API_KEY": FAKE_KEY})
+    assert other._client_or_new() is not first._client       # another timeout: a client of its own
+    pid = os.fork()
+    if pid == 0:                                                # the child: nothing inherited
+        os._exit(0 if not ab._CLIENTS else 1)
+    assert os.waitpid(pid, 0)[1] == 0

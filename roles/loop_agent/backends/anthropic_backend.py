@@ -46,6 +46,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace as _replace
 from typing import Any, Callable, Iterator, Mapping
@@ -241,12 +242,8 @@ class AnthropicBackend:
 
     def _client_or_new(self) -> Any:
         if self._client is None:
-            import anthropic  # lazy: the SDK import costs ~2 s
-
-            self._client = anthropic.Anthropic(
-                api_key=self._environ.get("ANTHROPIC_API_KEY") or _NO_KEY, base_url=self.base_url,
-                max_retries=0, timeout=self.config.timeout_s,
-                http_client=_http_client(self.base_url, self.config.timeout_s))
+            self._client = _shared_client(self._environ.get("ANTHROPIC_API_KEY") or _NO_KEY, self.base_url,
+                                          self.config.timeout_s)
         return self._client
 
     def _create(self, client: Any, system_prefix: str, messages: list, tools: list, bounds: RequestBounds, *,
@@ -451,6 +448,42 @@ def _tls_context() -> Any:
             import httpx2
             ctx = _TLS[key] = httpx2.create_ssl_context()
         return ctx
+
+
+# The SDK clients of this process, by (key, endpoint, timeout), most recently used last: a
+# loop-agent's runs follow one another on the same endpoint, and a client built for each run cost
+# its first model call ~8 ms of CPU (the SDK's client, the HTTP client and its pool, a new
+# connection). The client is safe to share between threads (the SDK's own advice); a forked
+# process starts without them (their connections are the parent's).
+_CLIENTS: "OrderedDict[tuple, Any]" = OrderedDict()
+_CLIENTS_LOCK = threading.Lock()
+_CLIENTS_MAX = 4
+
+
+def _shared_client(api_key: str, base_url: str, timeout_s: float) -> Any:
+    key = (api_key, base_url, timeout_s)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is not None:
+            _CLIENTS.move_to_end(key)
+            return client
+    import anthropic  # lazy: the SDK import costs ~2 s
+
+    client = anthropic.Anthropic(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout_s,
+                                 http_client=_http_client(base_url, timeout_s))
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.setdefault(key, client)
+        _CLIENTS.move_to_end(key)
+        while len(_CLIENTS) > _CLIENTS_MAX:           # e.g. a scripted model's server per run
+            _, old = _CLIENTS.popitem(last=False)
+            try:
+                old.close()
+            except Exception:  # noqa: BLE001 - closing a pool that is gone already
+                pass
+    return client
+
+
+os.register_at_fork(after_in_child=_CLIENTS.clear)
 
 
 def _http_client(base_url: str, timeout_s: float) -> Any:
