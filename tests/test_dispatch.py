@@ -342,6 +342,24 @@ def test_a_wake_reconciles_at_once_and_only_authorised_messages_reach_the_coordi
     assert proc.stopping
 
 
+def test_the_messages_of_one_turn_are_one_reconcile(coordinator, clock, cw):
+    """Many runs ending together (a wake each) make one dispatch pass, in the turn they arrive in."""
+    proc, stub = coordinator
+    for a in ("loop-agent-1", "loop-agent-2"):
+        role_row(cw, a, "loop-agent")
+    tick(proc, clock)                            # the next tick is 0.5 s away
+    passes = []
+    real = proc.reconcile
+    proc.reconcile = lambda: passes.append(1) or real()
+    submit(cw, "w1", "/ws/1")
+    submit(cw, "w2", "/ws/2")
+    for i in range(5):
+        stub.deliver(Kind.WAKE, {"work_id": f"w{i}"}, sender="human")
+    proc.step(max_wait_ms=0)
+    assert len(passes) == 1
+    assert sorted(w for w, _ in dispatched(stub)) == ["w1", "w2"]
+
+
 def test_the_stub_refuses_a_kind_the_role_may_not_send(coordinator):
     _, stub = coordinator
     with pytest.raises(Rejected, match="not_authorized|may not send"):

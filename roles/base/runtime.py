@@ -183,6 +183,18 @@ class RoleProcess:
         else:
             # bounded so a stop signal (which cannot interrupt the poll) is seen quickly
             self.transport.poll(min(int(wait * 1000) + 1, max_wait_ms))
+        if self._asked and not self.stopping:
+            # the messages of this turn asked for a reconcile: one, now, for all of them
+            self._asked = False
+            self.reconcile()
+            self._next_tick = self.monotonic() + self.tick_s
+
+    _asked = False
+
+    def ask_reconcile(self) -> None:
+        """From a message handler (the main thread): reconcile once the batch of messages being
+        handled is done, in this turn of the loop — however many of them asked."""
+        self._asked = True
 
     def _give_back_when_idle(self, now: float) -> None:
         """Once per idle spell, past ``[org] idle_release_s``: what the last run allocated and freed

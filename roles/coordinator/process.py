@@ -81,7 +81,10 @@ class CoordinatorProcess(RoleProcess):
             self.log.warning("snapshot_render_failed", error=str(exc), next="retry on the next tick")
 
     def handle(self, env) -> None:
-        self.reconcile()
+        """Every message asks for a reconcile (its content is in state.db): one, right after the
+        batch it arrived in (``ask_reconcile``), not one per message — a hundred loop-agents' runs
+        ending together are one dispatch pass, not a hundred."""
+        self.ask_reconcile()
 
     def warm_up(self) -> None:
         """Connect to every loop-agent now, so the first dispatch does not wait for a handshake:
