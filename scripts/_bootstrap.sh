@@ -142,3 +142,11 @@ ensure_sshd() {
   [ -x /usr/sbin/sshd ] && return 0
   system_install openssh-server "the ssh history tests"
 }
+
+# The sandbox's stages as one small compiled program (roles/workbench/sandbox/stage.c; the shell
+# stages serve without it): a C compiler and the C library's headers, then the program, built once.
+ensure_sandbox_stage() {
+  command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || system_install gcc "the sandbox's compiled stages"
+  [ -f /usr/include/stdio.h ] || system_install libc6-dev "the sandbox's compiled stages"
+  (cd "$root" && "$venv/bin/python" -c "from roles.workbench.sandbox import stage; stage.ensure()") >/dev/null 2>&1 || true
+}

@@ -33,6 +33,18 @@ needs_bwrap = pytest.mark.skipif(bubblewrap() is None,
                                  reason="bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap")
 
 
+@pytest.fixture(autouse=True, params=["program", "shell"])
+def stages(request, monkeypatch):
+    """Every test here runs with both forms of the processes around bubblewrap: the compiled
+    ``sandbox-stage`` (where a C compiler built it) and the shell stages (``stage.py``)."""
+    from roles.workbench.sandbox import stage
+    if request.param == "shell":
+        monkeypatch.setenv(stage.FORCE_SHELL, "shell")
+    elif bubblewrap() is not None and stage.ensure() is None:
+        pytest.skip("no C compiler here: the shell stages serve (tested with the 'shell' parameter)")
+    return request.param
+
+
 @pytest.fixture
 def org(tmp_path):
     """A fake org home holding a state.db with a fake key, and a workspace inside it (like the demo's)."""
@@ -471,3 +483,43 @@ def test_after_the_warm_up_a_command_walks_no_root_and_builds_no_filter(tmp_path
     assert got.exit_code == 0 and got.output.strip() == "hello", got.output
     assert sandbox_mode._root_private_under.cache_info().misses == walks
     assert program.cache_info().misses == filters
+
+
+@needs_bwrap
+def test_the_inner_stage_refuses_to_run_outside_a_sandbox(stages, tmp_path):
+    """``sandbox-stage inner`` kills every process it may signal (kill(-1)) when its caller dies or
+    its backstop passes: only ever the sandbox's, where its parent is the pid namespace's first
+    process. Run anywhere else it refuses, before anything."""
+    from roles.workbench.sandbox import stage
+    if stages != "program":
+        pytest.skip("the program's own guard")
+    r, w = os.pipe()
+    try:
+        got = subprocess.run([stage.binary(), "inner", str(r), "1", "--", "true"], pass_fds=(r,),
+                             capture_output=True, text=True, timeout=10)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert got.returncode == 126 and "only as the command of a sandbox" in got.stderr
+
+
+@needs_bwrap
+def test_the_backstop_ends_the_whole_sandbox_while_its_caller_lives(stages, tmp_path):
+    """The inner stage's second clock: past it every process of the sandbox is killed, a
+    background one too, though the caller still holds the pipe open (``_backstop``'s job)."""
+    from roles.workbench.sandbox import stage
+    if stages != "program":
+        pytest.skip("the program's own clock (the shell stages use timeout(1))")
+    r, w = os.pipe()
+    token = f"tok-{uuid.uuid4().hex}"
+    try:
+        t0 = time.monotonic()
+        got = subprocess.run([bubblewrap(), "--unshare-pid", "--unshare-user", "--die-with-parent", "--ro-bind", "/",
+                              "/", "--proc", "/proc", "--dev", "/dev", stage.binary(), "inner", str(r), "1", "--",
+                              PY, "-c", "import os, time; os.fork(); time.sleep(30)", token],
+                             pass_fds=(r,), capture_output=True, text=True, timeout=20)
+        assert got.returncode == 137 and time.monotonic() - t0 < 10, got
+    finally:
+        os.close(r)
+        os.close(w)
+    assert not procs_with(token)

@@ -9,7 +9,9 @@ the caller names — bound writable at its own path (or where ``present_at`` say
 environment; a system-call filter (``seccomp``); rlimits, a process limit and a disk quota
 (``limits``); killed with its parent (``--die-with-parent``) and, on timeout, as a whole
 (killing bubblewrap tears down the pid namespace). bubblewrap reads its options from a
-descriptor (``--args``), so pid 1's command line inside names no host path.
+descriptor (``--args``), so pid 1's command line inside names no host path. The processes around
+it (the caller's death watched outside and inside, the pids cgroup joined, the rlimits, the
+backstop) are one compiled program each side where it is built (``stage.py``), else shell stages.
 
 Running as root, uid 65534 inside still maps to host uid 0: files owned by root look owned by the
 sandbox, so what keeps them safe is that they are absent, hidden or read-only, not their mode
@@ -30,8 +32,9 @@ import structlog
 from roles.workbench.sandbox.capture import Captured, run_bounded
 from roles.workbench.sandbox.environment import SANDBOX_HOME, clean_env
 from roles.workbench.sandbox.errors import SandboxConfigError, SandboxFailed, SandboxUnavailable
-from roles.workbench.sandbox.limits import (Limits, PidsCgroup, inner_prefix, outer_prefix, over_quota, preexec_rlimits, which,
-                                  process_limit_kind)
+from roles.workbench.sandbox import stage
+from roles.workbench.sandbox.limits import (STAGED_OWN_PROCS, Limits, PidsCgroup, inner_prefix, outer_prefix, over_quota, preexec_rlimits,
+                                            process_limit_kind, rlimits, which)
 from roles.workbench.sandbox.seccomp import memfd, program
 from roles.workbench.sandbox.toolchains import SYSTEM, Exposure, Toolchain
 from roles.workbench.sandbox.view import View, build
@@ -271,7 +274,8 @@ class BwrapRunner:
         hide = [*self.hide, *([self.own_home] if self.own_home else [])]
         mounts = mount_args(view, Path(workspace), inside=inside, writable=[*self.writable, *writable],
                             hide=hide, tmp_mb=limits.disk_mb, binds=binds)
-        cgroup = PidsCgroup.create(limits)
+        staged = stage.binary()
+        cgroup = PidsCgroup.create(limits, **({"own": STAGED_OWN_PROCS} if staged is not None else {}))
         status_r, status_w = os.pipe()
         alive_r, alive_w = os.pipe()  # only this process holds alive_w: EOF inside means we died
         seccomp_fd = memfd(filter_bpf, "seccomp")
@@ -280,8 +284,12 @@ class BwrapRunner:
         # read from a descriptor, not argv: bubblewrap's argv is pid 1's cmdline inside
         args_fd = memfd(b"".join(a.encode() + b"\0" for a in options), "bwrap-args")
         try:
-            full = [*_outer_stage(alive_r, cgroup), *outer_prefix(limits), bwrap, "--args", str(args_fd),
-                    "--", *_watch_parent(alive_r), *inner_prefix(limits), *_backstop(timeout_s), *argv]
+            if staged is not None:      # the same stages, one small program each side (stage.py)
+                full = [*_staged_outer(staged, alive_r, cgroup, limits), bwrap, "--args", str(args_fd), "--",
+                        *_staged_inner(staged, alive_r, timeout_s), *inner_prefix(limits), *argv]
+            else:
+                full = [*_outer_stage(alive_r, cgroup), *outer_prefix(limits), bwrap, "--args", str(args_fd),
+                        "--", *_watch_parent(alive_r), *inner_prefix(limits), *_backstop(timeout_s), *argv]
             # Python reads the compiled files it finds (a virtual environment's, read-only here) and
             # writes none: nothing lands in the workspace, and nothing is recompiled each run (a
             # PYTHONPYCACHEPREFIX would make it ignore them: ~3 s more per pytest run)
@@ -289,7 +297,8 @@ class BwrapRunner:
             got = run_bounded(full, cwd="/", env=clean_env({**inner_env, **self.env, **(env or {})}),
                               timeout_s=timeout_s, max_output=max_output or limits.max_output, stdin=stdin,
                               separate_stderr=separate_stderr, pass_fds=(status_w, alive_r, seccomp_fd, args_fd),
-                              preexec=preexec_rlimits(limits), should_stop=should_stop, poll_s=poll_s,
+                              preexec=None if staged is not None else preexec_rlimits(limits),
+                              should_stop=should_stop, poll_s=poll_s,
                               on_timeout=cgroup.kill_all if cgroup else None)
             os.close(status_w)
             status_w = -1
@@ -345,6 +354,22 @@ def _outer_stage(alive_fd: int, cgroup: PidsCgroup | None) -> list[str]:
     script = (f"{{ read _ </proc/self/fd/{alive_fd}; {kill}kill -KILL -$$; }} </dev/null >/dev/null 2>&1 & "
               f"w=$!; {join}\"$@\"; s=$?; kill $w 2>/dev/null; wait $w 2>/dev/null; exit $s")
     return [*([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []), "/bin/sh", "-c", script, "sh"]
+
+
+def _staged_outer(program: str, alive_fd: int, cgroup: PidsCgroup | None, limits: Limits) -> list[str]:
+    """``_outer_stage`` and the rlimits (``outer_prefix``) as ``sandbox-stage outer``: armed with
+    the parent-death signal first, the child joins the cgroup and takes the limits before it execs
+    bubblewrap, the parent watches ``alive_fd`` outside the cgroup and ends with the child."""
+    spec = ",".join(f"{name}={soft}:{hard}" for name, soft, hard in rlimits(limits)) or "-"
+    return [program, "outer", str(alive_fd), str(cgroup.procs) if cgroup else "-",
+            str(cgroup.kill_file) if cgroup else "-", spec, "--"]
+
+
+def _staged_inner(program: str, alive_fd: int, timeout_s: float) -> list[str]:
+    """``_watch_parent`` and ``_backstop`` as ``sandbox-stage inner``: the command in a child
+    (without ``alive_fd``), every process of the sandbox killed once ``alive_fd`` reads EOF or the
+    backstop passes."""
+    return [program, "inner", str(alive_fd), str(math.ceil(timeout_s) + _BACKSTOP_GRACE_S), "--"]
 
 
 def _watch_parent(fd: int) -> list[str]:

@@ -41,6 +41,7 @@ log = structlog.get_logger("sandbox.limits")
 
 CGROUP_DIR = "loop-org-sandbox"
 _BWRAP_OWN_PROCS = 5  # the run's shell, bubblewrap's monitor, the namespace's init, the watcher inside, the timer
+STAGED_OWN_PROCS = 3  # with sandbox-stage (stage.py): bubblewrap's monitor, the namespace's init, the inner stage
 
 
 @dataclass(frozen=True)
@@ -90,18 +91,23 @@ def outer_prefix(limits: Limits) -> list[str]:
     return [binary, *opts, "--"]
 
 
-def _outer_opts(limits: Limits) -> list[str]:
-    opts = ["--core=0:0"]
+def rlimits(limits: Limits) -> list[tuple[str, int, int]]:
+    """The rlimits of a run, as (name, soft, hard): prlimit's option names, ``stage.c``'s too."""
+    out = [("core", 0, 0)]
     if limits.cpu_s is not None:
         # soft limit: SIGXCPU (catchable); one second later the hard limit's SIGKILL
-        opts.append(f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}")
+        out.append(("cpu", limits.cpu_s, limits.cpu_s + 1))
     if limits.memory_mb is not None:
         size = limits.memory_mb * 1024 * 1024
-        opts.append(f"--as={size}:{size}")
+        out.append(("as", size, size))
     if limits.file_size_mb is not None:
         size = limits.file_size_mb * 2**20
-        opts.append(f"--fsize={size}:{size}")
-    return opts
+        out.append(("fsize", size, size))
+    return out
+
+
+def _outer_opts(limits: Limits) -> list[str]:
+    return [f"--{name}={soft}:{hard}" for name, soft, hard in rlimits(limits)]
 
 
 def preexec_rlimits(limits: Limits):
@@ -109,17 +115,13 @@ def preexec_rlimits(limits: Limits):
     if prlimit_binary() is not None:
         return None
     import resource
+    which_limit = {"core": resource.RLIMIT_CORE, "cpu": resource.RLIMIT_CPU, "as": resource.RLIMIT_AS,
+                   "fsize": resource.RLIMIT_FSIZE}
+    chosen = [(which_limit[name], soft, hard) for name, soft, hard in rlimits(limits)]
 
     def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if limits.cpu_s is not None:
-            resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-        if limits.memory_mb is not None:
-            size = limits.memory_mb * 1024 * 1024
-            resource.setrlimit(resource.RLIMIT_AS, (size, size))
-        if limits.file_size_mb is not None:
-            size = limits.file_size_mb * 2**20
-            resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+        for res, soft, hard in chosen:
+            resource.setrlimit(res, (soft, hard))
     return apply
 
 
@@ -177,8 +179,9 @@ class PidsCgroup:
         self.path = path
 
     @classmethod
-    def create(cls, limits: Limits) -> PidsCgroup | None:
-        """A fresh group limited to ``limits.max_procs`` (+ bubblewrap's own two), or None when
+    def create(cls, limits: Limits, own: int = _BWRAP_OWN_PROCS) -> PidsCgroup | None:
+        """A fresh group limited to ``limits.max_procs`` (+ ``own``: the sandbox's own processes in
+        it besides the command), or None when
         no writable pids hierarchy exists or no limit is asked for."""
         base = _pids_base()
         if base is None or limits.max_procs is None:
@@ -187,7 +190,7 @@ class PidsCgroup:
         path = base / f"run-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         try:
             path.mkdir()
-            (path / "pids.max").write_text(str(limits.max_procs + _BWRAP_OWN_PROCS))
+            (path / "pids.max").write_text(str(limits.max_procs + own))
         except OSError as exc:
             log.warning("pids cgroup not created; the process limit is not enforced for this command",
                         path=str(path), error=str(exc))

@@ -37,19 +37,22 @@ def unsandboxed_allowed(cfg) -> bool:
 
 def warm() -> None:
     """Make, ahead of the first sandboxed command, what every command needs and each process keeps
-    once made: bubblewrap's probe, the system-call filter, the root-private files under the shown
+    once made: bubblewrap's probe, the stages' program (``stage.ensure``: built once, where a C
+    compiler is), the system-call filter, the root-private files under the shown
     system folders (``root_private_paths``: thousands of stat calls) and this process's
     toolchain's listing. Met cold, they cost the first command ~150 ms of CPU, paid by whoever
     waits for it: an eval-agent's first preflight held every run it was to start. The role
     template runs this after its heavy stage, so every role forked from it shares what it made;
     an eval-agent forked before runs it once ready, ahead of its first verification. Never
     raises: what fails here fails again, coded, at the command."""
+    from roles.workbench.sandbox import stage
     from roles.workbench.sandbox.seccomp import program
     from roles.workbench.sandbox.view import build
     try:
         found = bubblewrap()
         if found is not None:
             probe(found)
+            stage.ensure()
         program()
         build(None, own_home=None)
     except Exception:  # noqa: BLE001 - the command that needs it reports the failure itself
