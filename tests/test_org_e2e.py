@@ -227,3 +227,37 @@ def test_reject_with_stop_ends_the_run_human_rejected(org, tmp_path):
     assert ended(org, wid)["stop_reason"] == "human_rejected"
     again = cli(org, "decide", pending[0]["id"], "approve", check=False)
     assert again.returncode == 1 and "illegal_transition" in again.stderr
+
+
+def _store_fds(pid: int, home) -> int:
+    """How many of ``pid``'s descriptors are open on the org's store (state.db and its WAL)."""
+    n = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if os.readlink(fd).startswith(str(home.db_path)):
+                n += 1
+        except OSError:
+            continue
+    return n
+
+
+def test_a_loop_agents_runs_share_their_connections_and_leave_none_behind(org):
+    """A loop-agent keeps its runs' store connections and sender from one run to the next (each
+    opening cost a run milliseconds); after many runs it holds no more than after the first,
+    and each run's transport counters reach the store when the run ends."""
+    first = submit(org, demo_workspace(org, "ws1"))["id"]
+    agent = ended(org, first)["assigned_to"] or query(org, "SELECT instance FROM attempts WHERE work_id=?",
+                                                     (first,))[0]["instance"]
+    pid = query(org, "SELECT pid FROM role_instances WHERE instance=?", (agent,))[0]["pid"]
+    after_one = _store_fds(pid, org)
+    sent_one = wait_for(lambda: query(org, "SELECT COALESCE(SUM(value), 0) AS v FROM transport_counters "
+                                           "WHERE instance=? AND name = 'pushed'", (agent,))[0]["v"] or None,
+                        timeout=10, what="the first run's sends counted")
+    for k in range(3):
+        item = submit(org, demo_workspace(org, f"ws{k + 2}"))["id"]
+        ended(org, item)
+    pids = {r["instance"]: r["pid"] for r in query(org, "SELECT instance, pid FROM role_instances")}
+    if pids[agent] == pid:                          # the same process ran them all (it was not replaced)
+        assert _store_fds(pid, org) <= after_one
+    assert query(org, "SELECT COALESCE(SUM(value), 0) AS v FROM transport_counters WHERE name = 'pushed' "
+                      "AND instance LIKE 'loop-agent%'")[0]["v"] > sent_one

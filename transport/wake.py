@@ -59,6 +59,13 @@ class OneSender:
     def send(self, recipient: str, kind: str, payload: dict | None = None) -> str:
         return send_or_skip(self.sender, recipient, kind, payload)
 
+    def flush(self, writer) -> None:
+        """Write the counters gathered so far into the store through ``writer`` (a sender kept
+        open across several uses: ``close`` flushes through a connection of its own)."""
+        if self.counters.peek():
+            Ledger(self.store, self.instance, counters=self.counters, writer=writer,
+                   background_checkpoint=False).flush()
+
     def close(self) -> None:
         self.sender.close()
         ledger = Ledger(self.store, self.instance, counters=self.counters, background_checkpoint=False)
