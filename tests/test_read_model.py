@@ -166,6 +166,23 @@ def test_what_the_eval_agent_owes_follows_preflight_iterations_and_verdicts(writ
     assert verdicts.due(conn) == []
 
 
+def test_preflights_nobody_waits_for_come_after_the_verdicts_running_loops_wait_for(writer_for, conn):
+    """A queued item's preflight waits behind every committed iteration (its loop-agent waits
+    for the verdict); a dispatched item's preflight does not (its loop-agent waits for it)."""
+    submit(writer_for, "w1")
+    assign_and_run(writer_for, "w1")
+    with writer_for(Actor.EVAL_AGENT, "eval-agent-1").transaction() as tx:
+        tx.insert("preflights", {"work_id": "w1", "outcome": "ready", "checks": [], "detail": "",
+                                 "written_by": "eval-agent-1", "at": tx.now})
+    commit_iteration(writer_for, "w1", n=1)
+    for k in range(3):                                   # a batch, submitted after w1
+        submit(writer_for, f"q{k}", workspace=f"/tmp/q{k}")
+    submit(writer_for, "w2", workspace="/tmp/w2")
+    assign_and_run(writer_for, "w2", instance="loop-agent-2")
+    assert verdicts.due(conn) == [verdicts.Due("w2", 0, "loop-agent-2"), verdicts.Due("w1", 1, "loop-agent-1"),
+                                  verdicts.Due("q0", 0, None), verdicts.Due("q1", 0, None), verdicts.Due("q2", 0, None)]
+
+
 def test_iterations_and_attempts(writer_for, conn):
     submit(writer_for)
     assign_and_run(writer_for)

@@ -150,8 +150,12 @@ class Due:
 
 def due(conn: sqlite3.Connection, owns: Callable[[str], bool] | None = None) -> list[Due]:
     """What the eval-agent must verify, in order: preflights of live runs that have none and no
-    iteration yet (oldest run first), then committed iterations of live runs with no verdict.
-    ``owns``: of several eval-agents, which work items are this one's."""
+    iteration yet and are assigned to a loop-agent (it waits for them), then committed iterations
+    of live runs with no verdict (their loop-agents wait too), then the preflights of queued items
+    (nobody waits for them yet: done while the eval-agent has nothing else, ready when the item is
+    dispatched; a batch of a thousand submitted at once must not hold every running loop's
+    verdict behind it). Oldest first within each. ``owns``: of several eval-agents, which work
+    items are this one's."""
     # the live items only (the partial index work_items_live: its predicate is written as the
     # index's), then their iterations by key: what is due never reads the ended history
     preflights = conn.execute("""SELECT w.id, 0, w.assigned_to FROM work_items w WHERE w.status != 'ended'
@@ -162,4 +166,6 @@ def due(conn: sqlite3.Connection, owns: Callable[[str], bool] | None = None) -> 
                                WHERE w.status != 'ended' AND i.work_id = w.id
                                  AND NOT EXISTS (SELECT 1 FROM verdicts v WHERE v.work_id = i.work_id AND v.iteration = i.n)
                                ORDER BY i.committed_at""").fetchall()
-    return [Due(r[0], r[1], r[2]) for r in (*preflights, *pending) if owns is None or owns(r[0])]
+    waited = [r for r in preflights if r[2] is not None]
+    queued = [r for r in preflights if r[2] is None]
+    return [Due(r[0], r[1], r[2]) for r in (*waited, *pending, *queued) if owns is None or owns(r[0])]
