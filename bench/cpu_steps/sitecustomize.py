@@ -38,8 +38,21 @@ STEPS = (
     ("roles.loop_agent.engine", "LoopEngine._await", "loop: wait for the verdict"),
     ("roles.loop_agent.acting", "Acting.reflect", "loop: reflect"),
     ("roles.loop_agent.engine", "LoopEngine.resume", "loop: start of a run"),
+    ("roles.loop_agent.engine", "LoopEngine._end", "loop: end of a run"),
+    ("skills.select", "for_run", "loop: skills and knowledge for a run"),
+    ("roles.loop_agent.process", "LoopAgentProcess.reconcile", "loop: reconcile"),
+    ("roles.loop_agent.process", "LoopAgentProcess.handle", "loop: handle a message"),
+    ("roles.loop_agent.process", "LoopAgentProcess._set_current", "loop: show the current work"),
+    ("roles.loop_agent.backends.factory", "build", "loop: build the backend"),
+    ("roles.loop_agent.engine", "LoopEngine.run", "loop: the engine's run"),
+    ("roles.loop_agent.engine", "LoopEngine._await_verdict", "loop: wait for the verdict and reflect"),
+    # the history (loop-agent and eval-agent)
+    ("roles.workbench.workspace.history", "WorkspaceHistory.baseline", "history: record the baseline"),
+    ("roles.workbench.workspace.history", "WorkspaceHistory.flush_pending", "history: write out at a run's end"),
+    # the model double in a loop-agent (--model-double role)
     ("roles.workbench.scripted.server", "_Handler.do_POST", "model double: serving a call"),
     # eval-agent
+    ("roles.workbench.workspace.views", "HistoryViews.materialize", "eval: write the snapshot"),
     ("roles.eval_agent.process", "EvalAgentProcess._verify_once", "eval: one verification or preflight"),
     ("roles.eval_agent.verifier", "Verifier.preflight", "eval: preflight"),
     ("roles.eval_agent.verifier", "Verifier._snapshot", "eval: snapshot"),
@@ -51,6 +64,11 @@ STEPS = (
     ("roles.eval_agent.process", "EvalAgentProcess._announce", "eval: announce"),
     ("roles.eval_agent.process", "EvalAgentProcess._show_busy", "eval: show busy"),
     # coordinator
+    ("roles.coordinator.dispatch", "reconcile", "coordinator: dispatch pass"),
+    ("roles.coordinator.announce", "announce", "coordinator: announcements"),
+    ("roles.coordinator.schedules", "tick", "coordinator: standing orders"),
+    ("roles.coordinator.process", "CoordinatorProcess.replays", "coordinator: skill replays"),
+    ("roles.coordinator.process", "CoordinatorProcess.render_snapshot", "coordinator: status snapshot"),
     ("roles.coordinator.process", "CoordinatorProcess.reconcile", "coordinator: reconcile"),
     ("roles.coordinator.process", "CoordinatorProcess.handle", "coordinator: handle a message"),
     # every role
