@@ -169,7 +169,9 @@ def render(results: dict[str, dict], started: str, load_before: str = "") -> tup
             by_step = row.get("cpu_ms_per_iteration_by_step")
             if not by_step:
                 continue
-            out += ["", f"## {name}: CPU per iteration by role and step at N = {row['n']} (ms, calls)", "",
+            source = row.get("cpu_steps_run")         # the steps measured in a run of their own
+            out += ["", f"## {name}: CPU per iteration by role and step at N = {row['n']} (ms, calls)"
+                    + (f" — {source}" if source else ""), "",
                     "| role | process | SQL | steps (thread CPU, inclusive) |", "|---|---|---|---|"]
             for role, got in by_step.items():
                 steps = list(got.get("steps", {}).items())[:STEPS_SHOWN]
