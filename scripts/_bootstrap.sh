@@ -146,7 +146,11 @@ ensure_sshd() {
 # The sandbox's stages as one small compiled program (roles/workbench/sandbox/stage.c; the shell
 # stages serve without it): a C compiler and the C library's headers, then the program, built once.
 ensure_sandbox_stage() {
-  command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || system_install gcc "the sandbox's compiled stages"
-  [ -f /usr/include/stdio.h ] || system_install libc6-dev "the sandbox's compiled stages"
+  if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then
+    system_install gcc "the sandbox's compiled stages"
+  fi
+  if [ ! -f /usr/include/stdio.h ]; then
+    system_install libc6-dev "the sandbox's compiled stages"
+  fi
   (cd "$root" && "$venv/bin/python" -c "from roles.workbench.sandbox import stage; stage.ensure()") >/dev/null 2>&1 || true
 }
