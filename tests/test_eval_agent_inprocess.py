@@ -5,26 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from roles.eval_agent.process import EvalAgentProcess
 from roles.workbench.workspace.history import WorkspaceHistory
 from state_db.connection import read_rows
 from state_db.vocab import Actor
 from state_db.writer import StateWriter
-from tests.support.loop import submit
+from tests.support.loop import eval_agent_in_process, submit
 from transport.kinds import Kind
-from transport.stub import StubTransport
 
 
 @pytest.fixture
 def eval_agent(org_home):
-    sup = StateWriter(org_home.db_path, Actor.SUPERVISOR)
-    with sup.transaction() as tx:
-        tx.insert("role_instances", {"instance": "eval-agent", "role": "eval-agent", "status": "starting",
-                                     "updated_at": tx.now})
-    sup.close()
-    stub = StubTransport("eval-agent")
-    proc = EvalAgentProcess(org_home, "eval-agent", transport=stub)
-    proc.start()
+    proc, stub = eval_agent_in_process(org_home)
     yield proc, stub
     proc.request_stop("test over")
     proc.close()
@@ -244,14 +235,7 @@ def test_a_preflight_that_ran_while_its_item_was_queued_wakes_the_loop_agent_dis
                                    runner_factory=lambda snap, w: runner_from_config(proc.cfg, org_home, snap,
                                                                                       present_at=w))
 
-    sup = StateWriter(org_home.db_path, Actor.SUPERVISOR)
-    with sup.transaction() as tx:
-        tx.insert("role_instances", {"instance": "eval-agent", "role": "eval-agent", "status": "starting",
-                                     "updated_at": tx.now})
-    sup.close()
-    stub = StubTransport("eval-agent")
-    proc = EvalAgentProcess(org_home, "eval-agent", transport=stub, make_verifier=make)
-    proc.start()
+    proc, stub = eval_agent_in_process(org_home, make)
     try:
         proc.reconcile()
         got = stub.wait_for(Kind.VERDICT_READY, recipient="loop-agent-7", timeout_s=30)

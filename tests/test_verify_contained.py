@@ -8,16 +8,13 @@ import threading
 
 import pytest
 
-from roles.eval_agent.process import STUCK_MARGIN_S, EvalAgentProcess
+from roles.eval_agent.process import STUCK_MARGIN_S
 from roles.eval_agent.verifier import Verifier
 from state_db.connection import read_rows
 from state_db.queries.verdicts import Due
-from state_db.vocab import Actor
-from state_db.writer import StateWriter
-from tests.support.loop import submit
+from tests.support.loop import eval_agent_in_process, submit
 from tests.support.org import wait_for
 from transport.kinds import Kind
-from transport.stub import StubTransport
 
 CHECK = "python3 -c 'import calc'"
 
@@ -46,14 +43,7 @@ def test_a_hung_verification_is_cut_and_shown_while_another_run_is_verified(org_
         return Hanging(org_home, writer, timeout_s=30.0,
                        runner_factory=lambda snap, ws: runner_from_config(proc.cfg, org_home, snap, present_at=ws))
 
-    sup = StateWriter(org_home.db_path, Actor.SUPERVISOR)
-    with sup.transaction() as tx:
-        tx.insert("role_instances", {"instance": "eval-agent", "role": "eval-agent", "status": "starting",
-                                     "updated_at": tx.now})
-    sup.close()
-    stub = StubTransport("eval-agent")
-    proc = EvalAgentProcess(org_home, "eval-agent", transport=stub, make_verifier=make)
-    proc.start()
+    proc, stub = eval_agent_in_process(org_home, make)
     try:
         submit(org_home, _workspace(tmp_path, "ws1"), "w1", verify=(CHECK,))
         # the bound by default: the command's timeout, every review try and a margin

@@ -204,8 +204,8 @@ class EvalAgentProcess(RoleProcess):
         sender = self.transport.thread_sender()
         agents = OrgEvalAgents(self.cfg, writer.conn)
         verifier = self.make_verifier(writer)
-        if self.cfg.sandbox.mode != "unsandboxed":
-            from roles.workbench.sandbox.mode import warm
+        from roles.workbench.sandbox.mode import unsandboxed_allowed, warm
+        if not unsandboxed_allowed(self.cfg):
             warm()      # before the first preflight waits on it (the workers share what it makes)
         failures = self.failures
         me = threading.current_thread().name
@@ -283,9 +283,9 @@ class EvalAgentProcess(RoleProcess):
             failures.pop(key, None)
         return result
 
-    def _announce(self, sender, row: Due, result, conn=None) -> None:
+    def _announce(self, sender, row: Due, result, conn) -> None:
         """Log the verdict (or preflight) and wake whoever waits for it: the loop-agent the run is
-        assigned to *now* (``conn``: read again), not when it fell due — a preflight starts as
+        assigned to *now* (read through ``conn``), not when it fell due — a preflight starts as
         soon as its item is queued, and the loop-agent dispatched meanwhile waits for this wake
         (without it, for its next look at the store, up to half a second later)."""
         if row.n == 0:
@@ -294,14 +294,12 @@ class EvalAgentProcess(RoleProcess):
         else:
             self.log.info("verdict", work_id=row.work_id, iteration=row.n, outcome=result.outcome,
                           goal_met=result.goal_met, held_back=len(result.held_back), ended=result.ended)
-        to = row.assigned_to
-        if conn is not None:
-            try:
-                from state_db.queries import work as work_q
-                item = work_q.item(conn, row.work_id)
-                to = (item.assigned_to if item is not None else None) or to
-            except Exception:  # noqa: BLE001 - a wake only: the loop-agent also looks at the store
-                pass
+        from state_db.queries import work as work_q
+        try:
+            item = work_q.item(conn, row.work_id)
+            to = item.assigned_to if item is not None else None
+        except Exception:  # noqa: BLE001 - a wake only: the loop-agent also looks at the store
+            to = row.assigned_to
         if to:
             sender.send(to, Kind.VERDICT_READY,
                         {"work_id": row.work_id, "iteration": row.n, "verdict": getattr(result, "id", "preflight")})

@@ -53,6 +53,23 @@ def submit(home, ws: Path, work_id="w1", caps=None, verify=(CHECK,), instance="l
     return work_id
 
 
+def eval_agent_in_process(home, make_verifier=None):
+    """An eval-agent role in this process on a ``StubTransport``, its row written as the supervisor
+    writes it, started: ``(process, stub)``. ``make_verifier``: the role's seam (writer →
+    verifier). The caller stops it (``request_stop``, ``close``)."""
+    from roles.eval_agent.process import EvalAgentProcess
+    from transport.stub import StubTransport
+    sup = StateWriter(home.db_path, Actor.SUPERVISOR)
+    with sup.transaction() as tx:
+        tx.insert("role_instances", {"instance": "eval-agent", "role": "eval-agent", "status": "starting",
+                                     "updated_at": tx.now})
+    sup.close()
+    stub = StubTransport("eval-agent")
+    proc = EvalAgentProcess(home, "eval-agent", transport=stub, make_verifier=make_verifier)
+    proc.start()
+    return proc, stub
+
+
 class ScriptedActs:
     """A backend that replays per-iteration acts in-process (for engine semantics tests).
 

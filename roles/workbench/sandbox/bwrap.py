@@ -33,8 +33,8 @@ from roles.workbench.sandbox.capture import Captured, run_bounded
 from roles.workbench.sandbox.environment import SANDBOX_HOME, clean_env
 from roles.workbench.sandbox.errors import SandboxConfigError, SandboxFailed, SandboxUnavailable
 from roles.workbench.sandbox import stage
-from roles.workbench.sandbox.limits import (STAGED_OWN_PROCS, Limits, PidsCgroup, inner_prefix, outer_prefix, over_quota, preexec_rlimits,
-                                            process_limit_kind, rlimits, which)
+from roles.workbench.sandbox.limits import (SHELL_OWN_PROCS, STAGED_OWN_PROCS, Limits, PidsCgroup, inner_prefix, outer_prefix,
+                                            over_quota, preexec_rlimits, process_limit_kind, rlimits, which)
 from roles.workbench.sandbox.seccomp import memfd, program
 from roles.workbench.sandbox.toolchains import SYSTEM, Exposure, Toolchain
 from roles.workbench.sandbox.view import View, build
@@ -275,7 +275,7 @@ class BwrapRunner:
         mounts = mount_args(view, Path(workspace), inside=inside, writable=[*self.writable, *writable],
                             hide=hide, tmp_mb=limits.disk_mb, binds=binds)
         staged = stage.binary()
-        cgroup = PidsCgroup.create(limits, **({"own": STAGED_OWN_PROCS} if staged is not None else {}))
+        cgroup = PidsCgroup.create(limits, own=STAGED_OWN_PROCS if staged is not None else SHELL_OWN_PROCS)
         status_r, status_w = os.pipe()
         alive_r, alive_w = os.pipe()  # only this process holds alive_w: EOF inside means we died
         seccomp_fd = memfd(filter_bpf, "seccomp")

@@ -40,7 +40,8 @@ import structlog
 log = structlog.get_logger("sandbox.limits")
 
 CGROUP_DIR = "loop-org-sandbox"
-_BWRAP_OWN_PROCS = 5  # the run's shell, bubblewrap's monitor, the namespace's init, the watcher inside, the timer
+# the sandbox's own processes in a run's pids cgroup besides the command, by the form of its stages
+SHELL_OWN_PROCS = 5   # the run's shell, bubblewrap's monitor, the namespace's init, the watcher inside, the timer
 STAGED_OWN_PROCS = 3  # with sandbox-stage (stage.py): bubblewrap's monitor, the namespace's init, the inner stage
 
 
@@ -179,7 +180,7 @@ class PidsCgroup:
         self.path = path
 
     @classmethod
-    def create(cls, limits: Limits, own: int = _BWRAP_OWN_PROCS) -> PidsCgroup | None:
+    def create(cls, limits: Limits, own: int = SHELL_OWN_PROCS) -> PidsCgroup | None:
         """A fresh group limited to ``limits.max_procs`` (+ ``own``: the sandbox's own processes in
         it besides the command), or None when
         no writable pids hierarchy exists or no limit is asked for."""

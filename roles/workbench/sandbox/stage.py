@@ -4,7 +4,7 @@ is at hand; the shell stages of ``bwrap`` otherwise.
 Each sandboxed command ran eight programs besides bubblewrap and the command: ``setpriv`` (the
 parent-death signal), a shell and its forked watcher (the caller's death, the pids cgroup),
 ``prlimit`` (the rlimits), then inside a shell and its forked watcher (the caller's death again)
-and ``timeout`` (the backstop). Each is an exec with its dynamic loading: ~6 ms of the machine's
+and ``timeout`` (the backstop). Each is an exec with its dynamic loading: ~5 ms of the machine's
 CPU of a verification's ~20 (``bench/scale.py``: a fresh sandbox for every verification is most
 of what the org spends per iteration). ``sandbox-stage outer`` and ``sandbox-stage inner`` do the
 same jobs in one exec and one fork each, with the same exits (``stage.c`` says how).
@@ -46,12 +46,13 @@ def path() -> Path:
 
 def binary() -> str | None:
     """The built program's path, or None (not built, or ``ORG_SANDBOX_STAGES=shell``: the shell
-    stages serve). Kept once found."""
+    stages serve). Kept once found, while it is still there."""
     global _found
     if os.environ.get(FORCE_SHELL) == "shell":
         return None
-    if _found is not None:
+    if _found is not None and os.access(_found, os.X_OK):   # a stat: a build/ folder cleaned meanwhile
         return _found
+    _found = None
     try:
         target = path()
     except OSError:
@@ -74,7 +75,7 @@ def ensure() -> str | None:
         compiler = shutil.which("cc") or shutil.which("gcc")
         if compiler is None:
             log.info("sandbox_stage_not_built", why="no C compiler (cc, gcc)",
-                     next="each sandbox starts its shell stages instead: install gcc to save ~6 ms of CPU each")
+                     next="each sandbox starts its shell stages instead: install gcc to save ~5 ms of CPU each")
             return None
         try:
             target = path()
