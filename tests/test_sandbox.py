@@ -523,3 +523,15 @@ def test_the_backstop_ends_the_whole_sandbox_while_its_caller_lives(stages, tmp_
         os.close(r)
         os.close(w)
     assert not procs_with(token)
+
+
+@needs_bwrap
+def test_a_process_limit_that_cannot_be_set_up_refuses_the_command_rather_than_run_it_unbounded(org, monkeypatch):
+    """Fail-closed, in both forms of the stages: a run's pids cgroup that cannot be joined ends the
+    run before bubblewrap starts, as a sandbox that could not be built; the command never runs."""
+    from roles.workbench.sandbox import limits as sandbox_limits
+    gone = org[1].parent / "no-such-cgroup"
+    monkeypatch.setattr(sandbox_limits.PidsCgroup, "create", classmethod(lambda cls, limits, own=0: cls(gone)))
+    with pytest.raises(SandboxFailed):
+        runner(org).run("echo ran > ran.txt", org[1], 10.0, 4000)
+    assert not (org[1] / "ran.txt").exists()
