@@ -41,12 +41,16 @@ class Beat:
         except OSError:
             self._fd = None
 
-    def touch(self, now: float) -> None:
+    def touch(self, now: float) -> bool:
+        """Set the beat to ``now``; whether it was written (False: the file could not be made or
+        set, and the heartbeat row is the only proof of life)."""
         if self._fd is not None:
             try:
                 os.utime(self._fd, (now, now))
+                return True
             except OSError:
                 pass
+        return False
 
     def close(self) -> None:
         if self._fd is not None:

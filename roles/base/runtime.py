@@ -38,6 +38,7 @@ from transport.role import RoleTransport
 
 STOP_LATENCY_MS = 100     # the longest a turn waits where nothing else wakes it on a stop
 BEAT_ROW_WAIT_S = 0.1     # the longest a heartbeat row waits for the store (the beat file never waits)
+ROWS_PER_TIMEOUT = 4      # a plain heartbeat row at least this many times per [supervisor] heartbeat_timeout_s
 
 
 class RoleProcess:
@@ -72,6 +73,11 @@ class RoleProcess:
         from roles.base import telemetry
         telemetry.configure(self.cfg, self.role, instance)     # OFF unless org.toml asks: nothing imported
         self.heartbeat_s = self.cfg.supervisor.heartbeat_s
+        # while the beat file is written, a plain heartbeat row every heartbeat_s would only repeat
+        # it on this host; it is written often enough for the readers that have only the row (a
+        # role of another host, the tcp eval-agent list): ROWS_PER_TIMEOUT times per timeout
+        self.row_beat_s = max(self.heartbeat_s, self.cfg.supervisor.heartbeat_timeout_s / ROWS_PER_TIMEOUT)
+        self._next_row = 0.0
         self.beat = Beat(home.run_dir, instance)     # roles/base/beat.py: read by the supervisor and the coordinator
         self.stopping = False
         self.stop_reason = ""
@@ -141,17 +147,29 @@ class RoleProcess:
         """Beat (the file, at once), then record it in the role's row: with ``status`` (ready,
         stopped) as long as the store makes it wait; a plain heartbeat row only if the store is
         free within ``BEAT_ROW_WAIT_S`` — when it is not, the file's beat stands for this one and
-        the main loop goes on (``roles/base/beat.py``)."""
-        self.beat.touch(self.clock())
+        the main loop goes on (``roles/base/beat.py``).
+
+        A plain row is written every ``row_beat_s`` (a quarter of ``heartbeat_timeout_s``, at
+        least every ``heartbeat_s``) while the beat file is written, and at every beat when it is
+        not. Every reader on this host takes the later of row and file (``beat.latest``); the row
+        alone serves a reader of another host, and a quarter of the timeout keeps three rows in
+        hand before it would judge the role gone. At a hundred roles, a row a second each was
+        a hundred write transactions a second queueing for the store's one write lock."""
+        now = self.monotonic()
+        filed = self.beat.touch(self.clock())
         if status is not None:
             with self.writer.transaction() as tx:
                 tx.set_status("role_instances", self.instance, status, heartbeat_at=tx.now, updated_at=tx.now,
                               pid=os.getpid())
+            self._next_row = now + self.row_beat_s
             readiness.poke(self.home.run_dir)       # committed: whoever waits for it looks now
+            return
+        if filed and now < self._next_row:
             return
         try:
             with self.writer.transaction(render=False, wait_s=BEAT_ROW_WAIT_S) as tx:
                 tx.update("role_instances", self.instance, heartbeat_at=tx.now, updated_at=tx.now)
+            self._next_row = now + self.row_beat_s
         except StoreBusy:
             pass
 
