@@ -28,10 +28,14 @@ class Waker:
     Args:
         home, cfg: the org home and its config.
         sender: the sending instance (``human`` for the CLI).
+        keep: keep the connection for the next wake (a process submitting many items: each new
+            sender opens its keyring, a socket and a store connection for its counters); the
+            caller closes it (``close``), which writes the counters.
     """
 
-    def __init__(self, home: OrgHome, cfg: Config, sender: str = "human"):
+    def __init__(self, home: OrgHome, cfg: Config, sender: str = "human", *, keep: bool = False):
         self.home, self.cfg, self.sender, self.link, self.error = home, cfg, sender, None, None
+        self.keep = keep
         try:
             from transport.wake import OneSender
             self.link = OneSender(home.root, sender, transport=cfg.transport.model_dump(), store=home.db_path)
@@ -55,8 +59,15 @@ class Waker:
         except Exception as exc:  # noqa: BLE001 - a lost wake delays, never loses
             return f"not sent: {_why(exc)}"
         finally:
+            if not self.keep:
+                self.close()
+
+    def close(self) -> None:
+        """Close the connection and write its counters (never raises; idempotent)."""
+        link, self.link = self.link, None
+        if link is not None:
             try:
-                self.link.close()
+                link.close()
             except Exception:  # noqa: BLE001
                 pass
 

@@ -150,7 +150,7 @@ def restart_for_learning(home, running) -> None:
 
 def run_learning_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
     """Run the learning demo (module docstring); 0 once a review batch is open."""
-    from roles.operations.submit import SubmitRequest, submit
+    from roles.operations.submit import SubmitRequest, submit_many
     from state_db.kernel import config as config_mod
     cfg = config_mod.load(home.config_path)
     root = home.root / "demo" / time.strftime("learning-%Y%m%d-%H%M%S")
@@ -163,7 +163,8 @@ def run_learning_demo(home, cfg, *, timeout_s: float = 90.0, out=print) -> int:
             "demo's thresholds, one already running keeps its own")
     conn = connect(home.db_path, readonly=True)
     seen = last_id(conn)
-    ids = [submit(home, cfg, SubmitRequest(caps=Caps(max_iterations=5), **learning_job(root, *svc)))["id"] for svc in SERVICES]
+    ids = [done.id for done in submit_many(home, cfg, [SubmitRequest(caps=Caps(max_iterations=5), **learning_job(root, *svc))
+                                                      for svc in SERVICES])]
     out(f"demo: submitted {', '.join(ids)}\n")
     deadline, t0, batch = time.monotonic() + timeout_s, time.monotonic(), []
 
