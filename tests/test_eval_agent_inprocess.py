@@ -243,3 +243,39 @@ def test_a_preflight_that_ran_while_its_item_was_queued_wakes_the_loop_agent_dis
     finally:
         proc.request_stop("test over")
         proc.close()
+
+
+def _owned_by(owner: str, count: int, prefix: str) -> list[str]:
+    """Work ids the two-eval-agent list gives ``owner`` (their shares are by a hash of the id)."""
+    from roles.base.instances import configured_eval_agents
+    agents = configured_eval_agents(2)
+    return [w for w in (f"{prefix}{k}" for k in range(200)) if agents.owner(w, 0) == owner][:count]
+
+
+def test_a_waited_preflight_another_eval_agent_owns_is_run_by_one_that_is_free(org_home, ws, tmp_path):
+    """Of two eval-agents, the first is away (busy, or not started): the second runs the
+    preflight a loop-agent waits for, though the first owns it; a queued item's preflight, which
+    nobody waits for, stays with its owner."""
+    import time
+    toml = org_home.config_path
+    toml.write_text(toml.read_text().replace("eval_agents = 1", "eval_agents = 2", 1))
+    waited, queued = _owned_by("eval-agent-1", 2, "w-away-")
+    submit(org_home, ws, waited, verify=("true",))                       # dispatched: a loop-agent waits
+    other = tmp_path / "ws2"
+    other.mkdir()
+    submit(org_home, other, queued, verify=("true",))
+    human = StateWriter(org_home.db_path, Actor.COORDINATOR)
+    with human.transaction() as tx:                                      # back to the queue: nobody waits
+        tx.set_status("work_items", queued, "queued", assigned_to=None)
+    human.close()
+    proc, stub = eval_agent_in_process(org_home, instance="eval-agent-2")
+    try:
+        proc.reconcile()
+        got = stub.wait_for(Kind.VERDICT_READY, recipient="loop-agent-1", timeout_s=30)
+        assert got[0].payload == {"work_id": waited, "iteration": 0, "verdict": "preflight"}
+        time.sleep(1.0)                 # its workers look at what is due again meanwhile: nothing of theirs
+        rows = read_rows(org_home.db_path, "SELECT work_id, written_by FROM preflights")
+        assert rows == [{"work_id": waited, "written_by": "eval-agent-2"}]
+    finally:
+        proc.request_stop("test over")
+        proc.close()

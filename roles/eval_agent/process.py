@@ -84,6 +84,36 @@ class EvalAgentProcess(RoleProcess):
             return True          # over ipc, an instance [org] eval_agents does not name verifies everything
         return current.owner(row.work_id, row.n) == self.instance
 
+    def _may_help(self, agents: OrgEvalAgents) -> bool:
+        """Whether this eval-agent runs preflights at all (``_order``): one of the coordinator
+        host's, never a joined host's."""
+        if self.joined:
+            return False
+        current = agents.current()
+        return self.instance in current.preflights or (not agents.stored and self.instance not in current.everyone)
+
+    def _order(self, agents: OrgEvalAgents, rows: list[Due]) -> list[Due]:
+        """What this eval-agent takes up, in order (``rows``: ``verdicts.due``'s): its own share
+        of what a loop-agent waits for (preflights of dispatched items, then committed
+        iterations); then the preflights of dispatched items that another eval-agent of this host
+        owns and has not started; then its own queued items' preflights, which nobody waits for yet.
+
+        A preflight is each item's one verification on its baseline, with nothing of the item
+        kept by whoever runs it, so which eval-agent runs it changes nothing but when: items are
+        shared out by a hash of their ids, and in a burst of a hundred submits one eval-agent
+        was owed twice as many as another while a loop-agent waited on each, or one was busy
+        with a long verification while the others idled. The host's per-item lock (``WorkLocks``)
+        keeps a preflight to one eval-agent at a time, and the first one written is the one
+        (``Verifier.preflight``: an owner coming to it later finds it done)."""
+        own = [r for r in rows if self._owns(agents, r)]
+        waited = [r for r in own if not (r.n == 0 and r.assigned_to is None)]
+        queued = [r for r in own if r.n == 0 and r.assigned_to is None]
+        mine = {(r.work_id, r.n) for r in own}
+        helping = [r for r in rows if r.n == 0 and r.assigned_to is not None and (r.work_id, 0) not in mine]
+        if helping and not self._may_help(agents):
+            helping = []
+        return [*waited, *helping, *queued]
+
     def reconcile(self) -> None:
         if self.stopping:
             return
@@ -218,7 +248,7 @@ class EvalAgentProcess(RoleProcess):
                     soonest = min((at for _, at in failures.values()), default=None)
                 self.more.wait(1.0 if soonest is None else min(1.0, max(0.05, soonest - time.monotonic())))
                 self.more.clear()
-                for row in [r for r in due(writer.conn) if self._owns(agents, r)]:
+                for row in self._order(agents, due(writer.conn)):
                     if self.stopping:
                         break
                     key = (row.work_id, row.n)

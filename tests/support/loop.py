@@ -53,19 +53,19 @@ def submit(home, ws: Path, work_id="w1", caps=None, verify=(CHECK,), instance="l
     return work_id
 
 
-def eval_agent_in_process(home, make_verifier=None):
+def eval_agent_in_process(home, make_verifier=None, instance="eval-agent"):
     """An eval-agent role in this process on a ``StubTransport``, its row written as the supervisor
     writes it, started: ``(process, stub)``. ``make_verifier``: the role's seam (writer →
-    verifier). The caller stops it (``request_stop``, ``close``)."""
+    verifier); ``instance``: its name. The caller stops it (``request_stop``, ``close``)."""
     from roles.eval_agent.process import EvalAgentProcess
     from transport.stub import StubTransport
     sup = StateWriter(home.db_path, Actor.SUPERVISOR)
     with sup.transaction() as tx:
-        tx.insert("role_instances", {"instance": "eval-agent", "role": "eval-agent", "status": "starting",
+        tx.insert("role_instances", {"instance": instance, "role": "eval-agent", "status": "starting",
                                      "updated_at": tx.now})
     sup.close()
-    stub = StubTransport("eval-agent")
-    proc = EvalAgentProcess(home, "eval-agent", transport=stub, make_verifier=make_verifier)
+    stub = StubTransport(instance)
+    proc = EvalAgentProcess(home, instance, transport=stub, make_verifier=make_verifier)
     proc.start()
     return proc, stub
 
