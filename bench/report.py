@@ -79,7 +79,7 @@ def run_bench(name: str) -> dict:
 PER_N = ("n", "iterations_per_s", "bound_per_s", "ratio", "added_latency_ms_p50", "overhead_ms_p99", "dispatch_ms_p50",
          "sqlite_write_wait_ms_p99", "cpu_ms_per_iteration", "machine_cpu_ms_per_iteration",
          "model_double_cpu_ms_per_iteration", "host_cpu_busy", "eval_agent_busy", "startup_ms", "pss_mb.loop_agent_mean")
-PER_N_REAL = ("n", "iterations_per_s", "bound_per_s", "ratio", "dispatch_ms_p50", "dispatch_ms_p99",
+PER_N_REAL = ("n", "iterations_per_s", "bound_per_s", "ratio", "dispatch_ms_p50", "dispatch_ms_p99", "submit_ms_per_item",
               "sqlite_write_wait_ms_p99", "org_pss_mb", "host_cpu_busy", "machine_cpu_ms_per_iteration",
               "added_latency_ms_p50", "binds")
 STEPS_SHOWN = 8         # a role's steps listed in the CPU-by-step table (its largest)

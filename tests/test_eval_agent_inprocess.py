@@ -279,3 +279,31 @@ def test_a_waited_preflight_another_eval_agent_owns_is_run_by_one_that_is_free(o
     finally:
         proc.request_stop("test over")
         proc.close()
+
+
+def test_a_preflight_written_by_another_eval_agent_since_due_was_read_is_not_run_or_told_again(
+        org_home, ws, monkeypatch):
+    import time
+    from roles.eval_agent import process as process_mod
+    from state_db.queries.verdicts import Due
+    from tests.support.loop import eval_agent_in_process
+    submit(org_home, ws, "w1", verify=("true",))
+    other = StateWriter(org_home.db_path, Actor.EVAL_AGENT, "eval-agent-2")
+    with other.transaction() as tx:                          # the other one ran it and told the loop-agent
+        tx.insert("preflights", {"work_id": "w1", "outcome": "ready", "checks": [], "detail": "baseline: ran",
+                                 "written_by": "eval-agent-2", "at": tx.now})
+    other.close()
+    read = []
+    monkeypatch.setattr(process_mod, "due", lambda conn: read.append(1) or [Due("w1", 0, "loop-agent-1")])
+    proc, stub = eval_agent_in_process(org_home)
+    try:
+        proc.reconcile()
+        deadline = time.monotonic() + 10
+        while len(read) < 3 and time.monotonic() < deadline:  # its workers read what is due, again and again
+            time.sleep(0.05)
+        assert len(read) >= 3
+        assert stub.messages(Kind.VERDICT_READY) == []
+        assert read_rows(org_home.db_path, "SELECT written_by FROM preflights") == [{"written_by": "eval-agent-2"}]
+    finally:
+        proc.request_stop("test over")
+        proc.close()

@@ -31,7 +31,7 @@ from roles.eval_agent.codes import MACHINE_CODES
 from roles.base.instances import OrgEvalAgents
 from roles.base.runtime import RoleProcess
 from state_db.kernel.errors import OrgError
-from state_db.queries.verdicts import Due, due
+from state_db.queries.verdicts import Due, due, verified
 from transport.kinds import Kind
 
 RETRIES = 3
@@ -259,6 +259,11 @@ class EvalAgentProcess(RoleProcess):
                     with self.flight_lock:          # again once claimed: another worker may have just tried
                         tries, next_at = failures.get(key, (0, 0.0))
                     if time.monotonic() < next_at:
+                        self._let_go(row)
+                        continue
+                    if verified(writer.conn, row.work_id, row.n):
+                        # written since ``due`` was read, by another eval-agent of this host (a
+                        # preflight it ran for this one, ``_order``): its writer told whoever waits
                         self._let_go(row)
                         continue
                     self.more.set()                 # the other workers look for work of their own
