@@ -231,6 +231,61 @@ def test_canary_names_avoid_the_words_of_a_k_expression_so_selection_depends_on_
         assert planted.canaries and not any(w in c.name for c in planted.canaries for w in avoid)
 
 
+class _Files:
+    """A baseline's files, as ``history.read_path(None, name)`` reads them."""
+
+    def __init__(self, files):
+        self.files = files
+
+    def read_path(self, commit, name):
+        return self.files.get(name)
+
+    def file_ids(self, commit):
+        return {name: f"100644 {i}" for i, name in enumerate(self.files)}
+
+
+@pytest.mark.parametrize("command, words", [
+    (f"{PYTEST} -kparse", {"parse"}),
+    (f"{PYTEST} -k=parse", {"parse"}),
+    (f"{PYTEST} -vk 'parse or keeps'", {"parse", "keeps"}),
+    (f"{PYTEST} -xqkparse", {"parse"}),
+    ("bash -c \"pytest -k 'parse and not keeps'\"", {"parse", "keeps"}),
+    ("PYTEST_ADDOPTS='-k parse' pytest", {"parse"}),
+    ("env PYTEST_ADDOPTS=\"-q -k 'parse or keeps'\" python -m pytest", {"parse", "keeps"}),
+    (f"{PYTEST} -k 'parse or keeps", {"parse", "keeps"}),          # the shell cannot split it
+    (f"{PYTEST} -p no:cacheprovider --tb=short tests", set()),
+])
+def test_a_k_is_found_wherever_a_shell_or_pytest_reads_one(command, words):
+    assert canaries.keyword_words([command]) == words
+
+
+@pytest.mark.parametrize("name, text", [
+    ("pytest.ini", '[pytest]\naddopts = -k "parse or keeps"\n'),
+    ("pytest.ini", "[pytest]\naddopts =\n    -q\n    -k 'parse or keeps'\n"),
+    ("tox.ini", "[pytest]\naddopts = -q -k 'parse or keeps'\n"),
+    ("setup.cfg", "[tool:pytest]\naddopts = -k \"parse or keeps\"\n"),
+    ("pyproject.toml", '[tool.pytest.ini_options]\naddopts = "-k \'parse or keeps\'"\n'),
+    ("pyproject.toml", '[tool.pytest.ini_options]\naddopts = ["-q", "-k", "parse or keeps"]\n'),
+    ("pyproject.toml", '[tool.pytest]\naddopts = [\n  "-k",\n  "parse or keeps",\n]\n'),
+    ("sub/pytest.ini", "[pytest]\naddopts = -k 'parse or keeps'\n"),       # pytest sub/ reads it
+])
+def test_a_k_in_any_pytest_config_form_is_read_whole(name, text):
+    """A quoted expression, a value over several lines, a TOML list: every word of the ``-k``
+    is avoided, not only the first (a canary named with another word was selected on the
+    baseline by chance, and the next verification's names were not: an honest fix failed)."""
+    got = canaries.keyword_words(canaries._selections(_Files({name: text.encode()}), [PYTEST]))
+    assert {"parse", "keeps"} <= got
+
+
+def test_a_k_in_a_config_or_arguments_file_the_command_names_is_read_too():
+    files = _Files({"ci/pytest.cfg": b"[pytest]\naddopts = -k 'parse or keeps'\n",
+                    "ci/args.txt": b"-q\n-k\nformat or limits\n"})
+    for command, words in ((f"{PYTEST} -c ci/pytest.cfg", {"parse", "keeps"}),
+                           (f"{PYTEST} --config-file=./ci/pytest.cfg", {"parse", "keeps"}),
+                           (f"{PYTEST} @ci/args.txt", {"format", "limits"})):
+        assert canaries.keyword_words(canaries._selections(files, [command])) >= words, command
+
+
 def test_a_k_in_the_projects_pytest_addopts_is_avoided_too(org_home, tmp_path):
     """``addopts = -k "parse or keeps"`` in pytest.ini: the canaries' names avoid its words, so
     the ones the baseline ran run at every verification, and an honest fix passes."""

@@ -119,19 +119,43 @@ def _name(rng: random.Random, taken: set[str], avoid: frozenset[str] = frozenset
 
 def keyword_words(commands: Iterable[str]) -> frozenset[str]:
     """The words of every ``-k`` expression in ``commands`` (lower case; ``and``/``or``/``not``
-    and words every test name contains, such as ``test``, left out)."""
-    import shlex
+    and words every test name contains, such as ``test``, left out). A ``-k`` is found wherever
+    a shell or pytest would read one: its own argument or joined (``-kfoo``, ``-k=foo``, ``-vk
+    foo``), inside an argument that is itself a command line (``bash -c "pytest -k foo"``) or an
+    assignment (``PYTEST_ADDOPTS="-k foo"``); text the shell cannot split gives every word after
+    its ``-k``. More words than pytest would read only narrow the names canaries may take."""
     words: set[str] = set()
     for command in commands:
-        try:
-            argv = shlex.split(command)
-        except ValueError:
-            argv = command.split()
-        for i, arg in enumerate(argv):
-            expr = argv[i + 1] if arg == "-k" and i + 1 < len(argv) else arg[2:] if arg.startswith("-k") else None
-            if expr:
-                words.update(w.lower() for w in re.findall(r"\w+", expr))
+        _k_words(command, words, depth=0)
     return frozenset(w for w in words if w not in ("and", "or", "not") and w not in "test_")
+
+
+# -k, -kEXPR, -k=EXPR, and -k after pytest's short flags that take no value (-vk, -xqkEXPR)
+_JOINED_K = re.compile(r"^-[vqxslV]*k(.*)$", re.S)
+
+
+def _k_words(text: str, words: set[str], depth: int) -> None:
+    import shlex
+    try:
+        argv = shlex.split(text)
+    except ValueError:
+        for m in re.finditer(r"(?:^|[\s\"'=\[,])-[vqxslV]*k(.*)", text, re.S):
+            words.update(w.lower() for w in re.findall(r"\w+", m.group(1)))
+        return
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        m = _JOINED_K.match(arg)
+        if m and not arg.startswith("--"):
+            expr = m.group(1).lstrip("=") or (argv[i + 1] if i + 1 < len(argv) else "")
+            skip = not m.group(1)
+            words.update(w.lower() for w in re.findall(r"\w+", expr))
+        elif depth < 4 and (any(ch.isspace() for ch in arg) or "=" in arg):
+            # a command line inside an argument, or the value of an assignment
+            _k_words(arg.split("=", 1)[1] if "=" in arg and not any(ch.isspace() for ch in arg.split("=", 1)[0])
+                     else arg, words, depth + 1)
 
 
 def _passing(name: str, rng: random.Random) -> str:
@@ -361,15 +385,60 @@ FORGED_SIGNATURE = "evidence:forged"
 
 _ADDOPTS = re.compile(r"^\s*addopts\s*=\s*(.+)$", re.MULTILINE)
 _CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini")
+MAX_CONFIGS = 200       # config files read for addopts (a vendored tree can hold thousands)
 
 
 def _selections(history, commands: Iterable[str]) -> list[str]:
-    """The verify commands and the baseline's pytest ``addopts`` (where a ``-k`` may stand too)."""
+    """The verify commands and every ``addopts`` pytest may read (where a ``-k`` may stand
+    too): of each config file of the baseline at any depth (pytest takes the one nearest the
+    paths it is given: ``pytest sub/`` reads ``sub/pytest.ini``), of the files a command names
+    (``-c FILE``, ``--config-file=FILE``) and the arguments files it expands (``@FILE``). An
+    ``addopts`` counts as the file's own parser reads it (a TOML list joined as one command line,
+    an ini value over several lines) and as its line is written (a file pytest would read
+    otherwise than ours)."""
+    import shlex
+
+    from roles.eval_agent import held
+    commands = list(commands)
     found = list(commands)
-    for name in _CONFIGS:
+    named: list[str] = []
+    for command in commands:
+        try:
+            argv = shlex.split(command)
+        except ValueError:
+            continue
+        for i, arg in enumerate(argv):
+            if arg in ("-c", "--config-file") and i + 1 < len(argv):
+                named.append(argv[i + 1])
+            elif arg.startswith("--config-file="):
+                named.append(arg.split("=", 1)[1])
+            elif arg.startswith("@") and len(arg) > 1:
+                lines = (history.read_path(None, _relative(arg[1:])) or b"").decode("utf-8", "replace")
+                found.append(shlex.join(ln.strip() for ln in lines.splitlines() if ln.strip()))  # a line each
+    configs = [p for p in history.file_ids(None) if PurePosixPath(p).name in _CONFIGS][:MAX_CONFIGS]
+    for name in configs + [_relative(n) for n in named]:
         text = (history.read_path(None, name) or b"").decode("utf-8", "replace")
-        found += [m.group(1).strip().strip("'\"[]") for m in _ADDOPTS.finditer(text)]
+        if not text:
+            continue
+        found += [m.group(1).strip() for m in _ADDOPTS.finditer(text)]
+        parse = held._sections_toml if name.endswith(".toml") else held._sections_ini
+        tables = list(parse(text).values())
+        while tables:                       # [tool.pytest] holds [tool.pytest.ini_options]
+            table = tables.pop()
+            if not isinstance(table, dict):
+                continue
+            tables += [v for v in table.values() if isinstance(v, dict)]
+            value = table.get("addopts")
+            if isinstance(value, str):
+                found.append(value)
+            elif isinstance(value, list):
+                found.append(shlex.join(str(v) for v in value))
     return found
+
+
+def _relative(path: str) -> str:
+    """A path a command names, as the snapshot's own (``./a/b`` -> ``a/b``)."""
+    return str(PurePosixPath(path.lstrip("/"))) if not path.startswith("./") else str(PurePosixPath(path[2:]))
 
 
 def for_preflight(history, snapshot: Path, commands: Iterable[str] = (), rng: random.Random | None = None
