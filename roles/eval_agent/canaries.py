@@ -421,7 +421,7 @@ def _selections(history, commands: Iterable[str]) -> list[str]:
         if not text:
             continue
         found += [m.group(1).strip() for m in _ADDOPTS.finditer(text)]
-        parse = held._sections_toml if name.endswith(".toml") else held._sections_ini
+        parse = held.runner_sections_toml if name.endswith(".toml") else held.runner_sections_ini
         tables = list(parse(text).values())
         while tables:                       # [tool.pytest] holds [tool.pytest.ini_options]
             table = tables.pop()

@@ -135,7 +135,10 @@ def _runner_module(name: str | None) -> bool:
     return bool(name) and (name in _RUNNER_MODULES or name.startswith(_RUNNER_PREFIXES))
 
 
-def _sections_toml(text: str) -> dict[str, object]:
+def runner_sections_toml(text: str) -> dict[str, object]:
+    """The tables of a TOML file (``pyproject.toml``) that configure a test runner
+    (``[tool.pytest…]``, ``[tool.coverage…]``, ...): dotted name -> value as parsed;
+    ``{"<unparsable>": text}`` when it does not parse."""
     import tomllib
     try:
         data = tomllib.loads(text)
@@ -155,7 +158,9 @@ def _sections_toml(text: str) -> dict[str, object]:
     return out
 
 
-def _sections_ini(text: str) -> dict[str, object]:
+def runner_sections_ini(text: str) -> dict[str, object]:
+    """Like ``runner_sections_toml`` for ini files (``[pytest]``, ``[tool:pytest]``, ``[tox]``, ...):
+    section -> its keys and values, a value over several lines as one string."""
     import configparser
     parser = configparser.ConfigParser(interpolation=None, strict=False)
     try:
@@ -227,8 +232,8 @@ def _rewrite_json(text: str, base: str) -> str | None:
 
 
 _MIXED: dict[str, tuple[Callable[[str], dict], Callable[[str, str], str | None]]] = {
-    "pyproject.toml": (_sections_toml, _rewrite_toml),
-    "setup.cfg": (_sections_ini, _rewrite_ini),
+    "pyproject.toml": (runner_sections_toml, _rewrite_toml),
+    "setup.cfg": (runner_sections_ini, _rewrite_ini),
     "package.json": (_sections_json, _rewrite_json),
 }
 

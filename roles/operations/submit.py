@@ -150,15 +150,13 @@ def _org_environ(home: OrgHome, conn=None) -> dict[str, str] | None:
     """The environment of the running supervisor, which its loop-agents inherit; None when the org
     is not running or its environment cannot be read. ``conn``: a connection to the store to read
     the session through (default: one of its own)."""
-    if conn is not None:
-        row = org_session(conn)
-    else:
+    if conn is None:
+        from contextlib import closing
+
         from state_db.connection import connect
-        conn = connect(home.db_path, readonly=True)
-        try:
-            row = org_session(conn)
-        finally:
-            conn.close()
+        with closing(connect(home.db_path, readonly=True)) as own:
+            return _org_environ(home, own)
+    row = org_session(conn)
     if row is None or row.status != "running" or not row.supervisor_pid:
         return None
     try:
@@ -181,8 +179,7 @@ def _require_key(home: OrgHome, cfg: Config, conn=None) -> None:
         return                          # org.toml's server is on this machine, whatever the environment
     org_env = _org_environ(home, conn)
     env = os.environ if org_env is None else org_env
-    urls = [cfg.model.base_url, env.get("ANTHROPIC_BASE_URL") or ""]
-    if env.get("ANTHROPIC_API_KEY") or any((urlparse(u).hostname or "") in _LOOPBACK for u in urls):
+    if env.get("ANTHROPIC_API_KEY") or (urlparse(env.get("ANTHROPIC_BASE_URL") or "").hostname or "") in _LOOPBACK:
         return
     where = "the running org's environment" if org_env is not None else "the environment"
     hint = "export ANTHROPIC_API_KEY=… or set model.base_url"
@@ -435,9 +432,13 @@ def submit_many(home: OrgHome, cfg: Config, reqs: list[SubmitRequest]) -> list[S
     before it stay submitted, and their idempotency keys make a second call safe."""
     writers: dict = {}                  # by ``via``: each request is signed as it says it came
     waker = Waker(home, cfg, keep=True) if reqs else None
+    done = []
     try:
-        return [submit(home, cfg, req, writer=writers.get(req.via) or writers.setdefault(
-            req.via, human_writer(home.db_path, req.via)), waker=waker) for req in reqs]
+        for req in reqs:
+            if req.via not in writers:
+                writers[req.via] = human_writer(home.db_path, req.via)
+            done.append(submit(home, cfg, req, writer=writers[req.via], waker=waker))
+        return done
     finally:
         if waker is not None:
             waker.close()
