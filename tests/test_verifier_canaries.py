@@ -282,7 +282,8 @@ def test_a_k_in_a_config_or_arguments_file_the_command_names_is_read_too():
                     "ci/args.txt": b"-q\n-k\nformat or limits\n"})
     for command, words in ((f"{PYTEST} -c ci/pytest.cfg", {"parse", "keeps"}),
                            (f"{PYTEST} --config-file=./ci/pytest.cfg", {"parse", "keeps"}),
-                           (f"{PYTEST} @ci/args.txt", {"format", "limits"})):
+                           (f"{PYTEST} @ci/args.txt", {"format", "limits"}),
+                           ("bash -c 'pytest -q -c ci/pytest.cfg'", {"parse", "keeps"})):
         assert canaries.keyword_words(canaries._selections(files, [command])) >= words, command
 
 

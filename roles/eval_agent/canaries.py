@@ -43,7 +43,7 @@ import stat
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from roles.eval_agent.evidence import PYTEST_SUMMARY
 
@@ -120,42 +120,47 @@ def _name(rng: random.Random, taken: set[str], avoid: frozenset[str] = frozenset
 def keyword_words(commands: Iterable[str]) -> frozenset[str]:
     """The words of every ``-k`` expression in ``commands`` (lower case; ``and``/``or``/``not``
     and words every test name contains, such as ``test``, left out). A ``-k`` is found wherever
-    a shell or pytest would read one: its own argument or joined (``-kfoo``, ``-k=foo``, ``-vk
-    foo``), inside an argument that is itself a command line (``bash -c "pytest -k foo"``) or an
-    assignment (``PYTEST_ADDOPTS="-k foo"``); text the shell cannot split gives every word after
-    its ``-k``. More words than pytest would read only narrow the names canaries may take."""
+    a shell or pytest would read one (``_command_lines``): its own argument or joined
+    (``-kfoo``, ``-k=foo``, ``-vk foo``), also inside ``bash -c "pytest -k foo"`` or
+    ``PYTEST_ADDOPTS="-k foo"``; text the shell cannot split gives every word after its ``-k``.
+    More words than pytest would read only narrow the names canaries may take."""
     words: set[str] = set()
     for command in commands:
-        _k_words(command, words, depth=0)
+        for argv in _command_lines(command):
+            if isinstance(argv, str):
+                exprs = [m.group(1) for m in _LOOSE_K.finditer(argv)]
+            else:
+                exprs = [m.group(1).lstrip("=") or (argv[i + 1] if i + 1 < len(argv) else "")
+                         for i, m in enumerate(map(_JOINED_K.match, argv)) if m]
+            words.update(w.lower() for expr in exprs for w in re.findall(r"\w+", expr))
     return frozenset(w for w in words if w not in ("and", "or", "not") and w not in "test_")
 
 
 # -k, -kEXPR, -k=EXPR, and -k after pytest's short flags that take no value (-vk, -xqkEXPR)
 _JOINED_K = re.compile(r"^-[vqxslV]*k(.*)$", re.S)
+_LOOSE_K = re.compile(r"(?:^|[\s\"'=\[,])-[vqxslV]*k(.*)", re.S)     # the same, in text the shell cannot split
+_NESTED = 4             # command lines inside arguments followed this deep
 
 
-def _k_words(text: str, words: set[str], depth: int) -> None:
+def _command_lines(text: str, depth: int = 0) -> Iterator[list[str] | str]:
+    """``text`` as the shell splits it, then every argument that is itself a command line
+    (``bash -c "pytest -k foo"``) or an assignment whose value may be one (``PYTEST_ADDOPTS="-k
+    foo"``), split the same way, ``_NESTED`` deep; text the shell cannot split is given as it is."""
     import shlex
     try:
         argv = shlex.split(text)
     except ValueError:
-        for m in re.finditer(r"(?:^|[\s\"'=\[,])-[vqxslV]*k(.*)", text, re.S):
-            words.update(w.lower() for w in re.findall(r"\w+", m.group(1)))
+        yield text
         return
-    skip = False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        m = _JOINED_K.match(arg)
-        if m and not arg.startswith("--"):
-            expr = m.group(1).lstrip("=") or (argv[i + 1] if i + 1 < len(argv) else "")
-            skip = not m.group(1)
-            words.update(w.lower() for w in re.findall(r"\w+", expr))
-        elif depth < 4 and (any(ch.isspace() for ch in arg) or "=" in arg):
-            # a command line inside an argument, or the value of an assignment
-            _k_words(arg.split("=", 1)[1] if "=" in arg and not any(ch.isspace() for ch in arg.split("=", 1)[0])
-                     else arg, words, depth + 1)
+    yield argv
+    if depth >= _NESTED:
+        return
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if eq and not any(ch.isspace() for ch in name):
+            yield from _command_lines(value, depth + 1)
+        elif any(ch.isspace() for ch in arg):
+            yield from _command_lines(arg, depth + 1)
 
 
 def _passing(name: str, rng: random.Random) -> str:
@@ -403,19 +408,17 @@ def _selections(history, commands: Iterable[str]) -> list[str]:
     found = list(commands)
     named: list[str] = []
     for command in commands:
-        try:
-            argv = shlex.split(command)
-        except ValueError:
-            continue
-        for i, arg in enumerate(argv):
-            if arg in ("-c", "--config-file") and i + 1 < len(argv):
-                named.append(argv[i + 1])
-            elif arg.startswith("--config-file="):
-                named.append(arg.split("=", 1)[1])
-            elif arg.startswith("@") and len(arg) > 1:
-                lines = (history.read_path(None, _relative(arg[1:])) or b"").decode("utf-8", "replace")
-                found.append(shlex.join(ln.strip() for ln in lines.splitlines() if ln.strip()))  # a line each
-    configs = [p for p in history.file_ids(None) if PurePosixPath(p).name in _CONFIGS][:MAX_CONFIGS]
+        for argv in _command_lines(command):
+            for i, arg in enumerate(argv if isinstance(argv, list) else ()):
+                if arg in ("-c", "--config-file") and i + 1 < len(argv):
+                    named.append(argv[i + 1])
+                elif arg.startswith("--config-file="):
+                    named.append(arg.split("=", 1)[1])
+                elif arg.startswith("@") and len(arg) > 1:
+                    lines = (history.read_path(None, _relative(arg[1:])) or b"").decode("utf-8", "replace")
+                    found.append(shlex.join(ln.strip() for ln in lines.splitlines() if ln.strip()))  # a line each
+    # every verification reads this: a name test, not a path object per file (10,000 files: ~1 ms)
+    configs = [p for p in history.file_ids(None) if p.rpartition("/")[2] in _CONFIGS][:MAX_CONFIGS]
     for name in configs + [_relative(n) for n in named]:
         text = (history.read_path(None, name) or b"").decode("utf-8", "replace")
         if not text:
@@ -437,8 +440,9 @@ def _selections(history, commands: Iterable[str]) -> list[str]:
 
 
 def _relative(path: str) -> str:
-    """A path a command names, as the snapshot's own (``./a/b`` -> ``a/b``)."""
-    return str(PurePosixPath(path.lstrip("/"))) if not path.startswith("./") else str(PurePosixPath(path[2:]))
+    """A path a command names, as the snapshot's own (``./a/b`` -> ``a/b``; a path outside it
+    reads as nothing, or as a file of the snapshot: either only adds words to avoid)."""
+    return str(PurePosixPath(path.removeprefix("./").lstrip("/")))
 
 
 def for_preflight(history, snapshot: Path, commands: Iterable[str] = (), rng: random.Random | None = None
