@@ -287,6 +287,47 @@ def test_a_k_in_a_config_or_arguments_file_the_command_names_is_read_too():
         assert canaries.keyword_words(canaries._selections(files, [command])) >= words, command
 
 
+# twelve of the words canary names are drawn from: a name that does not avoid them is selected
+_MANY = "handles or returns or accepts or rejects or keeps or parses or formats or matches or preserves " \
+        "or normalizes or supports or ignores"
+_SEEN = "import os\n\ndef pytest_collection_finish(session):\n" \
+        "    open(os.environ['SEEN'], 'w').write('\\n'.join(i.name for i in session.items))\n"
+
+
+@pytest.mark.parametrize("files, command", [
+    ({"pytest.ini": f'[pytest]\naddopts = -q -k "{_MANY}"\n'}, PYTEST),
+    ({"pytest.ini": f"[pytest]\naddopts =\n    -q\n    -k '{_MANY}'\n"}, PYTEST),
+    ({"tox.ini": f"[pytest]\naddopts = -k '{_MANY}'\n"}, PYTEST),
+    ({"setup.cfg": f'[tool:pytest]\naddopts = -k "{_MANY}"\n'}, PYTEST),
+    ({"pyproject.toml": f'[tool.pytest.ini_options]\naddopts = ["-k", "{_MANY}"]\n'}, PYTEST),
+    ({"pyproject.toml": f'[tool.pytest]\naddopts = ["-q", "-k", "{_MANY}"]\n'}, PYTEST),
+    ({"ci/checks.ini": f"[pytest]\naddopts = -k '{_MANY}'\n"}, f"{PYTEST} -c ci/checks.ini --rootdir=. tests"),
+    ({"args.txt": f"-q\n-k\n{_MANY}\n"}, f"{PYTEST} @args.txt"),
+    ({}, f"PYTEST_ADDOPTS='-k \"{_MANY}\"' {PYTEST}"),
+    ({}, f"bash -c \"{PYTEST} -vk '{_MANY}'\""),
+])
+def test_what_real_pytest_selects_of_the_canaries_depends_on_their_file_never_their_name(tmp_path, files, command):
+    """The hostile case is the honest project: whatever form its ``-k`` takes, real pytest must
+    select no canary by its name (a canary selected by chance on the baseline and not at the next
+    verification fails an honest fix). Module names here match no word, so no canary may run."""
+    hosts = [f"tests/test_mod{i}.py" for i in range(6)]
+    base = {h: f"def test_own_{i}():\n    pass\n".encode() for i, h in enumerate(hosts)}
+    for name, text in {**{h: b.decode() for h, b in base.items()}, **files, "tests/conftest.py": _SEEN}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    history = _Files({name: (tmp_path / name).read_bytes() for name in [*hosts, *files]})
+    avoid = canaries.keyword_words(canaries._selections(history, [command]))
+    planted = canaries.plant(tmp_path, hosts, base, random.Random(7), failing=0, avoid=avoid)
+    assert len(planted.canaries) == len(hosts)
+    import os
+    import subprocess
+    seen = tmp_path / "seen.txt"
+    subprocess.run(command, shell=True, cwd=tmp_path, env={**os.environ, "SEEN": str(seen)}, capture_output=True,
+                   timeout=60)
+    assert seen.exists(), command
+    assert not planted.names & set(seen.read_text().split()), command
+
+
 def test_a_k_in_the_projects_pytest_addopts_is_avoided_too(org_home, tmp_path):
     """``addopts = -k "parse or keeps"`` in pytest.ini: the canaries' names avoid its words, so
     the ones the baseline ran run at every verification, and an honest fix passes."""
