@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator
 import orjson
 
 from state_db.connection import BUSY_TIMEOUT_MS, as_store_busy, connect
-from state_db.kernel.errors import Conflict, IllegalTransition, NotAllowed, NotFound, RunTaken, StateError
+from state_db.gate import WriteGate, gate_path
+from state_db.kernel.errors import Conflict, IllegalTransition, NotAllowed, NotFound, RunTaken, StateError, StoreBusy
 from state_db.migrations import check_version
 from state_db.queries.verdicts import latest_iteration_passed
 from state_db.kernel.secrets import redact_text, secret_values
@@ -238,6 +239,7 @@ class StateWriter:
         self.hooks: list[Hook] = list(hooks or [])
         self._conn: sqlite3.Connection | None = None
         self._busy_ms = BUSY_TIMEOUT_MS     # the connection's busy timeout as last set
+        self._gate: WriteGate | None = None     # a SQLite store's, once opened (state_db/gate.py)
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -246,6 +248,8 @@ class StateWriter:
             check_version(conn)
             self._conn = conn
             self._busy_ms = BUSY_TIMEOUT_MS
+            if isinstance(conn, sqlite3.Connection):
+                self._gate = WriteGate(gate_path(self.db_path))
         return self._conn
 
     @contextmanager
@@ -254,7 +258,9 @@ class StateWriter:
         PostgreSQL store it is ``BEGIN`` and the store's advisory write lock (``state_db/store.py``).
 
         ``render=False`` skips post-commit hooks (ledger and heartbeat writes). ``wait_s``: wait
-        at most this long for SQLite's write lock (default: its busy timeout).
+        at most this long for SQLite's write lock (default: its busy timeout). On a SQLite store
+        the writers take the lock in turn through the store's gate (``state_db/gate.py``), held
+        from before ``BEGIN`` to right after ``COMMIT``/``ROLLBACK`` (never while hooks run).
 
         Raises:
             StoreBusy: the store stayed busy past the wait (nothing was written); any other
@@ -265,7 +271,10 @@ class StateWriter:
         try:
             yield tx
         except BaseException as exc:
-            conn.execute("ROLLBACK")
+            try:
+                conn.execute("ROLLBACK")
+            finally:
+                self._leave_gate()
             busy = as_store_busy(exc)
             if busy is not None and busy is not exc:
                 raise busy from exc
@@ -278,16 +287,44 @@ class StateWriter:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise busy from exc
+        finally:
+            self._leave_gate()
         if render and tx.changes:
             self._after_commit(tx.changes)
 
     def _begin(self, conn, wait_s: float | None) -> None:
-        """``BEGIN IMMEDIATE`` within ``wait_s`` (default the busy timeout); in slices with a beat
-        between them in the thread that beats (``beat_while_waiting``). Raises StoreBusy."""
+        """``BEGIN IMMEDIATE`` within ``wait_s`` (default the busy timeout), through the store's
+        gate when it has one; in slices with a beat between them in the thread that beats
+        (``beat_while_waiting``). Raises StoreBusy."""
         beat = _beat[1] if _beat is not None and _beat[0] == threading.get_ident() else None
-        deadline = time.monotonic() + (BUSY_TIMEOUT_MS / 1000 if wait_s is None else wait_s)
+        start = time.monotonic()
+        deadline = start + (BUSY_TIMEOUT_MS / 1000 if wait_s is None else wait_s)
+        if self._gate is not None:
+            try:
+                entered = self._gate.enter(deadline, slice_s=WAIT_SLICE_S if beat else None, between=beat)
+            except OSError as exc:          # the gate orders writers, it guards nothing: go on without
+                self._gate = None
+                import structlog
+                structlog.get_logger().warning("store_gate_unusable", path=str(gate_path(self.db_path)),
+                                               error=str(exc), instance=self.instance)
+                entered = True
+            if not entered:
+                raise StoreBusy("other writers held the store's write lock in turn")
+        try:
+            self._begin_locked(conn, wait_s, beat, deadline, waited=time.monotonic() - start > 0.005)
+        except BaseException:
+            self._leave_gate()
+            raise
+
+    def _leave_gate(self) -> None:
+        if self._gate is not None:
+            self._gate.leave()
+
+    def _begin_locked(self, conn, wait_s: float | None, beat, deadline: float, *, waited: bool) -> None:
+        """``BEGIN IMMEDIATE`` by ``deadline``: SQLite's lock (or PostgreSQL's advisory lock),
+        past the gate (which another kind of writer does not take)."""
         while True:
-            if beat is None and wait_s is None:
+            if beat is None and wait_s is None and not waited:
                 ms = BUSY_TIMEOUT_MS            # the common case: the connection's own, set once
             else:
                 left = deadline - time.monotonic()
@@ -356,6 +393,9 @@ class StateWriter:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if self._gate is not None:
+            self._gate.close()
+            self._gate = None
 
 
 def args_digest(command: str, args: Any) -> str:

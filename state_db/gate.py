@@ -1,0 +1,177 @@
+"""The writers of one SQLite store take its write lock in the order they asked for it.
+
+SQLite's own wait for its write lock (``busy_timeout``) is a poll: a writer that finds the lock
+taken sleeps 1, 2, 5, 10 … then 100 ms between tries, while the writer that has just committed
+and begins again takes the lock back at once. On a host busier than it has cores (an org of 128
+loop-agents on two), where the holder of the lock is itself descheduled in the middle of its
+transaction, the lock is taken nearly all the time and an old waiter keeps losing to whoever
+comes next: a user's ``submit``, the supervisor's own rows, waited past the store's ten seconds
+while transactions that came later went through. A wait decided by luck is no wait at all; a
+kernel lock that wakes its waiters (``flock``) would not do either, since the writer that lets go
+is still running and takes it again before the woken one is scheduled.
+
+A ``WriteGate`` is a ticket queue on a file beside the store, made of the kernel's open-file-
+description record locks (``fcntl(F_OFD_SETLKW)``, Linux 3.15+): under a short lock on its first
+byte, a writer draws the next ticket from the counter kept there and locks the byte of its own
+ticket; then it waits until the byte of the ticket before it is free, and holds its own until its
+``COMMIT`` or ``ROLLBACK`` is done. Each byte has one waiter, its successor, so the gate is
+handed from one writer to the next in the order of their tickets, and one that comes later waits
+behind, however fast it is. The locks are the kernel's, tied to an open file: they go with their
+process however it dies, so a crash never leaves the line waiting for a ticket nobody holds; and
+one per writer (its own open file), so two threads of one process queue as two processes do.
+
+The gate orders writers; it never guards the data. SQLite's lock still does, and a writer that
+does not take the gate (the ``sqlite3`` shell, a migration, a process whose gate file could not be
+opened) is waited for through ``busy_timeout`` as before: the gate can only make waits fair, never
+let two writers in. A PostgreSQL store needs none: waiters for its advisory lock queue in order
+in its lock manager.
+
+``F_OFD_SETLKW`` has no time limit, so a wait that must end (the store's wait, or a slice of it
+between two beats of a role, ``state_db/writer.py``) is made in a thread of its own: the caller
+waits on an event for as long as it may; if it gives up, the thread keeps its place in the line
+(its file, with the byte of its ticket locked) and, when its turn comes, passes it on at once by
+closing that file. That thread starts only when the writer before is still in (an open gate costs
+seven system calls)."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+#: The gate's file, beside the store: ``state.db`` → ``state.db-writers``.
+SUFFIX = "-writers"
+_COUNTER = 0                # byte 0..7: the last ticket drawn; byte 0's lock guards the draw
+_FIRST = 8                  # ticket t's byte is _FIRST + t
+_BUSY = (errno.EAGAIN, errno.EACCES)
+
+
+def gate_path(db_path: str | Path) -> Path:
+    return Path(f"{db_path}{SUFFIX}")
+
+
+def _lock(fd: int, cmd: int, kind: int, at: int) -> None:
+    """An open-file-description lock of one byte (``struct flock``; ``l_pid`` must be 0)."""
+    fcntl.fcntl(fd, cmd, struct.pack("hhqqi4x", kind, os.SEEK_SET, at, 1, 0))
+
+
+def _free(fd: int, at: int) -> bool:
+    """Whether byte ``at`` is free now (nobody holds it); never waits."""
+    try:
+        _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, at)
+    except OSError as exc:
+        if exc.errno in _BUSY:
+            return False
+        raise
+    _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, at)
+    return True
+
+
+class _Waiter(threading.Thread):
+    """Waits until byte ``before`` is free; then tells the caller, or, once the caller has given
+    up (``abandon``), passes the turn on at once by closing ``fd`` (which holds the caller's
+    ticket)."""
+
+    def __init__(self, fd: int, before: int):
+        super().__init__(name="store-gate-wait", daemon=True)
+        self.fd, self.before = fd, before
+        self.done = threading.Event()
+        self.error: OSError | None = None
+        self._mu = threading.Lock()
+        self._abandoned = False
+
+    def run(self) -> None:
+        try:
+            _lock(self.fd, fcntl.F_OFD_SETLKW, fcntl.F_WRLCK, self.before)
+            _lock(self.fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, self.before)
+        except OSError as exc:
+            self.error = exc
+        with self._mu:
+            if self._abandoned:
+                os.close(self.fd)
+                return
+            self.done.set()
+
+    def abandon(self) -> bool:
+        """Give up the wait; False when the turn came first (the caller holds the gate)."""
+        with self._mu:
+            if self.done.is_set():
+                return False
+            self._abandoned = True
+            return True
+
+
+class WriteGate:
+    """One writer's (one ``StateWriter``'s) side of its store's gate: its own open file."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self._fd: int | None = None
+        self._ticket: int | None = None         # held: the ticket whose byte this writer locks
+
+    @property
+    def held(self) -> bool:
+        return self._ticket is not None
+
+    def _file(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return self._fd
+
+    def _draw(self, fd: int) -> int:
+        """The next ticket, its byte locked before the counter is let go (so whoever draws the
+        one after finds this one's byte taken)."""
+        _lock(fd, fcntl.F_OFD_SETLKW, fcntl.F_WRLCK, _COUNTER)
+        try:
+            raw = os.pread(fd, 8, _COUNTER)
+            ticket = (int.from_bytes(raw, "little") if len(raw) == 8 else 0) % (1 << 62) + 1
+            os.pwrite(fd, ticket.to_bytes(8, "little"), _COUNTER)
+            _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, _FIRST + ticket)
+        finally:
+            _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, _COUNTER)
+        return ticket
+
+    def enter(self, deadline: float, *, slice_s: float | None = None,
+              between: Callable[[], None] | None = None) -> bool:
+        """Take a ticket and wait for its turn by ``deadline`` (``time.monotonic()``); False when
+        the turn did not come (the place is passed on when it does). ``between`` is called every
+        ``slice_s`` of the wait (a role's beat). Raises OSError when the gate's file cannot be
+        opened or locked (the caller goes on without it)."""
+        fd = self._file()
+        ticket = self._draw(fd)
+        before = _FIRST + ticket - 1
+        if not _free(fd, before):
+            waiter = _Waiter(fd, before)
+            waiter.start()
+            while True:
+                left = deadline - time.monotonic()
+                if waiter.done.wait(max(0.0, min(left, slice_s) if slice_s else left)):
+                    break
+                if time.monotonic() >= deadline:
+                    if waiter.abandon():
+                        self._fd = None         # the waiter's now: closed when the turn comes
+                        return False
+                    break
+                if between is not None:
+                    between()
+            if waiter.error is not None:
+                _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, _FIRST + ticket)
+                raise waiter.error
+        self._ticket = ticket
+        return True
+
+    def leave(self) -> None:
+        """Pass the turn to the next ticket."""
+        if self._ticket is not None:
+            ticket, self._ticket = self._ticket, None
+            _lock(self._fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, _FIRST + ticket)
+
+    def close(self) -> None:
+        self._ticket = None
+        if self._fd is not None:
+            os.close(self._fd)           # lets its locks go with it
+            self._fd = None

@@ -1,0 +1,223 @@
+"""The writers of a SQLite store take its write lock in the order they asked for it
+(``state_db/gate.py``): a writer that waits is let in behind those that came before it, never
+after one that came later, and a writer that gives up, dies or never takes the gate leaves the
+line moving and the data guarded by SQLite's own lock."""
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from state_db import writer as writer_mod
+from state_db.gate import WriteGate, gate_path
+from state_db.kernel.errors import StoreBusy
+from state_db.vocab import Actor
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: A writer that begins again the moment it commits, holding the lock ``hold`` seconds each time,
+#: until the stop file appears: what a hundred agents' writes look like to one more writer.
+HAMMER = """
+import sys, time
+from pathlib import Path
+from state_db.writer import StateWriter
+db, hold, stop, ready = sys.argv[1], float(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+w = StateWriter(db, "human", "hammer")
+ready.touch()
+n = 0
+while not stop.exists() and n < 5000:
+    with w.transaction() as tx:
+        tx.journal("hammer", "w-hammer")
+        time.sleep(hold)
+    n += 1
+w.close()
+"""
+
+
+def _hammers(db, k: int, hold: float, tmp: Path) -> tuple[list[subprocess.Popen], Path]:
+    stop = tmp / "stop"
+    procs = []
+    for i in range(k):
+        ready = tmp / f"ready-{i}"
+        procs.append(subprocess.Popen([sys.executable, "-c", HAMMER, str(db), str(hold), str(stop), str(ready)],
+                                      cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}))
+    deadline = time.monotonic() + 30
+    while not all((tmp / f"ready-{i}").exists() for i in range(k)):
+        assert time.monotonic() < deadline, "the writers did not start"
+        time.sleep(0.02)
+    time.sleep(0.3)                             # every one of them in its loop
+    return procs, stop
+
+
+def test_a_writer_among_writers_that_begin_again_at_once_gets_in_behind_them_not_starved(org_home, writer_for, tmp_path):
+    """Three processes write back to back, each holding the lock 30 ms and beginning again the
+    moment it commits. Through SQLite's busy wait alone (a poll, 100 ms apart once it has
+    waited a while) one more writer keeps losing to whichever of them commits and begins again:
+    it waited out its four seconds. In the gate's line it waits for those before it (about
+    three holds)."""
+    procs, stop = _hammers(org_home.db_path, 3, 0.03, tmp_path)
+    w = writer_for(Actor.HUMAN)
+    waits = []
+    try:
+        for i in range(8):
+            t0 = time.monotonic()
+            with w.transaction(wait_s=4.0) as tx:
+                tx.journal("late", f"w-late-{i}")
+            waits.append(time.monotonic() - t0)
+    finally:
+        stop.touch()
+        for p in procs:
+            p.wait(timeout=30)
+    assert len(waits) == 8 and max(waits) < 2.0, waits
+    assert w.conn.execute("SELECT COUNT(*) FROM events WHERE kind='late'").fetchone()[0] == 8
+    assert w.conn.execute("SELECT COUNT(*) FROM events WHERE kind='hammer'").fetchone()[0] > 8
+
+
+def test_writers_waiting_at_the_gate_come_in_the_order_they_came(tmp_path):
+    path = tmp_path / "state.db-writers"
+    first = WriteGate(path)
+    assert first.enter(time.monotonic() + 1)
+    order: list[int] = []
+    gates = [WriteGate(path) for _ in range(6)]
+
+    def one(i: int) -> None:
+        assert gates[i].enter(time.monotonic() + 20)
+        order.append(i)
+        gates[i].leave()
+
+    threads = []
+    for i in range(6):
+        threads.append(threading.Thread(target=one, args=(i,)))
+        threads[-1].start()
+        time.sleep(0.05)                        # each has drawn its ticket before the next
+    first.leave()
+    for t in threads:
+        t.join(timeout=20)
+    assert order == list(range(6))
+    for g in [first, *gates]:
+        g.close()
+
+
+def test_a_writer_that_gives_up_passes_its_turn_on_when_it_comes(org_home, writer_for):
+    """One holds the gate; the next gives up at its deadline (StoreBusy, nothing written); the
+    one behind it is let in as soon as the holder is done, not kept waiting for the one that left."""
+    holder, quitter, patient = (writer_for(Actor.HUMAN) for _ in range(3))
+    release = threading.Event()
+    came: dict = {}
+
+    def hold():
+        with holder.transaction() as tx:
+            tx.journal("held", "w-1")
+            release.wait(10)
+
+    def give_up():
+        try:
+            with quitter.transaction(wait_s=0.6) as tx:
+                tx.journal("never", "w-2")
+        except StoreBusy as exc:
+            came["quit"] = exc
+
+    def wait_long():
+        with patient.transaction(wait_s=10) as tx:
+            came["in"] = time.monotonic()
+            tx.journal("patient", "w-3")
+
+    threads = [threading.Thread(target=f) for f in (hold, give_up, wait_long)]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)                         # each draws its ticket before the next
+    threads[1].join(5)
+    assert came["quit"].code == "store_busy"
+    time.sleep(0.3)
+    released = time.monotonic()
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert came["in"] - released < 1.0
+    kinds = [r[0] for r in holder.conn.execute(
+        "SELECT kind FROM events WHERE kind IN ('held','never','patient') ORDER BY rowid")]
+    assert kinds == ["held", "patient"]
+
+
+HOLD_AND_HANG = """
+import sys, time
+from state_db.writer import StateWriter
+w = StateWriter(sys.argv[1], "human", "doomed")
+with w.transaction() as tx:
+    tx.journal("doomed", "w-doomed")
+    print("in", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_writer_killed_inside_its_transaction_leaves_nobody_waiting_for_its_turn(org_home, writer_for):
+    p = subprocess.Popen([sys.executable, "-c", HOLD_AND_HANG, str(org_home.db_path)], cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "in"
+        w = writer_for(Actor.HUMAN)
+        killed = {}
+
+        def kill_soon():
+            time.sleep(0.5)
+            killed["at"] = time.monotonic()
+            os.kill(p.pid, signal.SIGKILL)
+        threading.Thread(target=kill_soon).start()
+        with w.transaction(wait_s=10) as tx:
+            tx.journal("after", "w-after")
+        assert time.monotonic() - killed["at"] < 2.0
+        assert w.conn.execute("SELECT COUNT(*) FROM events WHERE kind='doomed'").fetchone()[0] == 0
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+
+
+def test_a_writer_that_takes_no_gate_is_still_waited_for_by_sqlites_lock(org_home, writer_for):
+    """The gate orders writers, it guards nothing: a connection that never takes it (the sqlite3
+    shell, a migration) still keeps a gated writer out until it commits."""
+    other = sqlite3.connect(org_home.db_path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO events(kind, subject, actor, at) VALUES ('raw', 'w-raw', 'human', 0)")
+    w = writer_for(Actor.HUMAN)
+    threading.Timer(0.4, lambda: other.execute("COMMIT")).start()
+    t0 = time.monotonic()
+    with w.transaction(wait_s=5) as tx:
+        tx.journal("gated", "w-gated")
+        seen = tx.conn.execute("SELECT COUNT(*) FROM events WHERE kind='raw'").fetchone()[0]
+    assert time.monotonic() - t0 >= 0.3 and seen == 1
+    other.close()
+
+
+def test_a_thread_that_beats_beats_while_it_waits_in_the_gates_line(org_home, writer_for, monkeypatch):
+    monkeypatch.setattr(writer_mod, "WAIT_SLICE_S", 0.1)
+    holder, waiter = writer_for(Actor.HUMAN), writer_for(Actor.HUMAN)
+    release = threading.Event()
+
+    def hold():
+        with holder.transaction() as tx:
+            tx.journal("held", "w-1")
+            release.wait(10)
+    t = threading.Thread(target=hold)
+    t.start()
+    time.sleep(0.2)
+    beats: list[float] = []
+    writer_mod.beat_while_waiting(lambda: beats.append(time.monotonic()))
+    try:
+        with pytest.raises(StoreBusy):
+            with waiter.transaction(wait_s=0.8):
+                pass
+    finally:
+        writer_mod.beat_while_waiting(None)
+        release.set()
+        t.join(5)
+    assert len(beats) >= 4 and max(b - a for a, b in zip(beats, beats[1:])) < 0.6, beats
+    assert gate_path(holder.db_path).is_file()
