@@ -26,12 +26,20 @@ opened) is waited for through ``busy_timeout`` as before: the gate can only make
 let two writers in. A PostgreSQL store needs none: waiters for its advisory lock queue in order
 in its lock manager.
 
-``F_OFD_SETLKW`` has no time limit, so a wait that must end (the store's wait, or a slice of it
-between two beats of a role, ``state_db/writer.py``) is made in a thread of its own: the caller
-waits on an event for as long as it may; if it gives up, the thread keeps its place in the line
-(its file, with the byte of its ticket locked) and, when its turn comes, passes it on at once by
-closing that file. That thread starts only when the writer before is still in (an open gate costs
-seven system calls)."""
+How long to wait is judged by what the line does, not by how long it is. Each writer that passes
+the gate on records its ticket (bytes 8..15); a waiter given a stall limit (the store's busy
+timeout, for every write that does not ask for less) waits as long as that record moves, and
+gives up only once it has stood still for the limit: a hundred writers ahead of one on a host
+that is busier than it has cores is load, and every one of them is let through; a writer that
+holds the lock and does not let go is a fault, and is reported as ``store_busy`` as before. A
+write that asks for a deadline (a heartbeat row that is skipped unless the store is free at once)
+keeps it.
+
+``F_OFD_SETLKW`` has no time limit, so a wait that may end is made in a thread of its own: the
+caller waits on an event (looking at the line every ``LOOK_S``, beating between slices); if it
+gives up, the thread keeps its place in the line (its file, with the byte of its ticket locked)
+and, when its turn comes, passes it on at once by closing that file. That thread starts only when
+the writer before is still in: an open gate costs nine system calls."""
 from __future__ import annotations
 
 import errno
@@ -46,7 +54,10 @@ from typing import Callable
 #: The gate's file, beside the store: ``state.db`` → ``state.db-writers``.
 SUFFIX = "-writers"
 _COUNTER = 0                # byte 0..7: the last ticket drawn; byte 0's lock guards the draw
-_FIRST = 8                  # ticket t's byte is _FIRST + t
+_SERVED = 8                 # byte 8..15: the last ticket that passed the gate on (progress)
+_FIRST = 16                 # ticket t's byte is _FIRST + t
+#: How often a waiter with a stall limit looks whether the line has moved.
+LOOK_S = 0.25
 _BUSY = (errno.EAGAIN, errno.EACCES)
 
 
@@ -71,6 +82,21 @@ def _free(fd: int, at: int) -> bool:
     return True
 
 
+def _mark(fd: int, ticket: int) -> None:
+    """Record ``ticket`` as the last one through (what a waiter reads as the line moving)."""
+    try:
+        os.pwrite(fd, ticket.to_bytes(8, "little"), _SERVED)
+    except OSError:
+        pass
+
+
+def _served(fd: int) -> bytes:
+    try:
+        return os.pread(fd, 8, _SERVED)
+    except OSError:
+        return b""
+
+
 class _Waiter(threading.Thread):
     """Waits until byte ``before`` is free; then tells the caller, or, once the caller has given
     up (``abandon``), passes the turn on at once by closing ``fd`` (which holds the caller's
@@ -92,6 +118,7 @@ class _Waiter(threading.Thread):
             self.error = exc
         with self._mu:
             if self._abandoned:
+                _mark(self.fd, self.before - _FIRST + 1)
                 os.close(self.fd)
                 return
             self.done.set()
@@ -135,39 +162,61 @@ class WriteGate:
             _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, _COUNTER)
         return ticket
 
-    def enter(self, deadline: float, *, slice_s: float | None = None,
-              between: Callable[[], None] | None = None) -> bool:
-        """Take a ticket and wait for its turn by ``deadline`` (``time.monotonic()``); False when
-        the turn did not come (the place is passed on when it does). ``between`` is called every
-        ``slice_s`` of the wait (a role's beat). Raises OSError when the gate's file cannot be
-        opened or locked (the caller goes on without it)."""
+    def enter(self, deadline: float | None = None, *, stall_s: float | None = None,
+              slice_s: float | None = None, between: Callable[[], None] | None = None) -> bool:
+        """Take a ticket and wait for its turn; False when it did not come in time (the place is
+        passed on when it does). The wait ends at ``deadline`` (``time.monotonic()``), or, given
+        ``stall_s`` instead, once the line has not moved for that long: a long line that moves
+        is load, and is waited through; one that stands still is a writer that holds the lock
+        and does not let go. ``between`` is called every ``slice_s`` of the wait (a role's beat).
+        Raises OSError when the gate's file cannot be opened or locked (the caller goes on
+        without it)."""
+        if (deadline is None) == (stall_s is None):
+            raise ValueError("give a deadline or a stall limit")
         fd = self._file()
         ticket = self._draw(fd)
         before = _FIRST + ticket - 1
         if not _free(fd, before):
-            waiter = _Waiter(fd, before)
-            waiter.start()
-            while True:
-                left = deadline - time.monotonic()
-                if waiter.done.wait(max(0.0, min(left, slice_s) if slice_s else left)):
-                    break
-                if time.monotonic() >= deadline:
-                    if waiter.abandon():
-                        self._fd = None         # the waiter's now: closed when the turn comes
-                        return False
-                    break
+            if not self._wait(fd, before, deadline, stall_s, slice_s, between):
+                self._fd = None                 # the waiter's now: closed when the turn comes
+                return False
+        self._ticket = ticket
+        return True
+
+    def _wait(self, fd: int, before: int, deadline: float | None, stall_s: float | None,
+              slice_s: float | None, between: Callable[[], None] | None) -> bool:
+        waiter = _Waiter(fd, before)
+        waiter.start()
+        now = time.monotonic()
+        moved_at, seen = now, _served(fd)
+        next_call = now + slice_s if slice_s else None
+        while True:
+            limit = deadline if deadline is not None else moved_at + stall_s
+            wake = min(t for t in (limit, next_call, now + LOOK_S if stall_s else None) if t is not None)
+            if waiter.done.wait(max(0.0, wake - now)):
+                break
+            now = time.monotonic()
+            if stall_s is not None and (served := _served(fd)) != seen:
+                moved_at, seen = now, served
+            if now >= (deadline if deadline is not None else moved_at + stall_s):
+                if waiter.abandon():
+                    return False
+                break
+            if next_call is not None and now >= next_call:
                 if between is not None:
                     between()
-            if waiter.error is not None:
-                _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, _FIRST + ticket)
-                raise waiter.error
-        self._ticket = ticket
+                now = time.monotonic()
+                next_call = now + slice_s
+        if waiter.error is not None:
+            _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, before + 1)
+            raise waiter.error
         return True
 
     def leave(self) -> None:
         """Pass the turn to the next ticket."""
         if self._ticket is not None:
             ticket, self._ticket = self._ticket, None
+            _mark(self._fd, ticket)
             _lock(self._fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, _FIRST + ticket)
 
     def close(self) -> None:

@@ -258,9 +258,12 @@ class StateWriter:
         PostgreSQL store it is ``BEGIN`` and the store's advisory write lock (``state_db/store.py``).
 
         ``render=False`` skips post-commit hooks (ledger and heartbeat writes). ``wait_s``: wait
-        at most this long for SQLite's write lock (default: its busy timeout). On a SQLite store
-        the writers take the lock in turn through the store's gate (``state_db/gate.py``), held
-        from before ``BEGIN`` to right after ``COMMIT``/``ROLLBACK`` (never while hooks run).
+        at most this long for the write lock. By default a write waits its turn for as long as
+        the writers ahead of it keep passing the lock on, and gives up once one has held it for
+        the busy timeout: on a SQLite store the writers take it in the order they asked, through
+        the store's gate (``state_db/gate.py``), held from before ``BEGIN`` to right after
+        ``COMMIT``/``ROLLBACK`` (never while hooks run); on PostgreSQL the wait is its
+        ``lock_timeout``, in its lock manager's order.
 
         Raises:
             StoreBusy: the store stayed busy past the wait (nothing was written); any other
@@ -293,15 +296,16 @@ class StateWriter:
             self._after_commit(tx.changes)
 
     def _begin(self, conn, wait_s: float | None) -> None:
-        """``BEGIN IMMEDIATE`` within ``wait_s`` (default the busy timeout), through the store's
-        gate when it has one; in slices with a beat between them in the thread that beats
-        (``beat_while_waiting``). Raises StoreBusy."""
+        """``BEGIN IMMEDIATE`` through the store's gate when it has one (``state_db/gate.py``):
+        given ``wait_s``, within it; by default for as long as the writers ahead keep passing the
+        lock on, until one has held it for the busy timeout. In slices with a beat between them
+        in the thread that beats (``beat_while_waiting``). Raises StoreBusy."""
         beat = _beat[1] if _beat is not None and _beat[0] == threading.get_ident() else None
-        start = time.monotonic()
-        deadline = start + (BUSY_TIMEOUT_MS / 1000 if wait_s is None else wait_s)
+        deadline = None if wait_s is None else time.monotonic() + wait_s
         if self._gate is not None:
             try:
-                entered = self._gate.enter(deadline, slice_s=WAIT_SLICE_S if beat else None, between=beat)
+                entered = self._gate.enter(deadline, stall_s=BUSY_TIMEOUT_MS / 1000 if deadline is None else None,
+                                           slice_s=WAIT_SLICE_S if beat else None, between=beat)
             except OSError as exc:          # the gate orders writers, it guards nothing: go on without
                 self._gate = None
                 import structlog
@@ -309,9 +313,10 @@ class StateWriter:
                                                error=str(exc), instance=self.instance)
                 entered = True
             if not entered:
-                raise StoreBusy("other writers held the store's write lock in turn")
+                raise StoreBusy("another writer held the store's write lock for the whole wait"
+                                if deadline is None else "other writers held the store's write lock past the wait")
         try:
-            self._begin_locked(conn, wait_s, beat, deadline, waited=time.monotonic() - start > 0.005)
+            self._begin_locked(conn, wait_s, beat, deadline or time.monotonic() + BUSY_TIMEOUT_MS / 1000)
         except BaseException:
             self._leave_gate()
             raise
@@ -320,11 +325,11 @@ class StateWriter:
         if self._gate is not None:
             self._gate.leave()
 
-    def _begin_locked(self, conn, wait_s: float | None, beat, deadline: float, *, waited: bool) -> None:
+    def _begin_locked(self, conn, wait_s: float | None, beat, deadline: float) -> None:
         """``BEGIN IMMEDIATE`` by ``deadline``: SQLite's lock (or PostgreSQL's advisory lock),
         past the gate (which another kind of writer does not take)."""
         while True:
-            if beat is None and wait_s is None and not waited:
+            if beat is None and wait_s is None:
                 ms = BUSY_TIMEOUT_MS            # the common case: the connection's own, set once
             else:
                 left = deadline - time.monotonic()

@@ -221,3 +221,40 @@ def test_a_thread_that_beats_beats_while_it_waits_in_the_gates_line(org_home, wr
         t.join(5)
     assert len(beats) >= 4 and max(b - a for a, b in zip(beats, beats[1:])) < 0.6, beats
     assert gate_path(holder.db_path).is_file()
+
+
+def test_a_long_line_that_moves_is_waited_through_and_a_holder_that_does_not_let_go_is_store_busy(
+        org_home, writer_for, monkeypatch):
+    """The default wait is judged by the line, not by its length: four writers ahead, each
+    holding the lock 0.3 s, keep a fifth waiting 1.2 s, past a busy timeout of 0.5 s, and it gets
+    in; one writer holding it 2 s makes the next give up after the busy timeout (store_busy)."""
+    monkeypatch.setattr(writer_mod, "BUSY_TIMEOUT_MS", 500)
+    ahead = [writer_for(Actor.HUMAN) for _ in range(4)]
+
+    def hold(w, s):
+        with w.transaction() as tx:
+            tx.journal("ahead", "w-ahead")
+            time.sleep(s)
+    threads = [threading.Thread(target=hold, args=(w, 0.3)) for w in ahead]
+    for t in threads:
+        t.start()
+        time.sleep(0.03)
+    last = writer_for(Actor.HUMAN)
+    t0 = time.monotonic()
+    with last.transaction() as tx:
+        tx.journal("last", "w-last")
+    waited = time.monotonic() - t0
+    for t in threads:
+        t.join(10)
+    assert waited > 0.8, waited              # past the busy timeout, behind the line that moved
+    stuck = threading.Thread(target=hold, args=(ahead[0], 2.0))
+    stuck.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    with pytest.raises(StoreBusy) as err:
+        with last.transaction() as tx:
+            tx.journal("never", "w-never")
+    assert 0.4 < time.monotonic() - t0 < 1.5
+    assert "held the store's write lock for the whole wait" in err.value.message
+    stuck.join(10)
+    assert last.conn.execute("SELECT COUNT(*) FROM events WHERE kind='never'").fetchone()[0] == 0
