@@ -103,3 +103,34 @@ def test_crashes_further_apart_than_the_window_never_fail_a_role(sup, org_home):
         s.reap_and_restart()
     assert len(spawner.started) == 6 and not child.failed
     assert roles(org_home)["curator"]["restarts"] == 5
+
+
+def test_a_crash_reaped_while_the_store_stays_busy_is_written_later_and_the_role_restarted_after_it(sup, org_home, monkeypatch):
+    """The store held past its wait when a role's exit is reaped: the supervisor does not end
+    (its end takes the org down); the exit is kept and written at a later round, and the role is
+    started again only once its exit is written."""
+    import sqlite3
+
+    from state_db import writer as writer_mod
+    monkeypatch.setattr(writer_mod, "BUSY_TIMEOUT_MS", 300)
+    s, spawner, clock = sup
+    child = s.children["eval-agent"]
+    s.spawn(child)
+    wait_for(lambda: all(p.poll() is not None for p in spawner.procs), timeout=10, what="the role to exit")
+    other = sqlite3.connect(org_home.db_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        s.reap_and_restart()                        # waits out the store, then goes on
+        assert roles(org_home)["eval-agent"]["status"] == "starting" and s._unwritten
+        clock.advance(5)
+        s.reap_and_restart()                        # still busy: nothing started over an unwritten exit
+        assert len(spawner.started) == 1
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    s.reap_and_restart()
+    row = roles(org_home)["eval-agent"]
+    assert row["restarts"] == 1 and not s._unwritten
+    assert len(spawner.started) == 2
+    crash_all(s, spawner)
+    assert roles(org_home)["eval-agent"]["restarts"] == 2

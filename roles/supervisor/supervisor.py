@@ -17,7 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import structlog
 
@@ -26,7 +26,7 @@ from roles.base.instances import InstanceSpec, org_instances
 from roles.supervisor import procs
 from roles.supervisor.forkserver import ForkedRole, ForkServer, ForkServerError
 from state_db.kernel.config import Config
-from state_db.kernel.errors import StateError
+from state_db.kernel.errors import StateError, StoreBusy
 from state_db.kernel.home import OrgHome
 from state_db.queries.processes import role_instance, role_instances, session as org_session
 from state_db.queries import processes, work
@@ -99,6 +99,9 @@ class Supervisor:
         self.held = False                # a joined host whose org is suspended or stopped: children stopped
         self._stop_requested: str | None = None
         self._lock_fd: int | None = None
+        # rows decided but not yet written because the store stayed busy past its wait, in the
+        # order they were decided (``_write``)
+        self._unwritten: deque[Callable[[], None]] = deque()
         self.spawner = spawner
         # roles are forked from a pre-imported template (roles/supervisor/forkserver.py) unless
         # [supervisor] spawn = "exec" (or ORG_SPAWN=exec) asks for one interpreter per role
@@ -254,13 +257,17 @@ class Supervisor:
             child.spawned_at = self.clock()
             child.restart_at = None
             child.stopping = False
-        with self.writer.transaction(render=False) as tx:
-            for child in children:
-                tx.update("role_instances", child.spec.instance, pid=child.proc.pid, pid_start=child.started,
-                          started_at=now, heartbeat_at=None, updated_at=now)
-        # a role quicker than this commit wrote its ready row before its pid and start: who waits
-        # for it looks again now (``roles.base.readiness``), not on a timeout
-        readiness.poke(self.home.run_dir)
+        started = [(c.spec.instance, c.proc.pid, c.started) for c in children]
+
+        def record_pids() -> None:
+            with self.writer.transaction(render=False) as tx:
+                for name, pid, pid_start in started:
+                    tx.update("role_instances", name, pid=pid, pid_start=pid_start,
+                              started_at=now, heartbeat_at=None, updated_at=now)
+            # a role quicker than this commit wrote its ready row before its pid and start: who
+            # waits for it looks again now (``roles.base.readiness``), not on a timeout
+            readiness.poke(self.home.run_dir)
+        self._write(record_pids)
         for child in children:
             procs.write_pidfile(self.home.run_dir / f"{child.spec.instance}.pid", child.proc.pid)
             self.log.info("role_spawned", instance=child.spec.instance, pid=child.proc.pid)
@@ -274,10 +281,13 @@ class Supervisor:
         # anything else meanwhile (a kill -9) crashed, and is counted so
         if replaced and code == 0 and not self._stop_requested:
             child.restart_at = now_m                 # at once, and not a crash
-            self._record_exit(name, RoleStatus.STOPPED, "replaced by a fork of the warm template")
-            with self.writer.transaction(render=False) as tx:     # the role wrote its own stop
-                tx.update("role_instances", name, last_exit="replaced by a fork of the warm template",
-                          updated_at=time.time())
+
+            def replaced_row() -> None:
+                self._record_exit_now(name, RoleStatus.STOPPED, "replaced by a fork of the warm template")
+                with self.writer.transaction(render=False) as tx:     # the role wrote its own stop
+                    tx.update("role_instances", name, last_exit="replaced by a fork of the warm template",
+                              updated_at=time.time())
+            self._write(replaced_row)
             return
         if child.stopping or self._stop_requested:
             self._record_exit(name, RoleStatus.STOPPED, f"exit {code}")
@@ -288,9 +298,13 @@ class Supervisor:
             child.crashes.popleft()
         if len(child.crashes) >= self.cfg.supervisor.restart_max:
             child.failed = True
-            self._record_exit(name, RoleStatus.FAILED, f"exit {code}; {len(child.crashes)} crashes in {window:.0f}s")
+            detail = f"exit {code}; {len(child.crashes)} crashes in {window:.0f}s"
+
+            def failed_row() -> None:
+                self._record_exit_now(name, RoleStatus.FAILED, detail)
+                self._notify_failed(name)
             self.log.error("role_failed", instance=name, crashes=len(child.crashes), next="not restarted")
-            self._notify_failed(name)
+            self._write(failed_row)
             return
         backoff = min(5.0, 0.2 * 2 ** (len(child.crashes) - 1))
         child.restart_at = now_m + backoff
@@ -321,6 +335,32 @@ class Supervisor:
             procs.signal_if_same(c.proc.pid, c.started, signal.SIGTERM)
 
     def _record_exit(self, name: str, status: str, detail: str, restarts: bool = False) -> None:
+        self._write(lambda: self._record_exit_now(name, status, detail, restarts))
+
+    def _write(self, write: Callable[[], None]) -> None:
+        """Make ``write`` (a role row's transaction) now or, when the store stays busy past its
+        wait, at the next round of the main loop, after the ones decided before it. A write that
+        could not be made is kept, never dropped (an exit not recorded is a role never
+        restarted), and the supervisor goes on reaping and watching heartbeats meanwhile: it is
+        the org's one process that must not end because a writer held the store (a role dies of
+        ``store_busy`` and is restarted; the supervisor's end would take the org down). Each write
+        is one transaction, or ends in the state it sets whatever the row holds (safe to redo)."""
+        self._unwritten.append(write)
+        self.write_unwritten()
+
+    def write_unwritten(self) -> bool:
+        """Write what is waiting, in order; False when the store is still busy."""
+        while self._unwritten:
+            try:
+                self._unwritten[0]()
+            except StoreBusy as exc:
+                self.log.warning("store_busy", error=exc.message, unwritten=len(self._unwritten),
+                                 next="written at the next round")
+                return False
+            self._unwritten.popleft()
+        return True
+
+    def _record_exit_now(self, name: str, status: str, detail: str, restarts: bool = False) -> None:
         now = time.time()
         with self.writer.transaction() as tx:
             row = role_instance(tx.conn, name)
@@ -396,6 +436,7 @@ class Supervisor:
         crashed one whose backoff has passed."""
         if self.forks is not None:
             self.forks.pump(0)               # every exit the template reported so far
+        self.write_unwritten()
         due = []
         for child in self.children.values():
             if child.proc is not None and (code := self._exit_code(child.proc)) is not None:
@@ -404,7 +445,7 @@ class Supervisor:
             if (child.proc is None and not child.failed and child.restart_at is not None
                     and self.clock() >= child.restart_at):
                 due.append(child)
-        if due:
+        if due and not self._unwritten:      # a row's exit is written before its next start
             self.spawn_all(due)
 
     def request_stop(self, why: str) -> None:
@@ -431,7 +472,10 @@ class Supervisor:
         last_hb_check = next_git = self.clock()
         next_retention = self.clock() + RETENTION_EVERY_S
         while not self._stop_requested:
-            self.reap_and_restart()
+            try:
+                self.reap_and_restart()
+            except StoreBusy as exc:         # a start not marked: the children stay due, tried next round
+                self.log.warning("store_busy", error=exc.message, next="tried again at the next round")
             self.replace_cold_agents()
             if self.clock() - last_hb_check > 1.0:
                 self.check_heartbeats()
@@ -501,6 +545,7 @@ class Supervisor:
         target = SessionStatus.SUSPENDED if intent.get("intent") == "suspend" else SessionStatus.STOPPED
         self.log.info("org_stopping", why=self._stop_requested, force=force, next=str(target))
         self._stop_children(force)
+        self.write_unwritten()              # the exits first; what still cannot be written, the next start's rows tell
         if self.forks is not None:
             self.forks.close()
         if self.git is not None:
