@@ -58,6 +58,8 @@ _SERVED = 8                 # byte 8..15: the last ticket that passed the gate o
 _FIRST = 16                 # ticket t's byte is _FIRST + t
 #: How often a waiter with a stall limit looks whether the line has moved.
 LOOK_S = 0.25
+#: How often a writer tries the counter again while another draws its ticket.
+DRAW_RETRY_S = 0.0002
 _BUSY = (errno.EAGAIN, errno.EACCES)
 
 
@@ -149,10 +151,22 @@ class WriteGate:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         return self._fd
 
-    def _draw(self, fd: int) -> int:
+    def _draw(self, fd: int, give_up_at: float) -> int | None:
         """The next ticket, its byte locked before the counter is let go (so whoever draws the
-        one after finds this one's byte taken)."""
-        _lock(fd, fcntl.F_OFD_SETLKW, fcntl.F_WRLCK, _COUNTER)
+        one after finds this one's byte taken); None when the counter stayed taken until
+        ``give_up_at``. It is held for a read, a write and a lock, so it is tried every
+        ``DRAW_RETRY_S`` rather than waited for in the kernel without a limit: a process stopped
+        (SIGSTOP) in those few instructions must not stop every writer for good."""
+        while True:
+            try:
+                _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, _COUNTER)
+                break
+            except OSError as exc:
+                if exc.errno not in _BUSY:
+                    raise
+                if time.monotonic() >= give_up_at:
+                    return None
+                time.sleep(DRAW_RETRY_S)
         try:
             raw = os.pread(fd, 8, _COUNTER)
             ticket = (int.from_bytes(raw, "little") if len(raw) == 8 else 0) % (1 << 62) + 1
@@ -174,7 +188,9 @@ class WriteGate:
         if (deadline is None) == (stall_s is None):
             raise ValueError("give a deadline or a stall limit")
         fd = self._file()
-        ticket = self._draw(fd)
+        ticket = self._draw(fd, deadline if deadline is not None else time.monotonic() + stall_s)
+        if ticket is None:
+            return False
         before = _FIRST + ticket - 1
         if not _free(fd, before):
             if not self._wait(fd, before, deadline, stall_s, slice_s, between):

@@ -258,3 +258,30 @@ def test_a_long_line_that_moves_is_waited_through_and_a_holder_that_does_not_let
     assert "held the store's write lock for the whole wait" in err.value.message
     stuck.join(10)
     assert last.conn.execute("SELECT COUNT(*) FROM events WHERE kind='never'").fetchone()[0] == 0
+
+
+def test_a_writer_stopped_while_it_draws_its_ticket_stops_no_one_for_good(org_home, writer_for, monkeypatch):
+    """The ticket counter is taken for a few instructions; a process stopped (SIGSTOP) inside them
+    holds it. A write with a deadline gives up at it, a write with the default wait once the
+    busy timeout has passed with the counter taken: store_busy, never a wait without end."""
+    import fcntl
+
+    from state_db import gate
+    monkeypatch.setattr(writer_mod, "BUSY_TIMEOUT_MS", 400)
+    w = writer_for(Actor.HUMAN)
+    with w.transaction() as tx:                 # the gate's file exists
+        tx.journal("first", "w-1")
+    fd = os.open(gate_path(w.db_path), os.O_RDWR)
+    gate._lock(fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, gate._COUNTER)
+    try:
+        for wait_s, at_least in ((0.3, 0.25), (None, 0.35)):
+            t0 = time.monotonic()
+            with pytest.raises(StoreBusy):
+                with w.transaction(wait_s=wait_s) as tx:
+                    tx.journal("never", "w-never")
+            assert at_least <= time.monotonic() - t0 < 3.0
+    finally:
+        os.close(fd)
+    with w.transaction(wait_s=1.0) as tx:       # the counter free again: the line goes on
+        tx.journal("after", "w-2")
+    assert w.conn.execute("SELECT COUNT(*) FROM events WHERE kind IN ('first','after')").fetchone()[0] == 2
