@@ -58,19 +58,21 @@ def _hammers(db, k: int, hold: float, tmp: Path) -> tuple[list[subprocess.Popen]
     return procs, stop
 
 
-def test_a_writer_among_writers_that_begin_again_at_once_gets_in_behind_them_not_starved(org_home, writer_for, tmp_path):
+def test_a_writer_among_writers_that_begin_again_at_once_gets_in_behind_them_not_starved(
+        org_home, writer_for, tmp_path, monkeypatch):
     """Three processes write back to back, each holding the lock 30 ms and beginning again the
     moment it commits. Through SQLite's busy wait alone (a poll, 100 ms apart once it has
     waited a while) one more writer keeps losing to whichever of them commits and begins again:
-    it waited out its four seconds. In the gate's line it waits for those before it (about
-    three holds)."""
+    it waited out a busy timeout of four seconds. In the gate's line it waits for those before
+    it (about three holds)."""
+    monkeypatch.setattr(writer_mod, "BUSY_TIMEOUT_MS", 4000)
     procs, stop = _hammers(org_home.db_path, 3, 0.03, tmp_path)
     w = writer_for(Actor.HUMAN)
     waits = []
     try:
         for i in range(8):
             t0 = time.monotonic()
-            with w.transaction(wait_s=4.0) as tx:
+            with w.transaction() as tx:
                 tx.journal("late", f"w-late-{i}")
             waits.append(time.monotonic() - t0)
     finally:
@@ -85,12 +87,12 @@ def test_a_writer_among_writers_that_begin_again_at_once_gets_in_behind_them_not
 def test_writers_waiting_at_the_gate_come_in_the_order_they_came(tmp_path):
     path = tmp_path / "state.db-writers"
     first = WriteGate(path)
-    assert first.enter(time.monotonic() + 1)
+    assert first.enter(stall_s=1)
     order: list[int] = []
     gates = [WriteGate(path) for _ in range(6)]
 
     def one(i: int) -> None:
-        assert gates[i].enter(time.monotonic() + 20)
+        assert gates[i].enter(stall_s=20)
         order.append(i)
         gates[i].leave()
 
@@ -107,9 +109,11 @@ def test_writers_waiting_at_the_gate_come_in_the_order_they_came(tmp_path):
         g.close()
 
 
-def test_a_writer_that_gives_up_passes_its_turn_on_when_it_comes(org_home, writer_for):
-    """One holds the gate; the next gives up at its deadline (StoreBusy, nothing written); the
-    one behind it is let in as soon as the holder is done, not kept waiting for the one that left."""
+def test_a_writer_that_gives_up_passes_its_turn_on_when_it_comes(org_home, writer_for, monkeypatch):
+    """One holds the gate and does not let go; the next gives up once the line has stood still
+    for the busy timeout (store_busy, nothing written); one that came after it is let in as
+    soon as the holder is done, not kept waiting for the one that left."""
+    monkeypatch.setattr(writer_mod, "BUSY_TIMEOUT_MS", 600)
     holder, quitter, patient = (writer_for(Actor.HUMAN) for _ in range(3))
     release = threading.Event()
     came: dict = {}
@@ -119,33 +123,69 @@ def test_a_writer_that_gives_up_passes_its_turn_on_when_it_comes(org_home, write
             tx.journal("held", "w-1")
             release.wait(10)
 
-    def give_up():
-        try:
-            with quitter.transaction(wait_s=0.6) as tx:
-                tx.journal("never", "w-2")
-        except StoreBusy as exc:
-            came["quit"] = exc
-
     def wait_long():
-        with patient.transaction(wait_s=10) as tx:
+        with patient.transaction() as tx:
             came["in"] = time.monotonic()
             tx.journal("patient", "w-3")
 
-    threads = [threading.Thread(target=f) for f in (hold, give_up, wait_long)]
-    for t in threads:
-        t.start()
-        time.sleep(0.2)                         # each draws its ticket before the next
-    threads[1].join(5)
-    assert came["quit"].code == "store_busy"
-    time.sleep(0.3)
+    t_hold = threading.Thread(target=hold)
+    t_hold.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    with pytest.raises(StoreBusy) as err:
+        with quitter.transaction() as tx:
+            tx.journal("never", "w-2")
+    assert time.monotonic() - t0 >= 0.5 and "for the whole wait" in err.value.message
+    t_patient = threading.Thread(target=wait_long)     # its ticket after the one given up
+    t_patient.start()
+    time.sleep(0.2)
     released = time.monotonic()
     release.set()
-    for t in threads:
-        t.join(10)
-    assert came["in"] - released < 1.0
+    t_hold.join(5)
+    t_patient.join(10)
+    assert came["in"] - released < 0.4
     kinds = [r[0] for r in holder.conn.execute(
         "SELECT kind FROM events WHERE kind IN ('held','never','patient') ORDER BY rowid")]
     assert kinds == ["held", "patient"]
+
+
+def test_a_write_with_a_deadline_never_takes_a_place_before_one_that_waits(org_home, writer_for):
+    """A write that may be skipped (a heartbeat row: wait_s) gets in only when the line is
+    empty: while one holds and another waits, it gives up at its deadline and leaves nothing in
+    the line; once the line is empty it gets in at once."""
+    holder, patient, skippable = (writer_for(Actor.HUMAN) for _ in range(3))
+    release = threading.Event()
+    order: list[str] = []
+
+    def hold():
+        with holder.transaction() as tx:
+            tx.journal("held", "w-1")
+            release.wait(10)
+
+    def wait_long():
+        with patient.transaction() as tx:
+            order.append("patient")
+            tx.journal("patient", "w-2")
+
+    threads = [threading.Thread(target=hold), threading.Thread(target=wait_long)]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    with pytest.raises(StoreBusy):
+        with skippable.transaction(wait_s=0.3) as tx:
+            tx.journal("never", "w-3")
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+    release.set()
+    for t in threads:
+        t.join(10)
+    t0 = time.monotonic()
+    with skippable.transaction(wait_s=0.3) as tx:
+        tx.journal("beat", "w-3")
+    assert time.monotonic() - t0 < 0.3 and order == ["patient"]
+    assert [r[0] for r in holder.conn.execute(
+        "SELECT kind FROM events WHERE kind IN ('held','patient','never','beat') ORDER BY rowid")] == [
+        "held", "patient", "beat"]
 
 
 HOLD_AND_HANG = """
@@ -199,6 +239,7 @@ def test_a_writer_that_takes_no_gate_is_still_waited_for_by_sqlites_lock(org_hom
 
 def test_a_thread_that_beats_beats_while_it_waits_in_the_gates_line(org_home, writer_for, monkeypatch):
     monkeypatch.setattr(writer_mod, "WAIT_SLICE_S", 0.1)
+    monkeypatch.setattr(writer_mod, "BUSY_TIMEOUT_MS", 800)
     holder, waiter = writer_for(Actor.HUMAN), writer_for(Actor.HUMAN)
     release = threading.Event()
 
@@ -213,7 +254,7 @@ def test_a_thread_that_beats_beats_while_it_waits_in_the_gates_line(org_home, wr
     writer_mod.beat_while_waiting(lambda: beats.append(time.monotonic()))
     try:
         with pytest.raises(StoreBusy):
-            with waiter.transaction(wait_s=0.8):
+            with waiter.transaction():
                 pass
     finally:
         writer_mod.beat_while_waiting(None)
