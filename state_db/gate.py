@@ -67,7 +67,7 @@ LOOK_S = 0.25
 #: How often a writer tries the counter again while another draws its ticket.
 DRAW_RETRY_S = 0.0002
 #: How often a write that may be skipped looks for an empty line until its deadline.
-TRY_S = 0.005
+TRY_S = 0.02
 _BUSY = (errno.EAGAIN, errno.EACCES)
 
 
