@@ -307,6 +307,7 @@ class StateWriter:
                 entered = self._gate.enter(deadline, stall_s=BUSY_TIMEOUT_MS / 1000 if deadline is None else None,
                                            slice_s=WAIT_SLICE_S if beat else None, between=beat)
             except OSError as exc:          # the gate orders writers, it guards nothing: go on without
+                self._gate.close()
                 self._gate = None
                 import structlog
                 structlog.get_logger().warning("store_gate_unusable", path=str(gate_path(self.db_path)),

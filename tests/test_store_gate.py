@@ -326,3 +326,15 @@ def test_a_writer_stopped_while_it_draws_its_ticket_stops_no_one_for_good(org_ho
     with w.transaction(wait_s=1.0) as tx:       # the counter free again: the line goes on
         tx.journal("after", "w-2")
     assert w.conn.execute("SELECT COUNT(*) FROM events WHERE kind IN ('first','after')").fetchone()[0] == 2
+
+
+def test_a_gate_file_that_cannot_be_opened_leaves_the_writer_writing_through_sqlites_lock(org_home, writer_for):
+    """The gate orders writers and guards nothing: when its file cannot be opened (here a
+    directory in its place) the writer says so in its log once and writes as before."""
+    gate_path(org_home.db_path).mkdir()
+    w = writer_for(Actor.HUMAN)
+    for i in range(2):
+        with w.transaction() as tx:
+            tx.journal("written", f"w-{i}")
+    assert w._gate is None
+    assert w.conn.execute("SELECT COUNT(*) FROM events WHERE kind='written'").fetchone()[0] == 2
