@@ -39,13 +39,17 @@ may be busy, a handoff that holds up everyone behind it — fifty times a second
 
 A writer killed while it waits (not while it holds the gate) frees its byte early and lets the
 one behind it in while the one before may still be in: SQLite's lock keeps those two apart, and
-the line is in order again from the next writer on.
+the line is in order again from the next writer on. A writer stopped while it waits (a command
+suspended with Ctrl-Z, SIGSTOP) would hold up everyone behind it once its turn came: each writer
+records its ticket as it goes in (bytes 16..23), and the one after a writer whose turn has come
+(the one before it went out) and who has not gone in for ``SKIP_S`` goes in ahead of it; should
+the stopped one wake and come in too, SQLite's lock keeps them apart.
 
 ``F_OFD_SETLKW`` has no time limit, so a wait that may end is made in a thread of its own: the
 caller waits on an event (looking at the line every ``LOOK_S``, beating between slices); if it
 gives up, the thread keeps its place in the line (its file, with the byte of its ticket locked)
 and, when its turn comes, passes it on at once by closing that file. That thread starts only when
-the writer before is still in: an open gate costs nine system calls."""
+the writer before is still in: an open gate costs ten system calls."""
 from __future__ import annotations
 
 import errno
@@ -61,9 +65,13 @@ from typing import Callable
 SUFFIX = "-writers"
 _COUNTER = 0                # byte 0..7: the last ticket drawn; byte 0's lock guards the draw
 _SERVED = 8                 # byte 8..15: the last ticket that passed the gate on (progress)
-_FIRST = 16                 # ticket t's byte is _FIRST + t
+_ENTERED = 16               # byte 16..23: the last ticket that took its turn
+_FIRST = 24                 # ticket t's byte is _FIRST + t
 #: How often a waiter with a stall limit looks whether the line has moved.
 LOOK_S = 0.25
+#: How long a writer whose turn has come may take to take it before the one after it goes
+#: ahead (a process stopped while it waits: Ctrl-Z on a command, SIGSTOP).
+SKIP_S = 2.0
 #: How often a writer tries the counter again while another draws its ticket.
 DRAW_RETRY_S = 0.0002
 #: How often a write that may be skipped looks for an empty line until its deadline.
@@ -92,19 +100,20 @@ def _free(fd: int, at: int) -> bool:
     return True
 
 
-def _mark(fd: int, ticket: int) -> None:
-    """Record ``ticket`` as the last one through (what a waiter reads as the line moving)."""
+def _record(fd: int, at: int, ticket: int) -> None:
+    """Record ``ticket`` at ``at``: the last one through (``_SERVED``, what a waiter reads as the
+    line moving) or the last one in (``_ENTERED``)."""
     try:
-        os.pwrite(fd, ticket.to_bytes(8, "little"), _SERVED)
+        os.pwrite(fd, ticket.to_bytes(8, "little"), at)
     except OSError:
         pass
 
 
-def _served(fd: int) -> bytes:
+def _read(fd: int, at: int) -> int:
     try:
-        return os.pread(fd, 8, _SERVED)
+        return int.from_bytes(os.pread(fd, 8, at), "little")
     except OSError:
-        return b""
+        return -1
 
 
 class _Waiter(threading.Thread):
@@ -119,6 +128,7 @@ class _Waiter(threading.Thread):
         self.error: OSError | None = None
         self._mu = threading.Lock()
         self._abandoned = False
+        self._detached = False
 
     def run(self) -> None:
         try:
@@ -127,11 +137,22 @@ class _Waiter(threading.Thread):
         except OSError as exc:
             self.error = exc
         with self._mu:
+            if self._detached:
+                return
             if self._abandoned:
-                _mark(self.fd, self.before - _FIRST + 1)
+                _record(self.fd, _SERVED, self.before - _FIRST + 1)
                 os.close(self.fd)
                 return
             self.done.set()
+
+    def detach(self) -> bool:
+        """Stop waiting without giving up the place (the caller goes in); False when the turn
+        came first."""
+        with self._mu:
+            if self.done.is_set():
+                return False
+            self._detached = True
+            return True
 
     def abandon(self) -> bool:
         """Give up the wait; False when the turn came first (the caller holds the gate)."""
@@ -214,7 +235,7 @@ class WriteGate:
                         between()
                     next_call = time.monotonic() + slice_s
                 time.sleep(TRY_S)
-            self._ticket = ticket
+            self._in(fd, ticket)
             return True
         ticket = self._draw(fd, time.monotonic() + stall_s)
         if ticket is None:
@@ -223,23 +244,38 @@ class WriteGate:
         if not _free(fd, before) and not self._wait(fd, before, stall_s, slice_s, between):
             self._fd = None                     # the waiter's now: closed when the turn comes
             return False
-        self._ticket = ticket
+        self._in(fd, ticket)
         return True
+
+    def _in(self, fd: int, ticket: int) -> None:
+        self._ticket = ticket
+        _record(fd, _ENTERED, ticket)
 
     def _wait(self, fd: int, before: int, stall_s: float, slice_s: float | None,
               between: Callable[[], None] | None) -> bool:
         waiter = _Waiter(fd, before)
         waiter.start()
         now = time.monotonic()
-        moved_at, seen = now, _served(fd)
+        moved_at, seen = now, _read(fd, _SERVED)
+        handed_at = None                        # when the turn came to the one before, not taken
+        mine = before - _FIRST + 1
         next_call = now + slice_s if slice_s else None
         while True:
             wake = min(t for t in (moved_at + stall_s, next_call, now + LOOK_S) if t is not None)
             if waiter.done.wait(max(0.0, wake - now)):
                 break
             now = time.monotonic()
-            if (served := _served(fd)) != seen:
+            if (served := _read(fd, _SERVED)) != seen:
                 moved_at, seen = now, served
+            # the one before has had its turn (the one before it went out) and not taken it: a
+            # process stopped while it waits (Ctrl-Z). Past SKIP_S this one goes in ahead of it;
+            # should it wake and come in too, SQLite's lock keeps the two apart.
+            if served >= mine - 2 and _read(fd, _ENTERED) < mine - 1:
+                handed_at = handed_at or now
+                if now - handed_at >= SKIP_S and waiter.detach():
+                    break
+            else:
+                handed_at = None
             if now >= moved_at + stall_s:
                 if waiter.abandon():
                     return False
@@ -258,7 +294,7 @@ class WriteGate:
         """Pass the turn to the next ticket."""
         if self._ticket is not None:
             ticket, self._ticket = self._ticket, None
-            _mark(self._fd, ticket)
+            _record(self._fd, _SERVED, ticket)
             _lock(self._fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, _FIRST + ticket)
 
     def close(self) -> None:

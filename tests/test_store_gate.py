@@ -337,3 +337,68 @@ def test_a_gate_file_that_cannot_be_opened_leaves_the_writer_writing_through_sql
             tx.journal("written", f"w-{i}")
     assert w._gate is None
     assert w.conn.execute("SELECT COUNT(*) FROM events WHERE kind='written'").fetchone()[0] == 2
+
+
+WAIT_IN_LINE = """
+import sys
+from state_db.writer import StateWriter
+w = StateWriter(sys.argv[1], "human", "stopped")
+print("ready", flush=True)
+with w.transaction() as tx:
+    tx.journal("stopped-then-resumed", "w-stopped")
+print("written", flush=True)
+"""
+
+
+def test_a_writer_stopped_while_it_waits_in_line_holds_up_no_one_behind_it(org_home, writer_for, monkeypatch):
+    """A command suspended (Ctrl-Z, SIGSTOP) while it waits its turn: once its turn has come and
+    it has not taken it for SKIP_S, the writer after it goes ahead; resumed, it writes too
+    (SQLite's lock keeps the two apart). Without that, every writer behind it waited until the
+    line stood still for the busy timeout and failed."""
+    from state_db import gate
+    monkeypatch.setattr(writer_mod, "BUSY_TIMEOUT_MS", 8000)
+    holder, after = writer_for(Actor.HUMAN), writer_for(Actor.HUMAN)
+    release = threading.Event()
+    came: dict = {}
+
+    def hold():
+        with holder.transaction() as tx:
+            tx.journal("held", "w-1")
+            release.wait(20)
+    t_hold = threading.Thread(target=hold)
+    t_hold.start()
+    time.sleep(0.2)
+    drawn = int.from_bytes(gate_path(holder.db_path).read_bytes()[:8], "little")
+    p = subprocess.Popen([sys.executable, "-c", WAIT_IN_LINE, str(org_home.db_path)], cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 20
+        while int.from_bytes(gate_path(holder.db_path).read_bytes()[:8], "little") <= drawn:
+            assert time.monotonic() < deadline, "the command never took a ticket"
+            time.sleep(0.01)
+        os.kill(p.pid, signal.SIGSTOP)
+
+        def write_after():
+            with after.transaction() as tx:
+                came["in"] = time.monotonic()
+                tx.journal("after", "w-2")
+        t_after = threading.Thread(target=write_after)
+        t_after.start()
+        time.sleep(0.3)                             # its ticket after the stopped one's
+        released = time.monotonic()
+        release.set()
+        t_hold.join(10)
+        t_after.join(20)
+        assert "in" in came and came["in"] - released < gate.SKIP_S + 3.0
+        os.kill(p.pid, signal.SIGCONT)
+        assert p.stdout.readline().strip() == "written"
+        assert p.wait(timeout=20) == 0
+    finally:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGCONT)
+            p.kill()
+        p.wait(timeout=10)
+    kinds = sorted(r[0] for r in holder.conn.execute(
+        "SELECT kind FROM events WHERE kind IN ('held','after','stopped-then-resumed')"))
+    assert kinds == ["after", "held", "stopped-then-resumed"]
