@@ -171,10 +171,6 @@ class WriteGate:
         self._fd: int | None = None
         self._ticket: int | None = None         # held: the ticket whose byte this writer locks
 
-    @property
-    def held(self) -> bool:
-        return self._ticket is not None
-
     def _file(self) -> int:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -184,9 +180,10 @@ class WriteGate:
         """The next ticket, its byte locked before the counter is let go (so whoever draws the
         one after finds this one's byte taken); None when the counter stayed taken until
         ``give_up_at``, or, ``only_first``, when the last ticket drawn is still in the line (its
-        byte taken: this one would have to wait). The counter is held for a read, a write and a lock, so it is tried every
-        ``DRAW_RETRY_S`` rather than waited for in the kernel without a limit: a process stopped
-        (SIGSTOP) in those few instructions must not stop every writer for good."""
+        byte taken: this one would have to wait). The counter is held for a read, a write and a
+        lock, so it is tried every ``DRAW_RETRY_S`` rather than waited for in the kernel without
+        a limit: a process stopped (SIGSTOP) in those few instructions must not stop every
+        writer for good."""
         while True:
             try:
                 _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, _COUNTER)
@@ -198,8 +195,7 @@ class WriteGate:
                     return None
                 time.sleep(DRAW_RETRY_S)
         try:
-            raw = os.pread(fd, 8, _COUNTER)
-            last = int.from_bytes(raw, "little") if len(raw) == 8 else 0
+            last = int.from_bytes(os.pread(fd, 8, _COUNTER), "little")     # a new file: b"", 0
             if only_first and not _free(fd, _FIRST + last):
                 return None
             ticket = last % (1 << 62) + 1
@@ -286,7 +282,7 @@ class WriteGate:
                 now = time.monotonic()
                 next_call = now + slice_s
         if waiter.error is not None:
-            _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, before + 1)
+            _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, mine + _FIRST)       # the place, given up
             raise waiter.error
         return True
 

@@ -58,6 +58,19 @@ def _hammers(db, k: int, hold: float, tmp: Path) -> tuple[list[subprocess.Popen]
     return procs, stop
 
 
+def _holding(writer, release: threading.Event) -> threading.Thread:
+    """A thread in a transaction of ``writer`` (an event 'held' written) until ``release`` is set;
+    started, and in the line's first place once this returns."""
+    def hold():
+        with writer.transaction() as tx:
+            tx.journal("held", "w-1")
+            release.wait(20)
+    t = threading.Thread(target=hold)
+    t.start()
+    time.sleep(0.2)
+    return t
+
+
 def test_a_writer_among_writers_that_begin_again_at_once_gets_in_behind_them_not_starved(
         org_home, writer_for, tmp_path, monkeypatch):
     """Three processes write back to back, each holding the lock 30 ms and beginning again the
@@ -118,19 +131,12 @@ def test_a_writer_that_gives_up_passes_its_turn_on_when_it_comes(org_home, write
     release = threading.Event()
     came: dict = {}
 
-    def hold():
-        with holder.transaction() as tx:
-            tx.journal("held", "w-1")
-            release.wait(10)
-
     def wait_long():
         with patient.transaction() as tx:
             came["in"] = time.monotonic()
             tx.journal("patient", "w-3")
 
-    t_hold = threading.Thread(target=hold)
-    t_hold.start()
-    time.sleep(0.2)
+    t_hold = _holding(holder, release)
     t0 = time.monotonic()
     with pytest.raises(StoreBusy) as err:
         with quitter.transaction() as tx:
@@ -157,20 +163,14 @@ def test_a_write_with_a_deadline_never_takes_a_place_before_one_that_waits(org_h
     release = threading.Event()
     order: list[str] = []
 
-    def hold():
-        with holder.transaction() as tx:
-            tx.journal("held", "w-1")
-            release.wait(10)
-
     def wait_long():
         with patient.transaction() as tx:
             order.append("patient")
             tx.journal("patient", "w-2")
 
-    threads = [threading.Thread(target=hold), threading.Thread(target=wait_long)]
-    for t in threads:
-        t.start()
-        time.sleep(0.2)
+    threads = [_holding(holder, release), threading.Thread(target=wait_long)]
+    threads[1].start()
+    time.sleep(0.2)
     t0 = time.monotonic()
     with pytest.raises(StoreBusy):
         with skippable.transaction(wait_s=0.3) as tx:
@@ -241,14 +241,7 @@ def test_a_thread_that_beats_beats_while_it_waits_in_the_gates_line(org_home, wr
     monkeypatch.setattr(writer_mod, "BUSY_TIMEOUT_MS", 800)
     holder, waiter = writer_for(Actor.HUMAN), writer_for(Actor.HUMAN)
     release = threading.Event()
-
-    def hold():
-        with holder.transaction() as tx:
-            tx.journal("held", "w-1")
-            release.wait(10)
-    t = threading.Thread(target=hold)
-    t.start()
-    time.sleep(0.2)
+    t = _holding(holder, release)
     beats: list[float] = []
     writer_mod.beat_while_waiting(lambda: beats.append(time.monotonic()))
     try:
@@ -360,14 +353,7 @@ def test_a_writer_stopped_while_it_waits_in_line_holds_up_no_one_behind_it(org_h
     holder, after = writer_for(Actor.HUMAN), writer_for(Actor.HUMAN)
     release = threading.Event()
     came: dict = {}
-
-    def hold():
-        with holder.transaction() as tx:
-            tx.journal("held", "w-1")
-            release.wait(20)
-    t_hold = threading.Thread(target=hold)
-    t_hold.start()
-    time.sleep(0.2)
+    t_hold = _holding(holder, release)
     drawn = int.from_bytes(gate_path(holder.db_path).read_bytes()[:8], "little")
     p = subprocess.Popen([sys.executable, "-c", WAIT_IN_LINE, str(org_home.db_path)], cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
